@@ -1,0 +1,1 @@
+"""Deployable DIET-CaPC parties (teacher, student, guardian): thin processes over ``capc_common``."""

@@ -1,0 +1,1 @@
+"""The ``capc`` command line: one entry point, one subcommand module per area under ``commands/``."""

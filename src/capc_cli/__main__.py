@@ -1,0 +1,3 @@
+from capc_cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""One module per CLI area; each exposes ``command`` (a click command or group)."""

@@ -1,0 +1,54 @@
+"""Shared fixtures: running the real ``capc`` entry point in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_capc(
+    *args: str,
+    check: bool = False,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m capc_cli ARGS`` as a real process and capture its output."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", "capc_cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=cwd,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"capc {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def capc() -> Callable[..., subprocess.CompletedProcess[str]]:
+    return run_capc
+
+
+@pytest.fixture
+def capc_json() -> Callable[..., Any]:
+    """Run capc with ``--format json`` appended and parse its stdout as one JSON object."""
+
+    def _run(*args: str, **kwargs: Any) -> Any:
+        proc = run_capc(*args, "--format", "json", check=True, **kwargs)
+        return json.loads(proc.stdout)
+
+    return _run
