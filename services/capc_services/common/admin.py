@@ -1,0 +1,99 @@
+"""The admin REST app every party serves: probes, metrics and (behind a bearer token) its API routes."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from capc_common import __version__
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+@dataclass
+class Readiness:
+    """Named checks, each ``(ok, detail)``; the party is ready when all are ok."""
+
+    checks: dict[str, tuple[bool, Any]] = field(default_factory=dict)
+
+    @property
+    def ready(self) -> bool:
+        """True when every check passed."""
+        return all(ok for ok, _ in self.checks.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON body of ``/readyz``."""
+        return {
+            "ready": self.ready,
+            "checks": {name: {"ok": ok, "detail": detail} for name, (ok, detail) in self.checks.items()},
+        }
+
+
+def require_token(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """FastAPI dependency: 401 unless the request carries ``Authorization: Bearer <admin token>``."""
+    expected: str = request.app.state.admin_token
+    if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), expected.encode()):
+        raise HTTPException(
+            status_code=status.HTTP_401_UNAUTHORIZED,
+            detail="missing or wrong bearer token (see the party's admin.token_file)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+TokenDep = Depends(require_token)
+
+
+def api_router() -> APIRouter:
+    """A router for ``/api/v1`` routes, every one of which needs the admin token."""
+    return APIRouter(prefix="/api/v1", dependencies=[TokenDep])
+
+
+def build_admin_app(
+    *,
+    title: str,
+    token: str,
+    readiness: Callable[[], Readiness],
+    registry: CollectorRegistry,
+    routers: Sequence[APIRouter] = (),
+) -> FastAPI:
+    """The FastAPI app of one party (OpenAPI at ``/openapi.json``, docs at ``/docs``).
+
+    Args:
+        title: shown in the OpenAPI document.
+        token: the admin bearer token (already validated).
+        readiness: computes the ``/readyz`` checks on each call.
+        registry: the party's Prometheus registry, served at ``/metrics``.
+        routers: the role's API routers (build them with :func:`api_router`).
+    """
+    app = FastAPI(title=title, version=__version__)
+    app.state.admin_token = token
+
+    @app.get("/livez", tags=["probes"])
+    def livez() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["probes"])
+    def readyz() -> JSONResponse:
+        """Readiness: every check passes (503 otherwise, with the failing checks)."""
+        report = readiness()
+        code = status.HTTP_200_OK if report.ready else status.HTTP_503_SERVICE_UNAVAILABLE
+        return JSONResponse(report.to_dict(), status_code=code)
+
+    @app.get("/metrics", tags=["probes"])
+    def metrics() -> Response:
+        """Prometheus exposition of this party's metrics."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    for router in routers:
+        app.include_router(router)
+    return app

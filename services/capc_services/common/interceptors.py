@@ -1,0 +1,165 @@
+"""Authentication and federation-config checks for every gRPC call.
+
+Identity is the peer certificate's CN (TLS has already verified the chain against the federation CA); the
+policy says which roles may call which method. Both directions carry the federation-config hash as
+metadata, and a peer with another hash is refused: two parties that loaded different ``federation.yaml``
+files must never exchange a single share.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import grpc
+
+from capc_common.errors import ProtocolError
+from capc_common.federation import FederationConfig
+
+HASH_HEADER = "capc-config-hash"
+HEALTH_PREFIX = "/grpc.health.v1.Health/"
+_log = logging.getLogger(__name__)
+
+
+def peer_name(context: grpc.ServicerContext) -> str:
+    """The CN of the caller's (verified) client certificate, or '' when there is none."""
+    names = context.auth_context().get("x509_common_name", [])
+    return names[0].decode() if names else ""
+
+
+class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Checks caller identity against ``federation.yaml`` and the method's allowed roles, and the config hash.
+
+    Args:
+        config: this party's federation config.
+        policy: full method name (``/capc.v1.GuardianService/OpenBatch``) → roles allowed to call it.
+            Methods not listed are refused, except the standard health service, which any certificate
+            from the federation CA may call.
+        on_reject: called with (method, peer, reason) for metrics.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: FederationConfig,
+        policy: Mapping[str, frozenset[str]],
+        on_reject: Callable[[str, str, str], None] | None = None,
+    ) -> None:
+        self._config = config
+        self._hash = config.config_hash()
+        self._policy = dict(policy)
+        self._on_reject = on_reject
+
+    def _reject(self, context: grpc.ServicerContext, method: str, peer: str, code: Any, msg: str) -> None:
+        _log.warning("rejected call", extra={"method": method, "peer": peer, "reason": msg})
+        if self._on_reject is not None:
+            self._on_reject(method, peer, code.name)
+        context.abort(code, msg)
+
+    def _check(self, method: str, context: grpc.ServicerContext) -> None:
+        peer = peer_name(context)
+        if not peer:
+            self._reject(context, method, peer, grpc.StatusCode.UNAUTHENTICATED, "no client certificate")
+        if method.startswith(HEALTH_PREFIX):
+            return
+        role = self._config.role_of(peer)
+        allowed = self._policy.get(method, frozenset())
+        if role is None or role not in allowed:
+            self._reject(
+                context,
+                method,
+                peer,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"certificate CN {peer!r} (role {role or 'none'}) may not call {method}; "
+                f"allowed roles: {sorted(allowed)}",
+            )
+        theirs = dict(context.invocation_metadata()).get(HASH_HEADER, "")
+        if theirs != self._hash:
+            self._reject(
+                context,
+                method,
+                peer,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"federation config hash mismatch: {peer} sent {theirs[:16] or '(none)'}, this party has "
+                f"{self._hash[:16]}; every party must load the same federation.yaml",
+            )
+        context.send_initial_metadata(((HASH_HEADER, self._hash),))
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        check = self._check
+
+        def wrap(behavior: Callable[..., Any]) -> Callable[..., Any]:
+            def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+                check(method, context)
+                return behavior(request, context)
+
+            return guarded
+
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                wrap(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                wrap(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                wrap(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            wrap(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+        )
+
+
+class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
+    def __init__(self, base: Any, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.method = base.method
+        self.timeout = base.timeout
+        self.metadata = metadata
+        self.credentials = base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+
+
+def check_peer_hash(metadata: Any, *, expected: str, peer: str) -> None:
+    """Refuse a server whose advertised config hash differs (absent headers are left to the server's check).
+
+    Raises:
+        ProtocolError: the hashes differ.
+    """
+    theirs = dict(metadata or ()).get(HASH_HEADER)
+    if theirs is not None and theirs != expected:
+        raise ProtocolError(
+            f"{peer} runs federation config {theirs[:16]}, this party has {expected[:16]}; "
+            "every party must load the same federation.yaml"
+        )
+
+
+class ConfigHashClientInterceptor(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
+):
+    """Sends this party's federation-config hash with every call and checks the server's on unary replies."""
+
+    def __init__(self, config_hash: str, *, peer: str) -> None:
+        self._hash = config_hash
+        self._peer = peer
+
+    def _details(self, details: Any) -> _Details:
+        metadata = (*tuple(details.metadata or ()), (HASH_HEADER, self._hash))
+        return _Details(details, metadata)
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        outcome = continuation(self._details(details), request)
+        if outcome.exception() is None:
+            check_peer_hash(outcome.initial_metadata(), expected=self._hash, peer=self._peer)
+        return outcome
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, request_iterator: Any) -> Any:
+        return continuation(self._details(details), request_iterator)

@@ -1,0 +1,160 @@
+"""Site settings: one YAML file per party (its addresses, paths and local policy), overridable from the
+environment (``CAPC_ADMIN__BIND=0.0.0.0:8080``), next to the shared ``federation.yaml``.
+
+Relative paths in a site file are relative to that file, so a state directory can be moved or mounted
+into a container as a whole.
+"""
+
+from __future__ import annotations
+
+import stat
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import yaml
+from capc_services.tls import TlsFiles
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from capc_common.errors import InputError
+from capc_common.federation import FederationConfig
+
+_DEFAULT_SECRETS = frozenset({"changethis", "changeme", "secret", "password", "token", "admin"})
+MIN_TOKEN_CHARS = 32
+
+
+def parse_bind(value: str) -> tuple[str, int]:
+    """Split ``host:port`` (IPv6 hosts in brackets) into its parts.
+
+    Raises:
+        InputError: not ``host:port`` with a port in [0, 65535].
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InputError(f"address {value!r} must be host:port, e.g. 127.0.0.1:50051")
+    return host.strip("[]"), int(port)
+
+
+def load_admin_token(path: Path) -> str:
+    """Read the admin bearer token, refusing missing, shared-readable, short or well-known tokens.
+
+    Raises:
+        InputError: says which rule the token breaks and how to make a good one.
+    """
+    fix = f"write a fresh one with `python -c 'import secrets; print(secrets.token_urlsafe(32))' > {path}`"
+    if not path.is_file():
+        raise InputError(f"admin token file {path} does not exist; {fix} and chmod 600 it")
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise InputError(f"admin token file {path} is readable by others (mode {mode:o}); chmod 600 {path}")
+    token = path.read_text().strip()
+    if token.lower() in _DEFAULT_SECRETS or len(token) < MIN_TOKEN_CHARS:
+        raise InputError(
+            f"admin token in {path} is a default or shorter than {MIN_TOKEN_CHARS} characters "
+            f"({len(token)}); {fix}"
+        )
+    return token
+
+
+class TlsSettings(BaseModel):
+    """Paths of the federation CA certificate and this party's certificate and key."""
+
+    model_config = ConfigDict(extra="forbid")
+    ca: Path
+    cert: Path
+    key: Path
+
+    def files(self) -> TlsFiles:
+        """The TLS files as the credentials helper takes them."""
+        return TlsFiles(ca=self.ca, cert=self.cert, key=self.key)
+
+
+class AdminSettings(BaseModel):
+    """The admin REST endpoint: where it listens and where its bearer token is kept."""
+
+    model_config = ConfigDict(extra="forbid")
+    bind: str = "127.0.0.1:8080"
+    token_file: Path
+
+    @field_validator("bind")
+    @classmethod
+    def _bind(cls, value: str) -> str:
+        parse_bind(value)
+        return value
+
+
+def _resolve(value: Any, base: Path) -> Any:
+    if isinstance(value, Path):
+        return value if value.is_absolute() else (base / value).resolve()
+    if isinstance(value, BaseModel):
+        updates = {name: _resolve(getattr(value, name), base) for name in type(value).model_fields}
+        return value.model_copy(update=updates)
+    return value
+
+
+class SiteSettings(BaseSettings):
+    """Settings every party has; each service extends this with its own (one class per service)."""
+
+    model_config = SettingsConfigDict(env_prefix="CAPC_", env_nested_delimiter="__", extra="forbid")
+
+    party: str
+    federation: Path
+    tls: TlsSettings
+    admin: AdminSettings
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment overrides the site file (containers set a few values without editing it).
+        return env_settings, init_settings
+
+    @classmethod
+    def load(cls, path: str | Path) -> Self:
+        """Read a site file, apply environment overrides, resolve relative paths and check the party.
+
+        Raises:
+            InputError: the file is missing or invalid, or its party is not the role this class serves.
+        """
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError:
+            raise InputError(f"site file {path} does not exist") from None
+        except yaml.YAMLError as exc:
+            raise InputError(f"site file {path} is not valid YAML: {exc}") from None
+        try:
+            settings = cls(**data)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise InputError(f"site file {path} is invalid: {problems}") from None
+        resolved: Self = _resolve(settings, path.resolve().parent)
+        resolved.check_role()
+        return resolved
+
+    def check_role(self) -> None:
+        """Hook for subclasses: refuse a site file whose party plays another role."""
+
+    @cached_property
+    def federation_config(self) -> FederationConfig:
+        """The shared federation.yaml this site points at."""
+        return FederationConfig.load(self.federation)
+
+    def admin_token(self) -> str:
+        """The validated admin bearer token (see :func:`load_admin_token`)."""
+        return load_admin_token(self.admin.token_file)
+
+    def _require_role(self, role: str) -> None:
+        found = self.federation_config.role_of(self.party)
+        if found != role:
+            raise InputError(
+                f"site party {self.party!r} is a {found or 'stranger'} in federation "
+                f"{self.federation_config.name!r}, but this command runs a {role}"
+            )

@@ -1,0 +1,21 @@
+"""Federation PKI and mutual-TLS credentials."""
+
+from capc_services.tls.credentials import GRPC_OPTIONS, SERVER_OPTIONS, TlsFiles
+from capc_services.tls.pki import (
+    CertificateInfo,
+    IssuedCertificate,
+    certificate_info,
+    init_ca,
+    issue_certificate,
+)
+
+__all__ = [
+    "GRPC_OPTIONS",
+    "SERVER_OPTIONS",
+    "CertificateInfo",
+    "IssuedCertificate",
+    "TlsFiles",
+    "certificate_info",
+    "init_ca",
+    "issue_certificate",
+]

@@ -1,0 +1,256 @@
+"""A small federation PKI: one CA, one certificate per party (CN = party name).
+
+Keys are ECDSA P-256 (what gRPC's TLS stack and every browser accept), written with mode 0600 and never
+overwritten. Every leaf certificate carries the party name as a DNS SAN besides any host names and IPs, so a
+client can pin the peer it expects by name (``grpc.ssl_target_name_override``) while TLS verifies the
+chain. In production each party generates its key itself and only the certificate travels; the
+``issue_certificate`` helper that writes both is the local/test convenience.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from capc_common.errors import InputError
+from capc_common.federation import check_party_name
+
+CA_CERT = "ca.crt"
+CA_KEY = "ca.key"
+
+
+@dataclass(frozen=True)
+class IssuedCertificate:
+    """Paths and facts of one issued certificate."""
+
+    party: str
+    cert: Path
+    key: Path
+    not_after: dt.datetime
+    dns_names: tuple[str, ...]
+    ip_addresses: tuple[str, ...]
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Create ``path`` with mode 0600 and write ``data``; refuse to overwrite (a key is never replaced)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise InputError(
+            f"{path} already exists; refusing to overwrite a private key (delete it first)"
+        ) from None
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.chmod(0o644)
+    tmp.replace(path)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def init_ca(directory: str | Path, *, name: str, days: int = 3650) -> tuple[Path, Path]:
+    """Create a federation CA (self-signed, path length 0) in ``directory``.
+
+    Args:
+        directory: where ``ca.crt`` and ``ca.key`` (0600) are written; created if missing.
+        name: the federation name, used as the CA's common name.
+        days: validity in days.
+
+    Returns:
+        ``(ca_cert_path, ca_key_path)``.
+
+    Raises:
+        InputError: ``days`` < 1 or a CA already exists there.
+    """
+    if days < 1:
+        raise InputError(f"CA validity must be at least 1 day, got {days}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = directory / CA_CERT, directory / CA_KEY
+    if cert_path.exists() or key_path.exists():
+        raise InputError(f"a CA already exists in {directory}; use it, or delete {CA_CERT}/{CA_KEY} first")
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} federation CA")])
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_private(key_path, _pem_key(key))
+    _write_public(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def _load_ca(ca_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    try:
+        cert = x509.load_pem_x509_certificate((ca_dir / CA_CERT).read_bytes())
+        key = serialization.load_pem_private_key((ca_dir / CA_KEY).read_bytes(), password=None)
+    except FileNotFoundError as exc:
+        raise InputError(f"no CA in {ca_dir} ({exc.filename} missing); run `capc ca init` first") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise InputError(f"{ca_dir / CA_KEY} is not an EC private key")
+    return cert, key
+
+
+def issue_certificate(
+    ca_dir: str | Path,
+    party: str,
+    *,
+    out_dir: str | Path,
+    dns_names: tuple[str, ...] = ("localhost",),
+    ip_addresses: tuple[str, ...] = ("127.0.0.1",),
+    days: int = 365,
+) -> IssuedCertificate:
+    """Generate a key pair for ``party`` and a certificate for it signed by the CA in ``ca_dir``.
+
+    The certificate is good for both TLS server and client authentication (every party is a client on some
+    link and, except teachers, a server on another).
+
+    Args:
+        ca_dir: directory holding ``ca.crt`` and ``ca.key``.
+        party: the party name; becomes the CN and the first DNS SAN.
+        out_dir: where ``PARTY.crt`` and ``PARTY.key`` (0600) are written.
+        dns_names: extra DNS SANs (host names the party is reached at).
+        ip_addresses: IP SANs.
+        days: validity in days.
+
+    Raises:
+        InputError: bad IP address, ``days`` < 1, the CA is missing or the key file already exists.
+    """
+    try:
+        check_party_name(party)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    if days < 1:
+        raise InputError(f"certificate validity must be at least 1 day, got {days}")
+    try:
+        ips = tuple(ipaddress.ip_address(ip) for ip in ip_addresses)
+    except ValueError as exc:
+        raise InputError(f"bad IP SAN: {exc}") from None
+    ca_cert, ca_key = _load_ca(Path(ca_dir))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = out / f"{party}.crt", out / f"{party}.key"
+    dns = tuple(dict.fromkeys((party, *dns_names)))
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    not_after = min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, party)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=True,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False,
+        )
+        .add_extension(
+            x509.SubjectAlternativeName([*(x509.DNSName(d) for d in dns), *(x509.IPAddress(i) for i in ips)]),
+            critical=False,
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_private(key_path, _pem_key(key))
+    _write_public(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    return IssuedCertificate(
+        party=party,
+        cert=cert_path,
+        key=key_path,
+        not_after=not_after,
+        dns_names=dns,
+        ip_addresses=tuple(str(i) for i in ips),
+    )
+
+
+@dataclass(frozen=True)
+class CertificateInfo:
+    """What a party reports about its own certificate (readiness, metrics)."""
+
+    common_name: str
+    not_after: dt.datetime
+
+    def seconds_left(self, *, now: dt.datetime | None = None) -> float:
+        """Seconds until expiry (negative once expired)."""
+        return (self.not_after - (now or _now())).total_seconds()
+
+
+def certificate_info(cert_path: str | Path) -> CertificateInfo:
+    """Read the CN and expiry of a PEM certificate.
+
+    Raises:
+        InputError: the file is missing or not a PEM certificate.
+    """
+    path = Path(cert_path)
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+    except FileNotFoundError:
+        raise InputError(f"certificate {path} does not exist; issue one with `capc cert issue`") from None
+    except ValueError as exc:
+        raise InputError(f"{path} is not a PEM certificate: {exc}") from None
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    cn = str(names[0].value) if names else ""
+    return CertificateInfo(common_name=cn, not_after=cert.not_valid_after_utc)

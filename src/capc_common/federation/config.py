@@ -1,0 +1,223 @@
+"""``federation.yaml``: the public parameters every party of one federation shares.
+
+All parties load the same file and send its hash (:meth:`FederationConfig.config_hash`) with every call;
+a peer whose hash differs is refused, so two parties can never silently run different mechanisms, budgets
+or query generators against each other. Site-specific settings (addresses, paths, local caps) live in each
+party's own site file, not here, so they do not change the hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from capc_common.errors import InputError
+
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def check_party_name(value: str) -> str:
+    """Return ``value`` if it is a valid party name (a DNS label: it becomes a certificate CN and SAN).
+
+    Raises:
+        ValueError: it is not (pydantic turns this into a field error; callers get an InputError).
+    """
+    if not _NAME.fullmatch(value):
+        raise ValueError(
+            f"party name {value!r} must be a DNS label (lowercase letters, digits and '-', 1-63 chars): "
+            "it becomes the certificate CN and a DNS SAN"
+        )
+    return value
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TeacherParty(_Frozen):
+    """One teacher party (an organisation) and how many teacher heads it holds."""
+
+    name: str
+    heads: int = Field(ge=1, le=10_000)
+
+    _name = field_validator("name")(check_party_name)
+
+
+class Mechanism(_Frozen):
+    """Confident-GNMax: pass if max votes + N_Z(0, σ1²) ≥ T, then answer argmax(votes + N_Z(0, σ2²))."""
+
+    name: Literal["confident-gnmax"] = "confident-gnmax"
+    threshold: float = Field(ge=0)
+    sigma1: float = Field(gt=0)
+    sigma2: float = Field(gt=0)
+
+
+class Budget(_Frozen):
+    """The Rényi filter's budget: (ε, δ) reported with the improved conversion at one fixed order."""
+
+    epsilon: float = Field(gt=0)
+    delta: float = Field(gt=0, lt=1)
+    order: float = Field(gt=1)
+
+
+class Queries(_Frozen):
+    """The synthetic query stream: generator, seed, how many, in batches of ``batch_size``."""
+
+    generator: str = Field(min_length=1)
+    seed: int = Field(ge=0, lt=2**63)
+    total: int = Field(ge=1)
+    batch_size: int = Field(ge=1, le=65_536)
+    bn_batch: int = Field(ge=16)
+    height: int = Field(ge=1)
+    width: int = Field(ge=1)
+    channels: Literal[1, 3]
+
+    @model_validator(mode="after")
+    def _bn_divides(self) -> Self:
+        if self.batch_size % self.bn_batch:
+            raise ValueError(
+                f"batch_size {self.batch_size} is not a multiple of bn_batch {self.bn_batch}: "
+                "current-statistics BatchNorm runs over chunks of exactly bn_batch queries, "
+                "so pick batch_size = k * bn_batch"
+            )
+        return self
+
+
+class Backbone(_Frozen):
+    """The shared backbone every teacher and the student start from, pinned by its weights' hash."""
+
+    name: str = Field(min_length=1)
+    sha256: str
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{64}", value):
+            raise ValueError(f"backbone sha256 must be 64 lowercase hex digits, got {value!r}")
+        return value
+
+
+class Quorum(_Frozen):
+    """How many teacher parties a batch needs, and how long to wait for stragglers (seconds)."""
+
+    min_parties: int = Field(ge=1)
+    vote_deadline_s: float = Field(gt=0)
+    share_deadline_s: float = Field(gt=0)
+
+
+class FederationConfig(_Frozen):
+    """The parsed, validated ``federation.yaml``."""
+
+    version: Literal[1] = 1
+    name: str = Field(min_length=1)
+    classes: int = Field(ge=2, le=10_000)
+    guardian: str = "guardian"
+    student: str = "student"
+    teachers: tuple[TeacherParty, ...] = Field(min_length=1)
+    mechanism: Mechanism
+    budget: Budget
+    queries: Queries
+    backbone: Backbone
+    quorum: Quorum
+
+    _guardian = field_validator("guardian")(check_party_name)
+    _student = field_validator("student")(check_party_name)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        names = [self.guardian, self.student, *(t.name for t in self.teachers)]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"party names must be unique; repeated: {duplicates}")
+        if self.quorum.min_parties > len(self.teachers):
+            raise ValueError(
+                f"quorum.min_parties {self.quorum.min_parties} exceeds the {len(self.teachers)} teacher "
+                "parties: no batch could ever proceed"
+            )
+        return self
+
+    @property
+    def total_heads(self) -> int:
+        """Teacher heads across all parties: the largest possible vote count of one class."""
+        return sum(t.heads for t in self.teachers)
+
+    @property
+    def teacher_names(self) -> tuple[str, ...]:
+        """Teacher party names in federation order (the order shares are summed in)."""
+        return tuple(t.name for t in self.teachers)
+
+    def teacher(self, name: str) -> TeacherParty:
+        """The teacher party called ``name``.
+
+        Raises:
+            InputError: no such teacher party.
+        """
+        for party in self.teachers:
+            if party.name == name:
+                return party
+        raise InputError(f"{name!r} is not a teacher party of federation {self.name!r}: {self.teacher_names}")
+
+    def role_of(self, name: str) -> Literal["guardian", "student", "teacher"] | None:
+        """Which role a certificate CN plays in this federation (None: not a party)."""
+        if name == self.guardian:
+            return "guardian"
+        if name == self.student:
+            return "student"
+        if name in self.teacher_names:
+            return "teacher"
+        return None
+
+    def canonical_json(self) -> str:
+        """Deterministic JSON of every parameter: sorted keys, no whitespace, plain ASCII."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def config_hash(self) -> str:
+        """SHA-256 (hex) of :meth:`canonical_json`: equal exactly when every parameter is equal."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "federation config") -> FederationConfig:
+        """Validate a mapping, turning pydantic's errors into one :class:`InputError` naming every field.
+
+        Raises:
+            InputError: a field is missing, unknown or out of range.
+        """
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise InputError(f"{source} is invalid: {problems}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> FederationConfig:
+        """Read and validate ``federation.yaml``.
+
+        Raises:
+            InputError: the file is missing, is not YAML, or fails validation.
+        """
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise InputError(
+                f"federation config {path} does not exist; create it or pass --federation"
+            ) from None
+        except yaml.YAMLError as exc:
+            raise InputError(f"federation config {path} is not valid YAML: {exc}") from None
+        return cls.from_dict(data, source=f"federation config {path}")
+
+    def save(self, path: str | Path) -> None:
+        """Write the config as YAML (atomic: a temporary file renamed into place)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False))
+        tmp.replace(path)

@@ -1,0 +1,73 @@
+"""Fixtures for the services: a federation config, a CA with party certificates, site files."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import pytest
+from capc_services.tls import init_ca, issue_certificate
+
+from capc_common.federation import FederationConfig
+
+PARTIES = ("guardian", "student", "hospital-a", "hospital-b")
+
+
+def federation_dict(**overrides: object) -> dict[str, object]:
+    """A small, valid federation.yaml as a mapping."""
+    base: dict[str, object] = {
+        "name": "test",
+        "classes": 10,
+        "teachers": [{"name": "hospital-a", "heads": 2}, {"name": "hospital-b", "heads": 3}],
+        "mechanism": {"threshold": 3, "sigma1": 2.0, "sigma2": 1.0},
+        "budget": {"epsilon": 5.0, "delta": 1e-5, "order": 10},
+        "queries": {
+            "generator": "dead-leaves",
+            "seed": 7,
+            "total": 64,
+            "batch_size": 32,
+            "bn_batch": 16,
+            "height": 28,
+            "width": 28,
+            "channels": 1,
+        },
+        "backbone": {"name": "scatter", "sha256": "0" * 64},
+        "quorum": {"min_parties": 2, "vote_deadline_s": 5, "share_deadline_s": 5},
+    }
+    base.update(overrides)
+    return base
+
+
+@pytest.fixture(name="federation_dict")
+def _federation_dict() -> object:
+    """The :func:`federation_dict` factory, for tests that vary a field."""
+    return federation_dict
+
+
+@pytest.fixture
+def federation(tmp_path: Path) -> tuple[FederationConfig, Path]:
+    config = FederationConfig.from_dict(federation_dict())
+    path = tmp_path / "federation.yaml"
+    config.save(path)
+    return config, path
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA and certificates for every test party, plus 'intruder' from a foreign CA."""
+    root = tmp_path_factory.mktemp("pki")
+    init_ca(root, name="test")
+    for party in (*PARTIES, "outsider"):
+        issue_certificate(root, party, out_dir=root)
+    foreign = root / "foreign"
+    init_ca(foreign, name="foreign")
+    issue_certificate(foreign, "student", out_dir=foreign)
+    return root
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "admin.token"
+    path.write_text(secrets.token_urlsafe(32))
+    path.chmod(0o600)
+    return path

@@ -1,0 +1,114 @@
+"""The admin REST skeleton every party serves, and the settings that feed it."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import pytest
+import yaml
+from capc_services.common.admin import Readiness, api_router, build_admin_app
+from capc_services.common.metrics import PartyMetrics
+from capc_services.common.settings import SiteSettings, load_admin_token
+from capc_services.tls import certificate_info
+from fastapi.testclient import TestClient
+
+from capc_common.errors import InputError
+
+
+@pytest.fixture
+def app_and_state(pki: Path):
+    token = secrets.token_urlsafe(32)
+    metrics = PartyMetrics(
+        party="guardian",
+        role="guardian",
+        config_hash="ab" * 32,
+        certificate=certificate_info(pki / "guardian.crt"),
+    )
+    state = {"ready": True}
+    router = api_router()
+
+    @router.get("/echo")
+    def echo() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    app = build_admin_app(
+        title="test",
+        token=token,
+        readiness=lambda: Readiness({"flag": (state["ready"], "detail")}),
+        registry=metrics.registry,
+        routers=[router],
+    )
+    return TestClient(app), token, state
+
+
+def test_probes_and_metrics_need_no_token(app_and_state) -> None:
+    client, _, state = app_and_state
+    assert client.get("/livez").json() == {"status": "ok"}
+    assert client.get("/readyz").status_code == 200
+    state["ready"] = False
+    not_ready = client.get("/readyz")
+    assert not_ready.status_code == 503
+    assert not_ready.json()["checks"]["flag"] == {"ok": False, "detail": "detail"}
+    body = client.get("/metrics").text
+    assert "capc_certificate_expires_in_seconds" in body
+    assert 'capc_party_info{config_hash="' in body
+
+
+def test_api_needs_the_bearer_token(app_and_state) -> None:
+    client, token, _ = app_and_state
+    assert client.get("/api/v1/echo").status_code == 401
+    assert client.get("/api/v1/echo", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/api/v1/echo", headers={"Authorization": f"Bearer {token}"}).json() == {"ok": "yes"}
+    assert "/api/v1/echo" in client.get("/openapi.json").json()["paths"]
+
+
+@pytest.mark.parametrize(
+    ("content", "mode", "match"),
+    [
+        ("changethis", 0o600, "default or shorter"),
+        ("short", 0o600, "default or shorter"),
+        (secrets.token_urlsafe(32), 0o644, "readable by others"),
+    ],
+)
+def test_bad_admin_tokens_are_refused(tmp_path: Path, content: str, mode: int, match: str) -> None:
+    path = tmp_path / "t"
+    path.write_text(content)
+    path.chmod(mode)
+    with pytest.raises(InputError, match=match):
+        load_admin_token(path)
+    with pytest.raises(InputError, match="does not exist"):
+        load_admin_token(tmp_path / "missing")
+
+
+def test_site_file_paths_resolve_relative_to_it_and_env_overrides(
+    tmp_path: Path, monkeypatch, federation
+) -> None:
+    _, fed_path = federation
+    site = tmp_path / "sites" / "g.yaml"
+    site.parent.mkdir()
+    site.write_text(
+        yaml.safe_dump(
+            {
+                "party": "guardian",
+                "federation": "../federation.yaml",
+                "tls": {"ca": "c/ca.crt", "cert": "c/g.crt", "key": "c/g.key"},
+                "admin": {"bind": "127.0.0.1:1", "token_file": "tok"},
+            }
+        )
+    )
+    monkeypatch.setenv("CAPC_ADMIN__BIND", "0.0.0.0:9000")
+    settings = SiteSettings.load(site)
+    assert settings.tls.ca == (site.parent / "c" / "ca.crt").resolve()
+    assert settings.admin.bind == "0.0.0.0:9000"
+    assert settings.federation_config.role_of("guardian") == "guardian"
+    assert settings.federation == fed_path.resolve()
+
+
+def test_invalid_site_file_names_the_field(tmp_path: Path) -> None:
+    site = tmp_path / "s.yaml"
+    site.write_text(yaml.safe_dump({"party": "x", "federation": "f", "admin": {"bind": "nope"}}))
+    with pytest.raises(InputError) as info:
+        SiteSettings.load(site)
+    assert "tls" in str(info.value)
+    assert "admin.bind" in str(info.value) or "host:port" in str(info.value)

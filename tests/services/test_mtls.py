@@ -1,0 +1,139 @@
+"""Mutual TLS, identity and config-hash checks on a real gRPC server over loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from capc_services.common.interceptors import HASH_HEADER, AuthInterceptor, ConfigHashClientInterceptor
+from capc_services.common.runtime import GrpcServer, start_grpc_server
+from capc_services.tls import TlsFiles
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from capc_common.federation import FederationConfig
+from capc_common.wire import messages as pb
+from capc_common.wire import rpc
+
+STATUS = f"/{rpc.GUARDIAN_SERVICE}/BatchStatus"
+
+
+class _StatusOnly(rpc.GuardianServiceServicer):  # type: ignore[misc]
+    def BatchStatus(self, request, context):
+        return pb.BatchStatusReply(state=pb.BatchState.Value("BATCH_STATE_UNKNOWN"), detail=request.batch_id)
+
+
+def _files(pki: Path, party: str, ca: Path | None = None) -> TlsFiles:
+    return TlsFiles(ca=ca or pki / "ca.crt", cert=pki / f"{party}.crt", key=pki / f"{party}.key")
+
+
+@pytest.fixture
+def server(pki: Path, federation_dict) -> Iterator[tuple[GrpcServer, FederationConfig]]:
+    config = FederationConfig.from_dict(federation_dict())
+    rejected: list[tuple[str, str, str]] = []
+    interceptor = AuthInterceptor(
+        config=config,
+        policy={STATUS: frozenset({"student"})},
+        on_reject=lambda m, p, c: rejected.append((m, p, c)),
+    )
+    srv = start_grpc_server(
+        bind="127.0.0.1:0",
+        tls=_files(pki, "guardian"),
+        register=[lambda s: rpc.add_GuardianServiceServicer_to_server(_StatusOnly(), s)],
+        services=[rpc.GUARDIAN_SERVICE],
+        interceptors=[interceptor],
+        max_workers=4,
+    )
+    yield srv, config
+    srv.stop(0)
+
+
+def _stub(files: TlsFiles, port: int, *, config_hash: str, peer: str = "guardian"):
+    interceptor = ConfigHashClientInterceptor(config_hash, peer=peer)
+    channel = files.channel(f"127.0.0.1:{port}", peer=peer, interceptors=(interceptor,))
+    return rpc.GuardianServiceStub(channel), channel
+
+
+def test_student_with_matching_config_is_served(pki, server) -> None:
+    srv, config = server
+    stub, channel = _stub(_files(pki, "student"), srv.port, config_hash=config.config_hash())
+    reply, call = stub.BatchStatus.with_call(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
+    assert reply.detail == "b1"
+    assert dict(call.initial_metadata())[HASH_HEADER] == config.config_hash()
+    channel.close()
+
+
+@pytest.mark.parametrize("party", ["hospital-a", "outsider", "guardian"])
+def test_other_parties_are_denied(pki, server, party: str) -> None:
+    srv, config = server
+    stub, channel = _stub(_files(pki, party), srv.port, config_hash=config.config_hash())
+    with pytest.raises(grpc.RpcError) as info:
+        stub.BatchStatus(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert f"CN {party!r}" in info.value.details()
+    channel.close()
+
+
+def test_config_hash_mismatch_is_refused(pki, server, federation_dict) -> None:
+    srv, _ = server
+    other = FederationConfig.from_dict(federation_dict(name="another"))
+    stub, channel = _stub(_files(pki, "student"), srv.port, config_hash=other.config_hash())
+    with pytest.raises(grpc.RpcError) as info:
+        stub.BatchStatus(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "federation config hash mismatch" in info.value.details()
+    assert other.config_hash()[:16] in info.value.details()
+    channel.close()
+
+
+def test_client_without_certificate_fails_the_handshake(pki, server) -> None:
+    srv, _ = server
+    creds = grpc.ssl_channel_credentials(root_certificates=(pki / "ca.crt").read_bytes())
+    channel = grpc.secure_channel(
+        f"127.0.0.1:{srv.port}", creds, options=[("grpc.ssl_target_name_override", "guardian")]
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        rpc.GuardianServiceStub(channel).BatchStatus(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    channel.close()
+
+
+def test_certificate_from_another_ca_fails_the_handshake(pki, server) -> None:
+    srv, config = server
+    foreign = TlsFiles(
+        ca=pki / "ca.crt", cert=pki / "foreign" / "student.crt", key=pki / "foreign" / "student.key"
+    )
+    stub, channel = _stub(foreign, srv.port, config_hash=config.config_hash())
+    with pytest.raises(grpc.RpcError) as info:
+        stub.BatchStatus(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    channel.close()
+
+
+def test_client_refuses_a_server_that_is_not_the_expected_party(pki, server) -> None:
+    srv, config = server
+    stub, channel = _stub(_files(pki, "student"), srv.port, config_hash=config.config_hash(), peer="student")
+    with pytest.raises(grpc.RpcError) as info:
+        stub.BatchStatus(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    channel.close()
+
+
+def test_health_service_reports_serving(pki, server) -> None:
+    srv, _ = server
+    channel = _files(pki, "outsider").channel(f"127.0.0.1:{srv.port}", peer="guardian")
+    health = health_pb2_grpc.HealthStub(channel)
+    reply = health.Check(health_pb2.HealthCheckRequest(service=rpc.GUARDIAN_SERVICE), timeout=10)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    srv.stop(0)
+    channel.close()
+
+
+def test_private_key_readable_by_others_is_refused(tmp_path: Path, pki: Path) -> None:
+    key = tmp_path / "k.key"
+    key.write_bytes((pki / "student.key").read_bytes())
+    key.chmod(0o644)
+    files = TlsFiles(ca=pki / "ca.crt", cert=pki / "student.crt", key=key)
+    with pytest.raises(Exception, match="chmod 600"):
+        files.channel("127.0.0.1:1", peer="guardian")
