@@ -1,0 +1,239 @@
+"""The student's durable label store (SQLite, synchronous=FULL).
+
+A batch moves ``open`` → ``done`` (labels stored), ``aborted`` (nothing revealed, nothing charged) or
+``lost`` (the guardian charged it but the student crashed before storing its labels — over-counted spend,
+never under-counted). Labels of a batch and its ``done`` mark are written in one transaction, so after a
+restart a batch is either fully stored or not at all; the scheduler skips every batch that is not
+``open`` and resumes the open ones, so nothing is lost and nothing is asked twice.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from capc_common.errors import InputError, IntegrityError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (
+    batch_id TEXT PRIMARY KEY,
+    first_index INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('open', 'done', 'aborted', 'lost')),
+    parties TEXT NOT NULL DEFAULT '[]',
+    answered INTEGER NOT NULL DEFAULT 0,
+    detail TEXT NOT NULL DEFAULT '',
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS labels (
+    query_index INTEGER PRIMARY KEY,
+    batch_id TEXT NOT NULL REFERENCES batches(batch_id),
+    label INTEGER NOT NULL
+);
+"""
+STATES = ("open", "done", "aborted", "lost")
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """One batch as the store knows it."""
+
+    batch_id: str
+    first_index: int
+    count: int
+    attempt: int
+    state: str
+    parties: tuple[str, ...]
+    answered: int
+    detail: str
+
+
+class LabelStore:
+    """Durable record of batches and the labels they produced, bound to one federation config.
+
+    Args:
+        path: the SQLite file (created with its parent directory).
+        config_hash: the federation-config hash; a store written under another config is refused.
+
+    Raises:
+        IntegrityError: the store belongs to another federation config.
+    """
+
+    def __init__(self, path: str | Path, *, config_hash: str) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'config_hash'").fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO meta VALUES ('config_hash', ?)", (config_hash,))
+        elif row[0] != config_hash:
+            raise IntegrityError(
+                f"label store {path} was written under federation config {row[0][:16]}, "
+                f"not {config_hash[:16]}; "
+                "use a fresh store path for a new federation"
+            )
+        self.path = path
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._db.close()
+
+    def _record(self, row: tuple[object, ...]) -> BatchRecord:
+        batch_id, first, count, attempt, state, parties, answered, detail = row
+        return BatchRecord(
+            batch_id=str(batch_id),
+            first_index=int(first),  # type: ignore[call-overload]
+            count=int(count),  # type: ignore[call-overload]
+            attempt=int(attempt),  # type: ignore[call-overload]
+            state=str(state),
+            parties=tuple(json.loads(str(parties))),
+            answered=int(answered),  # type: ignore[call-overload]
+            detail=str(detail),
+        )
+
+    def get(self, batch_id: str) -> BatchRecord | None:
+        """The record of ``batch_id``, or None if it was never begun."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT batch_id, first_index, count, attempt, state, parties, answered, detail "
+                "FROM batches WHERE batch_id = ?",
+                (batch_id,),
+            ).fetchone()
+        return None if row is None else self._record(row)
+
+    def begin(self, batch_id: str, *, first_index: int, count: int) -> int:
+        """Mark a batch open (again) and return its new attempt number (1 for a fresh batch).
+
+        Raises:
+            InputError: the batch is already finished, or known with another query range.
+        """
+        with self._lock:
+            row = self._db.execute(
+                "SELECT first_index, count, attempt, state FROM batches WHERE batch_id = ?", (batch_id,)
+            ).fetchone()
+            if row is None:
+                self._db.execute(
+                    "INSERT INTO batches (batch_id, first_index, count, attempt, state, updated) "
+                    "VALUES (?, ?, ?, 1, 'open', ?)",
+                    (batch_id, first_index, count, time.time()),
+                )
+                return 1
+            if (row[0], row[1]) != (first_index, count):
+                raise InputError(
+                    f"batch {batch_id} is stored for queries [{row[0]}, +{row[1]}), "
+                    f"not [{first_index}, +{count})"
+                )
+            if row[3] != "open":
+                raise InputError(f"batch {batch_id} is already {row[3]}; it is never asked again")
+            attempt = int(row[2]) + 1
+            self._db.execute(
+                "UPDATE batches SET attempt = ?, updated = ? WHERE batch_id = ?",
+                (attempt, time.time(), batch_id),
+            )
+            return attempt
+
+    def complete(self, batch_id: str, *, labels: np.ndarray, parties: tuple[str, ...]) -> None:
+        """Store a batch's labels (−1 = not answered) and mark it done, atomically.
+
+        Raises:
+            InputError: the batch is not open or ``labels`` has the wrong length.
+        """
+        with self._lock:
+            row = self._db.execute(
+                "SELECT first_index, count, state FROM batches WHERE batch_id = ?", (batch_id,)
+            ).fetchone()
+            if row is None or row[2] != "open":
+                raise InputError(f"batch {batch_id} is not open (state {row[2] if row else 'unknown'})")
+            first, count = int(row[0]), int(row[1])
+            labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+            if labels.shape[0] != count:
+                raise InputError(f"batch {batch_id} has {count} queries but {labels.shape[0]} labels")
+            answered = int((labels >= 0).sum())
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT INTO labels (query_index, batch_id, label) VALUES (?, ?, ?)",
+                    ((first + i, batch_id, int(v)) for i, v in enumerate(labels)),
+                )
+                self._db.execute(
+                    "UPDATE batches SET state = 'done', parties = ?, answered = ?, updated = ? "
+                    "WHERE batch_id = ?",
+                    (json.dumps(list(parties)), answered, time.time(), batch_id),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def finish(self, batch_id: str, *, state: str, detail: str, answered: int = 0) -> None:
+        """Close an open batch without labels: ``aborted`` (cost nothing) or ``lost`` (charged, labels gone).
+
+        Raises:
+            InputError: unknown state or batch not open.
+        """
+        if state not in ("aborted", "lost"):
+            raise InputError(f"finish() takes state 'aborted' or 'lost', not {state!r}")
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE batches SET state = ?, detail = ?, answered = ?, updated = ? "
+                "WHERE batch_id = ? AND state = 'open'",
+                (state, detail, answered, time.time(), batch_id),
+            )
+            if cur.rowcount != 1:
+                raise InputError(f"batch {batch_id} is not open; cannot mark it {state}")
+
+    def batches(self, *, state: str | None = None) -> list[BatchRecord]:
+        """Every batch (or those in ``state``), in query order."""
+        sql = "SELECT batch_id, first_index, count, attempt, state, parties, answered, detail FROM batches"
+        args: tuple[object, ...] = ()
+        if state is not None:
+            sql += " WHERE state = ?"
+            args = (state,)
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY first_index", args).fetchall()
+        return [self._record(r) for r in rows]
+
+    def labels(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(query_indices, labels)`` of every answered query, in query order."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT query_index, label FROM labels WHERE label >= 0 ORDER BY query_index"
+            ).fetchall()
+        data = np.asarray(rows, dtype=np.int64).reshape(-1, 2)
+        return data[:, 0].copy(), data[:, 1].copy()
+
+    def all_labels(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(query_indices, labels)`` of every stored query, −1 for unanswered ones."""
+        with self._lock:
+            rows = self._db.execute("SELECT query_index, label FROM labels ORDER BY query_index").fetchall()
+        data = np.asarray(rows, dtype=np.int64).reshape(-1, 2)
+        return data[:, 0].copy(), data[:, 1].copy()
+
+    def counts(self) -> dict[str, int]:
+        """Batches per state, queries asked (done + lost) and answered."""
+        with self._lock:
+            per_state = dict(
+                self._db.execute("SELECT state, COUNT(*) FROM batches GROUP BY state").fetchall()
+            )
+            asked, answered = self._db.execute(
+                "SELECT COALESCE(SUM(count), 0), COALESCE(SUM(answered), 0) FROM batches "
+                "WHERE state IN ('done', 'lost')"
+            ).fetchone()
+        return {
+            **{f"batches_{s}": int(per_state.get(s, 0)) for s in STATES},
+            "queries": int(asked),
+            "answered": int(answered),
+        }
