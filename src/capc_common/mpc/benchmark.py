@@ -1,0 +1,266 @@
+"""``capc bench mpc``: the garbler and the evaluator in two processes over a local TCP socket.
+
+The parent draws synthetic vote histograms (a seeded, non-secret generator: these are benchmark inputs),
+shares them exactly as teacher parties would (``share_votes``, fresh ``os.urandom`` seeds), draws benchmark
+noise (rounded Gaussians from the same seeded generator, *not* a privacy mechanism; the guardian's real noise
+comes from the privacy package's discrete Gaussian sampler) and the plaintext answers. The guardian process
+gets the seeds and the noise, the student process the summed shares; each runs the real session code on a
+``SocketChannel`` and reports its timings, traffic and peak RSS. Every label is checked against plaintext.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import resource
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from capc_common.errors import InputError, UnavailableError
+from capc_common.mpc.channel import SocketChannel
+from capc_common.mpc.config import Mode, MpcConfig, ring_width
+from capc_common.mpc.evaluator import EvaluatorSession
+from capc_common.mpc.garbler import GarblerSession
+from capc_common.mpc.plain import circuit_stats, reference_noisy_argmax
+from capc_common.mpc.primitives import aes_blocks_per_second, transpose_bits
+from capc_common.mpc.sharing import share_votes, sum_shares
+
+_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class _GuardianBatch:
+    batch_id: str
+    seeds: list[bytes]
+    z2: np.ndarray
+    z1: np.ndarray | None
+    threshold: int | None
+
+
+@dataclass(frozen=True)
+class _StudentBatch:
+    batch_id: str
+    share_sum: np.ndarray
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def _warm_up() -> None:
+    """Load the numba kernel (compiled or from cache) before the clock starts."""
+    transpose_bits(np.zeros((128, 8), dtype=np.uint8))
+
+
+def _garbler_main(config: MpcConfig, batches: list[_GuardianBatch], ports: Any, results: Any) -> None:
+    try:
+        _warm_up()
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.settimeout(_TIMEOUT_S)
+        ports.put(listener.getsockname()[1])
+        sock, _ = listener.accept()
+        listener.close()
+        channel = SocketChannel(sock, timeout=_TIMEOUT_S)
+        with GarblerSession(channel, config) as session:
+            session.handshake()
+            passes: list[np.ndarray] = []
+            committed: list[np.ndarray] = []
+            for item in batches:
+                passes.append(
+                    session.run_batch(
+                        item.batch_id,
+                        seeds=item.seeds,
+                        shape=(item.z2.shape[0], config.classes),
+                        z2=item.z2,
+                        z1=item.z1,
+                        threshold=item.threshold,
+                        commit=committed.append,
+                    )
+                )
+        results.put(("garbler", {"pass_bits": passes, "commits": len(committed), "rss": _peak_rss_mb()}))
+    except Exception as exc:  # reported to the parent, which raises it there
+        results.put(("garbler", {"error": f"{type(exc).__name__}: {exc}"}))
+
+
+def _evaluator_main(config: MpcConfig, batches: list[_StudentBatch], port: int, results: Any) -> None:
+    try:
+        _warm_up()
+        channel = SocketChannel.connect("127.0.0.1", port, timeout=_TIMEOUT_S)
+        with EvaluatorSession(channel, config) as session:
+            start = time.perf_counter()
+            session.handshake()
+            setup_s = time.perf_counter() - start
+            traffic0 = channel.bytes_sent + channel.bytes_received
+            labels, start = [], time.perf_counter()
+            for item in batches:
+                labels.append(session.run_batch(item.batch_id, share_sum=item.share_sum))
+                results.put(("progress", len(labels)))
+            seconds = time.perf_counter() - start
+            traffic = channel.bytes_sent + channel.bytes_received - traffic0
+        results.put(
+            (
+                "evaluator",
+                {
+                    "labels": labels,
+                    "seconds": seconds,
+                    "setup_s": setup_s,
+                    "bytes": traffic,
+                    "rss": _peak_rss_mb(),
+                },
+            )
+        )
+    except Exception as exc:  # reported to the parent, which raises it there
+        results.put(("evaluator", {"error": f"{type(exc).__name__}: {exc}"}))
+
+
+def _synthetic_votes(
+    rng: np.random.Generator, *, queries: int, classes: int, parties: list[int]
+) -> list[np.ndarray]:
+    """Per-party histograms sharing a per-query truth and agreement level, so about half the queries pass."""
+    truth = rng.integers(0, classes, queries)
+    agreement = rng.uniform(0.3, 1.0, queries)
+    probs = np.repeat(((1 - agreement) / classes)[:, None], classes, axis=1)
+    probs[np.arange(queries), truth] += agreement
+    return [np.stack([rng.multinomial(size, p) for p in probs]).astype(np.int64) for size in parties]
+
+
+def _benchmark_noise(
+    rng: np.random.Generator, sigma: float, shape: tuple[int, ...], *, tails: float
+) -> np.ndarray:
+    bound = int(tails * sigma)
+    return np.clip(np.rint(rng.normal(0.0, sigma, shape)), -bound, bound).astype(np.int64)
+
+
+def run_benchmark(
+    *,
+    classes: int,
+    batch: int,
+    batches: int = 3,
+    width: int | None = None,
+    threshold: bool = True,
+    teachers: int = 250,
+    parties: int = 3,
+    sigma1: float = 100.0,
+    sigma2: float = 40.0,
+    threshold_value: int = 170,
+    chunk_queries: int | None = None,
+    seed: int = 0,
+    progress: Callable[[Iterator[int]], Iterator[int]] | None = None,
+) -> dict[str, Any]:
+    """Run ``batches`` batches of ``batch`` queries between two processes and report throughput.
+
+    Args:
+        classes: c.
+        batch: queries per batch B.
+        batches: batches K in the session (base OT once, then K batches are timed).
+        width: ring width; default :func:`ring_width` of the noise parameters.
+        threshold: Confident-GNMax (True) or GNMax (False).
+        teachers: teachers in the federation (split over ``parties`` teacher parties).
+        parties: teacher parties, i.e. share seeds per batch.
+        sigma1: threshold noise σ1 of the benchmark inputs.
+        sigma2: argmax noise σ2.
+        threshold_value: threshold T.
+        chunk_queries: override the session's chunk size.
+        seed: seed of the synthetic (non-secret) votes and benchmark noise.
+        progress: wraps the iterator of completed batches (e.g. a progress bar).
+
+    Returns:
+        The figures described in docs/mpc.md, including ``correct`` (every label equals plaintext).
+    """
+    if classes < 2 or batch < 1 or batches < 1 or parties < 1 or teachers < parties:
+        raise InputError(
+            f"bench mpc needs classes ≥ 2, batch ≥ 1, batches ≥ 1 and teachers ≥ parties ≥ 1; got classes="
+            f"{classes}, batch={batch}, batches={batches}, teachers={teachers}, parties={parties}."
+        )
+    mode: Mode = "confident" if threshold else "gnmax"
+    if width is None:
+        width = ring_width(
+            teachers=teachers,
+            sigma2=sigma2,
+            sigma1=sigma1 if threshold else None,
+            threshold=threshold_value if threshold else None,
+        )
+    config = MpcConfig(classes, width, teachers=teachers, mode=mode, chunk_queries=chunk_queries)
+    stats = circuit_stats(config)
+    aes_rate = aes_blocks_per_second()
+
+    rng = np.random.default_rng(seed)
+    tails = ((1 << (width - 1)) - teachers - 1) / max(sigma1 + threshold_value, sigma2, 1.0)
+    party_sizes = [len(g) for g in np.array_split(np.arange(teachers), parties)]
+    guardian, student, expected = [], [], []
+    for k in range(batches):
+        per_party = _synthetic_votes(rng, queries=batch, classes=classes, parties=party_sizes)
+        shares = [share_votes(v, width=width) for v in per_party]
+        z2 = _benchmark_noise(rng, sigma2, (batch, classes), tails=min(12.0, tails))
+        z1 = _benchmark_noise(rng, sigma1, (batch,), tails=min(12.0, tails)) if threshold else None
+        t_value = threshold_value if threshold else None
+        guardian.append(_GuardianBatch(f"bench-{k}", [s for s, _ in shares], z2, z1, t_value))
+        student.append(_StudentBatch(f"bench-{k}", sum_shares([x for _, x in shares], width=width)))
+        expected.append(reference_noisy_argmax(np.sum(per_party, axis=0), z2=z2, z1=z1, threshold=t_value))
+
+    ctx = mp.get_context("spawn")
+    ports, results = ctx.Queue(), ctx.Queue()
+    garbler = ctx.Process(target=_garbler_main, args=(config, guardian, ports, results), daemon=True)
+    garbler.start()
+    try:
+        port = ports.get(timeout=_TIMEOUT_S)
+    except Exception as exc:
+        garbler.kill()
+        raise UnavailableError("the garbler process did not start listening.") from exc
+    evaluator = ctx.Process(target=_evaluator_main, args=(config, student, port, results), daemon=True)
+    evaluator.start()
+    reports: dict[str, dict[str, Any]] = {}
+
+    def _completed() -> Iterator[int]:
+        while len(reports) < 2:
+            who, payload = results.get(timeout=_TIMEOUT_S)
+            if who == "progress":
+                yield payload
+            else:
+                reports[who] = payload
+                if "error" in payload:
+                    return
+
+    for _ in (progress or (lambda it: it))(_completed()):
+        pass
+    for proc in (garbler, evaluator):
+        proc.join(timeout=10 if len(reports) == 2 else 1)
+        if proc.is_alive():
+            proc.kill()
+    errors = [f"{who}: {r['error']}" for who, r in reports.items() if "error" in r]
+    if errors or len(reports) < 2:
+        raise UnavailableError(
+            "bench mpc failed: " + ("; ".join(errors) or "a party exited without a report.")
+        )
+
+    ev, ga = reports["evaluator"], reports["garbler"]
+    labels = ev["labels"]
+    correct = all(np.array_equal(got, exp) for got, exp in zip(labels, expected, strict=True)) and all(
+        np.array_equal(p, e >= 0) for p, e in zip(ga["pass_bits"], expected, strict=True)
+    )
+    total = batch * batches
+    seconds = ev["seconds"]
+    return {
+        "classes": classes,
+        "batch": batch,
+        "batches": batches,
+        "mode": mode,
+        "width": width,
+        "chunk_queries": config.queries_per_chunk,
+        "labels_per_s": total / seconds,
+        "and_gates_per_s": total * stats.and_gates / seconds,
+        "and_gates_per_label": stats.and_gates,
+        "and_layers": stats.and_layers,
+        "bytes_per_label": ev["bytes"] / total,
+        "aes_blocks_per_s": aes_rate,
+        "garbler_peak_rss_mb": ga["rss"],
+        "evaluator_peak_rss_mb": ev["rss"],
+        "answered_fraction": float(np.mean([np.mean(e >= 0) for e in expected])),
+        "seconds": seconds,
+        "session_setup_s": ev["setup_s"],
+        "correct": bool(correct and ga["commits"] == batches),
+    }

@@ -1,0 +1,252 @@
+"""The noisy-argmax circuit and the builder blocks it is made of, written once for every backend.
+
+Per query the circuit computes (DESIGN §3 step 5), in two's complement over Z_{2^w}:
+
+* H + z2 = S + (A + z2): the student's share plus the guardian's label addend, one adder per class;
+* label = argmax_j (H_j + z2_j) as a tournament tree (a right child wins only if strictly larger, so ties
+  go to the lowest index, like ``numpy.argmax``);
+* Confident-GNMax: pass = [max_j H_j + z1 − T ≥ 0] = OR_j [S_j + (A_j + z1 − T) ≥ 0], which needs only the
+  carry chain to each sign bit and an OR tree instead of a second maximum, and the label bits are ANDed with
+  pass, so a failed query's output wires carry 0 whatever its argmax.
+
+The guardian knows A, z1, z2 and T, so it adds them in the clear (:func:`guardian_inputs`): only the
+student's S enters through oblivious transfer, and the circuit has one adder per class and per margin
+instead of three.
+
+All blocks take stacked bit planes: ``x[i]`` is bit i (least significant first) of every value in ``x``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from capc_common.errors import InputError
+from capc_common.mpc.backend import CircuitBackend
+from capc_common.mpc.config import MpcConfig
+from capc_common.mpc.sharing import reduce_shares
+
+
+def _ripple(
+    b: CircuitBackend,
+    x: Sequence[np.ndarray] | np.ndarray,
+    y: Sequence[np.ndarray] | np.ndarray,
+    *,
+    subtract: bool,
+    want_sum: bool,
+    want_carry: bool,
+) -> tuple[list[np.ndarray], np.ndarray | None]:
+    """Ripple-carry x + y (or x + ¬y + 1 = x − y) with one AND per bit.
+
+    The carry update c' = c ⊕ ((x ⊕ c) ∧ (y ⊕ c)) is the majority function with a single AND gate; the
+    constant carry-in (0 for add, 1 for subtract) is folded into bit 0.
+    """
+    width = len(x)
+    sums: list[np.ndarray] = []
+    carry: np.ndarray | None = None
+    for i in range(width):
+        need_carry = i < width - 1 or want_carry
+        if carry is None:
+            if want_sum:
+                sums.append(b.xor(x[i], y[i]))  # x0 ⊕ ¬y0 ⊕ 1 = x0 ⊕ y0 when subtracting
+            if need_carry:
+                carry = b.not_(b.and_(b.not_(x[i]), y[i])) if subtract else b.and_(x[i], y[i])
+            continue
+        yi = b.not_(y[i]) if subtract else y[i]
+        xc, yc = b.xor(x[i], carry), b.xor(yi, carry)
+        if want_sum:
+            sums.append(b.xor(xc, yi))
+        if need_carry:
+            carry = b.xor(carry, b.and_(xc, yc))
+    return sums, (carry if want_carry else None)
+
+
+def add(b: CircuitBackend, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """x + y mod 2^w (w − 1 AND gates per value)."""
+    sums, _ = _ripple(b, x, y, subtract=False, want_sum=True, want_carry=False)
+    return np.stack(sums)
+
+
+def subtract(b: CircuitBackend, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """x − y mod 2^w (w − 1 AND gates per value)."""
+    sums, _ = _ripple(b, x, y, subtract=True, want_sum=True, want_carry=False)
+    return np.stack(sums)
+
+
+def greater_equal(b: CircuitBackend, x: np.ndarray, y: np.ndarray, *, signed: bool) -> np.ndarray:
+    """x ≥ y as one bit per value: the carry out of x − y (w AND gates).
+
+    Signed (two's complement) comparison flips both sign bits first, which maps [−2^{w−1}, 2^{w−1}) onto
+    [0, 2^w) in order; flipping is free.
+    """
+    xs, ys = list(x), list(y)
+    if signed:
+        xs[-1], ys[-1] = b.not_(xs[-1]), b.not_(ys[-1])
+    _, carry = _ripple(b, xs, ys, subtract=True, want_sum=False, want_carry=True)
+    assert carry is not None
+    return carry
+
+
+def mux(b: CircuitBackend, sel: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``y`` where ``sel`` else ``x``, for bit planes ``(k, ...)`` and ``sel`` of shape ``(...)``.
+
+    x ⊕ sel·(x ⊕ y): one AND per bit.
+    """
+    return b.xor(x, b.and_(sel[None], b.xor(x, y)))
+
+
+def is_nonnegative(b: CircuitBackend, x: np.ndarray) -> np.ndarray:
+    """x ≥ 0 for signed values: the negated sign bit (free)."""
+    return b.not_(x[len(x) - 1])
+
+
+def any_of(b: CircuitBackend, bits: np.ndarray) -> np.ndarray:
+    """OR over axis 0 of ``bits`` (k − 1 AND gates, depth ⌈log2 k⌉): a ∨ b = a ⊕ b ⊕ (a ∧ b)."""
+    while bits.shape[0] > 1:
+        pairs = bits.shape[0] // 2
+        left, right = bits[0 : 2 * pairs : 2], bits[1 : 2 * pairs : 2]
+        merged = b.xor(b.xor(left, right), b.and_(left, right))
+        bits = np.concatenate([merged, bits[2 * pairs :]]) if bits.shape[0] % 2 else merged
+    return bits[0]
+
+
+def mask(b: CircuitBackend, bits: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``bits`` where ``keep`` else 0 (one AND per bit): how a failed query's label is erased."""
+    return b.and_(bits, keep[None])
+
+
+def tournament(
+    b: CircuitBackend, x: np.ndarray, *, signed: bool, want_max: bool = False
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Argmax (and optionally max) over axis 1 of ``x`` (bit planes ``(w, c, ...)``) by a tournament tree.
+
+    Round r pairs neighbours (2p, 2p+1); the right one wins only if strictly greater, so ties keep the lower
+    index. A winner's index inside its subtree of 2^r leaves is built from the selection bits on its way up
+    (the top bit is this round's selection, the lower bits are muxed from the children), so no index
+    constants enter the circuit; an odd node out moves up unchanged with a constant-0 top bit.
+
+    Returns:
+        ``(index_bits, max_bits)``: ``(⌈log2 c⌉, ...)`` index planes and, if ``want_max``, ``(w, ...)``.
+    """
+    width, classes = x.shape[0], x.shape[1]
+    if classes < 2:
+        raise InputError(f"a tournament needs at least 2 candidates, got {classes}.")
+    values, offsets = x, None
+    while True:
+        count = values.shape[1]
+        pairs = count // 2
+        left, right = values[:, 0 : 2 * pairs : 2], values[:, 1 : 2 * pairs : 2]
+        sel = b.not_(greater_equal(b, left, right, signed=signed))
+        final = count == 2
+        keep_values = want_max or not final
+        carried_left = [left] if keep_values else []
+        carried_right = [right] if keep_values else []
+        if offsets is not None:
+            carried_left.append(offsets[:, 0 : 2 * pairs : 2])
+            carried_right.append(offsets[:, 1 : 2 * pairs : 2])
+        n_values = width if keep_values else 0
+        muxed = None
+        new_offsets = sel[None]
+        if carried_left:
+            muxed = mux(b, sel, np.concatenate(carried_left), np.concatenate(carried_right))
+            new_offsets = np.concatenate([muxed[n_values:], new_offsets])
+        if final:
+            return new_offsets[:, 0], (muxed[:width, 0] if want_max and muxed is not None else None)
+        assert muxed is not None
+        new_values = muxed[:width]
+        if count % 2:
+            lone_offsets = [offsets[:, count - 1 :]] if offsets is not None else []
+            lone_offsets.append(b.zeros_like(sel[None, :1]))
+            new_values = np.concatenate([new_values, values[:, count - 1 :]], axis=1)
+            new_offsets = np.concatenate([new_offsets, np.concatenate(lone_offsets)], axis=1)
+        values, offsets = new_values, new_offsets
+
+
+def noisy_argmax(
+    b: CircuitBackend, *, share: np.ndarray, addends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The whole per-query circuit.
+
+    Args:
+        b: backend.
+        share: the student's share S as bit planes ``(w, c, ...)``.
+        addends: the guardian's inputs as bit planes ``(w, k, c, ...)``: ``[:, 0]`` is A + z2 and, for
+            Confident-GNMax (k = 2), ``[:, 1]`` is A + z1 − T. The share broadcasts against both, so the
+            two adders form one layer per bit without copying S.
+
+    Returns:
+        ``(label_bits, passed)``: ``(⌈log2 c⌉, ...)`` argmax bits (zero where the query failed) and the pass
+        bit ``(...)`` (None for GNMax).
+    """
+    sums = add(b, share[:, None], addends)
+    label, _ = tournament(b, sums[:, 0], signed=True)
+    if addends.shape[1] == 1:
+        return label, None
+    passed = any_of(b, is_nonnegative(b, sums[:, 1]))
+    return mask(b, label, passed), passed
+
+
+def guardian_inputs(
+    config: MpcConfig,
+    *,
+    guardian_share: np.ndarray,
+    z2: np.ndarray,
+    z1: np.ndarray | None,
+    threshold: int | None,
+) -> np.ndarray:
+    """The guardian's clear-text addends A + z2 and A + z1 − T, reduced mod 2^w.
+
+    Also refuses noise that would push a noisy count or margin out of the signed ring for some possible vote
+    count V ∈ [0, teachers]: wrapping around would silently return a wrong label.
+
+    Args:
+        config: session parameters.
+        guardian_share: A, ``(B, c)``.
+        z2: per-class noise, ``(B, c)`` integers.
+        z1: threshold noise, ``(B,)`` integers (Confident-GNMax), else None.
+        threshold: the threshold T (Confident-GNMax), else None.
+
+    Returns:
+        ``(B, k, c)`` int64: ``[:, 0]`` = A + z2 and, for Confident-GNMax (k = 2), ``[:, 1]`` = A + z1 − T.
+
+    Raises:
+        InputError: shapes, dtypes, mode mismatch or noise outside the ring.
+    """
+    shape = guardian_share.shape
+    half = 1 << (config.width - 1)
+    z2 = _integer_array(z2, "z2", shape)
+    _check_ring(z2, lo=-half, hi=half - 1 - config.teachers, what="z2 (per-class noise)", config=config)
+    label_addend = reduce_shares(guardian_share + z2, width=config.width)
+    if config.mode == "gnmax":
+        if z1 is not None or threshold is not None:
+            raise InputError("GNMax mode has no threshold step: pass z1=None and threshold=None.")
+        return label_addend[:, None]
+    if z1 is None or threshold is None:
+        raise InputError("Confident-GNMax needs the threshold noise z1 (one per query) and the threshold T.")
+    if isinstance(threshold, bool) or not isinstance(threshold, int | np.integer):
+        raise InputError(f"the threshold T must be an integer, got {threshold!r}.")
+    margin = _integer_array(z1, "z1", shape[:1]) - int(threshold)
+    _check_ring(
+        margin, lo=-half, hi=half - 1 - config.teachers, what="z1 − T (threshold margin)", config=config
+    )
+    pass_addend = reduce_shares(guardian_share + margin[:, None], width=config.width)
+    return np.stack([label_addend, pass_addend], axis=1)
+
+
+def _integer_array(values: np.ndarray, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    values = np.asarray(values)
+    if values.shape != shape or not np.issubdtype(values.dtype, np.integer):
+        raise InputError(
+            f"{name} must be an integer array of shape {shape}, got {values.dtype} {values.shape}."
+        )
+    return values.astype(np.int64)
+
+
+def _check_ring(values: np.ndarray, *, lo: int, hi: int, what: str, config: MpcConfig) -> None:
+    if values.size and (values.min() < lo or values.max() > hi):
+        raise InputError(
+            f"{what} spans [{values.min()}, {values.max()}] but must lie in [{lo}, {hi}] so that every "
+            f"noisy value with up to {config.teachers} votes fits the signed {config.width}-bit ring; derive "
+            "a wider width with ring_width(tails=...) or check the noise sampler."
+        )

@@ -1,0 +1,224 @@
+"""The student's side: evaluates the garbled noisy-argmax circuit and decodes only answered labels.
+
+Mirror of ``garbler.py``: the same circuit runs on :class:`EvaluatorBackend`, and every ``recv`` here
+matches a ``send`` there, in the same order. The student's input bits enter by IKNP OT extension (it is the
+OT receiver, so the guardian never sees its share); it holds exactly one label per wire, learns the pass bits
+and, for passed queries only, the decoding bits of the label outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+from capc_common.errors import InputError, ProtocolError
+from capc_common.mpc.channel import Channel
+from capc_common.mpc.circuit import noisy_argmax
+from capc_common.mpc.config import MpcConfig
+from capc_common.mpc.party import (
+    HELLO,
+    HELLO_BYTES,
+    PROTOCOL_VERSION,
+    BatchRejected,
+    GateCounter,
+    Party,
+    StreamReader,
+    Tag,
+    batch_id_bytes,
+    chunk_bounds,
+)
+from capc_common.mpc.primitives import (
+    KEY_BYTES,
+    OT_WIDTH,
+    TABLE_BLOCKS_PER_AND,
+    BaseOtSender,
+    FixedKeyAes,
+    IknpReceiver,
+    Workspace,
+    eval_and,
+    from_bit_planes,
+    to_bit_planes,
+)
+from capc_common.mpc.sharing import reduce_shares
+
+
+class EvaluatorBackend:
+    """:class:`CircuitBackend` on active labels: each ``and_`` reads one layer's tables and evaluates it."""
+
+    def __init__(
+        self,
+        *,
+        pi: FixedKeyAes,
+        constant: np.ndarray,
+        gates: GateCounter,
+        tables: StreamReader,
+        workspace: Workspace,
+    ) -> None:
+        self._pi, self._constant = pi, constant
+        self._gates, self._tables, self._workspace = gates, tables, workspace
+
+    def xor(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.bitwise_xor(a, b)
+
+    def and_(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a, b = np.broadcast_arrays(a, b)
+        shape = a.shape
+        a1, b1 = a.reshape(-1, 2), b.reshape(-1, 2)
+        n = a1.shape[0]
+        table = self._tables.read_blocks((TABLE_BLOCKS_PER_AND, n))
+        out = eval_and(self._pi, a1, b1, table, first_gate=self._gates.take(n), workspace=self._workspace)
+        return out.reshape(shape)
+
+    def not_(self, a: np.ndarray) -> np.ndarray:
+        return a  # the garbler swapped the labels' meaning; the evaluator's label is unchanged
+
+    def zeros_like(self, a: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(self._constant, a.shape)
+
+
+class EvaluatorSession(Party):
+    """The student's end of a 2PC session: base OT once, then any number of batches.
+
+    Args:
+        channel: link to the guardian's :class:`GarblerSession` (owned by the session from now on).
+        config: parameters; must equal the garbler's.
+    """
+
+    role = "evaluator"
+
+    def __init__(self, channel: Channel, config: MpcConfig) -> None:
+        super().__init__(channel, config)
+        self._workspace = Workspace()
+        self._pi: FixedKeyAes | None = None
+        self._ot: IknpReceiver | None = None
+        self._constant = np.zeros(2, dtype=np.uint64)
+
+    def run_batch(self, batch_id: bytes | str, *, share_sum: np.ndarray) -> np.ndarray:
+        """Evaluate one batch and return its labels.
+
+        Args:
+            batch_id: the batch's id; the garbler must use the same one.
+            share_sum: ``(B, c)`` integer sum of the teacher parties' student shares (reduced mod 2^w here).
+
+        Returns:
+            ``(B,)`` int64 labels in [0, c), −1 for queries that failed the threshold.
+
+        Raises:
+            InputError: bad local inputs (nothing was sent; the session is unchanged).
+            BatchRejected: the garbler was given a different batch id or size (the session stays usable).
+            ProtocolError: the peer misbehaved, aborted or vanished (the session is closed).
+        """
+        self._require_open()
+        raw_id = batch_id_bytes(batch_id)
+        share_sum = np.asarray(share_sum)
+        if share_sum.ndim != 2 or share_sum.shape[0] < 1 or share_sum.shape[1] != self.config.classes:
+            raise InputError(
+                f"share_sum must have shape (queries ≥ 1, {self.config.classes}), got {share_sum.shape}."
+            )
+        share = reduce_shares(share_sum, width=self.config.width)
+        self.handshake()
+        try:
+            self._open(raw_id, share.shape[0])
+        except BatchRejected:
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        try:
+            outputs = self._evaluate(share)
+            return self._decode(outputs)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    # -- protocol steps, mirrored in GarblerSession ---------------------------------------------------------
+    def _handshake(self) -> None:
+        hello = self._recv_exact(Tag.HELLO, HELLO_BYTES)
+        version, digest, session_id, aes_key, constant = HELLO.unpack_from(hello)
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"the garbler speaks protocol version {version}, this evaluator {PROTOCOL_VERSION}."
+            )
+        if digest != self.config.digest():
+            raise ProtocolError(
+                "the garbler's MpcConfig differs from ours (classes, width, mode, teachers or chunk size); "
+                "both parties must be configured from the same federation parameters."
+            )
+        pairs = [(os.urandom(KEY_BYTES), os.urandom(KEY_BYTES)) for _ in range(OT_WIDTH)]
+        sender = BaseOtSender(pairs, session_id=session_id)
+        self._send(Tag.HELLO_REPLY, sender.respond(bytes(hello[HELLO.size :])))
+        self._pi = FixedKeyAes(aes_key)
+        self._constant = np.frombuffer(constant, dtype=np.uint64).copy()
+        self._ot = IknpReceiver(seed_pairs=pairs)
+
+    def _open(self, raw_id: bytes, queries: int) -> None:
+        self._send(Tag.OPEN, struct.pack("<I", queries) + raw_id)
+        (reply,) = self._recv_exact(Tag.OPEN_REPLY, 1)
+        if reply == 0:
+            raise BatchRejected(
+                f"the garbler rejected batch {raw_id!r} with {queries} queries: it was given a different "
+                "batch id or size. Nothing was computed and the session remains usable."
+            )
+        if reply != 1:
+            raise ProtocolError(f"OPEN_REPLY must be 0 or 1, got {reply}.")
+
+    def _send_ot(self, share: np.ndarray) -> np.ndarray:
+        """Run the OTs for a chunk's share bits; return their labels, shaped like the circuit's input."""
+        assert self._ot is not None
+        bits = to_bit_planes(share, width=self.config.width)
+        u, labels = self._ot.extend(bits.reshape(-1))
+        self._send_stream(Tag.OT_MATRIX, u)
+        return labels.reshape((*bits.shape, 2))
+
+    def _evaluate(self, share: np.ndarray) -> np.ndarray:
+        assert self._pi is not None
+        queries, width, classes = share.shape[0], self.config.width, self.config.classes
+        addends = 2 if self.config.mode == "confident" else 1
+        chunks = chunk_bounds(queries, self.config.queries_per_chunk)
+        outputs = np.empty((self.config.label_bits, queries, 2), dtype=np.uint64)
+        tables = StreamReader(self._recv, Tag.GARBLED)
+        share_labels = self._send_ot(share[chunks[0][0] : chunks[0][1]])
+        for k, (start, stop) in enumerate(chunks):
+            guardian = tables.read_blocks((width, addends, classes, stop - start))
+            backend = EvaluatorBackend(
+                pi=self._pi,
+                constant=self._constant,
+                gates=self.gates,
+                tables=tables,
+                workspace=self._workspace,
+            )
+            label, passed = noisy_argmax(backend, share=share_labels, addends=guardian)
+            tables.end()
+            outputs[:, start:stop] = label
+            if k + 1 < len(chunks):
+                share_labels = self._send_ot(share[chunks[k + 1][0] : chunks[k + 1][1]])
+            if passed is not None:
+                self._send(Tag.PASS_LABELS, np.ascontiguousarray(passed).tobytes())
+        return outputs
+
+    def _decode(self, outputs: np.ndarray) -> np.ndarray:
+        queries, bits = outputs.shape[1], self.config.label_bits
+        pass_bits = _unpack_exact(self._recv_stream(Tag.DECODE, -(-queries // 8)), queries, "pass bits")
+        labels = np.full(queries, -1, dtype=np.int64)
+        answered = int(pass_bits.sum())
+        if answered:
+            raw = self._recv_stream(Tag.DECODE, -(-(answered * bits) // 8))
+            decode = _unpack_exact(raw, answered * bits, "decoding bits").reshape(answered, bits)
+            select = (outputs[:, pass_bits, 0] & np.uint64(1)).astype(bool).T
+            values = from_bit_planes((select ^ decode).T)
+            if values.max() >= self.config.classes:
+                raise ProtocolError(
+                    f"decoded label {int(values.max())} is outside [0, {self.config.classes}): corrupted "
+                    "decoding bits or garbled tables."
+                )
+            labels[pass_bits] = values
+        return labels
+
+
+def _unpack_exact(raw: np.ndarray, count: int, what: str) -> np.ndarray:
+    bits = np.unpackbits(raw, bitorder="little")
+    if bits[count:].any():
+        raise ProtocolError(f"DECODE {what}: padding bits after the {count} expected bits are not zero.")
+    return bits[:count].astype(bool)
