@@ -1,4 +1,4 @@
-"""``capc bench mpc``: the garbler and the evaluator in two processes over a local TCP socket.
+"""``capc bench mpc``: the garbler and the evaluator in two processes over a local (Unix) socket.
 
 The parent draws synthetic vote histograms (a seeded, non-secret generator: these are benchmark inputs),
 shares them exactly as teacher parties would (``share_votes``, fresh ``os.urandom`` seeds), draws benchmark
@@ -11,8 +11,10 @@ gets the seeds and the noise, the student process the summed shares; each runs t
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import resource
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -51,17 +53,26 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
 
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _warm_up() -> None:
     """Load the numba kernel (compiled or from cache) before the clock starts."""
     transpose_bits(np.zeros((128, 8), dtype=np.uint8))
 
 
-def _garbler_main(config: MpcConfig, batches: list[_GuardianBatch], ports: Any, results: Any) -> None:
+def _garbler_main(
+    config: MpcConfig, batches: list[_GuardianBatch], path: str, ready: Any, results: Any
+) -> None:
     try:
         _warm_up()
-        listener = socket.create_server(("127.0.0.1", 0))
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(1)
         listener.settimeout(_TIMEOUT_S)
-        ports.put(listener.getsockname()[1])
+        ready.put(True)
         sock, _ = listener.accept()
         listener.close()
         channel = SocketChannel(sock, timeout=_TIMEOUT_S)
@@ -69,6 +80,7 @@ def _garbler_main(config: MpcConfig, batches: list[_GuardianBatch], ports: Any, 
             session.handshake()
             passes: list[np.ndarray] = []
             committed: list[np.ndarray] = []
+            cpu0 = _cpu_s()
             for item in batches:
                 passes.append(
                     session.run_batch(
@@ -81,38 +93,38 @@ def _garbler_main(config: MpcConfig, batches: list[_GuardianBatch], ports: Any, 
                         commit=committed.append,
                     )
                 )
-        results.put(("garbler", {"pass_bits": passes, "commits": len(committed), "rss": _peak_rss_mb()}))
+            cpu = _cpu_s() - cpu0
+        report = {"pass_bits": passes, "commits": len(committed), "cpu": cpu, "rss": _peak_rss_mb()}
+        results.put(("garbler", report))
     except Exception as exc:  # reported to the parent, which raises it there
         results.put(("garbler", {"error": f"{type(exc).__name__}: {exc}"}))
 
 
-def _evaluator_main(config: MpcConfig, batches: list[_StudentBatch], port: int, results: Any) -> None:
+def _evaluator_main(config: MpcConfig, batches: list[_StudentBatch], path: str, results: Any) -> None:
     try:
         _warm_up()
-        channel = SocketChannel.connect("127.0.0.1", port, timeout=_TIMEOUT_S)
+        channel = SocketChannel.connect_unix(path, timeout=_TIMEOUT_S)
         with EvaluatorSession(channel, config) as session:
             start = time.perf_counter()
             session.handshake()
             setup_s = time.perf_counter() - start
             traffic0 = channel.bytes_sent + channel.bytes_received
-            labels, start = [], time.perf_counter()
+            labels: list[np.ndarray] = []
+            start, cpu0 = time.perf_counter(), _cpu_s()
             for item in batches:
                 labels.append(session.run_batch(item.batch_id, share_sum=item.share_sum))
                 results.put(("progress", len(labels)))
-            seconds = time.perf_counter() - start
+            seconds, cpu = time.perf_counter() - start, _cpu_s() - cpu0
             traffic = channel.bytes_sent + channel.bytes_received - traffic0
-        results.put(
-            (
-                "evaluator",
-                {
-                    "labels": labels,
-                    "seconds": seconds,
-                    "setup_s": setup_s,
-                    "bytes": traffic,
-                    "rss": _peak_rss_mb(),
-                },
-            )
-        )
+        report = {
+            "labels": labels,
+            "seconds": seconds,
+            "cpu": cpu,
+            "setup_s": setup_s,
+            "bytes": traffic,
+            "rss": _peak_rss_mb(),
+        }
+        results.put(("evaluator", report))
     except Exception as exc:  # reported to the parent, which raises it there
         results.put(("evaluator", {"error": f"{type(exc).__name__}: {exc}"}))
 
@@ -202,16 +214,56 @@ def run_benchmark(
         student.append(_StudentBatch(f"bench-{k}", sum_shares([x for _, x in shares], width=width)))
         expected.append(reference_noisy_argmax(np.sum(per_party, axis=0), z2=z2, z1=z1, threshold=t_value))
 
+    with tempfile.TemporaryDirectory(prefix="capc-bench-mpc-") as tmp:
+        reports = _run_parties(config, guardian, student, os.path.join(tmp, "mpc.sock"), progress)
+    ev, ga = reports["evaluator"], reports["garbler"]
+    correct = all(np.array_equal(got, exp) for got, exp in zip(ev["labels"], expected, strict=True)) and all(
+        np.array_equal(p, e >= 0) for p, e in zip(ga["pass_bits"], expected, strict=True)
+    )
+    total = batch * batches
+    seconds = ev["seconds"]
+    return {
+        "classes": classes,
+        "batch": batch,
+        "batches": batches,
+        "mode": mode,
+        "width": width,
+        "chunk_queries": config.queries_per_chunk,
+        "labels_per_s": total / seconds,
+        "and_gates_per_s": total * stats.and_gates / seconds,
+        "and_gates_per_label": stats.and_gates,
+        "and_layers": stats.and_layers,
+        "bytes_per_label": ev["bytes"] / total,
+        "aes_blocks_per_s": aes_rate,
+        "garbler_peak_rss_mb": ga["rss"],
+        "evaluator_peak_rss_mb": ev["rss"],
+        "garbler_cpu_s": ga["cpu"],
+        "evaluator_cpu_s": ev["cpu"],
+        "answered_fraction": float(np.mean([np.mean(e >= 0) for e in expected])),
+        "seconds": seconds,
+        "session_setup_s": ev["setup_s"],
+        "correct": bool(correct and ga["commits"] == batches),
+    }
+
+
+def _run_parties(
+    config: MpcConfig,
+    guardian: list[_GuardianBatch],
+    student: list[_StudentBatch],
+    path: str,
+    progress: Callable[[Iterator[int]], Iterator[int]] | None,
+) -> dict[str, dict[str, Any]]:
+    """Start both processes, relay progress, collect their reports (raising if either failed)."""
     ctx = mp.get_context("spawn")
-    ports, results = ctx.Queue(), ctx.Queue()
-    garbler = ctx.Process(target=_garbler_main, args=(config, guardian, ports, results), daemon=True)
+    ready, results = ctx.Queue(), ctx.Queue()
+    garbler = ctx.Process(target=_garbler_main, args=(config, guardian, path, ready, results), daemon=True)
     garbler.start()
     try:
-        port = ports.get(timeout=_TIMEOUT_S)
+        ready.get(timeout=_TIMEOUT_S)
     except Exception as exc:
         garbler.kill()
         raise UnavailableError("the garbler process did not start listening.") from exc
-    evaluator = ctx.Process(target=_evaluator_main, args=(config, student, port, results), daemon=True)
+    evaluator = ctx.Process(target=_evaluator_main, args=(config, student, path, results), daemon=True)
     evaluator.start()
     reports: dict[str, dict[str, Any]] = {}
 
@@ -236,31 +288,4 @@ def run_benchmark(
         raise UnavailableError(
             "bench mpc failed: " + ("; ".join(errors) or "a party exited without a report.")
         )
-
-    ev, ga = reports["evaluator"], reports["garbler"]
-    labels = ev["labels"]
-    correct = all(np.array_equal(got, exp) for got, exp in zip(labels, expected, strict=True)) and all(
-        np.array_equal(p, e >= 0) for p, e in zip(ga["pass_bits"], expected, strict=True)
-    )
-    total = batch * batches
-    seconds = ev["seconds"]
-    return {
-        "classes": classes,
-        "batch": batch,
-        "batches": batches,
-        "mode": mode,
-        "width": width,
-        "chunk_queries": config.queries_per_chunk,
-        "labels_per_s": total / seconds,
-        "and_gates_per_s": total * stats.and_gates / seconds,
-        "and_gates_per_label": stats.and_gates,
-        "and_layers": stats.and_layers,
-        "bytes_per_label": ev["bytes"] / total,
-        "aes_blocks_per_s": aes_rate,
-        "garbler_peak_rss_mb": ga["rss"],
-        "evaluator_peak_rss_mb": ev["rss"],
-        "answered_fraction": float(np.mean([np.mean(e >= 0) for e in expected])),
-        "seconds": seconds,
-        "session_setup_s": ev["setup_s"],
-        "correct": bool(correct and ga["commits"] == batches),
-    }
+    return reports

@@ -137,6 +137,18 @@ class SocketChannel(Channel):
             raise UnavailableError(f"cannot connect to the MPC peer at {host}:{port}: {exc}.") from exc
         return cls(sock, timeout=timeout)
 
+    @classmethod
+    def connect_unix(cls, path: str, *, timeout: float | None = 120.0) -> SocketChannel:
+        """Connect to a peer listening on the Unix socket ``path`` (same machine; cheaper than TCP)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(path)
+        except OSError as exc:
+            sock.close()
+            raise UnavailableError(f"cannot connect to the MPC peer at {path}: {exc}.") from exc
+        return cls(sock, timeout=timeout)
+
     def _send(self, data: bytes) -> None:
         if self._closed:
             raise ProtocolError("cannot send: this channel is closed.")

@@ -15,7 +15,7 @@ MAX_WIDTH = 62
 """Widest ring supported: values and their sums stay exact in int64 on both sides."""
 DEFAULT_TAILS = 12.0
 """Noise is assumed to lie within ±12σ (a discrete Gaussian leaves it with probability < 1e-32)."""
-_LIVE_LABEL_BUDGET_BYTES = 48 << 20
+_LIVE_LABEL_BUDGET_BYTES = 64 << 20
 
 
 def ring_width(
@@ -118,7 +118,8 @@ class MpcConfig:
         """Queries garbled together: large enough to amortise Python per layer, small enough to bound memory.
 
         About six labels per input bit are alive at once (inputs of both parties, sums, carries); the
-        default keeps them under ~48 MiB and rounds down to a power of two.
+        default keeps them under ~64 MiB and rounds down to a power of two (at most 4096: larger chunks
+        gain nothing once numpy's per-call overhead is amortised).
         """
         if self.chunk_queries is not None:
             return self.chunk_queries

@@ -101,9 +101,13 @@ class GateCounter:
 
 
 class StreamWriter:
-    """Accumulates arrays into frames of :data:`STREAM_FRAME_BYTES` and sends them as one tagged stream."""
+    """Packs arrays into frames of about :data:`STREAM_FRAME_BYTES` and sends them as one tagged stream.
 
-    def __init__(self, send: Callable[[Tag, bytes], None], tag: Tag) -> None:
+    An array is split across frames only if it alone exceeds :data:`MAX_PAYLOAD_BYTES`, so the reader can
+    view most arrays (one garbled layer each) in place.
+    """
+
+    def __init__(self, send: Callable[..., None], tag: Tag) -> None:
         self._send, self._tag = send, tag
         self._parts: list[memoryview] = []
         self._size = 0
@@ -111,18 +115,20 @@ class StreamWriter:
     def write(self, array: np.ndarray) -> None:
         """Queue an array's bytes (the array must not be modified afterwards)."""
         view = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
-        while len(view):
-            take = view[: STREAM_FRAME_BYTES - self._size]
-            self._parts.append(take)
-            self._size += len(take)
-            view = view[len(take) :]
-            if self._size >= STREAM_FRAME_BYTES:
-                self.flush()
+        if self._size + len(view) > MAX_PAYLOAD_BYTES:
+            self.flush()
+        while len(view) > MAX_PAYLOAD_BYTES:
+            self._send(self._tag, view[:MAX_PAYLOAD_BYTES])
+            view = view[MAX_PAYLOAD_BYTES:]
+        self._parts.append(view)
+        self._size += len(view)
+        if self._size >= STREAM_FRAME_BYTES:
+            self.flush()
 
     def flush(self) -> None:
         """Send what is queued as one frame."""
         if self._size:
-            self._send(self._tag, b"".join(self._parts))
+            self._send(self._tag, *self._parts)
             self._parts, self._size = [], 0
 
 
@@ -188,12 +194,11 @@ class Party(abc.ABC):
         self.gates = GateCounter()
 
     # -- framing ---------------------------------------------------------------------------------------------
-    def _send(self, tag: Tag, payload: bytes | memoryview = b"") -> None:
-        if len(payload) > MAX_PAYLOAD_BYTES:
-            raise InputError(
-                f"{tag.name} payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}; stream it."
-            )
-        self._channel.send(b"".join((_HEADER.pack(tag, self._sent), payload)))
+    def _send(self, tag: Tag, *payload: bytes | memoryview) -> None:
+        size = sum(len(part) for part in payload)
+        if size > MAX_PAYLOAD_BYTES:
+            raise InputError(f"{tag.name} payload of {size} bytes exceeds {MAX_PAYLOAD_BYTES}; stream it.")
+        self._channel.send(b"".join((_HEADER.pack(tag, self._sent), *payload)))
         self._sent += 1
 
     def _send_stream(self, tag: Tag, data: np.ndarray) -> None:
