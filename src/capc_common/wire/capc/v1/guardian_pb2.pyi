@@ -89,12 +89,24 @@ class ComputeAgreed(_message.Message):
     parties: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, parties: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class ComputeRefused(_message.Message):
+    __slots__ = ("batch_id", "state", "reason")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    batch_id: str
+    state: _common_pb2.BatchState
+    reason: str
+    def __init__(self, batch_id: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.BatchState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class ComputeMessage(_message.Message):
-    __slots__ = ("start", "agreed", "frame")
+    __slots__ = ("start", "agreed", "frame", "refused")
     START_FIELD_NUMBER: _ClassVar[int]
     AGREED_FIELD_NUMBER: _ClassVar[int]
     FRAME_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     start: ComputeStart
     agreed: ComputeAgreed
     frame: bytes
-    def __init__(self, start: _Optional[_Union[ComputeStart, _Mapping]] = ..., agreed: _Optional[_Union[ComputeAgreed, _Mapping]] = ..., frame: _Optional[bytes] = ...) -> None: ...
+    refused: ComputeRefused
+    def __init__(self, start: _Optional[_Union[ComputeStart, _Mapping]] = ..., agreed: _Optional[_Union[ComputeAgreed, _Mapping]] = ..., frame: _Optional[bytes] = ..., refused: _Optional[_Union[ComputeRefused, _Mapping]] = ...) -> None: ...

@@ -94,8 +94,9 @@ class GuardianServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Compute(self, request_iterator, context):
-        """Student: the two-party computation of one batch. First message ComputeStart (student), then
-        ComputeAgreed (guardian), then opaque MPC frames both ways until the garbler's last frame.
+        """Student: the two-party computation, one long-lived stream (one MPC session: base OT once) carrying
+        any number of batches. Per batch: ComputeStart (student), then ComputeAgreed or ComputeRefused
+        (guardian); after ComputeAgreed, opaque MPC frames both ways until the garbler's last frame.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

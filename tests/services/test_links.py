@@ -1,0 +1,70 @@
+"""The student's teacher registry: dispatch, collection, and parties that disconnect mid-batch."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from capc_services.student.links import Answer, TeacherRegistry
+
+from capc_common.wire import messages as pb
+
+
+def _item(batch_id: str = "b0", attempt: int = 1) -> pb.WorkItem:
+    return pb.WorkItem(batch_id=batch_id, attempt=attempt, ring_width=12, classes=10)
+
+
+def test_dispatch_reaches_every_live_party_and_collects_answers() -> None:
+    registry = TeacherRegistry()
+    a = registry.connect("hospital-a", heads=2)
+    b = registry.connect("hospital-b", heads=3)
+    collection = registry.dispatch(_item())
+    assert collection.parties == ("hospital-a", "hospital-b")
+    assert next(a.outgoing()).work.batch_id == "b0"
+    assert next(b.outgoing()).work.batch_id == "b0"
+    registry.deliver(a, batch_id="b0", attempt=1, answer=Answer(party="hospital-a", share=np.zeros((1, 10))))
+    registry.deliver(b, batch_id="b0", attempt=1, answer=Answer(party="hospital-b", refusal="local cap"))
+    answers = collection.wait(timeout=5)
+    assert answers["hospital-a"].share is not None
+    assert answers["hospital-b"].refusal == "local cap"
+    assert (a.answered, b.refused) == (1, 1)
+
+
+def test_disconnected_party_does_not_hold_up_the_batch() -> None:
+    registry = TeacherRegistry()
+    a = registry.connect("hospital-a", heads=2)
+    registry.connect("hospital-b", heads=3)
+    collection = registry.dispatch(_item())
+    registry.deliver(a, batch_id="b0", attempt=1, answer=Answer(party="hospital-a", share=np.zeros((1, 10))))
+    threading.Timer(0.2, lambda: registry.disconnect(registry.live()["hospital-b"])).start()
+    start = time.monotonic()
+    answers = collection.wait(timeout=30)
+    assert time.monotonic() - start < 5
+    assert "disconnected" in answers["hospital-b"].refusal
+    assert sorted(registry.live()) == ["hospital-a"]
+
+
+def test_late_and_foreign_answers_are_dropped() -> None:
+    registry = TeacherRegistry()
+    a = registry.connect("hospital-a", heads=2)
+    collection = registry.dispatch(_item(attempt=2))
+    registry.deliver(a, batch_id="b0", attempt=1, answer=Answer(party="hospital-a", refusal="old attempt"))
+    collection.deliver(Answer(party="stranger", refusal="x"))
+    assert collection.wait(timeout=0.1) == {}
+    registry.finish(collection)
+    registry.deliver(a, batch_id="b0", attempt=2, answer=Answer(party="hospital-a", refusal="too late"))
+    assert collection.wait(timeout=0.1) == {}
+
+
+def test_reconnect_replaces_the_old_stream() -> None:
+    registry = TeacherRegistry()
+    old = registry.connect("hospital-a", heads=2)
+    new = registry.connect("hospital-a", heads=2)
+    assert not old.alive
+    assert list(old.outgoing()) == []
+    registry.disconnect(old)  # the old stream's reader ending must not drop the new link
+    assert registry.live() == {"hospital-a": new}
+    stop = threading.Event()
+    assert registry.wait_for(1, timeout=0.1, stop=stop)
+    assert not registry.wait_for(2, timeout=0.1, stop=stop)
