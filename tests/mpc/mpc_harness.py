@@ -18,6 +18,7 @@ from capc_common.mpc import (
     share_votes,
     sum_shares,
 )
+from capc_common.mpc.party import HEADER_BYTES, Tag
 
 
 @dataclass
@@ -72,8 +73,8 @@ class SessionPair:
     config: MpcConfig
     garbler: GarblerSession
     evaluator: EvaluatorSession
-    garbler_channel: Channel
-    evaluator_channel: Channel
+    garbler_channel: TapChannel
+    evaluator_channel: TapChannel
 
     def run(
         self,
@@ -126,8 +127,63 @@ class SessionPair:
         return result
 
 
-def open_pair(config: MpcConfig, *, wrap: Callable[[Channel], Channel] | None = None) -> SessionPair:
-    """A fresh session pair; ``wrap`` may interpose on the garbler → evaluator direction (tampering tests)."""
-    g_end, e_end = channel_pair(timeout=30.0)
-    e_view = wrap(e_end) if wrap is not None else e_end
-    return SessionPair(config, GarblerSession(g_end, config), EvaluatorSession(e_view, config), g_end, e_view)
+class TapChannel(Channel):
+    """Wraps a real channel: records every frame received and may rewrite them (tampering tests).
+
+    ``tamper(index, frame)`` gets the index of each received frame and returns the frame to deliver, or a
+    list of frames (empty: drop it; several: inject extra ones).
+    """
+
+    def __init__(
+        self,
+        inner: Channel,
+        tamper: Callable[[int, bytes], bytes | list[bytes]] | None = None,
+    ) -> None:
+        super().__init__()
+        self.inner = inner
+        self.received: list[bytes] = []
+        self.sent: list[bytes] = []
+        self._tamper = tamper
+        self._pending: list[bytes] = []
+        self._count = 0
+
+    def _send(self, data: bytes) -> None:
+        self.sent.append(bytes(data))
+        self.inner.send(data)
+
+    def _recv(self) -> bytes:
+        while not self._pending:
+            frame = bytes(self.inner.recv())
+            delivered = self._tamper(self._count, frame) if self._tamper else frame
+            self._count += 1
+            self._pending.extend([delivered] if isinstance(delivered, bytes) else delivered)
+        frame = self._pending.pop(0)
+        self.received.append(frame)
+        return frame
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def open_pair(
+    config: MpcConfig,
+    *,
+    garbler_config: MpcConfig | None = None,
+    tap_garbler: Callable[[int, bytes], bytes | list[bytes]] | None = None,
+    tap_evaluator: Callable[[int, bytes], bytes | list[bytes]] | None = None,
+) -> SessionPair:
+    """A fresh session pair whose two ends are :class:`TapChannel` s (recording, optionally tampering)."""
+    g_end, e_end = channel_pair(timeout=20.0)
+    g_tap, e_tap = TapChannel(g_end, tap_garbler), TapChannel(e_end, tap_evaluator)
+    return SessionPair(
+        config,
+        GarblerSession(g_tap, garbler_config or config),
+        EvaluatorSession(e_tap, config),
+        g_tap,
+        e_tap,
+    )
+
+
+def frames_with_tag(frames: list[bytes], tag: Tag) -> list[bytes]:
+    """Payloads of the frames of one type (header stripped)."""
+    return [f[HEADER_BYTES:] for f in frames if len(f) >= HEADER_BYTES and f[0] == tag]

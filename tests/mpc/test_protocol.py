@@ -1,19 +1,149 @@
-"""End to end: garbler thread against evaluator, every label compared with the plaintext definition."""
+"""End to end: the real garbler (in a thread) against the real evaluator, every label checked against the
+plaintext definition, on random (Hypothesis) and adversarial histograms."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
-from mpc_harness import make_inputs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mpc_harness import BatchInputs, SessionPair, make_inputs, open_pair
 
-from capc_common.mpc import MpcConfig, reference_noisy_argmax
+from capc_common.mpc import MpcConfig, circuit_stats, reference_noisy_argmax
+
+TEACHERS = 250
+WIDTH = 12  # ring_width(teachers=250, sigma1=100, sigma2=40, threshold=170)
+HALF = 1 << (WIDTH - 1)
 
 
-def test_confident_gnmax_matches_plaintext(pair_factory) -> None:
-    config = MpcConfig(10, 12, teachers=250)
-    rng = np.random.default_rng(0)
-    votes = rng.integers(0, 60, (300, 10))
-    inputs = make_inputs(config, votes, rng.integers(-200, 200, (300, 10)), rng.integers(-300, 300, 300), 40)
-    result = pair_factory(config).run_ok(inputs)
-    expected = reference_noisy_argmax(votes, z2=inputs.z2, z1=inputs.z1, threshold=40)
+@pytest.fixture(scope="module")
+def sessions() -> Iterator[Callable[[MpcConfig], SessionPair]]:
+    """One long-lived session pair per configuration: base OT once, then many batches (as in production)."""
+    pairs: dict[MpcConfig, SessionPair] = {}
+
+    def _get(config: MpcConfig) -> SessionPair:
+        if config not in pairs:
+            pairs[config] = open_pair(config)
+        return pairs[config]
+
+    yield _get
+    for pair in pairs.values():
+        pair.garbler.close()
+        pair.evaluator.close()
+
+
+def _check(pair: SessionPair, inputs: BatchInputs) -> np.ndarray:
+    result = pair.run_ok(inputs)
+    expected = reference_noisy_argmax(inputs.votes, z2=inputs.z2, z1=inputs.z1, threshold=inputs.threshold)
     np.testing.assert_array_equal(result.labels, expected)
     np.testing.assert_array_equal(result.pass_bits, expected >= 0)
+    assert len(result.committed) == 1
+    np.testing.assert_array_equal(result.committed[0], expected >= 0)
+    return expected
+
+
+@st.composite
+def _histograms(draw: st.DrawFn) -> tuple[MpcConfig, BatchInputs]:
+    classes = draw(st.sampled_from([2, 3, 7, 10]))
+    mode = draw(st.sampled_from(["confident", "gnmax"]))
+    chunk = draw(st.sampled_from([None, 3]))
+    config = MpcConfig(classes, WIDTH, teachers=TEACHERS, mode=mode, chunk_queries=chunk)
+    n = draw(st.integers(1, 12))
+    counts = st.one_of(st.integers(0, TEACHERS), st.sampled_from([0, TEACHERS]))
+    votes = np.array(
+        draw(st.lists(st.lists(counts, min_size=classes, max_size=classes), min_size=n, max_size=n))
+    )
+    noise = st.one_of(st.integers(-300, 300), st.sampled_from([-HALF, HALF - 1 - TEACHERS, 0]))
+    z2 = np.array(draw(st.lists(st.lists(noise, min_size=classes, max_size=classes), min_size=n, max_size=n)))
+    if mode == "gnmax":
+        return config, make_inputs(config, votes, z2)
+    threshold = draw(st.integers(0, 2 * TEACHERS))
+    z1 = draw(
+        st.lists(st.integers(-HALF + threshold, HALF - 1 - TEACHERS + threshold), min_size=n, max_size=n)
+    )
+    return config, make_inputs(config, votes, z2, np.array(z1), threshold, parties=draw(st.integers(1, 3)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_histograms())
+def test_random_histograms_match_plaintext(sessions, case: tuple[MpcConfig, BatchInputs]) -> None:
+    config, inputs = case
+    _check(sessions(config), inputs)
+
+
+def test_ties_and_all_equal_go_to_the_lowest_index(sessions) -> None:
+    config = MpcConfig(10, WIDTH, teachers=TEACHERS)
+    votes = np.array([[25] * 10, [0] * 10, [TEACHERS] + [0] * 9, [3, 9, 9, 1, 9, 0, 0, 0, 0, 9]])
+    z2 = np.zeros_like(votes)
+    z2[3] = [0, 0, 0, 8, 0, 0, 0, 0, 0, 0]  # 9 + 0 ties with 1 + 8 at index 3: index 1 still wins
+    expected = _check(sessions(config), make_inputs(config, votes, z2, np.array([200, -50, 200, 200]), 20))
+    np.testing.assert_array_equal(expected, [0, -1, 0, 1])
+
+
+def test_maximum_at_every_position_and_every_tie_pattern(sessions) -> None:
+    config = MpcConfig(10, WIDTH, teachers=TEACHERS)
+    rows = []
+    for top in range(10):
+        for tie in range(10):  # the maximum at `top`, a tie partner at `tie`
+            row = np.full(10, 5)
+            row[top] = row[tie] = 40
+            rows.append(row)
+    votes = np.array(rows)
+    expected = _check(sessions(config), make_inputs(config, votes, np.zeros_like(votes), np.zeros(100), 30))
+    np.testing.assert_array_equal(expected, [min(t, u) for t in range(10) for u in range(10)])
+
+
+def test_ring_bounds_negative_counts_and_threshold_edges(sessions) -> None:
+    config = MpcConfig(3, WIDTH, teachers=TEACHERS)
+    votes = np.array(
+        [[0, 0, 0], [TEACHERS, TEACHERS, TEACHERS], [0, 1, 0], [100, 0, 0], [100, 0, 0], [0, 0, 0]]
+    )
+    z2 = np.array(
+        [
+            [-HALF, -HALF + 1, -HALF],  # the most negative noisy counts the ring holds
+            [HALF - 1 - TEACHERS, 0, HALF - 1 - TEACHERS],  # the most positive: ties at 2^{w−1} − 1
+            [-5, -300, -7],  # all noisy counts negative
+            [0, 0, 0],
+            [0, 0, 0],
+            [-HALF, -HALF, -HALF],
+        ]
+    )
+    threshold = 100
+    z1 = np.array([HALF - 1 - TEACHERS + threshold, 0, -HALF + threshold, 0, -1, -HALF + threshold])
+    expected = _check(sessions(config), make_inputs(config, votes, z2, z1, threshold))
+    np.testing.assert_array_equal(expected, [1, 0, -1, 0, -1, -1])  # margin 0 passes, margin −1 fails
+
+
+@pytest.mark.parametrize(
+    ("classes", "queries", "chunk"),
+    [(2, 1, None), (2, 8192, None), (100, 40, None), (10, 300, 64), (3, 1000, 333)],
+)
+def test_sizes_and_chunking(sessions, classes: int, queries: int, chunk: int | None) -> None:
+    config = MpcConfig(classes, WIDTH, teachers=TEACHERS, chunk_queries=chunk)
+    rng = np.random.default_rng(classes * queries)
+    votes = rng.multinomial(
+        TEACHERS, rng.dirichlet(np.full(classes, 0.3), size=queries).mean(axis=0), size=queries
+    )
+    z2 = rng.integers(-480, 480, (queries, classes))
+    expected = _check(
+        sessions(config), make_inputs(config, votes, z2, rng.integers(-1200, 1200, queries), 170)
+    )
+    assert 0 < (expected >= 0).sum() < queries or queries == 1
+
+
+def test_many_batches_share_one_session_and_count_every_gate() -> None:
+    config = MpcConfig(5, WIDTH, teachers=TEACHERS, mode="gnmax")
+    pair = open_pair(config)
+    rng = np.random.default_rng(7)
+    try:
+        for size in (1, 17, 64):
+            votes = rng.integers(0, 50, (size, 5))
+            _check(pair, make_inputs(config, votes, rng.integers(-100, 100, (size, 5))))
+        ands = (1 + 17 + 64) * circuit_stats(config).and_gates
+        assert pair.garbler.gates.next_gate == pair.evaluator.gates.next_gate == ands
+        assert pair.garbler_channel.bytes_received == pair.evaluator_channel.bytes_sent
+    finally:
+        pair.garbler.close()
+        pair.evaluator.close()

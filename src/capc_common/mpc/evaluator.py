@@ -178,7 +178,7 @@ class EvaluatorSession(Party):
         addends = 2 if self.config.mode == "confident" else 1
         chunks = chunk_bounds(queries, self.config.queries_per_chunk)
         outputs = np.empty((self.config.label_bits, queries, 2), dtype=np.uint64)
-        tables = StreamReader(self._recv, Tag.GARBLED)
+        tables = StreamReader(self._recv_any, Tag.GARBLED, Tag.GARBLED_END)
         share_labels = self._send_ot(share[chunks[0][0] : chunks[0][1]])
         for k, (start, stop) in enumerate(chunks):
             guardian = tables.read_blocks((width, addends, classes, stop - start))

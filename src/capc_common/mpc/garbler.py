@@ -237,7 +237,7 @@ class GarblerSession(Party):
                 workspace=self._workspace,
             )
             label, passed = noisy_argmax(backend, share=share, addends=guardian)
-            tables.flush()
+            tables.close(Tag.GARBLED_END)
             decode[start:stop] = (label[..., 0] & np.uint64(1)).astype(bool).T
             if k + 1 < len(chunks):
                 share = self._recv_ot(*chunks[k + 1])

@@ -56,6 +56,7 @@ class Tag(enum.IntEnum):
     OPEN_REPLY = 4  # garbler → evaluator: accepted or rejected
     OT_MATRIX = 5  # evaluator → garbler: IKNP matrix U of one chunk (stream)
     GARBLED = 6  # garbler → evaluator: input labels and garbled tables of one chunk (stream)
+    GARBLED_END = 9  # garbler → evaluator: the last frame of a chunk's garbled stream (may be empty)
     PASS_LABELS = 7  # evaluator → garbler: output labels of the pass bits of one chunk
     DECODE = 8  # garbler → evaluator: pass bits and label decoding bits, after the ledger commit
     ABORT = 15  # either way, empty: "I stopped", nothing more
@@ -131,14 +132,29 @@ class StreamWriter:
             self._send(self._tag, *self._parts)
             self._parts, self._size = [], 0
 
+    def close(self, end_tag: Tag) -> None:
+        """Send the rest as the stream's final frame, tagged ``end_tag`` so a short stream is detected."""
+        self._send(end_tag, *self._parts)
+        self._parts, self._size = [], 0
+
 
 class StreamReader:
-    """Reads exact byte counts from a tagged stream of frames, zero-copy when a read fits in one frame."""
+    """Reads exact byte counts from a tagged stream of frames, zero-copy when a read fits in one frame.
 
-    def __init__(self, recv: Callable[[Tag], memoryview], tag: Tag) -> None:
-        self._recv, self._tag = recv, tag
+    The stream's last frame carries ``end_tag``; reading past it, or ending before it, is a protocol error.
+    """
+
+    def __init__(self, recv: Callable[..., tuple[Tag, memoryview]], tag: Tag, end_tag: Tag) -> None:
+        self._recv, self._tag, self._end_tag = recv, tag, end_tag
         self._frame = memoryview(b"")
         self._pos = 0
+        self._ended = False
+
+    def _next_frame(self) -> None:
+        if self._ended:
+            raise ProtocolError(f"{self._tag.name} stream ended before the expected bytes arrived.")
+        tag, self._frame = self._recv(self._tag, self._end_tag)
+        self._pos, self._ended = 0, tag == self._end_tag
 
     def read(self, nbytes: int) -> np.ndarray:
         """The next ``nbytes`` bytes as a read-only uint8 array."""
@@ -150,9 +166,7 @@ class StreamReader:
         got = len(self._frame) - self._pos
         buf[:got] = np.frombuffer(self._frame, dtype=np.uint8, offset=self._pos)
         while got < nbytes:
-            self._frame, self._pos = self._recv(self._tag), 0
-            if not len(self._frame):
-                raise ProtocolError(f"empty {self._tag.name} frame.")
+            self._next_frame()
             take = min(nbytes - got, len(self._frame))
             buf[got : got + take] = np.frombuffer(self._frame, dtype=np.uint8, count=take)
             got += take
@@ -165,11 +179,15 @@ class StreamReader:
         return self.read(count * BLOCK_BYTES).view(np.uint64).reshape((*shape, 2))
 
     def end(self) -> None:
-        """Check that the stream ended exactly at a frame boundary (the sender flushed here)."""
-        if self._pos != len(self._frame):
+        """Check that the stream ends here: everything read, up to and including its final frame."""
+        if self._pos == len(self._frame) and not self._ended:
+            self._next_frame()  # the final frame may still be due (empty, or already fully read)
+        if self._pos != len(self._frame) or not self._ended:
             raise ProtocolError(
-                f"{self._tag.name} stream has {len(self._frame) - self._pos} unexpected trailing bytes."
+                f"{self._tag.name} stream is longer than expected ({len(self._frame) - self._pos} bytes "
+                "left in its frame)."
             )
+        self._frame, self._pos, self._ended = memoryview(b""), 0, False
 
 
 class Party(abc.ABC):
@@ -206,20 +224,25 @@ class Party(abc.ABC):
         for offset in range(0, len(view), MAX_PAYLOAD_BYTES):
             self._send(tag, view[offset : offset + MAX_PAYLOAD_BYTES])
 
-    def _recv(self, tag: Tag) -> memoryview:
+    def _recv_any(self, *tags: Tag) -> tuple[Tag, memoryview]:
+        """The next frame, which must be one of ``tags``, in sequence: ``(tag, payload)``."""
+        wanted = " or ".join(t.name for t in tags)
         frame = self._channel.recv()
         if len(frame) < HEADER_BYTES:
-            raise ProtocolError(f"truncated frame of {len(frame)} bytes while waiting for {tag.name}.")
+            raise ProtocolError(f"truncated frame of {len(frame)} bytes while waiting for {wanted}.")
         raw_tag, seq = _HEADER.unpack_from(frame)
         if raw_tag == Tag.ABORT:
-            raise _PeerAborted(f"the peer aborted the session while we waited for {tag.name}.")
+            raise _PeerAborted(f"the peer aborted the session while we waited for {wanted}.")
         if seq != self._received:
             raise ProtocolError(f"out-of-order frame: sequence number {seq}, expected {self._received}.")
-        if raw_tag != tag:
+        if raw_tag not in tags:
             name = Tag(raw_tag).name if raw_tag in Tag._value2member_map_ else f"unknown tag {raw_tag}"
-            raise ProtocolError(f"expected a {tag.name} frame, got {name} (frame {seq}).")
+            raise ProtocolError(f"expected a {wanted} frame, got {name} (frame {seq}).")
         self._received += 1
-        return memoryview(frame)[HEADER_BYTES:]
+        return Tag(raw_tag), memoryview(frame)[HEADER_BYTES:]
+
+    def _recv(self, tag: Tag) -> memoryview:
+        return self._recv_any(tag)[1]
 
     def _recv_exact(self, tag: Tag, nbytes: int) -> memoryview:
         payload = self._recv(tag)
@@ -232,10 +255,11 @@ class Party(abc.ABC):
         got = 0
         while got < nbytes:
             payload = self._recv(tag)
-            if not len(payload) or got + len(payload) > nbytes:
+            expected = min(MAX_PAYLOAD_BYTES, nbytes - got)
+            if len(payload) != expected:
                 raise ProtocolError(
-                    f"{tag.name} stream frame of {len(payload)} bytes does not fit the {nbytes - got} bytes "
-                    f"still expected of {nbytes}."
+                    f"{tag.name} frame of {len(payload)} bytes where {expected} were due "
+                    f"({got} of {nbytes} bytes received)."
                 )
             out[got : got + len(payload)] = np.frombuffer(payload, dtype=np.uint8)
             got += len(payload)

@@ -1,0 +1,169 @@
+"""The circuit builder on the plaintext twin, against integer arithmetic (Hypothesis)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capc_common.mpc import MpcConfig, PlainBackend, circuit_stats, reference_noisy_argmax, run_plain
+from capc_common.mpc.circuit import (
+    add,
+    any_of,
+    greater_equal,
+    is_nonnegative,
+    mask,
+    mux,
+    subtract,
+    tournament,
+)
+from capc_common.mpc.primitives import from_bit_planes, to_bit_planes
+
+
+def _signed(values: np.ndarray, width: int) -> np.ndarray:
+    half = 1 << (width - 1)
+    return (values + half) % (1 << width) - half
+
+
+def _planes(values: np.ndarray, width: int) -> np.ndarray:
+    """(count,) or (count, c) integers → bit planes (width, [c,] count)."""
+    values = np.asarray(values)
+    planes = to_bit_planes((values if values.ndim > 1 else values[:, None]) % (1 << width), width=width)
+    return planes if values.ndim > 1 else planes[:, 0]
+
+
+@st.composite
+def _operands(draw: st.DrawFn, count: int = 2) -> tuple[int, list[np.ndarray]]:
+    width = draw(st.integers(2, 16))
+    n = draw(st.integers(1, 30))
+    edge = st.sampled_from([0, 1, (1 << (width - 1)) - 1, 1 << (width - 1), (1 << width) - 1])
+    values = st.one_of(st.integers(0, (1 << width) - 1), edge)
+    return width, [np.array(draw(st.lists(values, min_size=n, max_size=n))) for _ in range(count)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(_operands())
+def test_adder_and_subtractor_wrap_mod_2_to_the_w(operands: tuple[int, list[np.ndarray]]) -> None:
+    width, (x, y) = operands
+    b = PlainBackend()
+    np.testing.assert_array_equal(
+        from_bit_planes(add(b, _planes(x, width), _planes(y, width))), (x + y) % (1 << width)
+    )
+    np.testing.assert_array_equal(
+        from_bit_planes(subtract(b, _planes(x, width), _planes(y, width))), (x - y) % (1 << width)
+    )
+    assert b.and_gates == 2 * (width - 1) * len(x)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_operands(), st.booleans())
+def test_comparison_signed_and_unsigned(operands: tuple[int, list[np.ndarray]], signed: bool) -> None:
+    width, (x, y) = operands
+    b = PlainBackend()
+    got = greater_equal(b, _planes(x, width), _planes(y, width), signed=signed)
+    xs, ys = (_signed(x, width), _signed(y, width)) if signed else (x, y)
+    np.testing.assert_array_equal(got, xs >= ys)
+    np.testing.assert_array_equal(is_nonnegative(b, _planes(x, width)), _signed(x, width) >= 0)
+    assert b.and_gates == width * len(x)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_operands(3))
+def test_mux_mask_and_or(operands: tuple[int, list[np.ndarray]]) -> None:
+    width, (x, y, s) = operands
+    b = PlainBackend()
+    sel = (s & 1).astype(bool)
+    np.testing.assert_array_equal(
+        from_bit_planes(mux(b, sel, _planes(x, width), _planes(y, width))), np.where(sel, y, x)
+    )
+    np.testing.assert_array_equal(from_bit_planes(mask(b, _planes(x, width), sel)), np.where(sel, x, 0))
+    bits = _planes(x, width)  # OR over the bit planes: is the value non-zero?
+    np.testing.assert_array_equal(any_of(b, bits), x % (1 << width) != 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    width=st.integers(3, 12),
+    classes=st.integers(2, 23),
+    n=st.integers(1, 12),
+    ties=st.booleans(),
+    data=st.data(),
+)
+def test_tournament_argmax_and_max_break_ties_low(
+    width: int, classes: int, n: int, ties: bool, data: st.DataObject
+) -> None:
+    half = 1 << (width - 1)
+    pool = st.integers(-2, 1) if ties else st.integers(-half, half - 1)
+    values = np.array(
+        data.draw(st.lists(st.lists(pool, min_size=classes, max_size=classes), min_size=n, max_size=n))
+    )
+    index, maximum = tournament(PlainBackend(), _planes(values, width), signed=True, want_max=True)
+    np.testing.assert_array_equal(from_bit_planes(index), np.argmax(values, axis=1))
+    assert maximum is not None
+    np.testing.assert_array_equal(_signed(from_bit_planes(maximum), width), values.max(axis=1))
+
+
+@st.composite
+def _batch(draw: st.DrawFn) -> dict:
+    classes = draw(st.sampled_from([2, 3, 5, 10, 17]))
+    teachers = draw(st.integers(1, 60))
+    width = draw(st.integers((teachers + 1).bit_length() + 2, 14))
+    half = 1 << (width - 1)
+    n = draw(st.integers(1, 16))
+    votes = np.array(
+        draw(
+            st.lists(
+                st.lists(st.integers(0, teachers), min_size=classes, max_size=classes), min_size=n, max_size=n
+            )
+        )
+    )
+    z2 = np.array(
+        draw(
+            st.lists(
+                st.lists(st.integers(-half, half - 1 - teachers), min_size=classes, max_size=classes),
+                min_size=n,
+                max_size=n,
+            )
+        )
+    )
+    threshold = draw(st.integers(0, teachers + 5))
+    z1 = np.array(
+        draw(
+            st.lists(st.integers(-half + threshold, half - 1 - teachers + threshold), min_size=n, max_size=n)
+        )
+    )
+    return {
+        "config": MpcConfig(classes, width, teachers=teachers),
+        "votes": votes,
+        "z2": z2,
+        "z1": z1,
+        "threshold": threshold,
+    }
+
+
+@settings(max_examples=80, deadline=None)
+@given(_batch())
+def test_plain_circuit_equals_the_definition(batch: dict) -> None:
+    config, votes = batch["config"], batch["votes"]
+    guardian = np.random.default_rng(0).integers(0, 1 << config.width, votes.shape)
+    student = (votes - guardian) % (1 << config.width)
+    got = run_plain(
+        config,
+        share_sum=student,
+        guardian_share=guardian,
+        z2=batch["z2"],
+        z1=batch["z1"],
+        threshold=batch["threshold"],
+    )
+    expected = reference_noisy_argmax(votes, z2=batch["z2"], z1=batch["z1"], threshold=batch["threshold"])
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_gate_counts_per_query() -> None:
+    """AND gates: c(w−1) adders (+ c(w−1) margins and c−1 ORs), (c−1)w comparisons, muxes, log c masks."""
+    gnmax = circuit_stats(MpcConfig(10, 12, teachers=250, mode="gnmax"))
+    confident = circuit_stats(MpcConfig(10, 12, teachers=250))
+    assert confident.and_gates - gnmax.and_gates == 10 * 11 + 9 + 4
+    assert confident.evaluator_input_bits == 120 and confident.garbler_input_bits == 240
+    assert (gnmax.and_gates, confident.and_gates) == (321, 444)
+    assert circuit_stats(MpcConfig(100, 12, teachers=250)).and_gates == 4765
