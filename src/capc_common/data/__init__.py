@@ -1,0 +1,27 @@
+"""Real datasets and their partitions: Fashion-MNIST, scikit-learn digits, a site's own IDX/npz/image folder.
+
+Front door::
+
+    from capc_common.data import Dataset, load_dataset, partition
+    train = load_dataset("fashion-mnist", split="train")
+    shards = partition(train.labels, shards=200, scheme="iid", seed=0)
+"""
+
+from capc_common.data.catalog import DATASET_NAMES, FASHION_MNIST_CLASSES, load_dataset
+from capc_common.data.dataset import Dataset
+from capc_common.data.files import load_image_folder, load_npz
+from capc_common.data.idx import load_idx, read_idx
+from capc_common.data.partition import PARTITION_SCHEMES, partition
+
+__all__ = [
+    "DATASET_NAMES",
+    "FASHION_MNIST_CLASSES",
+    "PARTITION_SCHEMES",
+    "Dataset",
+    "load_dataset",
+    "load_idx",
+    "load_image_folder",
+    "load_npz",
+    "partition",
+    "read_idx",
+]

@@ -1,0 +1,179 @@
+"""A hospital's own data: an ``.npz`` archive or a folder of PNG/JPEG images, one sub-folder per class.
+
+Both loaders check everything a site could get wrong (missing keys, wrong dtypes, ragged image sizes, empty
+class folders, unreadable images) and say which file and what was expected, because the person reading the
+message is an operator at a teacher site, not the author of this code.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.data.dataset import Dataset
+from capc_common.errors import InputError
+
+__all__ = ["IMAGE_SUFFIXES", "load_image_folder", "load_npz"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+_GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
+
+
+def _as_uint8_images(array: npt.NDArray[Any], *, where: str) -> npt.NDArray[np.uint8]:
+    """Bring ``(N, H, W)`` / ``(N, H, W, C)`` uint8, or float in [0, 1], to uint8 ``(N, H, W, C)``."""
+    if array.ndim == 3:
+        array = array[..., np.newaxis]
+    if array.ndim != 4 or array.shape[3] not in (1, 3):
+        raise InputError(
+            f"{where}: images must have shape (N, H, W) or (N, H, W, C) with C 1 or 3, got {array.shape}"
+        )
+    if array.dtype == np.uint8:
+        return np.asarray(array, dtype=np.uint8)
+    if np.issubdtype(array.dtype, np.floating):
+        lo, hi = (float(array.min()), float(array.max())) if array.size else (0.0, 1.0)
+        if lo < 0.0 or hi > 1.0 or not np.isfinite([lo, hi]).all():
+            raise InputError(
+                f"{where}: float images must lie in [0, 1], found values in [{lo}, {hi}]; "
+                "store uint8 pixels (0..255) or scale floats to [0, 1]"
+            )
+        return np.rint(array * 255.0).astype(np.uint8)
+    raise InputError(f"{where}: images must be uint8 (0..255) or float in [0, 1], got dtype {array.dtype}")
+
+
+def _as_labels(array: npt.NDArray[Any], *, where: str) -> npt.NDArray[np.int64]:
+    if array.ndim != 1:
+        raise InputError(f"{where}: labels must be a 1-D array, got shape {array.shape}")
+    if not np.issubdtype(array.dtype, np.integer):
+        raise InputError(f"{where}: labels must be integers (class indices), got dtype {array.dtype}")
+    return array.astype(np.int64)
+
+
+def load_npz(path: str | Path, *, split: str = "train") -> Dataset:
+    """Load a dataset from an ``.npz`` archive.
+
+    Keys: ``{split}_images``/``{split}_labels`` when present (e.g. ``train_images``, ``test_images``),
+    otherwise ``images``/``labels`` (served as the ``train`` split: a site's private data is training data).
+    Optional ``class_names`` (array of strings) and ``num_classes``. Images are uint8 ``(N, H, W[, C])`` or
+    floats in [0, 1].
+
+    Raises:
+        InputError: missing/unreadable file, missing keys, wrong shapes or dtypes, labels out of range.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"npz dataset {path} does not exist (expected an .npz file from numpy.savez)")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(
+            f"npz dataset {path} cannot be read ({exc}); is it a complete numpy .npz file?"
+        ) from exc
+    if f"{split}_images" in arrays:
+        image_key, label_key = f"{split}_images", f"{split}_labels"
+    elif split == "train":
+        image_key, label_key = "images", "labels"
+    else:
+        raise InputError(
+            f"npz dataset {path} has no {split!r} split: expected keys {split}_images/{split}_labels, "
+            f"found {sorted(arrays)}"
+        )
+    missing = [k for k in (image_key, label_key) if k not in arrays]
+    if missing:
+        raise InputError(f"npz dataset {path} lacks key(s) {missing}; found {sorted(arrays)}")
+    where = f"npz dataset {path} [{image_key}]"
+    images = _as_uint8_images(arrays[image_key], where=where)
+    labels = _as_labels(arrays[label_key], where=f"npz dataset {path} [{label_key}]")
+    if len(images) != len(labels):
+        raise InputError(f"npz dataset {path}: {len(images)} images in {image_key} but {len(labels)} labels")
+    names: tuple[str, ...] | None = None
+    if "class_names" in arrays:
+        names = tuple(str(n) for n in arrays["class_names"].tolist())
+    if "num_classes" in arrays:
+        num_classes = int(arrays["num_classes"])
+    elif names is not None:
+        num_classes = len(names)
+    else:
+        num_classes = int(labels.max(initial=-1)) + 1
+    if names is None:
+        names = tuple(str(i) for i in range(num_classes))
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise InputError(
+            f"npz dataset {path}: labels span [{labels.min()}, {labels.max()}] but there are {num_classes} "
+            f"classes; labels must be 0..{num_classes - 1}"
+        )
+    return Dataset(images=images, labels=labels, num_classes=num_classes, class_names=names, name=str(path))
+
+
+def _class_dirs(root: Path) -> list[Path]:
+    dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not dirs:
+        raise InputError(
+            f"image folder {root} has no class sub-folders; expected {root}/<class name>/<image>.png "
+            "(one folder per class)"
+        )
+    return dirs
+
+
+def load_image_folder(root: str | Path, *, split: str = "train") -> Dataset:
+    """Load ``root/<class>/<image>.{png,jpg,jpeg}`` (or ``root/<split>/<class>/...`` when present).
+
+    Classes are the sub-folder names in sorted order. Every image must have the same height and width. If
+    any image has colour the dataset is RGB (grey images are replicated to three channels), otherwise grey.
+
+    Raises:
+        InputError: missing folder, no class folders, an empty class folder, an unreadable image, or images
+            of different sizes.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(
+            f"image folder {root} does not exist (expected a directory with one folder per class)"
+        )
+    if (root / split).is_dir():
+        root = root / split
+    elif split != "train":
+        raise InputError(f"image folder {root} has no {split!r} sub-folder (expected {root / split})")
+    classes = _class_dirs(root)
+    files: list[tuple[Path, int]] = []
+    for label, folder in enumerate(classes):
+        found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not found:
+            raise InputError(
+                f"class folder {folder} holds no images "
+                f"(expected files ending in {', '.join(IMAGE_SUFFIXES)})"
+            )
+        files.extend((p, label) for p in found)
+    opened: list[Image.Image] = []
+    for path, _ in files:
+        try:
+            with Image.open(path) as handle:
+                handle.load()
+                opened.append(handle.copy())
+        except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
+            raise InputError(f"image {path} cannot be decoded ({exc}); replace or remove the file") from exc
+    colour = any(img.mode not in _GREY_MODES for img in opened)
+    size = opened[0].size
+    pixels = []
+    for (path, _), img in zip(files, opened, strict=True):
+        if img.size != size:
+            raise InputError(
+                f"image {path} is {img.size[0]}x{img.size[1]} (WxH) but {files[0][0]} is "
+                f"{size[0]}x{size[1]}; "
+                "all images must have the same size — resize them first"
+            )
+        arr = np.asarray(img.convert("RGB" if colour else "L"), dtype=np.uint8)
+        pixels.append(arr if colour else arr[..., np.newaxis])
+    return Dataset(
+        images=np.stack(pixels),
+        labels=np.asarray([label for _, label in files], dtype=np.int64),
+        num_classes=len(classes),
+        class_names=tuple(d.name for d in classes),
+        name=str(root),
+    )

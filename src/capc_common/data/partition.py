@@ -1,0 +1,139 @@
+"""Split a dataset's indices into disjoint shards: one per teacher (DIET-PATE) or per party (CaPC).
+
+Schemes:
+    ``iid``: a seeded permutation cut into shards whose sizes differ by at most one.
+    ``imbalanced``: every shard is class-imbalanced with the given ratio. Shard ``k`` favours class
+        ``k mod C`` and its class weights fall geometrically, ``w_{k,c} = ratio^(-((c - k) mod C)/(C - 1))``,
+        so its most and least frequent classes differ by ``ratio``; each class's examples are dealt to shards
+        in proportion to these weights (largest remainders). The ratio is exact, up to rounding, when classes
+        are balanced and ``shards`` is a multiple of ``C``.
+    ``dirichlet``: the usual non-iid benchmark split (Hsu et al. 2019): for each class draw shard proportions
+        from ``Dirichlet(alpha · 1)``; small ``alpha`` means each shard sees few classes. Draws are repeated
+        (seeded) until no shard is empty.
+
+Every scheme is disjoint and covering (each index in exactly one shard) and a pure function of
+``(labels, shards, scheme, seed, parameters)``: the randomness is a seeded ``numpy.random.Generator``, as
+shard assignment is public, non-secret randomness.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.errors import InputError
+
+__all__ = ["PARTITION_SCHEMES", "partition"]
+
+PARTITION_SCHEMES = ("iid", "imbalanced", "dirichlet")
+_DIRICHLET_TRIES = 1000
+
+
+def _apportion(total: int, weights: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """Integer counts summing to ``total`` proportional to ``weights`` (largest-remainder rounding)."""
+    exact = total * weights / weights.sum()
+    counts = np.floor(exact).astype(np.int64)
+    short = total - int(counts.sum())
+    if short:
+        order = np.argsort(-(exact - counts), kind="stable")
+        counts[order[:short]] += 1
+    return counts
+
+
+def _deal_by_class(
+    labels: npt.NDArray[np.int64],
+    weights: npt.NDArray[np.float64],
+    rng: np.random.Generator,
+) -> list[npt.NDArray[np.int64]]:
+    """Deal each class's (shuffled) indices to shards with counts proportional to ``weights[:, class]``."""
+    shards = weights.shape[0]
+    parts: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(shards)]
+    for cls in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == cls))
+        counts = _apportion(len(members), weights[:, cls])
+        for k, chunk in enumerate(np.split(members, np.cumsum(counts)[:-1])):
+            parts[k].append(chunk)
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+
+
+def partition(
+    labels: npt.ArrayLike,
+    *,
+    shards: int,
+    scheme: str = "iid",
+    seed: int,
+    imbalance_ratio: float | None = None,
+    alpha: float | None = None,
+) -> list[npt.NDArray[np.int64]]:
+    """Split ``range(len(labels))`` into ``shards`` disjoint, covering, sorted index arrays.
+
+    Args:
+        labels: 1-D integer class labels (only their values matter).
+        shards: number of shards (teachers); at most the number of examples.
+        scheme: ``iid``, ``imbalanced`` or ``dirichlet`` (see the module docstring).
+        seed: seed of the (public) shuffling randomness; the same seed gives the same shards.
+        imbalance_ratio: for ``imbalanced``: most/least frequent class size within a shard, ≥ 1.
+        alpha: for ``dirichlet``: concentration > 0 (0.1 very skewed, 100 nearly iid).
+
+    Returns:
+        One int64 index array per shard.
+
+    Raises:
+        InputError: bad labels, more shards than examples, unknown scheme or a missing/invalid parameter.
+    """
+    y = np.asarray(labels)
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise InputError(f"labels must be a 1-D integer array, got dtype {y.dtype} shape {y.shape}")
+    if len(y) and y.min() < 0:
+        raise InputError(f"labels must be non-negative class indices, found {int(y.min())}")
+    y = y.astype(np.int64)
+    if shards < 1:
+        raise InputError(f"shards must be at least 1, got {shards}")
+    if shards > len(y):
+        raise InputError(
+            f"cannot split {len(y)} examples into {shards} non-empty shards; use at most {len(y)} shards"
+        )
+    if scheme not in PARTITION_SCHEMES:
+        raise InputError(
+            f"unknown partition scheme {scheme!r}; expected one of {', '.join(PARTITION_SCHEMES)}"
+        )
+    rng = np.random.default_rng(seed)
+    if scheme == "iid":
+        if imbalance_ratio is not None or alpha is not None:
+            raise InputError("scheme 'iid' takes neither imbalance_ratio nor alpha")
+        return [np.sort(s).astype(np.int64) for s in np.array_split(rng.permutation(len(y)), shards)]
+    classes = int(y.max()) + 1
+    if scheme == "imbalanced":
+        if imbalance_ratio is None or not np.isfinite(imbalance_ratio) or imbalance_ratio < 1:
+            raise InputError(
+                f"scheme 'imbalanced' needs imbalance_ratio >= 1 (most/least frequent class), got "
+                f"{imbalance_ratio}"
+            )
+        if alpha is not None:
+            raise InputError("scheme 'imbalanced' does not take alpha")
+        rank = (np.arange(classes)[np.newaxis, :] - np.arange(shards)[:, np.newaxis]) % classes
+        weights = float(imbalance_ratio) ** (-rank / max(classes - 1, 1))
+        # Normalise per class over shards so a class's examples go where it is favoured.
+        weights = weights / weights.sum(axis=0, keepdims=True)
+        parts = _deal_by_class(y, weights, rng)
+    else:
+        if alpha is None or not np.isfinite(alpha) or alpha <= 0:
+            raise InputError(f"scheme 'dirichlet' needs alpha > 0, got {alpha}")
+        if imbalance_ratio is not None:
+            raise InputError("scheme 'dirichlet' does not take imbalance_ratio")
+        for _ in range(_DIRICHLET_TRIES):
+            weights = rng.dirichlet(np.full(shards, float(alpha)), size=classes).T  # (shards, classes)
+            parts = _deal_by_class(y, weights, rng)
+            if min(len(p) for p in parts) > 0:
+                break
+        else:
+            raise InputError(
+                f"Dirichlet(alpha={alpha}) left a shard empty in {_DIRICHLET_TRIES} draws for {len(y)} "
+                f"examples and {shards} shards; use fewer shards or a larger alpha"
+            )
+    if min(len(p) for p in parts) == 0:
+        raise InputError(
+            f"scheme {scheme!r} with {shards} shards left a shard empty for {len(y)} examples; "
+            "use fewer shards"
+        )
+    return parts

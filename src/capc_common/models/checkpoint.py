@@ -1,0 +1,157 @@
+"""Backbone checkpoints: safetensors files with metadata and a verified content hash; shipped backbones.
+
+A checkpoint stores the trunk's state (weights and BatchNorm buffers; the fixed scattering filters are
+rebuilt from the configuration) and string metadata: format, architecture, input shape, feature size,
+configuration, pretraining recipe and the SHA-256 content hash. Loading recomputes the hash and refuses a file
+whose content does not match it, or whose hash differs from the one a federation pinned.
+
+Shipped backbones live in ``capc_common/models/weights/NAME.safetensors`` (package data). Training-free
+scattering backbones ``scatter-HxWxC`` need no file and are built for any supported shape; a shipped file of
+that name (with running statistics calibrated on synthetic data) takes precedence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from capc_common.errors import InputError, IntegrityError
+from capc_common.models.backbone import FORMAT, Backbone, build_backbone, content_hash, parse_shape
+
+__all__ = ["default_backbone", "list_backbones", "load_backbone", "save_backbone"]
+
+_WEIGHTS = "weights"
+_SCATTER_PREFIX = "scatter-"
+_BUILT_IN_SCATTER = ("scatter-28x28x1", "scatter-32x32x3")
+# Preference order of the default for an input shape: a learned hybrid when shipped, else scattering.
+_DEFAULT_ORDER = ("hybrid", "scatter")
+
+
+def _weights_dir() -> Path:
+    return Path(str(resources.files("capc_common.models").joinpath(_WEIGHTS)))
+
+
+def _shipped_files() -> dict[str, Path]:
+    directory = _weights_dir()
+    if not directory.is_dir():
+        return {}
+    return {p.stem: p for p in sorted(directory.glob("*.safetensors"))}
+
+
+def list_backbones() -> list[str]:
+    """Names accepted by :func:`load_backbone` without a path: shipped files and built-in scattering."""
+    return sorted(set(_shipped_files()) | set(_BUILT_IN_SCATTER))
+
+
+def default_backbone(height: int, width: int, channels: int) -> str:
+    """Name of the shipped default backbone for ``(height, width, channels)`` images.
+
+    The learned hybrid for that shape when one is shipped, otherwise the training-free scattering backbone.
+
+    Raises:
+        InputError: no backbone can take that shape (scattering needs sides that are multiples of 4, > 4).
+    """
+    shape = f"{int(height)}x{int(width)}x{int(channels)}"
+    shipped = _shipped_files()
+    for family in _DEFAULT_ORDER:
+        if f"{family}-{shape}" in shipped:
+            return f"{family}-{shape}"
+    name = f"{_SCATTER_PREFIX}{shape}"
+    build_backbone("scatter", input_shape=shape)  # raises InputError for an unsupported shape
+    return name
+
+
+def save_backbone(backbone: Backbone, path: str | Path) -> str:
+    """Write ``backbone`` to a safetensors file atomically; return its SHA-256 content hash.
+
+    The file appears complete or not at all (written to a temporary file in the same directory, then
+    renamed), so a crash never leaves a half-written checkpoint behind.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise InputError(f"backbone checkpoints are .safetensors files, got {path}")
+    state = {k: v.detach().to("cpu").contiguous() for k, v in backbone.state_dict().items()}
+    header = backbone.header()
+    digest = content_hash(state, header)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(state, tmp, metadata={**header, "sha256": digest})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return digest
+
+
+def _load_file(path: Path) -> Backbone:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = dict(fh.metadata() or {})
+            state = {key: fh.get_tensor(key) for key in fh.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InputError(f"backbone file {path} is not a readable safetensors file ({exc})") from exc
+    if meta.get("format") != FORMAT:
+        raise InputError(
+            f"{path} is not a capc backbone (metadata format {meta.get('format')!r}, want {FORMAT})"
+        )
+    stored = meta.pop("sha256", None)
+    if stored is None or content_hash(state, meta) != stored:
+        raise IntegrityError(
+            f"backbone {path}: content does not match its recorded SHA-256 ({stored}); the file was altered "
+            "or corrupted — restore it from the original"
+        )
+    try:
+        config, recipe = json.loads(meta["config"]), json.loads(meta["recipe"])
+        backbone = build_backbone(
+            meta["arch"], input_shape=parse_shape(meta["input_shape"]), config=config, recipe=recipe
+        )
+        backbone.load_state_dict(state, strict=True)
+    except (KeyError, json.JSONDecodeError, RuntimeError) as exc:
+        raise InputError(f"backbone {path}: metadata and tensors do not fit together ({exc})") from exc
+    return backbone
+
+
+def load_backbone(name_or_path: str | Path, *, sha256: str | None = None) -> Backbone:
+    """Load a shipped backbone by name (see :func:`list_backbones`) or a ``.safetensors`` checkpoint.
+
+    Args:
+        name_or_path: ``scatter-28x28x1``, ``hybrid-28x28x1``, ... or a file path.
+        sha256: expected content hash (e.g. pinned in ``federation.yaml``); checked when given.
+
+    Returns:
+        The backbone in ``eval()`` mode, on the CPU.
+
+    Raises:
+        InputError: unknown name, missing or unreadable file.
+        IntegrityError: the file does not match its own hash, or not the expected one.
+    """
+    text = str(name_or_path)
+    shipped = _shipped_files()
+    if text in shipped:
+        backbone = _load_file(shipped[text])
+    elif text.startswith(_SCATTER_PREFIX) and not text.endswith(".safetensors"):
+        shape = parse_shape(text[len(_SCATTER_PREFIX) :])
+        backbone = build_backbone("scatter", input_shape=shape, recipe={"kind": "training-free"})
+    else:
+        path = Path(text)
+        if not path.is_file():
+            raise InputError(
+                f"no backbone {text!r}: not a shipped name ({', '.join(list_backbones())}) nor an existing "
+                ".safetensors file"
+            )
+        backbone = _load_file(path)
+    if sha256 is not None and backbone.sha256 != sha256.lower():
+        raise IntegrityError(
+            f"backbone {text} has SHA-256 {backbone.sha256}, but {sha256} was expected; every party must use "
+            "the backbone the federation pinned"
+        )
+    return backbone.eval()

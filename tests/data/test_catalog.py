@@ -1,0 +1,68 @@
+"""Named datasets: the real Fashion-MNIST, sklearn digits, directory overrides and validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capc_common.data import Dataset, load_dataset
+from capc_common.data.catalog import FASHION_MNIST_DIR
+from capc_common.errors import InputError
+
+
+@pytest.mark.skipif(not Path(FASHION_MNIST_DIR).is_dir(), reason="Fashion-MNIST Debian package not installed")
+def test_fashion_mnist_real_files(monkeypatch):
+    monkeypatch.delenv("CAPC_FASHION_MNIST", raising=False)
+    test = load_dataset("fashion-mnist", split="test")
+    assert test.images.shape == (10000, 28, 28, 1) and test.num_classes == 10
+    assert np.bincount(test.labels).tolist() == [1000] * 10
+    assert test.class_names[0] == "T-shirt/top" and not test.images.flags.writeable
+
+
+def test_fashion_mnist_env_override(tmp_path, idx, monkeypatch):
+    monkeypatch.setenv("CAPC_FASHION_MNIST", str(idx.write_idx_dir(tmp_path / "fm")))
+    assert len(load_dataset("fashion-mnist")) == 30
+    root = idx.write_idx_dir(tmp_path / "r", n_test=5)
+    assert len(load_dataset("fashion-mnist", split="test", root=root)) == 5
+
+
+def test_missing_directory_explains_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("CAPC_FASHION_MNIST", str(tmp_path / "absent"))
+    with pytest.raises(InputError, match="CAPC_FASHION_MNIST"):
+        load_dataset("fashion-mnist")
+
+
+def test_idx_dir_missing_file(tmp_path, idx):
+    directory = idx.write_idx_dir(tmp_path / "d", gz=False)
+    (directory / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(InputError, match="lacks t10k-labels-idx1-ubyte"):
+        load_dataset(f"idx:{directory}", split="test")
+
+
+def test_digits_split_is_fixed_and_disjoint():
+    train, test = load_dataset("digits"), load_dataset("digits", split="test")
+    assert len(train) + len(test) == 1797 and train.shape == (8, 8, 1)
+    assert train.images.max() == 255
+    again = load_dataset("digits", split="test")
+    np.testing.assert_array_equal(test.images, again.images)
+    rows = {r.tobytes() for r in train.images.reshape(len(train), -1)}
+    assert sum(r.tobytes() in rows for r in test.images.reshape(len(test), -1)) < 10  # near-duplicates only
+
+
+@pytest.mark.parametrize(
+    ("name", "split"), [("cifar-100", "train"), ("digits", "validation"), ("npz:", "train")]
+)
+def test_unknown_names(name, split):
+    with pytest.raises(InputError, match="unknown"):
+        load_dataset(name, split=split)
+
+
+def test_dataset_validation():
+    with pytest.raises(InputError, match="uint8"):
+        Dataset(np.zeros((2, 4, 4, 1)), np.zeros(2, np.int64), 2, ("a", "b"), "x")
+    with pytest.raises(InputError, match=r"label 5 is outside \[0, 2\)"):
+        Dataset(np.zeros((2, 4, 4, 1), np.uint8), np.array([0, 5]), 2, ("a", "b"), "x")
+    ds = Dataset(np.zeros((3, 4, 4, 1), np.uint8), np.array([0, 1, 1]), 2, ("a", "b"), "x")
+    assert len(ds.subset([2, 0])) == 2

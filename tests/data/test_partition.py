@@ -1,0 +1,89 @@
+"""Partitions: disjoint, covering, stable under the seed; scheme parameters honoured."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from capc_common.data import partition
+from capc_common.errors import InputError
+
+LABELS = np.repeat(np.arange(10), 300)
+SCHEMES = [("iid", {}), ("imbalanced", {"imbalance_ratio": 10.0}), ("dirichlet", {"alpha": 0.3})]
+
+
+def _check_cover(parts, n):
+    joined = np.concatenate(parts)
+    assert len(joined) == n and len(np.unique(joined)) == n  # disjoint and covering
+    assert all(len(p) > 0 and np.all(np.diff(p) > 0) for p in parts)
+
+
+@pytest.mark.parametrize(("scheme", "kw"), SCHEMES)
+def test_disjoint_covering_stable(scheme, kw):
+    parts = partition(LABELS, shards=20, scheme=scheme, seed=3, **kw)
+    _check_cover(parts, len(LABELS))
+    again = partition(LABELS, shards=20, scheme=scheme, seed=3, **kw)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+    other = partition(LABELS, shards=20, scheme=scheme, seed=4, **kw)
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other, strict=True))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    labels=st.lists(st.integers(0, 4), min_size=1, max_size=200),
+    shards=st.integers(1, 12),
+    seed=st.integers(0, 2**31),
+)
+def test_iid_property(labels, shards, seed):
+    y = np.array(labels)
+    if shards > len(y):
+        with pytest.raises(InputError, match="non-empty shards"):
+            partition(y, shards=shards, seed=seed)
+        return
+    parts = partition(y, shards=shards, seed=seed)
+    _check_cover(parts, len(y))
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+@pytest.mark.parametrize("ratio", [1.0, 4.0, 50.0])
+def test_imbalance_ratio_honoured(ratio):
+    labels = np.repeat(np.arange(10), 3000)  # enough examples that rounding stays within 5 %
+    parts = partition(labels, shards=10, scheme="imbalanced", seed=0, imbalance_ratio=ratio)
+    for k, part in enumerate(parts):
+        counts = np.bincount(labels[part], minlength=10)
+        assert ratio == 1.0 or counts.argmax() == k
+        assert counts.max() / counts.min() == pytest.approx(ratio, rel=0.05)
+
+
+def test_dirichlet_alpha_controls_skew():
+    def mean_classes(alpha):
+        parts = partition(LABELS, shards=10, scheme="dirichlet", seed=1, alpha=alpha)
+        return np.mean([np.sum(np.bincount(LABELS[p], minlength=10) > 0.05 * len(p)) for p in parts])
+
+    assert mean_classes(0.05) < 3.5 < 9.0 < mean_classes(100.0)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"shards": 0}, "at least 1"),
+        ({"shards": 3001}, "3000 examples into 3001"),
+        ({"shards": 2, "scheme": "zipf"}, "unknown partition scheme"),
+        ({"shards": 2, "scheme": "imbalanced"}, "needs imbalance_ratio"),
+        ({"shards": 2, "scheme": "imbalanced", "imbalance_ratio": 0.5}, "needs imbalance_ratio"),
+        ({"shards": 2, "scheme": "dirichlet", "alpha": 0.0}, "alpha > 0"),
+        ({"shards": 2, "alpha": 1.0}, "takes neither"),
+    ],
+)
+def test_bad_arguments(kw, message):
+    with pytest.raises(InputError, match=message):
+        partition(LABELS, seed=0, **kw)
+
+
+def test_bad_labels():
+    with pytest.raises(InputError, match="1-D integer"):
+        partition(np.zeros((3, 2), int), shards=2, seed=0)
+    with pytest.raises(InputError, match="non-negative"):
+        partition(np.array([0, -1, 2]), shards=2, seed=0)

@@ -1,0 +1,92 @@
+"""Checkpoints: safetensors round trip, content hash, tamper detection, shipped names, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from capc_common.errors import InputError, IntegrityError
+from capc_common.models import (
+    build_backbone,
+    default_backbone,
+    extract_features,
+    list_backbones,
+    load_backbone,
+    save_backbone,
+)
+
+
+def test_round_trip_preserves_everything(tmp_path):
+    original = build_backbone(
+        "scatter_cnn", input_shape="28x28x1", seed=5, config={"cnn_width": 16}, recipe={"steps": 3}
+    )
+    path = tmp_path / "b.safetensors"
+    digest = save_backbone(original, path)
+    assert digest == original.sha256 and len(digest) == 64
+    loaded = load_backbone(path, sha256=digest)
+    assert loaded.metadata == original.metadata
+    assert loaded.metadata["recipe"] == {"steps": 3} and loaded.input_shape == (28, 28, 1)
+    images = np.random.default_rng(0).integers(0, 256, (8, 28, 28, 1), dtype=np.uint8)
+    np.testing.assert_array_equal(
+        extract_features(original.eval(), images, bn_batch=8), extract_features(loaded, images, bn_batch=8)
+    )
+
+
+def test_tampered_file_is_refused(tmp_path):
+    path = tmp_path / "b.safetensors"
+    save_backbone(build_backbone("cnn", input_shape="28x28x1", config={"width": 8}), path)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01  # flip one bit of the last tensor
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="does not match its recorded SHA-256"):
+        load_backbone(path)
+
+
+def test_pinned_hash_mismatch(tmp_path):
+    path = tmp_path / "b.safetensors"
+    save_backbone(build_backbone("cnn", input_shape="28x28x1", config={"width": 8}), path)
+    with pytest.raises(IntegrityError, match="was expected"):
+        load_backbone(path, sha256="0" * 64)
+
+
+def test_bad_names_and_files(tmp_path):
+    with pytest.raises(InputError, match="not a shipped name"):
+        load_backbone("resnet-9000")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    with pytest.raises(InputError, match="not a readable safetensors"):
+        load_backbone(junk)
+    with pytest.raises(InputError, match=r"\.safetensors"):
+        save_backbone(build_backbone("cnn", input_shape="8x8x1"), tmp_path / "b.pt")
+
+
+def test_shipped_names_load():
+    names = list_backbones()
+    assert {"scatter-28x28x1", "scatter-32x32x3"} <= set(names)
+    for h, w, c in ((28, 28, 1), (32, 32, 3)):
+        name = default_backbone(h, w, c)
+        assert name in names
+        backbone = load_backbone(name)
+        assert backbone.input_shape == (h, w, c) and not backbone.training
+    assert load_backbone("scatter-28x28x1").feature_dim == 81 * 7 * 7
+    assert default_backbone(8, 8, 1) == "scatter-8x8x1"
+    with pytest.raises(InputError, match="multiples of 4"):
+        default_backbone(30, 30, 1)
+
+
+def test_init_is_seeded_and_leaves_global_rng_alone():
+    state = torch.random.get_rng_state()
+    a = build_backbone("resnet10", input_shape="32x32x3", seed=1)
+    assert torch.equal(state, torch.random.get_rng_state())
+    assert a.sha256 == build_backbone("resnet10", input_shape="32x32x3", seed=1).sha256
+    assert a.sha256 != build_backbone("resnet10", input_shape="32x32x3", seed=2).sha256
+
+
+def test_bad_architecture_and_config():
+    with pytest.raises(InputError, match="unknown architecture"):
+        build_backbone("vit", input_shape="28x28x1")
+    with pytest.raises(InputError, match="bad configuration"):
+        build_backbone("cnn", input_shape="28x28x1", config={"depth": 3})
+    with pytest.raises(InputError, match="bad image shape"):
+        build_backbone("cnn", input_shape="28x28")
