@@ -1,0 +1,64 @@
+"""Pure privacy analysis: RDP curves over arrays of orders, conversions to (ε, δ), distribution facts.
+
+Every function here is pure and vectorised over an array of Rényi orders, cites its source, and keeps no
+state; accountants, the filter and the ledger build on them.
+"""
+
+from capc_common.privacy.analysis.conversion import (
+    delta_from_rdp,
+    epsilon_at_order,
+    epsilon_from_rdp,
+    epsilon_from_zcdp,
+    rdp_budget_at_order,
+)
+from capc_common.privacy.analysis.curves import (
+    rdp_gaussian,
+    rdp_gnmax_data_independent,
+    rdp_pure_dp,
+    rdp_threshold_gaussian,
+    rdp_zcdp,
+)
+from capc_common.privacy.analysis.discrete_gaussian import (
+    discrete_gaussian_delta,
+    discrete_gaussian_log_sf,
+    discrete_gaussian_log_sf_difference,
+    discrete_gaussian_variance,
+    gaussian_delta,
+)
+from capc_common.privacy.analysis.orders import DEFAULT_ORDERS, as_orders
+from capc_common.privacy.analysis.pate import (
+    log_pass_probability,
+    log_q_gnmax,
+    rdp_gnmax_data_dependent,
+    rdp_threshold_data_dependent,
+)
+from capc_common.privacy.analysis.screening import rdp_bernoulli, rdp_screening_at, rdp_screening_exact
+from capc_common.privacy.analysis.subsampled import rdp_subsampled_gaussian
+
+__all__ = [
+    "DEFAULT_ORDERS",
+    "as_orders",
+    "delta_from_rdp",
+    "discrete_gaussian_delta",
+    "discrete_gaussian_log_sf",
+    "discrete_gaussian_log_sf_difference",
+    "discrete_gaussian_variance",
+    "epsilon_at_order",
+    "epsilon_from_rdp",
+    "epsilon_from_zcdp",
+    "gaussian_delta",
+    "log_pass_probability",
+    "log_q_gnmax",
+    "rdp_bernoulli",
+    "rdp_budget_at_order",
+    "rdp_gaussian",
+    "rdp_gnmax_data_dependent",
+    "rdp_gnmax_data_independent",
+    "rdp_pure_dp",
+    "rdp_screening_at",
+    "rdp_screening_exact",
+    "rdp_subsampled_gaussian",
+    "rdp_threshold_data_dependent",
+    "rdp_threshold_gaussian",
+    "rdp_zcdp",
+]

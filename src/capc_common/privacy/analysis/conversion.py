@@ -1,0 +1,160 @@
+"""From RDP (or zCDP) to (ε, δ)-DP.
+
+* ``"classic"`` (Mironov 2017, Proposition 3): ``ε = RDP(λ) + log(1/δ)/(λ-1)``.
+* ``"improved"`` (Canonne, Kamath & Steinke 2020, Proposition 12; Balle et al. 2020, Theorem 21; also
+  Asoodeh et al. 2020): ``ε = RDP(λ) + log(1 - 1/λ) - log(δ·λ)/(λ-1)``, always smaller than the classic one.
+
+Both hold at every order, so ε is minimised over the orders given; the order that achieves it is returned
+too. The ``δ`` versions invert the same inequalities. For ρ-zCDP the improved conversion is minimised over
+all real orders: its derivative ``ρ + log(δλ)/(λ-1)²`` has a single root.
+
+Example:
+    >>> eps, order = epsilon_from_rdp([10.0], [1.0], delta=1e-5)
+    >>> round(eps, 10), order
+    (1.9180106368, 10.0)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+from scipy import optimize
+
+from capc_common.errors import InputError
+from capc_common.privacy.analysis._checks import non_negative, probability
+from capc_common.privacy.analysis.orders import as_orders
+
+__all__ = [
+    "delta_from_rdp",
+    "epsilon_at_order",
+    "epsilon_from_rdp",
+    "epsilon_from_zcdp",
+    "rdp_budget_at_order",
+]
+
+_METHODS = ("improved", "classic")
+
+
+def _method(method: str) -> str:
+    if method not in _METHODS:
+        raise InputError(f"conversion method must be one of {_METHODS}, got {method!r}")
+    return method
+
+
+def _curve(
+    orders: npt.ArrayLike, rdp: npt.ArrayLike
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    lam = as_orders(orders).ravel()
+    try:
+        values = np.asarray(rdp, dtype=np.float64).ravel()
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"rdp must be an array of numbers, got {rdp!r}") from exc
+    if values.shape != lam.shape:
+        raise InputError(f"rdp has {values.size} values but there are {lam.size} orders; give one per order")
+    if np.any(np.isnan(values)) or np.any(values < 0):
+        raise InputError(
+            f"RDP values must be ≥ 0 (or inf), got {values[np.isnan(values) | (values < 0)][:5]}"
+        )
+    return lam, values
+
+
+def epsilon_at_order(
+    order: float | npt.NDArray[np.float64],
+    rdp: float | npt.NDArray[np.float64],
+    *,
+    delta: float,
+    method: str = "improved",
+) -> npt.NDArray[np.float64]:
+    """ε implied by ``(order, rdp)``-RDP at one δ, for each order separately (no minimisation, no clamp)."""
+    d = probability("delta", delta)
+    lam = np.asarray(order, dtype=np.float64)
+    value = np.asarray(rdp, dtype=np.float64)
+    if _method(method) == "classic":
+        return value - math.log(d) / (lam - 1)
+    return value + np.log1p(-1 / lam) - (math.log(d) + np.log(lam)) / (lam - 1)
+
+
+def epsilon_from_rdp(
+    orders: npt.ArrayLike, rdp: npt.ArrayLike, *, delta: float, method: str = "improved"
+) -> tuple[float, float]:
+    """Smallest ε over the orders such that the mechanism is (ε, δ)-DP.
+
+    Args:
+        orders: orders λ > 1.
+        rdp: the RDP curve at those orders (≥ 0; inf allowed).
+        delta: target δ in (0, 1).
+        method: ``"improved"`` (default) or ``"classic"``.
+
+    Returns:
+        ``(ε, order)``; ε is never negative (a negative bound still proves (0, δ)-DP).
+
+    Raises:
+        InputError: mismatched or invalid inputs.
+    """
+    lam, values = _curve(orders, rdp)
+    eps = epsilon_at_order(lam, values, delta=delta, method=method)
+    best = int(np.argmin(eps))
+    return max(0.0, float(eps[best])), float(lam[best])
+
+
+def rdp_budget_at_order(*, epsilon: float, delta: float, order: float, method: str = "improved") -> float:
+    """The largest RDP at ``order`` whose conversion stays within (ε, δ): the Rényi filter's budget.
+
+    Raises:
+        InputError: invalid ε, δ or order, or an (ε, δ) that no positive RDP at this order can meet.
+    """
+    eps = non_negative("epsilon", epsilon)
+    lam = float(as_orders(order))
+    budget = eps - float(epsilon_at_order(lam, 0.0, delta=delta, method=method))
+    if budget <= 0:
+        raise InputError(
+            f"(ε={eps:g}, δ={delta:g}) cannot be met at order {lam:g}: even zero RDP converts to "
+            f"ε={eps - budget:.4g}; raise ε or δ, or pick a larger order"
+        )
+    return budget
+
+
+def delta_from_rdp(
+    orders: npt.ArrayLike, rdp: npt.ArrayLike, *, epsilon: float, method: str = "improved"
+) -> tuple[float, float]:
+    """Smallest δ over the orders such that the mechanism is (ε, δ)-DP.
+
+    Improved: ``δ = exp((λ-1)(RDP - ε + log(1 - 1/λ)) - log λ)`` (CKS 2020, Prop. 12); classic:
+    ``δ = exp((λ-1)(RDP - ε))``. Capped at 1.
+
+    Returns:
+        ``(δ, order)``.
+    """
+    lam, values = _curve(orders, rdp)
+    eps = non_negative("epsilon", epsilon)
+    if _method(method) == "classic":
+        log_delta = (lam - 1) * (values - eps)
+    else:
+        log_delta = (lam - 1) * (values - eps + np.log1p(-1 / lam)) - np.log(lam)
+    best = int(np.argmin(log_delta))
+    return min(1.0, math.exp(min(float(log_delta[best]), 0.0))), float(lam[best])
+
+
+def epsilon_from_zcdp(rho: float, *, delta: float, method: str = "improved") -> tuple[float, float]:
+    """ε of a ρ-zCDP mechanism at δ, optimised over every real order.
+
+    Improved: minimises ``ρλ + log(1 - 1/λ) - log(δλ)/(λ-1)`` at the root of ``ρ(λ-1)² + log(δλ) = 0``
+    (CKS 2020, Corollary 13). Classic: ``ρ + 2·sqrt(ρ·log(1/δ))`` (Bun & Steinke 2016, Prop. 1.3).
+
+    Returns:
+        ``(ε, order)``.
+    """
+    r = non_negative("rho", rho)
+    d = probability("delta", delta)
+    if r == 0:
+        return 0.0, math.inf
+    if _method(method) == "classic":
+        return r + 2 * math.sqrt(r * math.log(1 / d)), 1 + math.sqrt(math.log(1 / d) / r)
+    upper = 2 + math.sqrt(-math.log(d) / r)  # there ρ(λ-1)² ≥ log(1/δ) > -log λ
+    order = optimize.brentq(
+        lambda lam: r * (lam - 1) ** 2 + math.log(d * lam), 1 + 1e-12, upper, xtol=1e-15, rtol=1e-15
+    )
+    eps = float(epsilon_at_order(order, r * order, delta=d))
+    return max(0.0, eps), float(order)
