@@ -120,14 +120,14 @@ class EvaluatorSession(Party):
         share = reduce_shares(share_sum, width=self.config.width)
         self.handshake()
         try:
-            self._open(raw_id, share.shape[0])
+            first_labels = self._open(raw_id, share)
         except BatchRejected:
             raise
         except BaseException as exc:
             self._fail(exc)
             raise
         try:
-            outputs = self._evaluate(share)
+            outputs = self._evaluate(share, first_labels)
             return self._decode(outputs)
         except BaseException as exc:
             self._fail(exc)
@@ -153,8 +153,14 @@ class EvaluatorSession(Party):
         self._constant = np.frombuffer(constant, dtype=np.uint64).copy()
         self._ot = IknpReceiver(seed_pairs=pairs)
 
-    def _open(self, raw_id: bytes, queries: int) -> None:
+    def _open(self, raw_id: bytes, share: np.ndarray) -> np.ndarray:
+        """Send OPEN and, without waiting, the first chunk's OT matrix; then read the garbler's verdict.
+
+        Returns the labels of the first chunk's share bits.
+        """
+        queries = share.shape[0]
         self._send(Tag.OPEN, struct.pack("<I", queries) + raw_id)
+        first_labels = self._send_ot(share[: self.config.queries_per_chunk])
         (reply,) = self._recv_exact(Tag.OPEN_REPLY, 1)
         if reply == 0:
             raise BatchRejected(
@@ -163,6 +169,7 @@ class EvaluatorSession(Party):
             )
         if reply != 1:
             raise ProtocolError(f"OPEN_REPLY must be 0 or 1, got {reply}.")
+        return first_labels
 
     def _send_ot(self, share: np.ndarray) -> np.ndarray:
         """Run the OTs for a chunk's share bits; return their labels, shaped like the circuit's input."""
@@ -172,14 +179,13 @@ class EvaluatorSession(Party):
         self._send_stream(Tag.OT_MATRIX, u)
         return labels.reshape((*bits.shape, 2))
 
-    def _evaluate(self, share: np.ndarray) -> np.ndarray:
+    def _evaluate(self, share: np.ndarray, share_labels: np.ndarray) -> np.ndarray:
         assert self._pi is not None
         queries, width, classes = share.shape[0], self.config.width, self.config.classes
         addends = 2 if self.config.mode == "confident" else 1
         chunks = chunk_bounds(queries, self.config.queries_per_chunk)
         outputs = np.empty((self.config.label_bits, queries, 2), dtype=np.uint64)
         tables = StreamReader(self._recv_any, Tag.GARBLED, Tag.GARBLED_END)
-        share_labels = self._send_ot(share[chunks[0][0] : chunks[0][1]])
         for k, (start, stop) in enumerate(chunks):
             guardian = tables.read_blocks((width, addends, classes, stop - start))
             backend = EvaluatorBackend(

@@ -162,14 +162,14 @@ class GarblerSession(Party):
         )
         self.handshake()
         try:
-            self._open(raw_id, shape[0])
+            first_share = self._open(raw_id, shape[0])
         except BatchRejected:
             raise
         except BaseException as exc:
             self._fail(exc)
             raise
         try:
-            pass_bits, decode = self._garble(addends)
+            pass_bits, decode = self._garble(addends, first_share)
             commit(pass_bits.copy())
             self._reveal(pass_bits, decode)
         except BaseException as exc:
@@ -188,12 +188,20 @@ class GarblerSession(Party):
         self._constant = np.frombuffer(constant, dtype=np.uint64).copy()
         self._ot = IknpSender(delta=self._delta_bytes, seeds=seeds)
 
-    def _open(self, raw_id: bytes, queries: int) -> None:
+    def _open(self, raw_id: bytes, queries: int) -> np.ndarray:
+        """Read OPEN and the first chunk's OT matrix (sent back to back), then accept or reject.
+
+        The OT matrix is consumed even for a rejected batch, so both IKNP streams stay in step and the
+        session remains usable. Returns the zero-labels of the first chunk's share bits.
+        """
         payload = self._recv(Tag.OPEN)
         if len(payload) < 5:
             raise ProtocolError(f"OPEN payload of {len(payload)} bytes is too short.")
         (their_queries,) = struct.unpack_from("<I", payload)
         their_id = bytes(payload[4:])
+        if their_queries < 1:
+            raise ProtocolError("OPEN announces a batch of 0 queries.")
+        first_share = self._recv_ot(0, min(their_queries, self.config.queries_per_chunk))
         accepted = their_id == raw_id and their_queries == queries
         self._send(Tag.OPEN_REPLY, bytes([accepted]))
         if not accepted:
@@ -201,6 +209,7 @@ class GarblerSession(Party):
                 f"the evaluator opened batch {their_id!r} with {their_queries} queries, but this garbler was "
                 f"given batch {raw_id!r} with {queries}; nothing was computed and the session remains usable."
             )
+        return first_share
 
     def _recv_ot(self, start: int, stop: int) -> np.ndarray:
         count = self.config.width * self.config.classes * (stop - start)
@@ -218,13 +227,12 @@ class GarblerSession(Party):
         tables.write(input_labels(values, zero=zero, delta=self._delta))
         return zero
 
-    def _garble(self, addends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _garble(self, addends: np.ndarray, share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         assert self._pi is not None
         queries = addends.shape[0]
         chunks = chunk_bounds(queries, self.config.queries_per_chunk)
         pass_bits = np.ones(queries, dtype=bool)
         decode = np.empty((queries, self.config.label_bits), dtype=bool)
-        share = self._recv_ot(*chunks[0])
         for k, (start, stop) in enumerate(chunks):
             tables = StreamWriter(self._send, Tag.GARBLED)
             guardian = self._input_labels(addends[start:stop], tables)

@@ -52,8 +52,8 @@ class Tag(enum.IntEnum):
 
     HELLO = 1  # garbler → evaluator: version, config digest, session id, AES key, constant label, base OT
     HELLO_REPLY = 2  # evaluator → garbler: base-OT reply
-    OPEN = 3  # evaluator → garbler: batch id, number of queries
-    OPEN_REPLY = 4  # garbler → evaluator: accepted or rejected
+    OPEN = 3  # evaluator → garbler: batch id, number of queries (the first OT_MATRIX follows at once)
+    OPEN_REPLY = 4  # garbler → evaluator: accepted or rejected, after reading that OT matrix
     OT_MATRIX = 5  # evaluator → garbler: IKNP matrix U of one chunk (stream)
     GARBLED = 6  # garbler → evaluator: input labels and garbled tables of one chunk (stream)
     GARBLED_END = 9  # garbler → evaluator: the last frame of a chunk's garbled stream (may be empty)

@@ -1,0 +1,63 @@
+"""The MPC benchmark table: `capc bench mpc` for c ∈ {2, 10, 100} × B ∈ {64, 1024, 8192}, Confident-GNMax.
+
+Usage: ``.venv/bin/python benchmarks/mpc.py [--format text|json]``. Text output is the Markdown table of
+docs/mpc.md; JSON output is one object ``{"rows": [...]}`` with every figure of every run. Each cell is one
+``run_benchmark`` call: garbler and evaluator in two processes over a Unix socket, every label checked.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from capc_common.mpc.benchmark import run_benchmark
+
+CLASSES = (2, 10, 100)
+BATCHES = (64, 1024, 8192)
+
+
+def _batches_for(batch: int) -> int:
+    """Enough batches that every cell times at least 8192 queries (but at least 2 batches)."""
+    return max(2, 8192 // batch)
+
+
+def _table(rows: list[dict]) -> str:
+    lines = [
+        "| c | B | labels/s | M AND/s | AND/label | KiB/label | RSS garbler / evaluator (MB) | correct |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rate = r["and_gates_per_s"] / 1e6
+        lines.append(
+            f"| {r['classes']} | {r['batch']} | {r['labels_per_s']:,.0f} | {rate:.2f} | "
+            f"{r['and_gates_per_label']} | {r['bytes_per_label'] / 1024:.1f} | "
+            f"{r['garbler_peak_rss_mb']:.0f} / {r['evaluator_peak_rss_mb']:.0f} | {r['correct']} |"
+        )
+    aes = max(r["aes_blocks_per_s"] for r in rows)
+    lines.append(f"\nFixed-key AES on this machine: {aes / 1e6:.0f} M blocks/s.")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--classes", "classes", type=int, multiple=True, help="Subset of classes to run.")
+@click.option("--batch", "batches", type=int, multiple=True, help="Subset of batch sizes to run.")
+def main(fmt: str, classes: tuple[int, ...], batches: tuple[int, ...]) -> None:
+    """Run the grid and print the table (text) or one JSON object (json)."""
+    rows = []
+    for c in classes or CLASSES:
+        for b in batches or BATCHES:
+            rows.append(run_benchmark(classes=c, batch=b, batches=_batches_for(b), threshold=True))
+            click.echo(f"c={c} B={b}: {rows[-1]['labels_per_s']:,.0f} labels/s", err=True)
+    if fmt == "json":
+        click.echo(json.dumps({"rows": rows}))
+    else:
+        click.echo(_table(rows))
+    if not all(r["correct"] for r in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
