@@ -14,8 +14,12 @@ import socket
 import struct
 import threading
 
+import numpy as np
+
 from capc_common.errors import InputError, ProtocolError, UnavailableError
 
+Frame = bytes | bytearray | memoryview
+"""What ``recv`` returns: any bytes-like object (sockets hand out views of a fresh buffer, not copies)."""
 MAX_FRAME_BYTES = (4 << 20) + 64
 """Largest frame a channel accepts: 4 MiB of payload plus the protocol's header."""
 _LENGTH = struct.Struct("<I")
@@ -32,7 +36,7 @@ class Channel(abc.ABC):
     def _send(self, data: bytes) -> None: ...
 
     @abc.abstractmethod
-    def _recv(self) -> bytes: ...
+    def _recv(self) -> Frame: ...
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -52,8 +56,8 @@ class Channel(abc.ABC):
         self._send(data)
         self.bytes_sent += len(data)
 
-    def recv(self) -> bytes:
-        """Receive the next frame (bytes-like).
+    def recv(self) -> Frame:
+        """Receive the next frame (``bytes`` or another read-only bytes-like view).
 
         Raises:
             ProtocolError: the peer closed the link or sent an oversized frame.
@@ -161,9 +165,8 @@ class SocketChannel(Channel):
         except OSError as exc:
             raise ProtocolError(f"sending to the peer failed: {exc}.") from exc
 
-    def _read_exact(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
+    def _read_exact(self, n: int) -> memoryview:
+        view, got = np.empty(n, dtype=np.uint8).data, 0  # uninitialised: recv_into fills every byte
         try:
             while got < n:
                 k = self._sock.recv_into(view[got:])
@@ -176,15 +179,15 @@ class SocketChannel(Channel):
             raise UnavailableError("no message from the peer within the socket timeout.") from exc
         except OSError as exc:
             raise ProtocolError(f"receiving from the peer failed: {exc}.") from exc
-        return buf
+        return view
 
-    def _recv(self) -> bytes:
+    def _recv(self) -> Frame:
         if self._closed:
             raise ProtocolError("cannot receive: this channel is closed.")
         (length,) = _LENGTH.unpack(self._read_exact(_LENGTH.size))
         if length > MAX_FRAME_BYTES:
             raise ProtocolError(f"the peer announced a {length}-byte frame; the limit is {MAX_FRAME_BYTES}.")
-        return self._read_exact(length)  # type: ignore[return-value]  # bytearray is bytes-like
+        return self._read_exact(length)
 
     def close(self) -> None:
         if not self._closed:
