@@ -25,15 +25,17 @@ def _batches_for(batch: int) -> int:
 
 def _table(rows: list[dict]) -> str:
     lines = [
-        "| c | B | labels/s | M AND/s | AND/label | KiB/label | RSS garbler / evaluator (MB) | correct |",
-        "|---|---|---|---|---|---|---|---|",
+        "| c | B | labels/s | M AND/s | M AND/s per busy core | AND/label | KiB/label "
+        "| RSS garbler / evaluator (MB) | load | correct |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        rate = r["and_gates_per_s"] / 1e6
+        rate, busy = r["and_gates_per_s"] / 1e6, r["and_gates_per_busy_s"] / 1e6
         lines.append(
-            f"| {r['classes']} | {r['batch']} | {r['labels_per_s']:,.0f} | {rate:.2f} | "
+            f"| {r['classes']} | {r['batch']} | {r['labels_per_s']:,.0f} | {rate:.2f} | {busy:.2f} | "
             f"{r['and_gates_per_label']} | {r['bytes_per_label'] / 1024:.1f} | "
-            f"{r['garbler_peak_rss_mb']:.0f} / {r['evaluator_peak_rss_mb']:.0f} | {r['correct']} |"
+            f"{r['garbler_peak_rss_mb']:.0f} / {r['evaluator_peak_rss_mb']:.0f} | {r['load_average']:.1f} "
+            f"| {r['correct']} |"
         )
     aes = max(r["aes_blocks_per_s"] for r in rows)
     lines.append(f"\nFixed-key AES on this machine: {aes / 1e6:.0f} M blocks/s.")

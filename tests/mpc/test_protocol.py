@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from mpc_harness import BatchInputs, SessionPair, make_inputs, open_pair
 
 from capc_common.mpc import MpcConfig, circuit_stats, reference_noisy_argmax
+from capc_common.mpc.primitives import padded_ot_count
 
 TEACHERS = 250
 WIDTH = 12  # ring_width(teachers=250, sigma1=100, sigma2=40, threshold=170)
@@ -131,6 +132,17 @@ def test_sizes_and_chunking(sessions, classes: int, queries: int, chunk: int | N
         sessions(config), make_inputs(config, votes, z2, rng.integers(-1200, 1200, queries), 170)
     )
     assert 0 < (expected >= 0).sum() < queries or queries == 1
+
+
+def test_each_student_input_bit_costs_16_bytes_of_ot(sessions) -> None:
+    config = MpcConfig(10, WIDTH, teachers=TEACHERS, chunk_queries=100)
+    pair = sessions(config)
+    rng = np.random.default_rng(3)
+    before = len(pair.garbler_channel.received)
+    _check(pair, make_inputs(config, rng.integers(0, 30, (300, 10)), np.zeros((300, 10)), np.zeros(300), 9))
+    ot_bytes = sum(len(f) - 16 for f in pair.garbler_channel.received[before:] if f[0] == 5)  # OT_MATRIX
+    # three chunks of 100 queries × 120 share bits, each chunk's OT count rounded up to a multiple of 64
+    assert ot_bytes == 3 * 16 * padded_ot_count(WIDTH * 10 * 100) == 3 * 16 * 12032
 
 
 def test_many_batches_share_one_session_and_count_every_gate() -> None:

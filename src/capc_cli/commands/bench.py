@@ -22,6 +22,9 @@ def _mpc_text(result: dict[str, Any]) -> str:
         f"({result['and_gates_per_label']} AND/label)",
         f"  {result['bytes_per_label'] / 1024:.1f} KiB/label   peak RSS garbler "
         f"{result['garbler_peak_rss_mb']:.0f} MB, evaluator {result['evaluator_peak_rss_mb']:.0f} MB",
+        f"  CPU: garbler {result['garbler_cpu_s']:.2f} s, evaluator {result['evaluator_cpu_s']:.2f} s "
+        f"({result['and_gates_per_busy_s'] / 1e6:.2f} M AND/s per busy core; "
+        f"load average {result['load_average']:.1f})",
         f"  fixed-key AES on this machine: {result['aes_blocks_per_s'] / 1e6:.0f} M blocks/s",
     ]
     return "\n".join(lines)

@@ -239,6 +239,9 @@ def run_benchmark(
         "evaluator_peak_rss_mb": ev["rss"],
         "garbler_cpu_s": ga["cpu"],
         "evaluator_cpu_s": ev["cpu"],
+        # The rate when each party has a core of its own: the busier party's CPU time bounds the pipeline.
+        "and_gates_per_busy_s": total * stats.and_gates / max(ga["cpu"], ev["cpu"]),
+        "load_average": os.getloadavg()[0],
         "answered_fraction": float(np.mean([np.mean(e >= 0) for e in expected])),
         "seconds": seconds,
         "session_setup_s": ev["setup_s"],

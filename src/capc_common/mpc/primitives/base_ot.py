@@ -32,7 +32,14 @@ POINT_BYTES = 33
 SEED_BYTES = 16
 _CURVE = ec.SECP256R1()
 _FIELD_PRIME = 2**256 - 2**224 + 2**192 + 2**96 - 1
+_GROUP_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
 _DOMAIN = b"capc/mpc/base-ot/p256/v1"
+
+
+def _new_secret() -> ec.EllipticCurvePrivateKey:
+    """A fresh private key whose scalar comes from ``os.urandom`` (64 bytes reduced mod n: bias < 2^-250)."""
+    scalar = int.from_bytes(os.urandom(64), "big") % (_GROUP_ORDER - 1) + 1
+    return ec.derive_private_key(scalar, _CURVE)
 
 
 def _compress(key: ec.EllipticCurvePublicKey) -> bytes:
@@ -101,7 +108,7 @@ class BaseOtReceiver:
             raise InputError("base OT needs at least one choice bit.")
         self._choices = [bool(c) for c in choices]
         self._session_id = bytes(session_id)
-        self._secrets = [ec.generate_private_key(_CURVE) for _ in self._choices]
+        self._secrets = [_new_secret() for _ in self._choices]
         pairs = []
         for choice, secret in zip(self._choices, self._secrets, strict=True):
             real, fake = _compress(secret.public_key()), oblivious_point()
@@ -179,7 +186,7 @@ class BaseOtSender:
                 f"base OT first message has {len(first_message)} bytes, expected {2 * POINT_BYTES * n}."
             )
         first_message = bytes(first_message)
-        ephemeral = ec.generate_private_key(_CURVE)
+        ephemeral = _new_secret()
         sender_point = _compress(ephemeral.public_key())
         transcript = _transcript(self._session_id, first_message, sender_point)
         parts = [sender_point]
