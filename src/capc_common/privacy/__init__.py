@@ -2,9 +2,46 @@
 
 Front door:
 
-* noise — :class:`NoiseSource`, :class:`SystemNoise` (CSPRNG, production), :class:`SeededNoise` (tests only).
+* noise — :class:`NoiseSource`, :class:`SystemNoise` (CSPRNG, production), :class:`SeededNoise` (tests only);
+* accounting — the pure functions of :mod:`capc_common.privacy.analysis` (RDP curves, conversions),
+  accountants that keep a history (:class:`ConfidentGNMaxAccountant`, …, :func:`create_accountant`),
+  :func:`estimate` and :func:`plan` (``capc budget estimate|plan``);
+* enforcement — :class:`RenyiFilter` in memory and :class:`BudgetLedger` on disk (two-phase, hash-chained).
 """
 
+from capc_common.privacy import analysis
+from capc_common.privacy.accountant import (
+    Accountant,
+    ConfidentGNMaxAccountant,
+    DataDependentPATEAccountant,
+    PureDPAccountant,
+    SubsampledGaussianAccountant,
+    ZCDPAccountant,
+)
+from capc_common.privacy.filter import RenyiFilter
+from capc_common.privacy.ledger import BatchRecord, BudgetLedger, Entry, VerificationReport
 from capc_common.privacy.noise import InsecureNoiseWarning, NoiseSource, SeededNoise, SystemNoise
+from capc_common.privacy.planning import estimate, plan
+from capc_common.privacy.registry import create_accountant
 
-__all__ = ["InsecureNoiseWarning", "NoiseSource", "SeededNoise", "SystemNoise"]
+__all__ = [
+    "Accountant",
+    "BatchRecord",
+    "BudgetLedger",
+    "ConfidentGNMaxAccountant",
+    "DataDependentPATEAccountant",
+    "Entry",
+    "InsecureNoiseWarning",
+    "NoiseSource",
+    "PureDPAccountant",
+    "RenyiFilter",
+    "SeededNoise",
+    "SubsampledGaussianAccountant",
+    "SystemNoise",
+    "VerificationReport",
+    "ZCDPAccountant",
+    "analysis",
+    "create_accountant",
+    "estimate",
+    "plan",
+]

@@ -20,8 +20,6 @@ import math
 
 import numpy as np
 import numpy.typing as npt
-from scipy import optimize
-
 from capc_common.errors import InputError
 from capc_common.privacy.analysis._checks import non_negative, probability
 from capc_common.privacy.analysis.orders import as_orders
@@ -152,9 +150,17 @@ def epsilon_from_zcdp(rho: float, *, delta: float, method: str = "improved") -> 
         return 0.0, math.inf
     if _method(method) == "classic":
         return r + 2 * math.sqrt(r * math.log(1 / d)), 1 + math.sqrt(math.log(1 / d) / r)
-    upper = 2 + math.sqrt(-math.log(d) / r)  # there ρ(λ-1)² ≥ log(1/δ) > -log λ
-    order = optimize.brentq(
-        lambda lam: r * (lam - 1) ** 2 + math.log(d * lam), 1 + 1e-12, upper, xtol=1e-15, rtol=1e-15
-    )
+    # g(λ) = ρ(λ-1)² + log(δλ) increases on λ > 1 (g' = 2ρ(λ-1) + 1/λ), is negative near 1 and positive
+    # at ``hi``: bisect to the last bit.
+    lo, hi = 1.0, 2 + math.sqrt(-math.log(d) / r)
+    while True:
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if r * (mid - 1) ** 2 + math.log(d * mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    order = hi
     eps = float(epsilon_at_order(order, r * order, delta=d))
     return max(0.0, eps), float(order)

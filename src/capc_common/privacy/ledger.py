@@ -1,0 +1,862 @@
+"""The durable, two-phase privacy budget ledger the guardian charges: a Rényi filter on SQLite.
+
+**Two phases.** ``reserve`` records a batch's *worst case* (every query screened and answered) before any
+work; it is refused with :class:`BudgetExhaustedError` if the reserved and spent total would cross the
+filter's budget. ``settle`` replaces the reservation by the actual cost (≤ the reservation) and returns only
+when that is on disk; ``release`` cancels a batch that revealed nothing. A reservation that is never settled
+— the guardian crashed — stays counted at its worst case: a crash can over-count spend, never under-count it.
+
+**Storage.** One SQLite file in WAL mode with ``synchronous=FULL`` (each commit is fsynced before it
+returns). Entries are append-only (triggers reject UPDATE and DELETE) and hash-chained: each row stores
+``SHA-256(previous hash ‖ canonical JSON of the row)``, starting from the hash of the ledger's parameters, so
+:meth:`BudgetLedger.verify` detects any edited, removed or reordered row and recomputes every total.
+
+**Concurrency.** Every write is one ``BEGIN IMMEDIATE`` transaction that reads the totals, checks the
+filter and appends, so several processes (or threads) sharing the file serialise and can never overspend;
+``kill -9`` at any point leaves either the whole transaction or none of it.
+
+**Exact totals.** Costs are stored as the given float and as an integer number of units of 2^-48 nats,
+rounded *up*; the filter compares integers, so sums never drift and verification is exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError
+from capc_common.privacy.analysis import rdp_budget_at_order
+from capc_common.privacy.analysis._checks import count, non_negative, positive, probability
+from capc_common.privacy.filter import RenyiFilter, refusal_message
+
+__all__ = ["BatchRecord", "BudgetLedger", "Entry", "VerificationReport"]
+
+FORMAT = 1
+UNITS_PER_NAT = 2**48
+_MAX_BUDGET_RDP = 2.0**14  # keeps every total far inside SQLite's signed 64-bit integers
+_HASH_ZERO = "0" * 64
+
+Kind = Literal["reserve", "settle", "release"]
+
+_SCHEMA = """
+CREATE TABLE meta (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    format INTEGER NOT NULL,
+    created REAL NOT NULL,
+    epsilon_limit REAL NOT NULL,
+    delta REAL NOT NULL,
+    rdp_order REAL NOT NULL,
+    budget_rdp REAL NOT NULL,
+    budget_units INTEGER NOT NULL,
+    config TEXT NOT NULL,
+    config_hash TEXT NOT NULL,
+    genesis TEXT NOT NULL
+);
+CREATE TABLE entries (
+    seq INTEGER PRIMARY KEY,
+    batch_id TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('reserve', 'settle', 'release')),
+    phase INTEGER NOT NULL CHECK (phase IN (0, 1)),
+    queries INTEGER NOT NULL,
+    answered INTEGER NOT NULL,
+    parties TEXT NOT NULL,
+    mechanism TEXT NOT NULL,
+    params TEXT NOT NULL,
+    rdp REAL NOT NULL,
+    units INTEGER NOT NULL,
+    detail TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    time REAL NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    UNIQUE (batch_id, phase)
+);
+CREATE TABLE state (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    seq INTEGER NOT NULL,
+    head TEXT NOT NULL,
+    spent_units INTEGER NOT NULL,
+    reserved_units INTEGER NOT NULL,
+    queries INTEGER NOT NULL,
+    answered INTEGER NOT NULL,
+    settled INTEGER NOT NULL,
+    open INTEGER NOT NULL,
+    released INTEGER NOT NULL
+);
+CREATE TRIGGER entries_no_update BEFORE UPDATE ON entries
+    BEGIN SELECT RAISE(ABORT, 'ledger entries are append-only'); END;
+CREATE TRIGGER entries_no_delete BEFORE DELETE ON entries
+    BEGIN SELECT RAISE(ABORT, 'ledger entries are append-only'); END;
+CREATE TRIGGER meta_no_update BEFORE UPDATE ON meta
+    BEGIN SELECT RAISE(ABORT, 'ledger parameters are immutable'); END;
+CREATE TRIGGER meta_no_delete BEFORE DELETE ON meta
+    BEGIN SELECT RAISE(ABORT, 'ledger parameters are immutable'); END;
+"""
+
+_ENTRY_COLUMNS = (
+    "seq, batch_id, kind, phase, queries, answered, parties, mechanism, params, rdp, units, detail, actor, "
+    "time, prev_hash, hash"
+)
+
+
+def _canonical(value: Any) -> str:
+    """Canonical JSON: sorted keys, no spaces, floats in shortest round-trip form."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _units(rdp: float) -> int:
+    """RDP in units of 2^-48 nats, rounded up (so the ledger can only over-count)."""
+    return math.ceil(rdp * UNITS_PER_NAT)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One append-only ledger row.
+
+    Attributes:
+        seq: position in the chain (1, 2, …).
+        batch_id: the batch the row is about.
+        kind: ``"reserve"``, ``"settle"`` or ``"release"``.
+        queries: queries in the batch.
+        answered: queries answered (settle rows; 0 otherwise).
+        parties: teacher parties involved.
+        mechanism: mechanism name.
+        params: mechanism parameters of the batch.
+        rdp: the cost at the ledger's order: worst case (reserve), actual (settle), 0 (release).
+        units: ``rdp`` in 2^-48-nat units, rounded up.
+        detail: free text (the release reason).
+        actor: identity of whoever wrote the row.
+        time: UNIX time of the write.
+        prev_hash: hash of the previous row (or of the ledger parameters for the first row).
+        hash: this row's hash.
+    """
+
+    seq: int
+    batch_id: str
+    kind: str
+    queries: int
+    answered: int
+    parties: tuple[str, ...]
+    mechanism: str
+    params: dict[str, Any]
+    rdp: float
+    units: int
+    detail: str
+    actor: str
+    time: float
+    prev_hash: str
+    hash: str
+
+    def hashed_fields(self) -> dict[str, Any]:
+        """The fields covered by :attr:`hash` (everything but the hash itself)."""
+        fields = asdict(self)
+        del fields["hash"]
+        fields["parties"] = list(self.parties)
+        return fields
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the row."""
+        return {**self.hashed_fields(), "hash": self.hash}
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """Where one batch stands, from its rows.
+
+    Attributes:
+        batch_id: the batch.
+        state: ``"reserved"`` (open, or its guardian died: counted at worst case), ``"settled"`` or
+            ``"released"``.
+        queries: queries in the batch.
+        answered: queries answered (0 unless settled).
+        reserved_rdp: the worst case reserved.
+        actual_rdp: the settled cost (``None`` unless settled).
+        parties: parties named at reservation.
+        mechanism: mechanism name.
+        params: mechanism parameters.
+        detail: the release reason, if released.
+        opened: time of the reservation.
+        closed: time of the settle/release row, if any.
+    """
+
+    batch_id: str
+    state: str
+    queries: int
+    answered: int
+    reserved_rdp: float
+    actual_rdp: float | None
+    parties: tuple[str, ...]
+    mechanism: str
+    params: dict[str, Any]
+    detail: str
+    opened: float
+    closed: float | None
+
+
+@dataclass
+class VerificationReport:
+    """Result of :meth:`BudgetLedger.verify`.
+
+    Attributes:
+        ok: no problem found.
+        entries: rows checked.
+        problems: what is wrong, one line each.
+        head: hash of the last row (pin it to detect a rewritten file later).
+        totals: totals recomputed from the rows.
+    """
+
+    ok: bool
+    entries: int
+    problems: list[str] = field(default_factory=list)
+    head: str = ""
+    totals: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the report."""
+        return asdict(self)
+
+
+def _text(name: str, value: str, *, limit: int = 256) -> str:
+    if not isinstance(value, str) or not value or len(value) > limit:
+        raise InputError(f"{name} must be a non-empty string of at most {limit} characters, got {value!r}")
+    return value
+
+
+def _json_object(name: str, value: Mapping[str, Any]) -> str:
+    if not isinstance(value, Mapping):
+        raise InputError(f"{name} must be a mapping, got {type(value).__name__}")
+    try:
+        return _canonical(dict(value))
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{name} must be JSON-serialisable with finite numbers: {exc}") from exc
+
+
+class BudgetLedger:
+    """A SQLite-backed Rényi filter with two-phase, idempotent, hash-chained charges.
+
+    Create with :meth:`create`, open with :meth:`open` (or :meth:`open_or_create` for a service that
+    restarts). One instance may be shared by threads; several processes may open the same file.
+    """
+
+    def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
+        self.path = path
+        self._db = connection
+        self._lock = threading.RLock()
+        row = self._db.execute(
+            "SELECT format, created, epsilon_limit, delta, rdp_order, budget_rdp, budget_units, config, "
+            "config_hash, genesis FROM meta WHERE id = 1"
+        ).fetchone()
+        if row is None:
+            raise IntegrityError(f"{path} has no ledger parameters; it is not a complete budget ledger")
+        (fmt, self.created, self.epsilon_limit, self.delta, self.order, self.budget_rdp, self.budget_units,
+         config, self.config_hash, self.genesis) = row  # fmt: skip
+        if fmt != FORMAT:
+            raise IntegrityError(f"{path} is ledger format {fmt}; this version reads format {FORMAT}")
+        self.config: dict[str, Any] = json.loads(config)
+        #: The filter's parameters (the ledger keeps the history on disk, not in ``filter.charges``).
+        self.filter = RenyiFilter(
+            order=self.order, epsilon=self.epsilon_limit, delta=self.delta, budget_rdp=self.budget_rdp
+        )
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def _connect(path: Path) -> sqlite3.Connection:
+        db = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        return db
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        epsilon_limit: float,
+        delta: float,
+        config: Mapping[str, Any],
+        order: float | None = None,
+        workload: Any = None,
+        answer_rate: float = 1.0,
+    ) -> BudgetLedger:
+        """Create a new ledger file for an (ε, δ) budget enforced by a Rényi filter at ``order``.
+
+        The file is built under a temporary name and linked into place only when complete, so a crash
+        leaves either no ledger or a whole one, and an existing file is never overwritten.
+
+        Args:
+            path: where the ledger file goes (must not exist).
+            epsilon_limit: ε of the budget.
+            delta: δ of the budget.
+            config: mechanism parameters / federation identity; stored, and hashed into the chain.
+            order: the filter's order; if omitted, ``workload`` must be given and the planner picks the order
+                that fits the most queries at ``answer_rate``.
+            workload: a :class:`~capc_common.privacy.accountant.ConfidentGNMaxAccountant` describing the
+                mechanism, used only when ``order`` is omitted.
+            answer_rate: expected fraction of queries answered, for the planner.
+
+        Raises:
+            InputError: the file exists, a parameter is invalid, or (ε, δ) cannot be met at ``order``.
+        """
+        target = Path(path)
+        eps = positive("epsilon_limit", epsilon_limit)
+        d = probability("delta", delta)
+        config_json = _json_object("config", config)
+        if order is None:
+            order = cls._planned_order(workload, epsilon=eps, delta=d, answer_rate=answer_rate)
+        lam = positive("order", order)
+        budget = rdp_budget_at_order(epsilon=eps, delta=d, order=lam)
+        if budget > _MAX_BUDGET_RDP:
+            raise InputError(
+                f"the budget is {budget:g} nats of RDP at order {lam:g}; at most 2^14 is supported"
+            )
+        if target.exists():
+            raise InputError(f"{target} already exists; open it with BudgetLedger.open, or pick a new path")
+        if not target.parent.is_dir():
+            raise InputError(f"directory {target.parent} does not exist; create it first")
+        meta = {
+            "format": FORMAT,
+            "created": time.time(),
+            "epsilon_limit": eps,
+            "delta": d,
+            "rdp_order": lam,
+            "budget_rdp": budget,
+            "budget_units": math.floor(budget * UNITS_PER_NAT),
+            "config": config_json,
+            "config_hash": _sha256(config_json),
+        }
+        genesis = _sha256(_canonical(meta))
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            db = cls._connect(tmp)
+            db.execute("BEGIN IMMEDIATE")
+            for statement in _SCHEMA.split(";\n"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(
+                "INSERT INTO meta VALUES (1, :format, :created, :epsilon_limit, :delta, :rdp_order, "
+                ":budget_rdp, :budget_units, :config, :config_hash, :genesis)",
+                {**meta, "genesis": genesis},
+            )
+            db.execute("INSERT INTO state VALUES (1, 0, ?, 0, 0, 0, 0, 0, 0, 0)", (genesis,))
+            db.execute("COMMIT")
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db.close()
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            try:
+                os.link(tmp, target)
+            except FileExistsError as exc:
+                raise InputError(f"{target} was created by someone else meanwhile; open it instead") from exc
+            _fsync_dir(target.parent)
+        finally:
+            for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+                leftover.unlink(missing_ok=True)
+        return cls.open(target)
+
+    @staticmethod
+    def _planned_order(workload: Any, *, epsilon: float, delta: float, answer_rate: float) -> float:
+        from capc_common.privacy.accountant import ConfidentGNMaxAccountant
+        from capc_common.privacy.planning import plan
+
+        if not isinstance(workload, ConfidentGNMaxAccountant):
+            raise InputError(
+                "give the filter order, or a ConfidentGNMaxAccountant workload for the planner to pick it "
+                "(capc budget plan shows the order it would pick)"
+            )
+        p = workload.params()
+        return float(
+            plan(
+                teachers=p["teachers"],
+                classes=p["classes"],
+                sigma1=p["sigma1"],
+                sigma2=p["sigma2"],
+                threshold=p["threshold"],
+                epsilon=epsilon,
+                delta=delta,
+                answer_rate=answer_rate,
+                noise=p["noise"],
+            )["order"]
+        )
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> BudgetLedger:
+        """Open an existing ledger file.
+
+        Raises:
+            InputError: the file does not exist.
+            IntegrityError: it is not a ledger of this format.
+        """
+        target = Path(path)
+        if not target.is_file():
+            raise InputError(f"no budget ledger at {target}; create one first (BudgetLedger.create)")
+        try:
+            return cls(target, cls._connect(target))
+        except sqlite3.DatabaseError as exc:
+            raise IntegrityError(f"{target} is not a readable budget ledger: {exc}") from exc
+
+    @classmethod
+    def open_or_create(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        epsilon_limit: float,
+        delta: float,
+        order: float,
+        config: Mapping[str, Any],
+    ) -> BudgetLedger:
+        """Open the ledger at ``path`` if it exists and matches these parameters, else create it.
+
+        Raises:
+            IntegrityError: the existing ledger was created with another budget, order or config.
+        """
+        target = Path(path)
+        if not target.exists():
+            try:
+                return cls.create(
+                    target, epsilon_limit=epsilon_limit, delta=delta, order=order, config=config
+                )
+            except InputError:
+                if not target.exists():
+                    raise
+        ledger = cls.open(target)
+        wanted = {
+            "epsilon_limit": float(epsilon_limit),
+            "delta": float(delta),
+            "order": float(order),
+            "config_hash": _sha256(_json_object("config", config)),
+        }
+        found = {
+            "epsilon_limit": ledger.epsilon_limit,
+            "delta": ledger.delta,
+            "order": ledger.order,
+            "config_hash": ledger.config_hash,
+        }
+        differ = {k: (found[k], wanted[k]) for k in wanted if found[k] != wanted[k]}
+        if differ:
+            ledger.close()
+            detail = "; ".join(f"{k}: ledger has {a!r}, asked for {b!r}" for k, (a, b) in differ.items())
+            raise IntegrityError(
+                f"the ledger at {target} belongs to another budget or federation ({detail}); point to the "
+                "right file or start a new ledger"
+            )
+        return ledger
+
+    def close(self) -> None:
+        """Close the connection (committed data is already durable)."""
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> BudgetLedger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ transactions
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction: committed (fsynced) on success, rolled back on any error."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _state(self, db: sqlite3.Connection) -> dict[str, Any]:
+        row = db.execute(
+            "SELECT seq, head, spent_units, reserved_units, queries, answered, settled, open, released "
+            "FROM state WHERE id = 1"
+        ).fetchone()
+        keys = ("seq", "head", "spent_units", "reserved_units", "queries", "answered", "settled", "open",
+                "released")  # fmt: skip
+        return dict(zip(keys, row, strict=True))
+
+    def _append(self, db: sqlite3.Connection, state: dict[str, Any], *, now: float, **fields: Any) -> Entry:
+        draft = Entry(seq=state["seq"] + 1, time=now, prev_hash=state["head"], hash="", **fields)
+        entry = Entry(**{**asdict(draft), "parties": draft.parties, "hash": _entry_hash(draft)})
+        db.execute(
+            f"INSERT INTO entries ({_ENTRY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                entry.seq, entry.batch_id, entry.kind, 0 if entry.kind == "reserve" else 1, entry.queries,
+                entry.answered, _canonical(list(entry.parties)), entry.mechanism, _canonical(entry.params),
+                entry.rdp, entry.units, entry.detail, entry.actor, entry.time, entry.prev_hash, entry.hash,
+            ),
+        )  # fmt: skip
+        state["seq"], state["head"] = entry.seq, entry.hash
+        db.execute(
+            "UPDATE state SET seq = :seq, head = :head, spent_units = :spent_units, reserved_units = "
+            ":reserved_units, queries = :queries, answered = :answered, settled = :settled, open = :open, "
+            "released = :released WHERE id = 1",
+            state,
+        )
+        return entry
+
+    def _rows(self, db: sqlite3.Connection, batch_id: str) -> tuple[Entry | None, Entry | None]:
+        rows = [
+            _row_entry(r)
+            for r in db.execute(
+                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE batch_id = ? ORDER BY phase", (batch_id,)
+            )
+        ]
+        opening = next((e for e in rows if e.kind == "reserve"), None)
+        closing = next((e for e in rows if e.kind != "reserve"), None)
+        return opening, closing
+
+    # ------------------------------------------------------------------ the three operations
+    def reserve(
+        self,
+        batch_id: str,
+        *,
+        queries: int,
+        parties: Sequence[str],
+        mechanism: str,
+        params: Mapping[str, Any],
+        worst_case_rdp: float,
+        actor: str,
+    ) -> Entry:
+        """Reserve a batch's worst-case cost (RDP at the ledger's order) before any work on it.
+
+        Idempotent: the same request for a known batch returns the original reservation (whatever happened
+        to the batch since); a different request under the same id is refused.
+
+        Raises:
+            InputError: invalid arguments.
+            IntegrityError: ``batch_id`` is already reserved with different parameters.
+            BudgetExhaustedError: reserved + spent + this would cross the budget; nothing is written.
+        """
+        bid = _text("batch_id", batch_id)
+        who = _text("actor", actor)
+        mech = _text("mechanism", mechanism)
+        n = count("queries", queries, minimum=1)
+        names = tuple(_text("party", p) for p in parties)
+        params_json = _json_object("params", params)
+        rdp = non_negative("worst_case_rdp", worst_case_rdp)
+        units = _units(rdp)
+        with self._write() as db:
+            opening, _ = self._rows(db, bid)
+            if opening is not None:
+                same = (opening.queries, opening.parties, opening.mechanism, _canonical(opening.params),
+                        opening.units) == (n, names, mech, params_json, units)  # fmt: skip
+                if not same:
+                    raise IntegrityError(
+                        f"batch {bid} is already reserved with other parameters (queries {opening.queries}, "
+                        f"mechanism {opening.mechanism}, rdp {opening.rdp:.6g}); use a fresh batch id"
+                    )
+                return opening
+            state = self._state(db)
+            charged = state["spent_units"] + state["reserved_units"]
+            if charged + units > self.budget_units:
+                raise BudgetExhaustedError(
+                    refusal_message(
+                        what=f"batch {bid} ({n} queries, worst case)",
+                        requested=rdp,
+                        remaining=(self.budget_units - charged) / UNITS_PER_NAT,
+                        order=self.order,
+                        epsilon=self.epsilon_limit,
+                        delta=self.delta,
+                    )
+                )
+            state["reserved_units"] += units
+            state["queries"] += n
+            state["open"] += 1
+            return self._append(
+                db, state, now=time.time(), batch_id=bid, kind="reserve", queries=n, answered=0,
+                parties=names, mechanism=mech, params=json.loads(params_json), rdp=rdp, units=units,
+                detail="", actor=who,
+            )  # fmt: skip
+
+    def settle(self, batch_id: str, *, answered: int, actual_rdp: float, actor: str) -> Entry:
+        """Charge a reserved batch its actual cost (≤ the reservation); durable when this returns.
+
+        Idempotent: settling again with the same figures returns the original row.
+
+        Raises:
+            InputError: unknown batch, answered > queries, or actual cost above the reservation.
+            IntegrityError: the batch was released, or already settled with other figures.
+        """
+        bid = _text("batch_id", batch_id)
+        who = _text("actor", actor)
+        a = count("answered", answered)
+        rdp = non_negative("actual_rdp", actual_rdp)
+        units = _units(rdp)
+        with self._write() as db:
+            opening, closing = self._rows(db, bid)
+            if opening is None:
+                raise InputError(f"batch {bid} was never reserved; reserve it before settling")
+            if closing is not None:
+                if closing.kind == "settle" and (closing.answered, closing.units) == (a, units):
+                    return closing
+                raise IntegrityError(
+                    f"batch {bid} was already {closing.kind}d"
+                    + (
+                        f" with {closing.answered} answered, rdp {closing.rdp:.6g}"
+                        if closing.kind == "settle"
+                        else ""
+                    )
+                    + f"; refusing to settle it again with {a} answered, rdp {rdp:.6g}"
+                )
+            if a > opening.queries:
+                raise InputError(f"batch {bid} has {opening.queries} queries; {a} cannot have been answered")
+            if units > opening.units:
+                raise InputError(
+                    f"batch {bid}: actual rdp {rdp:.6g} exceeds its reserved worst case {opening.rdp:.6g}; "
+                    "the reservation must cover every outcome (screening and GNMax for every query)"
+                )
+            state = self._state(db)
+            state["reserved_units"] -= opening.units
+            state["spent_units"] += units
+            state["answered"] += a
+            state["open"] -= 1
+            state["settled"] += 1
+            return self._append(
+                db, state, now=time.time(), batch_id=bid, kind="settle", queries=opening.queries, answered=a,
+                parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=rdp,
+                units=units, detail="", actor=who,
+            )  # fmt: skip
+
+    def release(self, batch_id: str, *, reason: str, actor: str) -> Entry:
+        """Cancel a reserved batch that revealed nothing: it costs nothing. Idempotent.
+
+        Raises:
+            InputError: unknown batch.
+            IntegrityError: the batch was already settled (its cost stands).
+        """
+        bid = _text("batch_id", batch_id)
+        who = _text("actor", actor)
+        why = _text("reason", reason, limit=4096)
+        with self._write() as db:
+            opening, closing = self._rows(db, bid)
+            if opening is None:
+                raise InputError(f"batch {bid} was never reserved; there is nothing to release")
+            if closing is not None:
+                if closing.kind == "release":
+                    return closing
+                raise IntegrityError(f"batch {bid} was already settled; a spent charge cannot be released")
+            state = self._state(db)
+            state["reserved_units"] -= opening.units
+            state["queries"] -= opening.queries
+            state["open"] -= 1
+            state["released"] += 1
+            return self._append(
+                db, state, now=time.time(), batch_id=bid, kind="release", queries=opening.queries, answered=0,
+                parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=0.0, units=0,
+                detail=why, actor=who,
+            )  # fmt: skip
+
+    # ------------------------------------------------------------------ reading
+    def batch(self, batch_id: str) -> BatchRecord | None:
+        """Where ``batch_id`` stands, or ``None`` if it was never reserved."""
+        with self._lock:
+            opening, closing = self._rows(self._db, batch_id)
+        if opening is None:
+            return None
+        state = "reserved" if closing is None else ("settled" if closing.kind == "settle" else "released")
+        return BatchRecord(
+            batch_id=opening.batch_id,
+            state=state,
+            queries=opening.queries,
+            answered=closing.answered if closing is not None else 0,
+            reserved_rdp=opening.rdp,
+            actual_rdp=closing.rdp if closing is not None and closing.kind == "settle" else None,
+            parties=opening.parties,
+            mechanism=opening.mechanism,
+            params=opening.params,
+            detail=closing.detail if closing is not None else "",
+            opened=opening.time,
+            closed=closing.time if closing is not None else None,
+        )
+
+    def entries(
+        self, *, batch_id: str | None = None, after: int = 0, limit: int | None = None, newest: bool = False
+    ) -> list[Entry]:
+        """Rows in chain order (or newest first), optionally for one batch and after a sequence number."""
+        query = f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE seq > ?"
+        args: list[Any] = [count("after", after)]
+        if batch_id is not None:
+            query += " AND batch_id = ?"
+            args.append(batch_id)
+        query += " ORDER BY seq DESC" if newest else " ORDER BY seq"
+        if limit is not None:
+            query += " LIMIT ?"
+            args.append(count("limit", limit))
+        with self._lock:
+            return [_row_entry(r) for r in self._db.execute(query, args)]
+
+    def epsilon_of(self, rdp: float) -> float:
+        """ε at the ledger's δ of an RDP total at its order (see :meth:`RenyiFilter.epsilon_of`)."""
+        return self.filter.epsilon_of(rdp)
+
+    def summary(self) -> dict[str, Any]:
+        """Budget figures; ``epsilon_spent`` counts open (or orphaned) reservations at their worst case."""
+        with self._lock:
+            state = self._state(self._db)
+        spent = state["spent_units"] / UNITS_PER_NAT
+        reserved = state["reserved_units"] / UNITS_PER_NAT
+        charged_units = state["spent_units"] + state["reserved_units"]
+        return {
+            "epsilon_spent": self.epsilon_of(charged_units / UNITS_PER_NAT),
+            "epsilon_settled": self.epsilon_of(spent),
+            "epsilon_limit": self.epsilon_limit,
+            "delta": self.delta,
+            "order": self.order,
+            "budget_rdp": self.budget_rdp,
+            "spent_rdp": spent,
+            "reserved_rdp": reserved,
+            "remaining_rdp": (self.budget_units - charged_units) / UNITS_PER_NAT,
+            "fraction_used": charged_units / self.budget_units,
+            "queries": state["queries"],
+            "answered": state["answered"],
+            "batches": state["settled"],
+            "open_batches": state["open"],
+            "released_batches": state["released"],
+            "entries": state["seq"],
+            "head": state["head"],
+            "config_hash": self.config_hash,
+            "created": self.created,
+            "path": str(self.path),
+        }
+
+    # ------------------------------------------------------------------ verification
+    def verify(self) -> VerificationReport:
+        """Recompute the chain and every total from the rows; report each inconsistency found."""
+        problems: list[str] = []
+        with self._lock:
+            check = self._db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                problems.append(f"SQLite quick_check: {check}")
+            meta = self._db.execute(
+                "SELECT format, created, epsilon_limit, delta, rdp_order, budget_rdp, budget_units, config, "
+                "config_hash FROM meta WHERE id = 1"
+            ).fetchone()
+            state = self._state(self._db)
+            rows = [
+                _row_entry(r) for r in self._db.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries ORDER BY seq")
+            ]
+        keys = ("format", "created", "epsilon_limit", "delta", "rdp_order", "budget_rdp", "budget_units",
+                "config", "config_hash")  # fmt: skip
+        meta_dict = dict(zip(keys, meta, strict=True))
+        if _sha256(_canonical(meta_dict)) != self.genesis:
+            problems.append(
+                "ledger parameters do not match the genesis hash (edited budget, order or config)"
+            )
+        if _sha256(meta_dict["config"]) != meta_dict["config_hash"]:
+            problems.append("stored config does not match its hash")
+        totals = {"spent_units": 0, "reserved_units": 0, "queries": 0, "answered": 0, "settled": 0, "open": 0,
+                  "released": 0}  # fmt: skip
+        open_batches: dict[str, Entry] = {}
+        closed: set[str] = set()
+        head = self.genesis
+        for expected_seq, entry in enumerate(rows, start=1):
+            where = f"entry {entry.seq} ({entry.kind} {entry.batch_id})"
+            if entry.seq != expected_seq:
+                problems.append(f"{where}: sequence gap, expected {expected_seq}")
+            if entry.prev_hash != head:
+                problems.append(f"{where}: does not link to the previous entry")
+            if _entry_hash(entry) != entry.hash:
+                problems.append(f"{where}: hash mismatch (the row was edited)")
+            head = entry.hash
+            if entry.units != _units(entry.rdp):
+                problems.append(f"{where}: units {entry.units} do not match rdp {entry.rdp!r}")
+            if entry.kind == "reserve":
+                if entry.batch_id in open_batches or entry.batch_id in closed:
+                    problems.append(f"{where}: batch reserved twice")
+                open_batches[entry.batch_id] = entry
+                totals["reserved_units"] += entry.units
+                totals["queries"] += entry.queries
+                totals["open"] += 1
+                if totals["spent_units"] + totals["reserved_units"] > self.budget_units:
+                    problems.append(f"{where}: the reservation crossed the budget")
+                continue
+            opening = open_batches.pop(entry.batch_id, None)
+            if opening is None:
+                problems.append(f"{where}: closes a batch that is not open")
+                continue
+            closed.add(entry.batch_id)
+            totals["reserved_units"] -= opening.units
+            totals["open"] -= 1
+            if entry.kind == "settle":
+                if entry.units > opening.units or entry.answered > opening.queries:
+                    problems.append(f"{where}: settles above its reservation")
+                totals["spent_units"] += entry.units
+                totals["answered"] += entry.answered
+                totals["settled"] += 1
+            else:
+                if entry.units:
+                    problems.append(f"{where}: a release must cost nothing")
+                totals["queries"] -= opening.queries
+                totals["released"] += 1
+        stored = {k: state[k] for k in totals}
+        if stored != totals:
+            diff = {k: (stored[k], totals[k]) for k in totals if stored[k] != totals[k]}
+            problems.append(f"stored totals differ from the recomputed ones (stored, recomputed): {diff}")
+        if state["seq"] != len(rows) or state["head"] != head:
+            problems.append("stored chain head does not match the last entry")
+        charged = (totals["spent_units"] + totals["reserved_units"]) / UNITS_PER_NAT
+        return VerificationReport(
+            ok=not problems,
+            entries=len(rows),
+            problems=problems,
+            head=head,
+            totals={
+                "spent_rdp": totals["spent_units"] / UNITS_PER_NAT,
+                "reserved_rdp": totals["reserved_units"] / UNITS_PER_NAT,
+                "epsilon_spent": self.epsilon_of(charged),
+                "queries": totals["queries"],
+                "answered": totals["answered"],
+                "batches": totals["settled"],
+                "open_batches": totals["open"],
+                "released_batches": totals["released"],
+            },
+        )
+
+
+def _entry_hash(entry: Entry) -> str:
+    return _sha256(entry.prev_hash + _canonical(entry.hashed_fields()))
+
+
+def _row_entry(row: tuple[Any, ...]) -> Entry:
+    (seq, batch_id, kind, _phase, queries, answered, parties, mechanism, params, rdp, units, detail, actor,
+     when, prev_hash, digest) = row  # fmt: skip
+    return Entry(
+        seq=seq,
+        batch_id=batch_id,
+        kind=kind,
+        queries=queries,
+        answered=answered,
+        parties=tuple(json.loads(parties)),
+        mechanism=mechanism,
+        params=json.loads(params),
+        rdp=rdp,
+        units=units,
+        detail=detail,
+        actor=actor,
+        time=when,
+        prev_hash=prev_hash,
+        hash=digest,
+    )
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a new directory entry durable (the rename/link of a freshly created file)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
