@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from capc_common.mpc import MpcConfig, PlainBackend, circuit_stats, reference_noisy_argmax, run_plain
 from capc_common.mpc.circuit import (
     add,
-    any_of,
-    greater_equal,
-    is_nonnegative,
+    all_of,
+    any_nonnegative,
+    less_than,
     mask,
     mux,
     subtract,
@@ -60,16 +60,15 @@ def test_adder_and_subtractor_wrap_mod_2_to_the_w(operands: tuple[int, list[np.n
 def test_comparison_signed_and_unsigned(operands: tuple[int, list[np.ndarray]], signed: bool) -> None:
     width, (x, y) = operands
     b = PlainBackend()
-    got = greater_equal(b, _planes(x, width), _planes(y, width), signed=signed)
+    got = less_than(b, _planes(x, width), _planes(y, width), signed=signed)
     xs, ys = (_signed(x, width), _signed(y, width)) if signed else (x, y)
-    np.testing.assert_array_equal(got, xs >= ys)
-    np.testing.assert_array_equal(is_nonnegative(b, _planes(x, width)), _signed(x, width) >= 0)
-    assert b.and_gates == width * len(x)
+    np.testing.assert_array_equal(got, xs < ys)
+    assert b.and_gates == width * len(x) and b.not_gates == 0
 
 
 @settings(max_examples=40, deadline=None)
 @given(_operands(3))
-def test_mux_mask_and_or(operands: tuple[int, list[np.ndarray]]) -> None:
+def test_mux_mask_and_threshold_test(operands: tuple[int, list[np.ndarray]]) -> None:
     width, (x, y, s) = operands
     b = PlainBackend()
     sel = (s & 1).astype(bool)
@@ -77,8 +76,11 @@ def test_mux_mask_and_or(operands: tuple[int, list[np.ndarray]]) -> None:
         from_bit_planes(mux(b, sel, _planes(x, width), _planes(y, width))), np.where(sel, y, x)
     )
     np.testing.assert_array_equal(from_bit_planes(mask(b, _planes(x, width), sel)), np.where(sel, x, 0))
-    bits = _planes(x, width)  # OR over the bit planes: is the value non-zero?
-    np.testing.assert_array_equal(any_of(b, bits), x % (1 << width) != 0)
+    np.testing.assert_array_equal(all_of(b, _planes(x, width)), x % (1 << width) == (1 << width) - 1)
+    margins = np.stack([x, y, s], axis=1)  # (n, 3): is any of the three signed values ≥ 0?
+    np.testing.assert_array_equal(
+        any_nonnegative(b, _planes(margins, width)), (_signed(margins, width) >= 0).any(axis=1)
+    )
 
 
 @settings(max_examples=80, deadline=None)
@@ -160,10 +162,11 @@ def test_plain_circuit_equals_the_definition(batch: dict) -> None:
 
 
 def test_gate_counts_per_query() -> None:
-    """AND gates: c(w−1) adders (+ c(w−1) margins and c−1 ORs), (c−1)w comparisons, muxes, log c masks."""
+    """AND gates: c(w−1) adders (+ c(w−1) margins and c−1 ANDs), (c−1)w comparisons, muxes, log c masks."""
     gnmax = circuit_stats(MpcConfig(10, 12, teachers=250, mode="gnmax"))
     confident = circuit_stats(MpcConfig(10, 12, teachers=250))
     assert confident.and_gates - gnmax.and_gates == 10 * 11 + 9 + 4
     assert confident.evaluator_input_bits == 120 and confident.garbler_input_bits == 240
     assert (gnmax.and_gates, confident.and_gates) == (321, 444)
+    assert confident.not_gates == 1 and gnmax.not_gates == 0  # comparisons and the threshold test need no NOT
     assert circuit_stats(MpcConfig(100, 12, teachers=250)).and_gates == 4765

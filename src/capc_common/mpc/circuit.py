@@ -5,9 +5,9 @@ Per query the circuit computes (DESIGN §3 step 5), in two's complement over Z_{
 * H + z2 = S + (A + z2): the student's share plus the guardian's label addend, one adder per class;
 * label = argmax_j (H_j + z2_j) as a tournament tree (a right child wins only if strictly larger, so ties
   go to the lowest index, like ``numpy.argmax``);
-* Confident-GNMax: pass = [max_j H_j + z1 − T ≥ 0] = OR_j [S_j + (A_j + z1 − T) ≥ 0], which needs only the
-  carry chain to each sign bit and an OR tree instead of a second maximum, and the label bits are ANDed with
-  pass, so a failed query's output wires carry 0 whatever its argmax.
+* Confident-GNMax: pass = [max_j H_j + z1 − T ≥ 0] = ¬AND_j [S_j + (A_j + z1 − T) < 0], which needs only the
+  carry chain to each sign bit and an AND tree instead of a second maximum, and the label bits are ANDed
+  with pass, so a failed query's output wires carry 0 whatever its argmax.
 
 The guardian knows A, z1, z2 and T, so it adds them in the clear (:func:`guardian_inputs`): only the
 student's S enters through oblivious transfer, and the circuit has one adder per class and per margin
@@ -27,65 +27,71 @@ from capc_common.mpc.backend import CircuitBackend
 from capc_common.mpc.config import MpcConfig
 from capc_common.mpc.sharing import reduce_shares
 
+Planes = Sequence[np.ndarray] | np.ndarray
+"""Bit planes, least significant first: a stacked array or a list of per-bit arrays."""
 
-def _ripple(
-    b: CircuitBackend,
-    x: Sequence[np.ndarray] | np.ndarray,
-    y: Sequence[np.ndarray] | np.ndarray,
-    *,
-    subtract: bool,
-    want_sum: bool,
-    want_carry: bool,
-) -> tuple[list[np.ndarray], np.ndarray | None]:
-    """Ripple-carry x + y (or x + ¬y + 1 = x − y) with one AND per bit.
 
-    The carry update c' = c ⊕ ((x ⊕ c) ∧ (y ⊕ c)) is the majority function with a single AND gate; the
-    constant carry-in (0 for add, 1 for subtract) is folded into bit 0.
+def _carries(
+    b: CircuitBackend, x: Planes, y: Planes, *, bits: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Carries of x + y with one AND each: c_{i+1} = c_i ⊕ ((x_i ⊕ c_i) ∧ (y_i ⊕ c_i)), c_1 = x_0 ∧ y_0.
+
+    Returns ``(carries, xc)``: ``carries[i]`` enters bit i + 1 (``bits`` of them) and ``xc[i]`` = x_i ⊕ c_i
+    for i = 1 … bits − 1, from which sum bits cost one more XOR (s_i = xc_i ⊕ y_i).
+    """
+    carries = [b.and_(x[0], y[0])] if bits else []
+    xcs: list[np.ndarray] = []
+    for i in range(1, bits):
+        carry = carries[-1]
+        xcs.append(b.xor(x[i], carry))
+        carries.append(b.xor(carry, b.and_(xcs[-1], b.xor(y[i], carry))))
+    return carries, xcs
+
+
+def _sum_bits(
+    b: CircuitBackend, x: Planes, y: Planes, carries: list[np.ndarray], xcs: list[np.ndarray]
+) -> list[np.ndarray]:
+    """The w sum bits of x + y from :func:`_carries` (``bits`` = w − 1)."""
+    width = len(x)
+    head = [b.xor(x[0], y[0])] + [b.xor(xcs[i - 1], y[i]) for i in range(1, width - 1)]
+    return head + ([b.xor(b.xor(x[width - 1], y[width - 1]), carries[-1])] if width > 1 else [])
+
+
+def _borrows(b: CircuitBackend, x: Planes, y: Planes, *, signed: bool) -> list[np.ndarray]:
+    """Borrows d_1 … d_w of x − y, one AND and no NOT each: d' = y ⊕ ((x ⊕ d) ∧ (y ⊕ d)).
+
+    d' is the majority of (¬x, y, d), the borrow of a subtraction. Signed (two's complement) operands
+    compare like unsigned ones with both sign bits flipped; folding the flips into the last step gives
+    d_w = x ⊕ ((x ⊕ d) ∧ (y ⊕ d)), the majority of (x, ¬y, d). The final borrow is x < y.
     """
     width = len(x)
-    sums: list[np.ndarray] = []
-    carry: np.ndarray | None = None
+    borrows: list[np.ndarray] = []
     for i in range(width):
-        need_carry = i < width - 1 or want_carry
-        if carry is None:
-            if want_sum:
-                sums.append(b.xor(x[i], y[i]))  # x0 ⊕ ¬y0 ⊕ 1 = x0 ⊕ y0 when subtracting
-            if need_carry:
-                carry = b.not_(b.and_(b.not_(x[i]), y[i])) if subtract else b.and_(x[i], y[i])
-            continue
-        yi = b.not_(y[i]) if subtract else y[i]
-        xc, yc = b.xor(x[i], carry), b.xor(yi, carry)
-        if want_sum:
-            sums.append(b.xor(xc, yi))
-        if need_carry:
-            carry = b.xor(carry, b.and_(xc, yc))
-    return sums, (carry if want_carry else None)
+        last_signed = signed and i == width - 1
+        if borrows:
+            xd, yd = b.xor(x[i], borrows[-1]), b.xor(y[i], borrows[-1])
+        else:
+            xd, yd = x[i], y[i]
+        borrows.append(b.xor(x[i] if last_signed else y[i], b.and_(xd, yd)))
+    return borrows
 
 
-def add(b: CircuitBackend, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def add(b: CircuitBackend, x: Planes, y: Planes) -> np.ndarray:
     """x + y mod 2^w (w − 1 AND gates per value)."""
-    sums, _ = _ripple(b, x, y, subtract=False, want_sum=True, want_carry=False)
-    return np.stack(sums)
+    carries, xcs = _carries(b, x, y, bits=len(x) - 1)
+    return np.stack(_sum_bits(b, x, y, carries, xcs))
 
 
-def subtract(b: CircuitBackend, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """x − y mod 2^w (w − 1 AND gates per value)."""
-    sums, _ = _ripple(b, x, y, subtract=True, want_sum=True, want_carry=False)
-    return np.stack(sums)
+def subtract(b: CircuitBackend, x: Planes, y: Planes) -> np.ndarray:
+    """x − y mod 2^w (w − 1 AND gates per value): bit i is x_i ⊕ y_i ⊕ d_i."""
+    borrows = _borrows(b, x[:-1], y[:-1], signed=False)
+    first = [b.xor(x[0], y[0])]
+    return np.stack(first + [b.xor(b.xor(x[i], y[i]), borrows[i - 1]) for i in range(1, len(x))])
 
 
-def greater_equal(b: CircuitBackend, x: np.ndarray, y: np.ndarray, *, signed: bool) -> np.ndarray:
-    """x ≥ y as one bit per value: the carry out of x − y (w AND gates).
-
-    Signed (two's complement) comparison flips both sign bits first, which maps [−2^{w−1}, 2^{w−1}) onto
-    [0, 2^w) in order; flipping is free.
-    """
-    xs, ys = list(x), list(y)
-    if signed:
-        xs[-1], ys[-1] = b.not_(xs[-1]), b.not_(ys[-1])
-    _, carry = _ripple(b, xs, ys, subtract=True, want_sum=False, want_carry=True)
-    assert carry is not None
-    return carry
+def less_than(b: CircuitBackend, x: Planes, y: Planes, *, signed: bool) -> np.ndarray:
+    """x < y as one bit per value: the final borrow of x − y (w AND gates, no NOT)."""
+    return _borrows(b, x, y, signed=signed)[-1]
 
 
 def mux(b: CircuitBackend, sel: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -96,19 +102,21 @@ def mux(b: CircuitBackend, sel: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.
     return b.xor(x, b.and_(sel[None], b.xor(x, y)))
 
 
-def is_nonnegative(b: CircuitBackend, x: np.ndarray) -> np.ndarray:
-    """x ≥ 0 for signed values: the negated sign bit (free)."""
-    return b.not_(x[len(x) - 1])
-
-
-def any_of(b: CircuitBackend, bits: np.ndarray) -> np.ndarray:
-    """OR over axis 0 of ``bits`` (k − 1 AND gates, depth ⌈log2 k⌉): a ∨ b = a ⊕ b ⊕ (a ∧ b)."""
+def all_of(b: CircuitBackend, bits: np.ndarray) -> np.ndarray:
+    """AND over axis 0 of ``bits`` (k − 1 AND gates, depth ⌈log2 k⌉, no XOR)."""
     while bits.shape[0] > 1:
         pairs = bits.shape[0] // 2
-        left, right = bits[0 : 2 * pairs : 2], bits[1 : 2 * pairs : 2]
-        merged = b.xor(b.xor(left, right), b.and_(left, right))
+        merged = b.and_(bits[0 : 2 * pairs : 2], bits[1 : 2 * pairs : 2])
         bits = np.concatenate([merged, bits[2 * pairs :]]) if bits.shape[0] % 2 else merged
     return bits[0]
+
+
+def any_nonnegative(b: CircuitBackend, values: np.ndarray) -> np.ndarray:
+    """Whether any of the signed values ``(w, k, ...)`` along axis 1 is ≥ 0: ¬(all sign bits set).
+
+    This is the threshold test: max_j m_j ≥ 0 ⟺ some m_j ≥ 0, without computing the maximum.
+    """
+    return b.not_(all_of(b, values[len(values) - 1]))
 
 
 def mask(b: CircuitBackend, bits: np.ndarray, keep: np.ndarray) -> np.ndarray:
@@ -137,7 +145,7 @@ def tournament(
         count = values.shape[1]
         pairs = count // 2
         left, right = values[:, 0 : 2 * pairs : 2], values[:, 1 : 2 * pairs : 2]
-        sel = b.not_(greater_equal(b, left, right, signed=signed))
+        sel = less_than(b, left, right, signed=signed)
         final = count == 2
         keep_values = want_max or not final
         carried_left = [left] if keep_values else []
@@ -173,17 +181,23 @@ def noisy_argmax(
         share: the student's share S as bit planes ``(w, c, ...)``.
         addends: the guardian's inputs as bit planes ``(w, k, c, ...)``: ``[:, 0]`` is A + z2 and, for
             Confident-GNMax (k = 2), ``[:, 1]`` is A + z1 − T. The share broadcasts against both, so the
-            two adders form one layer per bit without copying S.
+            two additions share one AND layer per bit; only the label sums' bits and the margins' sign
+            bits are formed.
 
     Returns:
         ``(label_bits, passed)``: ``(⌈log2 c⌉, ...)`` argmax bits (zero where the query failed) and the pass
         bit ``(...)`` (None for GNMax).
     """
-    sums = add(b, share[:, None], addends)
-    label, _ = tournament(b, sums[:, 0], signed=True)
+    width = len(share)
+    x = share[:, None]
+    carries, xcs = _carries(b, x, addends, bits=width - 1)
+    label_part = [c[0] for c in carries], [xc[0] for xc in xcs]
+    noisy = np.stack(_sum_bits(b, share, addends[:, 0], *label_part))
+    label, _ = tournament(b, noisy, signed=True)
     if addends.shape[1] == 1:
         return label, None
-    passed = any_of(b, is_nonnegative(b, sums[:, 1]))
+    margin_sign = b.xor(b.xor(share[width - 1], addends[width - 1, 1]), carries[-1][1])
+    passed = b.not_(all_of(b, margin_sign))
     return mask(b, label, passed), passed
 
 
