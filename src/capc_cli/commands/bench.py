@@ -11,7 +11,7 @@ from capc_cli.output import emit, format_option, progress
 
 @click.group(name="bench")
 def command() -> None:
-    """Measure throughput; every subcommand prints figures (``--format json``: one JSON object)."""
+    """Measure throughput; every subcommand prints figures (--format json: one JSON object)."""
 
 
 def _mpc_text(result: dict[str, Any]) -> str:
