@@ -208,7 +208,7 @@ class EvaluatorSession(Party):
         queries, bits = outputs.shape[1], self.config.label_bits
         pass_bits = _unpack_exact(self._recv_stream(Tag.DECODE, -(-queries // 8)), queries, "pass bits")
         if self.config.mode == "gnmax" and not pass_bits.all():
-            raise ProtocolError("the garbler reports failed queries in GNMax mode, which answers every query.")
+            raise ProtocolError("the garbler reports failed queries in GNMax mode (it answers every query).")
         labels = np.full(queries, -1, dtype=np.int64)
         answered = int(pass_bits.sum())
         if answered:
