@@ -119,9 +119,10 @@ def test_ring_bounds_negative_counts_and_threshold_edges(sessions) -> None:
 
 @pytest.mark.parametrize(
     ("classes", "queries", "chunk"),
-    [(2, 1, None), (2, 8192, None), (100, 40, None), (10, 300, 64), (3, 1000, 333)],
+    [(2, 1, None), (2, 8192, None), (100, 512, None), (10, 300, 64), (3, 1000, 333)],
 )
 def test_sizes_and_chunking(sessions, classes: int, queries: int, chunk: int | None) -> None:
+    """Includes c = 100 with B = 512, whose widest AND layer (307,200 gates) is garbled in three segments."""
     config = MpcConfig(classes, WIDTH, teachers=TEACHERS, chunk_queries=chunk)
     rng = np.random.default_rng(classes * queries)
     votes = rng.multinomial(

@@ -21,6 +21,7 @@ from capc_common.mpc.party import (
     HELLO,
     HELLO_BYTES,
     PROTOCOL_VERSION,
+    SEGMENT_GATES,
     BatchRejected,
     GateCounter,
     Party,
@@ -66,10 +67,21 @@ class EvaluatorBackend:
         a, b = np.broadcast_arrays(a, b)
         shape = a.shape
         a1, b1 = a.reshape(-1, 2), b.reshape(-1, 2)
-        n = a1.shape[0]
-        table = self._tables.read_blocks((TABLE_BLOCKS_PER_AND, n))
-        out = eval_and(self._pi, a1, b1, table, first_gate=self._gates.take(n), workspace=self._workspace)
-        return out.reshape(shape)
+        parts = []
+        for start in range(0, a1.shape[0], SEGMENT_GATES):
+            stop = min(start + SEGMENT_GATES, a1.shape[0])
+            table = self._tables.read_blocks((TABLE_BLOCKS_PER_AND, stop - start))
+            parts.append(
+                eval_and(
+                    self._pi,
+                    a1[start:stop],
+                    b1[start:stop],
+                    table,
+                    first_gate=self._gates.take(stop - start),
+                    workspace=self._workspace,
+                )
+            )
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(shape)
 
     def not_(self, a: np.ndarray) -> np.ndarray:
         return a  # the garbler swapped the labels' meaning; the evaluator's label is unchanged

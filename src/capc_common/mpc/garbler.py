@@ -29,6 +29,7 @@ from capc_common.mpc.party import (
     HELLO,
     HELLO_REPLY_BYTES,
     PROTOCOL_VERSION,
+    SEGMENT_GATES,
     SESSION_ID_BYTES,
     BatchRejected,
     GateCounter,
@@ -77,12 +78,20 @@ class GarblerBackend:
         a, b = np.broadcast_arrays(a, b)
         shape = a.shape
         a0, b0 = a.reshape(-1, 2), b.reshape(-1, 2)
-        n = a0.shape[0]
-        out, table = garble_and(
-            self._pi, a0, b0, delta=self._delta, first_gate=self._gates.take(n), workspace=self._workspace
-        )
-        self._tables.write(table)
-        return out.reshape(shape)
+        parts = []
+        for start in range(0, a0.shape[0], SEGMENT_GATES):
+            stop = min(start + SEGMENT_GATES, a0.shape[0])
+            out, table = garble_and(
+                self._pi,
+                a0[start:stop],
+                b0[start:stop],
+                delta=self._delta,
+                first_gate=self._gates.take(stop - start),
+                workspace=self._workspace,
+            )
+            self._tables.write(table)
+            parts.append(out)
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts)).reshape(shape)
 
     def not_(self, a: np.ndarray) -> np.ndarray:
         return np.bitwise_xor(a, self._delta)

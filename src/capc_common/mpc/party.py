@@ -36,6 +36,9 @@ PROTOCOL_VERSION = 1
 MAX_PAYLOAD_BYTES = 4 << 20
 """Largest payload of one frame (the services' gRPC messages stay well under their 4 MiB default + header)."""
 STREAM_FRAME_BYTES = 1 << 20
+SEGMENT_GATES = MAX_PAYLOAD_BYTES // 32
+"""Both backends split an AND layer into segments of at most this many gates, so one segment's garbled table
+(32 bytes per gate) always fits one frame and the evaluator reads it without copying."""
 """Garbled material is flushed in frames of this size, so the evaluator starts while the garbler works."""
 _HEADER = struct.Struct("<B7xQ")
 HEADER_BYTES = _HEADER.size
@@ -158,6 +161,8 @@ class StreamReader:
 
     def read(self, nbytes: int) -> np.ndarray:
         """The next ``nbytes`` bytes as a read-only uint8 array."""
+        if self._pos == len(self._frame) and nbytes:
+            self._next_frame()  # the writer starts every array in a fresh frame when it would not fit
         if len(self._frame) - self._pos >= nbytes:
             out = np.frombuffer(self._frame, dtype=np.uint8, count=nbytes, offset=self._pos)
             self._pos += nbytes
