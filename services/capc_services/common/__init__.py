@@ -1,1 +1,1 @@
-"""Service plumbing shared by the three roles: settings, TLS interceptors, admin REST, metrics, logs, runtime."""
+"""Plumbing shared by the three roles: settings, interceptors, admin REST, metrics, logs, runtime."""

@@ -7,8 +7,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from capc_services.tls import CertificateInfo
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from capc_services.tls import CertificateInfo
 
 STAGE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 

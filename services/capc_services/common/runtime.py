@@ -20,12 +20,12 @@ from typing import Any
 
 import grpc
 import uvicorn
-from capc_services.common.settings import parse_bind
-from capc_services.tls import SERVER_OPTIONS, TlsFiles
 from fastapi import FastAPI
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc_common.errors import InputError, UnavailableError
+from capc_services.common.settings import parse_bind
+from capc_services.tls import SERVER_OPTIONS, TlsFiles
 
 _log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 import yaml
-from capc_services.tls import TlsFiles
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from capc_common.errors import InputError
 from capc_common.federation import FederationConfig
+from capc_services.tls import TlsFiles
 
 _DEFAULT_SECRETS = frozenset({"changethis", "changeme", "secret", "password", "token", "admin"})
 MIN_TOKEN_CHARS = 32

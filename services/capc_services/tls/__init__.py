@@ -4,9 +4,11 @@ from capc_services.tls.credentials import GRPC_OPTIONS, SERVER_OPTIONS, TlsFiles
 from capc_services.tls.pki import (
     CertificateInfo,
     IssuedCertificate,
+    bootstrap,
     certificate_info,
     init_ca,
     issue_certificate,
+    write_admin_token,
 )
 
 __all__ = [
@@ -15,7 +17,9 @@ __all__ = [
     "CertificateInfo",
     "IssuedCertificate",
     "TlsFiles",
+    "bootstrap",
     "certificate_info",
     "init_ca",
     "issue_certificate",
+    "write_admin_token",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,3 +255,45 @@ def certificate_info(cert_path: str | Path) -> CertificateInfo:
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     cn = str(names[0].value) if names else ""
     return CertificateInfo(common_name=cn, not_after=cert.not_valid_after_utc)
+
+
+def write_admin_token(path: str | Path) -> bool:
+    """Write a fresh 256-bit admin bearer token to ``path`` (mode 0600) unless one exists.
+
+    Returns:
+        True if a token was written.
+    """
+    path = Path(path)
+    if path.exists():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_private(path, (secrets.token_urlsafe(32) + "\n").encode())
+    return True
+
+
+def bootstrap(
+    directory: str | Path,
+    *,
+    name: str,
+    parties: tuple[str, ...],
+    dns_names: tuple[str, ...] = (),
+    admin_token: str | Path | None = None,
+) -> dict[str, object]:
+    """Create the CA if it is missing, then a certificate for every party without one (idempotent).
+
+    Returns:
+        What was created: ``{"ca": bool, "issued": [...], "kept": [...], "admin_token": bool}``.
+    """
+    directory = Path(directory)
+    created_ca = not (directory / CA_CERT).exists()
+    if created_ca:
+        init_ca(directory, name=name)
+    issued, kept = [], []
+    for party in parties:
+        if (directory / f"{party}.crt").exists() and (directory / f"{party}.key").exists():
+            kept.append(party)
+            continue
+        issue_certificate(directory, party, out_dir=directory, dns_names=("localhost", *dns_names))
+        issued.append(party)
+    wrote_token = write_admin_token(admin_token) if admin_token is not None else False
+    return {"ca": created_ca, "issued": issued, "kept": kept, "admin_token": wrote_token}

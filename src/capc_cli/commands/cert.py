@@ -84,3 +84,37 @@ def show(cert: Path, fmt: str) -> None:
         },
         fmt,
     )
+
+
+@command.command("bootstrap")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Holds the CA and every party's certificate and key.",
+)
+@click.option("--name", default="capc", show_default=True, help="Federation name (CA common name).")
+@click.option("--party", "parties", multiple=True, required=True, help="A party to certify (repeatable).")
+@click.option("--dns", "dns_names", multiple=True, help="Extra DNS SAN for every party (repeatable).")
+@click.option(
+    "--admin-token",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write a fresh admin bearer token here (mode 0600) if none exists.",
+)
+@format_option
+def bootstrap(
+    directory: Path,
+    name: str,
+    parties: tuple[str, ...],
+    dns_names: tuple[str, ...],
+    admin_token: Path | None,
+    fmt: str,
+) -> None:
+    """Idempotent one-shot provisioning (e.g. a compose job): create the CA if missing, then a certificate
+    for each party that has none. Each party's name is a DNS SAN, so containers named after their party
+    verify each other by name."""
+    from capc_services.tls import bootstrap as provision
+
+    emit(provision(directory, name=name, parties=parties, dns_names=dns_names, admin_token=admin_token), fmt)

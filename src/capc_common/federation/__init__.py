@@ -1,4 +1,5 @@
-"""Library-level objects of a federation: the shared ``federation.yaml`` model and its hash."""
+"""Library-level objects of a federation: the shared ``federation.yaml``, its hash, and what every party
+derives from it alike (privacy costs, MPC parameters, the shared backbone)."""
 
 from capc_common.federation.config import (
     Backbone,
@@ -10,14 +11,22 @@ from capc_common.federation.config import (
     TeacherParty,
     check_party_name,
 )
+from capc_common.federation.costs import BatchCosts, accountant, batch_costs, smallest_quorum_heads
+from capc_common.federation.runtime import load_shared_backbone, mpc_config
 
 __all__ = [
     "Backbone",
+    "BatchCosts",
     "Budget",
     "FederationConfig",
     "Mechanism",
     "Queries",
     "Quorum",
     "TeacherParty",
+    "accountant",
+    "batch_costs",
     "check_party_name",
+    "load_shared_backbone",
+    "mpc_config",
+    "smallest_quorum_heads",
 ]

@@ -3,6 +3,16 @@ numpy ⇄ protobuf conversions. Nothing outside this package imports a ``*_pb2``
 :mod:`capc_common.wire.messages`, stubs and servicers from :mod:`capc_common.wire.rpc`.
 """
 
-from capc_common.wire.serde import RawQuery, digest, ndarray_from_proto, ndarray_to_proto
+from capc_common.wire.serde import (
+    RawQuery,
+    digest,
+    ndarray_from_proto,
+    ndarray_to_proto,
+)
 
-__all__ = ["RawQuery", "digest", "ndarray_from_proto", "ndarray_to_proto"]
+__all__ = [
+    "RawQuery",
+    "digest",
+    "ndarray_from_proto",
+    "ndarray_to_proto",
+]

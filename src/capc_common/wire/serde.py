@@ -78,3 +78,4 @@ class RawQuery:
 def digest(message_bytes: bytes) -> bytes:
     """SHA-256 of a deterministically serialized message (how a batch id is bound to its query)."""
     return hashlib.sha256(message_bytes).digest()
+

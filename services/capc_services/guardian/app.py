@@ -1,0 +1,66 @@
+"""``capc guardian serve``: the guardian process."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from capc_common.privacy import BudgetLedger, SeededNoise, SystemNoise
+from capc_common.wire import rpc
+from capc_services.common.party import PartyRuntime
+from capc_services.common.runtime import start_grpc_server
+from capc_services.guardian.api import router
+from capc_services.guardian.core import Guardian
+from capc_services.guardian.servicer import POLICY, GuardianServicer, add_to_server
+from capc_services.guardian.settings import GuardianSettings
+
+_log = logging.getLogger(__name__)
+
+
+def open_ledger(settings: GuardianSettings) -> BudgetLedger:
+    """Open (or create) the guardian's ledger for the federation's budget."""
+    config = settings.federation_config
+    settings.ledger.parent.mkdir(parents=True, exist_ok=True)
+    return BudgetLedger.open_or_create(
+        settings.ledger,
+        epsilon_limit=config.budget.epsilon,
+        delta=config.budget.delta,
+        order=config.budget.order,
+        config=config.model_dump(mode="json"),
+    )
+
+
+def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
+    """Run the guardian until ``stop`` is set: gRPC (mTLS) for the parties, REST for admins."""
+    party = PartyRuntime(settings, role="guardian")
+    if settings.insecure_noise_seed is not None:
+        _log.warning(
+            "INSECURE: noise comes from a seeded generator; labels are reproducible and NOT private. "
+            "Use only to compare with the central reference.",
+            extra={"seed": settings.insecure_noise_seed},
+        )
+        noise = SeededNoise(settings.insecure_noise_seed)
+    else:
+        noise = SystemNoise()
+    ledger = open_ledger(settings)
+    guardian = Guardian(config=party.config, ledger=ledger, noise=noise, metrics=party.metrics)
+    server = start_grpc_server(
+        bind=settings.grpc.bind,
+        tls=party.tls,
+        register=[add_to_server(GuardianServicer(guardian))],
+        services=[rpc.GUARDIAN_SERVICE],
+        interceptors=[party.interceptor(POLICY)],
+        max_workers=settings.grpc.max_workers,
+    )
+    try:
+        party.start_admin(
+            readiness=lambda: {"grpc": (True, {"port": server.port}), "ledger": (True, str(settings.ledger))},
+            routers=[router(guardian)],
+        )
+        _log.info("guardian ready", extra={"grpc_port": server.port, "admin_port": party.admin_port})
+        stop.wait()
+    finally:
+        server.stop(grace=5)
+        party.stop_admin()
+        ledger.close()
+        _log.info("guardian stopped")

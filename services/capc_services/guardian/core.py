@@ -1,0 +1,351 @@
+"""The privacy guardian's state: the budget ledger, open batches, share seeds, noise and the garbler.
+
+Lifecycle of one batch (DESIGN §3):
+
+* ``open_batch`` reserves the batch's *worst-case* cost on the ledger (every query screened and answered);
+  a batch that does not fit is refused with the requested/remaining/difference figures and nothing changes.
+* ``submit_shares`` collects each teacher party's 16-byte mask seed for one attempt of the batch.
+* ``agree`` fixes the parties both sides compute over (the student's responders whose seeds also arrived
+  before the share deadline). Fewer than the quorum: the reservation is released — the batch costs nothing.
+* ``compute`` draws the discrete Gaussian noise and garbles. The MPC driver calls the commit hook with the
+  pass bits *before* it sends the label decoding bits; the hook settles the ledger (durably), so a crash can
+  over-count spend, never under-count it. Any failure before the commit releases the reservation.
+
+Only open batches are held in memory and each is dropped when it ends, so memory stays flat however many
+batches the federation runs; everything about finished batches lives in the ledger on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from capc_common.aggregation import draw_confident_noise
+from capc_common.errors import CapcError, InputError, IntegrityError, ProtocolError, UnavailableError
+from capc_common.federation import FederationConfig, batch_costs, mpc_config
+from capc_common.mpc import Channel, GarblerSession
+from capc_common.privacy import BudgetLedger, NoiseSource
+from capc_services.common.metrics import PartyMetrics
+
+_log = logging.getLogger(__name__)
+SEED_BYTES = 16
+MECHANISM = "confident-gnmax"
+
+
+class QuorumError(UnavailableError):
+    """Too few teacher parties took part in a batch; it was released and cost nothing."""
+
+
+@dataclass
+class _OpenBatch:
+    batch_id: str
+    count: int
+    digest: bytes
+    opened: float
+    # attempt -> party -> seed
+    seeds: dict[int, dict[str, bytes]] = field(default_factory=dict)
+    computing: bool = False
+
+
+@dataclass(frozen=True)
+class BatchStatus:
+    """Where a batch stands: ``open``, ``settled``, ``released`` or ``unknown``."""
+
+    state: str
+    answered: int = 0
+    detail: str = ""
+
+
+@dataclass
+class PartySeen:
+    """What the guardian knows about one party's activity (for ``/api/v1/parties``)."""
+
+    role: str
+    last_seen: float | None = None
+    batches: int = 0
+
+
+class Guardian:
+    """Thread-safe guardian state shared by the gRPC servicer and the admin API.
+
+    Args:
+        config: the federation config.
+        ledger: the durable two-phase budget ledger.
+        noise: the discrete Gaussian noise source (a CSPRNG-backed one outside tests).
+        metrics: this party's metrics.
+    """
+
+    def __init__(
+        self, *, config: FederationConfig, ledger: BudgetLedger, noise: NoiseSource, metrics: PartyMetrics
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.noise = noise
+        self.metrics = metrics
+        self._mpc = mpc_config(config)
+        self._costs = batch_costs(config)
+        self._lock = threading.Condition()
+        self._open: dict[str, _OpenBatch] = {}
+        self._compute_lock = threading.Lock()
+        self.parties: dict[str, PartySeen] = {
+            config.student: PartySeen(role="student"),
+            **{name: PartySeen(role="teacher") for name in config.teacher_names},
+        }
+
+    # ---------------------------------------------------------------- helpers
+    def _seen(self, party: str, *, batch: bool = False) -> None:
+        seen = self.parties.get(party)
+        if seen is not None:
+            seen.last_seen = time.time()
+            seen.batches += int(batch)
+
+    def _get_open(self, batch_id: str) -> _OpenBatch:
+        batch = self._open.get(batch_id)
+        if batch is None:
+            state = self.status(batch_id).state
+            raise InputError(f"batch {batch_id!r} is not open on the guardian (state {state}); open it first")
+        return batch
+
+    def _release(self, batch_id: str, *, reason: str, actor: str) -> None:
+        with self._lock:
+            self._open.pop(batch_id, None)
+        self.ledger.release(batch_id, reason=reason[:4000], actor=actor)
+        self.metrics.batches.labels(outcome="released").inc()
+        _log.info("batch released", extra={"batch_id": batch_id, "reason": reason})
+
+    # ---------------------------------------------------------------- ledger-facing operations
+    def status(self, batch_id: str) -> BatchStatus:
+        """Where ``batch_id`` stands: ``open`` (reserved), ``settled``, ``released`` or ``unknown``.
+
+        A reservation the ledger holds but this process does not (the guardian restarted) is ``open``: it
+        revealed nothing (settling comes before any reveal), and reopening it re-adopts it.
+        """
+        record = self.ledger.batch(batch_id)
+        if record is None:
+            return BatchStatus(state="unknown")
+        state = {"reserved": "open"}.get(record.state, record.state)
+        return BatchStatus(state=state, answered=record.answered, detail=record.detail)
+
+    def open_batch(
+        self, *, batch_id: str, count: int, digest: bytes, actor: str
+    ) -> tuple[BatchStatus, float]:
+        """Reserve the worst-case cost of a batch; idempotent for the same id and query.
+
+        Returns:
+            The batch's status and the RDP reserved for it (0 if it was already finished).
+
+        Raises:
+            InputError: bad id/count, or the id is known with another query.
+            BudgetExhaustedError: the worst case does not fit the remaining budget (nothing reserved).
+        """
+        if not batch_id or len(batch_id) > 128:
+            raise InputError(f"batch id must be 1-128 characters, got {len(batch_id)}")
+        if not 1 <= count <= self.config.queries.batch_size:
+            raise InputError(
+                f"batch {batch_id} has {count} queries; the federation allows 1 to "
+                f"{self.config.queries.batch_size}"
+            )
+        if len(digest) != 32:
+            raise InputError(f"query digest must be 32 bytes (SHA-256), got {len(digest)}")
+        self._seen(actor)
+        worst = self._costs.worst_case(count)
+        with self._lock:
+            known = self._open.get(batch_id)
+            if known is not None:
+                if (known.count, known.digest) != (count, digest):
+                    raise InputError(f"batch id {batch_id} is already open for another query; use a fresh id")
+                return BatchStatus(state="open"), worst
+        finished = self.status(batch_id)
+        if finished.state in ("settled", "released"):
+            return finished, 0.0
+        try:
+            with self.metrics.stage("ledger"):
+                self.ledger.reserve(
+                    batch_id,
+                    queries=count,
+                    parties=list(self.config.teacher_names),
+                    mechanism=MECHANISM,
+                    params={**self._costs.params, "query_digest": digest.hex()},
+                    worst_case_rdp=worst,
+                    actor=actor,
+                )
+        except IntegrityError as exc:
+            raise InputError(
+                f"batch id {batch_id} was reserved for another query; use a fresh id ({exc})"
+            ) from None
+        with self._lock:
+            self._open.setdefault(
+                batch_id, _OpenBatch(batch_id=batch_id, count=count, digest=digest, opened=time.time())
+            )
+        self.metrics.batches.labels(outcome="opened").inc()
+        _log.info(
+            "batch opened",
+            extra={
+                "batch_id": batch_id,
+                "count": count,
+                "reserved_rdp": worst,
+                "readopted": finished.state == "open",
+            },
+        )
+        return BatchStatus(state="open"), worst
+
+    def abort_batch(self, batch_id: str, *, reason: str, actor: str) -> BatchStatus:
+        """Release an open batch that was never computed (idempotent for finished batches)."""
+        with self._lock:
+            batch = self._open.get(batch_id)
+            if batch is not None and batch.computing:
+                raise InputError(f"batch {batch_id} is being computed; it can no longer be aborted")
+        if self.status(batch_id).state == "open":
+            self._release(batch_id, reason=f"aborted by {actor}: {reason[:2000]}", actor=actor)
+        return self.status(batch_id)
+
+    # ---------------------------------------------------------------- shares and quorum
+    def submit_shares(
+        self, *, batch_id: str, attempt: int, party: str, seed: bytes, shape: Sequence[int]
+    ) -> int:
+        """Record a teacher party's mask seed for one attempt; returns how many parties' seeds it now holds.
+
+        Raises:
+            InputError: unknown batch, wrong seed length or shape, or the batch is already being computed.
+        """
+        if len(seed) != SEED_BYTES:
+            raise InputError(f"{party} sent a {len(seed)}-byte seed; exactly {SEED_BYTES} bytes are required")
+        with self._lock:
+            batch = self._get_open(batch_id)
+            expected = (batch.count, self.config.classes)
+            if tuple(shape) != expected:
+                raise InputError(
+                    f"{party} shared votes of shape {tuple(shape)} for batch {batch_id}; expected {expected}"
+                )
+            if batch.computing:
+                raise InputError(f"batch {batch_id} is already being computed; {party}'s seed came too late")
+            seeds = batch.seeds.setdefault(attempt, {})
+            seeds[party] = bytes(seed)
+            self._lock.notify_all()
+            received = len(seeds)
+        self._seen(party, batch=True)
+        return received
+
+    def agree(self, *, batch_id: str, attempt: int, parties: Sequence[str], actor: str) -> tuple[str, ...]:
+        """Fix the parties of one computation, waiting up to the share deadline for their seeds.
+
+        Returns:
+            The agreed parties in federation order.
+
+        Raises:
+            InputError: unknown parties or batch.
+            QuorumError: fewer than the quorum; the batch was released (it cost nothing).
+        """
+        unknown = sorted(set(parties) - set(self.config.teacher_names))
+        if unknown:
+            raise InputError(f"{actor} listed parties that are not teachers of this federation: {unknown}")
+        wanted = set(parties)
+        deadline = time.monotonic() + self.config.quorum.share_deadline_s
+        with self._lock:
+            batch = self._get_open(batch_id)
+            while True:
+                have = set(batch.seeds.get(attempt, {}))
+                left = deadline - time.monotonic()
+                if wanted <= have or left <= 0:
+                    break
+                self._lock.wait(timeout=left)
+            agreed = tuple(p for p in self.config.teacher_names if p in wanted and p in have)
+            if len(agreed) >= self.config.quorum.min_parties:
+                batch.computing = True
+                # Seeds of other attempts are never used again.
+                batch.seeds = {attempt: batch.seeds[attempt]}
+                return agreed
+        missing = sorted(wanted - have)
+        reason = (
+            f"quorum not met: {len(agreed)} of {len(self.config.teachers)} teacher parties took part "
+            f"(need {self.config.quorum.min_parties}); student offered {sorted(wanted)}, "
+            f"no seed in time from {missing or 'none'}"
+        )
+        self._release(batch_id, reason=reason, actor=actor)
+        raise QuorumError(f"batch {batch_id} aborted, nothing charged: {reason}")
+
+    # ---------------------------------------------------------------- 2PC
+    def session(self, channel: Channel) -> GarblerSession:
+        """A garbler session over one student link (base OT once, then any number of batches)."""
+        return GarblerSession(channel, self._mpc)
+
+    def compute(
+        self, *, batch_id: str, attempt: int, agreed: Sequence[str], session: GarblerSession, actor: str
+    ) -> int:
+        """Garble one agreed batch in ``session`` (the student evaluates); returns how many were answered.
+
+        Raises:
+            ProtocolError: the computation failed. If that happened before the commit point the reservation
+                was released (nothing revealed, nothing charged); after it, the charge stands.
+        """
+        with self._lock:
+            batch = self._get_open(batch_id)
+            seeds = [batch.seeds[attempt][p] for p in agreed]
+            count = batch.count
+        settled: dict[str, int] = {}
+
+        def commit(pass_bits: np.ndarray) -> None:
+            answered = int(np.count_nonzero(pass_bits))
+            with self.metrics.stage("ledger"):
+                self.ledger.settle(
+                    batch_id, answered=answered, actual_rdp=self._costs.actual(count, answered), actor=actor
+                )
+            settled["answered"] = answered
+
+        try:
+            # Noise is drawn in batch order under one lock: the canonical order a seeded source reproduces.
+            with self._compute_lock:
+                z1, z2 = draw_confident_noise(
+                    self.noise,
+                    batch=count,
+                    classes=self.config.classes,
+                    sigma1=self.config.mechanism.sigma1,
+                    sigma2=self.config.mechanism.sigma2,
+                )
+                with self.metrics.stage("garble"):
+                    session.run_batch(
+                        batch_id,
+                        seeds=seeds,
+                        shape=(count, self.config.classes),
+                        z1=z1,
+                        z2=z2,
+                        threshold=math.ceil(self.config.mechanism.threshold),
+                        commit=commit,
+                    )
+        except BaseException as exc:
+            if "answered" not in settled:
+                self._release(batch_id, reason=f"computation failed before commit: {exc}", actor=actor)
+            else:
+                with self._lock:
+                    self._open.pop(batch_id, None)
+            if isinstance(exc, Exception) and not isinstance(exc, CapcError):
+                raise ProtocolError(f"batch {batch_id}: 2PC failed: {exc}") from exc
+            raise
+        with self._lock:
+            self._open.pop(batch_id, None)
+        self.metrics.batches.labels(outcome="settled").inc()
+        _log.info(
+            "batch settled",
+            extra={
+                "batch_id": batch_id,
+                "parties": list(agreed),
+                "answered": settled["answered"],
+                "count": count,
+            },
+        )
+        return settled["answered"]
+
+    # ---------------------------------------------------------------- reporting
+    def budget(self) -> dict[str, Any]:
+        """The ledger summary plus the kind of noise this guardian draws."""
+        summary = dict(self.ledger.summary())
+        summary["noise"] = type(self.noise).__name__
+        summary["noise_secure"] = bool(getattr(self.noise, "secure", True))
+        return summary

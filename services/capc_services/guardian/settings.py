@@ -1,0 +1,42 @@
+"""The guardian's site settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from capc_services.common.settings import SiteSettings, parse_bind
+
+
+class GrpcSettings(BaseModel):
+    """Where a party's gRPC server listens."""
+
+    model_config = ConfigDict(extra="forbid")
+    bind: str = "0.0.0.0:50051"
+    max_workers: int = Field(default=32, ge=4, le=1024)
+
+    @field_validator("bind")
+    @classmethod
+    def _bind(cls, value: str) -> str:
+        parse_bind(value)
+        return value
+
+
+class GuardianSettings(SiteSettings):
+    """``capc guardian serve --site FILE``.
+
+    Attributes:
+        grpc: the gRPC listener (student and teachers connect here).
+        ledger: the budget ledger's file (durable; back it up).
+        insecure_noise_seed: draw noise from a *seeded* generator — reproducible, hence not private.
+            Only for tests that compare the federation with the central reference; the guardian logs a
+            warning and reports it on ``/api/v1/budget``.
+    """
+
+    grpc: GrpcSettings = GrpcSettings()
+    ledger: Path
+    insecure_noise_seed: str | None = None
+
+    def check_role(self) -> None:
+        self._require_role("guardian")

@@ -1,0 +1,165 @@
+"""The student's calls to the guardian: open/abort/status of batches and the evaluator side of the 2PC."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+import numpy as np
+
+from capc_common.errors import CapcError, ProtocolError, UnavailableError
+from capc_common.federation import FederationConfig, mpc_config
+from capc_common.mpc import EvaluatorSession, sum_shares
+from capc_common.wire import messages as pb
+from capc_common.wire import rpc
+from capc_services.common.errors import error_from_rpc
+from capc_services.common.interceptors import ConfigHashClientInterceptor, check_peer_hash
+from capc_services.common.streams import FrameChannel
+from capc_services.tls import TlsFiles
+
+_log = logging.getLogger(__name__)
+
+
+class BatchRefused(UnavailableError):
+    """The guardian will not compute a batch (e.g. quorum not met: released, cost nothing); stream intact."""
+
+
+STATE_NAMES = {v: k.removeprefix("BATCH_STATE_").lower() for k, v in pb.BatchState.items()}
+
+
+class GuardianClient:
+    """A mutual-TLS client of the guardian, pinned to the guardian's certificate name.
+
+    Args:
+        config: the federation config (its hash goes with every call).
+        tls: the student's TLS files.
+        address: ``host:port`` of the guardian.
+        timeout: seconds for unary calls.
+    """
+
+    def __init__(
+        self, *, config: FederationConfig, tls: TlsFiles, address: str, timeout: float = 60.0
+    ) -> None:
+        self._config = config
+        self._peer = config.guardian
+        self._hash = config.config_hash()
+        self._channel = tls.channel(
+            address, peer=self._peer, interceptors=(ConfigHashClientInterceptor(self._hash, peer=self._peer),)
+        )
+        self._stub = rpc.GuardianServiceStub(self._channel)
+        self._mpc = mpc_config(config)
+        self._timeout = timeout
+        self._stream: tuple[FrameChannel, EvaluatorSession, object] | None = None
+
+    def close(self) -> None:
+        """End the Compute stream and close the channel."""
+        self._drop_session()
+        self._channel.close()
+
+    def wait_ready(self, *, timeout: float) -> None:
+        """Block until the channel connects (TLS handshake included).
+
+        Raises:
+            UnavailableError: not within ``timeout`` seconds.
+        """
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise UnavailableError(
+                f"guardian did not accept a TLS connection within {timeout:.0f} s; check its address and "
+                "that both parties' certificates come from the same CA"
+            ) from None
+
+    def _call(self, method: str, request: object) -> object:
+        try:
+            return getattr(self._stub, method)(request, timeout=self._timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, peer=self._peer) from None
+
+    def open_batch(self, batch_id: str, *, count: int, digest: bytes) -> pb.OpenBatchReply:
+        """Reserve a batch (raises BudgetExhaustedError when its worst case does not fit)."""
+        reply = self._call(
+            "OpenBatch", pb.OpenBatchRequest(batch_id=batch_id, count=count, query_digest=digest)
+        )
+        assert isinstance(reply, pb.OpenBatchReply)
+        return reply
+
+    def abort_batch(self, batch_id: str, *, reason: str) -> str:
+        """Release an open batch; returns its state name."""
+        reply = self._call("AbortBatch", pb.AbortBatchRequest(batch_id=batch_id, reason=reason))
+        assert isinstance(reply, pb.BatchStatusReply)
+        return STATE_NAMES[reply.state]
+
+    def status(self, batch_id: str) -> pb.BatchStatusReply:
+        """Where a batch stands on the guardian."""
+        reply = self._call("BatchStatus", pb.BatchStatusRequest(batch_id=batch_id))
+        assert isinstance(reply, pb.BatchStatusReply)
+        return reply
+
+    def _session(self) -> tuple[FrameChannel, EvaluatorSession, object]:
+        """The open Compute stream and its MPC session, opening them if needed (base OT on first use)."""
+        if self._stream is None:
+            channel = FrameChannel(
+                None, peer=self._peer, on_error=lambda e: error_from_rpc(e, peer=self._peer)
+            )
+            call = self._stub.Compute(channel.outgoing())
+            channel.attach(call)
+            self._stream = (channel, EvaluatorSession(channel, self._mpc), call)
+        return self._stream
+
+    def _drop_session(self) -> None:
+        if self._stream is not None:
+            channel, _, call = self._stream
+            channel.close()
+            call.cancel()  # type: ignore[attr-defined]
+            self._stream = None
+
+    def compute(
+        self, batch_id: str, *, attempt: int, shares: dict[str, np.ndarray]
+    ) -> tuple[np.ndarray, tuple[str, ...], int]:
+        """Run the 2PC for one batch as the evaluator, on the long-lived Compute stream.
+
+        Args:
+            batch_id: the open batch.
+            attempt: the attempt whose shares these are.
+            shares: the student's share of each responding party's votes, ``(count, classes)`` in Z_{2^w}.
+
+        Returns:
+            ``(labels, agreed_parties, bytes_on_the_wire)``; labels are −1 where a query was not answered.
+
+        Raises:
+            UnavailableError: the guardian refused the batch (quorum not met: it was released and cost
+                nothing); the stream stays open.
+            ProtocolError: the computation failed (the stream is dropped; the next batch opens a new one).
+        """
+        channel, session, call = self._session()
+        before = channel.bytes_sent + channel.bytes_received
+        try:
+            channel.send_message(
+                pb.ComputeMessage(
+                    start=pb.ComputeStart(batch_id=batch_id, attempt=attempt, parties=sorted(shares))
+                )
+            )
+            reply = channel.recv_message()
+            check_peer_hash(call.initial_metadata(), expected=self._hash, peer=self._peer)  # type: ignore[attr-defined]
+            kind = reply.WhichOneof("kind")
+            if kind == "refused":
+                raise BatchRefused(f"guardian refused batch {batch_id}: {reply.refused.reason}")
+            if kind != "agreed":
+                raise ProtocolError(f"guardian answered ComputeStart with {kind}")
+            agreed = tuple(reply.agreed.parties)
+            extra = sorted(set(agreed) - set(shares))
+            if extra:
+                raise ProtocolError(f"guardian agreed on parties the student has no share from: {extra}")
+            total = sum_shares([shares[p] for p in agreed], width=self._mpc.width)
+            labels = session.run_batch(batch_id, share_sum=total)
+        except BatchRefused:
+            raise
+        except CapcError:
+            self._drop_session()
+            raise
+        except grpc.RpcError as exc:
+            self._drop_session()
+            raise error_from_rpc(exc, peer=self._peer) from None
+        nbytes = channel.bytes_sent + channel.bytes_received - before
+        return np.asarray(labels, dtype=np.int64), agreed, nbytes

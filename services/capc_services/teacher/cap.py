@@ -1,0 +1,108 @@
+"""A teacher party's own worst-case ε cap, enforced locally (DESIGN §4).
+
+A hospital does not have to trust the guardian's ledger to bound its exposure: before releasing any share
+it charges, on a durable record of its own, the worst case the batch could cost (every query screened and
+answered) at the federation's public parameters, and refuses once the cap would be crossed. Every set of
+shares it hands out is counted — a re-collected batch counts again — so the record only ever over-counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from capc_common.errors import InputError, IntegrityError
+from capc_common.federation import FederationConfig, batch_costs
+from capc_common.privacy import RenyiFilter
+
+
+class LocalCap:
+    """Durable, append-only record of the shares a teacher party released, with its ε cap.
+
+    Args:
+        path: the record (JSON lines; created with its directory).
+        config: the federation config (public parameters of the cost).
+        epsilon_cap: the most ε this party accepts, at the federation's δ and order.
+
+    Raises:
+        InputError: a non-positive cap.
+        IntegrityError: the record belongs to another federation config or is corrupt.
+    """
+
+    def __init__(self, path: str | Path, *, config: FederationConfig, epsilon_cap: float) -> None:
+        if not epsilon_cap > 0:
+            raise InputError(f"the local epsilon cap must be > 0, got {epsilon_cap}")
+        self.path = Path(path)
+        self.cap = float(epsilon_cap)
+        self._costs = batch_costs(config)
+        self._filter = RenyiFilter.for_budget(
+            epsilon=epsilon_cap, delta=config.budget.delta, order=config.budget.order
+        )
+        self._hash = config.config_hash()
+        self._lock = threading.Lock()
+        self.batches = 0
+        self.queries = 0
+        self._load()
+
+    def _load(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            return
+        for number, line in enumerate(self.path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                if entry["config_hash"] != self._hash:
+                    raise IntegrityError(
+                        f"{self.path} line {number} was written under another federation config "
+                        f"({entry['config_hash'][:16]}); give this federation its own record"
+                    )
+                self._filter.charges.append(float(entry["rdp"]))  # admitted when it was written
+                self.queries += int(entry["count"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise IntegrityError(
+                    f"{self.path} line {number} is corrupt ({exc}); restore it from backup"
+                ) from None
+            self.batches += 1
+
+    @property
+    def epsilon(self) -> float:
+        """Worst-case ε spent so far (0 before any batch)."""
+        return self._filter.epsilon_spent if self._filter.charges else 0.0
+
+    @property
+    def rdp(self) -> float:
+        """Worst-case RDP spent so far at the federation's order."""
+        return self._filter.spent_rdp
+
+    def charge(self, *, batch_id: str, attempt: int, count: int) -> float:
+        """Durably count one batch's worst case before its shares leave; returns ε after it.
+
+        Raises:
+            BudgetExhaustedError: the batch would cross the cap (nothing is recorded); the message gives
+                the requested, remaining and missing RDP.
+        """
+        rdp = self._costs.worst_case(count)
+        with self._lock:
+            self._filter.charge(
+                rdp, what=f"this party's local cap: batch {batch_id} ({count} queries, worst case)"
+            )
+            entry = {
+                "batch_id": batch_id,
+                "attempt": attempt,
+                "count": count,
+                "rdp": rdp,
+                "time": time.time(),
+                "config_hash": self._hash,
+            }
+            with self.path.open("a") as handle:
+                handle.write(json.dumps(entry, sort_keys=True) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            self.batches += 1
+            self.queries += count
+            return self.epsilon

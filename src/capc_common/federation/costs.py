@@ -1,0 +1,84 @@
+"""What a batch costs in privacy, at the federation's fixed Rényi order (DESIGN §4).
+
+Data-independent: every query pays the exact screening supremum, every answered query pays GNMax's
+``λ/σ2²``. When a batch may proceed with a partial quorum, the fewest votes a query can receive is the heads
+of the smallest quorum, and the screening supremum is taken over that wider range, so one per-query figure
+is valid whichever parties take part. The guardian's ledger and every teacher party's local cap charge
+exactly these figures; the accountant of :mod:`capc_common.privacy` computes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from capc_common.federation.config import FederationConfig
+from capc_common.privacy import ConfidentGNMaxAccountant
+from capc_common.privacy.analysis import epsilon_at_order
+
+
+@dataclass(frozen=True)
+class BatchCosts:
+    """Per-query RDP figures of one federation and the arithmetic built on them.
+
+    Attributes:
+        order: the filter's fixed Rényi order λ.
+        delta: the federation's δ.
+        query_rdp: screening cost of one query at λ.
+        answer_rdp: GNMax cost of one answered query at λ.
+        params: the mechanism's public parameters (recorded with every ledger entry).
+    """
+
+    order: float
+    delta: float
+    query_rdp: float
+    answer_rdp: float
+    params: dict[str, Any]
+
+    def worst_case(self, count: int) -> float:
+        """RDP of a batch of ``count`` queries if all were answered (what is reserved before computing)."""
+        return count * (self.query_rdp + self.answer_rdp)
+
+    def actual(self, count: int, answered: int) -> float:
+        """RDP of a batch once its pass bits are known."""
+        return count * self.query_rdp + answered * self.answer_rdp
+
+    def epsilon(self, rdp: float) -> float:
+        """ε at the federation's δ of an RDP total at λ (improved conversion, never below 0)."""
+        return max(0.0, float(epsilon_at_order(self.order, rdp, delta=self.delta)))
+
+
+def smallest_quorum_heads(config: FederationConfig) -> int:
+    """Fewest teacher heads that can vote on a batch: the ``min_parties`` smallest parties together."""
+    heads = sorted(t.heads for t in config.teachers)
+    return sum(heads[: config.quorum.min_parties])
+
+
+def accountant(config: FederationConfig) -> ConfidentGNMaxAccountant:
+    """A fresh accountant with the federation's public parameters (the reference the ledger must match)."""
+    fewest = smallest_quorum_heads(config)
+    m = config.mechanism
+    return ConfidentGNMaxAccountant(
+        teachers=config.total_heads,
+        classes=config.classes,
+        threshold=m.threshold,
+        sigma1=m.sigma1,
+        sigma2=m.sigma2,
+        noise="discrete",
+        min_teachers=None if fewest == config.total_heads else fewest,
+    )
+
+
+def batch_costs(config: FederationConfig) -> BatchCosts:
+    """The per-query figures of ``config`` at its fixed order."""
+    acc = accountant(config)
+    order = np.array([config.budget.order], dtype=np.float64)
+    return BatchCosts(
+        order=config.budget.order,
+        delta=config.budget.delta,
+        query_rdp=float(acc.query_rdp(order)[0]),
+        answer_rdp=float(acc.answer_rdp(order)[0]),
+        params={**acc.params(), "order": config.budget.order},
+    )

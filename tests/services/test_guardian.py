@@ -1,0 +1,200 @@
+"""The guardian over real mutual-TLS gRPC: ledger, quorum, commit-before-reveal, idempotent ids, budget."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from capc_services.common.interceptors import AuthInterceptor, ConfigHashClientInterceptor
+from capc_services.common.metrics import PartyMetrics
+from capc_services.common.runtime import GrpcServer, start_grpc_server
+from capc_services.guardian.core import Guardian
+from capc_services.guardian.servicer import POLICY, GuardianServicer, add_to_server
+from capc_services.student.guardian_client import BatchRefused, GuardianClient
+from capc_services.tls import TlsFiles, certificate_info
+
+from capc_common.aggregation import confident_rule, draw_confident_noise
+from capc_common.errors import BudgetExhaustedError, InputError
+from capc_common.federation import FederationConfig, batch_costs, mpc_config
+from capc_common.mpc import share_votes
+from capc_common.privacy import BudgetLedger, SeededNoise
+from capc_common.wire import messages as pb
+from capc_common.wire import rpc
+
+SEED = "guardian-test"
+
+
+def _files(pki: Path, party: str) -> TlsFiles:
+    return TlsFiles(ca=pki / "ca.crt", cert=pki / f"{party}.crt", key=pki / f"{party}.key")
+
+
+class Setup:
+    def __init__(self, pki: Path, tmp_path: Path, config: FederationConfig) -> None:
+        self.pki, self.config = pki, config
+        self.ledger = BudgetLedger.open_or_create(
+            tmp_path / "ledger.sqlite",
+            epsilon_limit=config.budget.epsilon,
+            delta=config.budget.delta,
+            order=config.budget.order,
+            config=config.model_dump(mode="json"),
+        )
+        metrics = PartyMetrics(
+            party="guardian", role="guardian", config_hash=config.config_hash(),
+            certificate=certificate_info(pki / "guardian.crt"),
+        )  # fmt: skip
+        self.guardian = Guardian(config=config, ledger=self.ledger, noise=SeededNoise(SEED), metrics=metrics)
+        self.server: GrpcServer = start_grpc_server(
+            bind="127.0.0.1:0",
+            tls=_files(pki, "guardian"),
+            register=[add_to_server(GuardianServicer(self.guardian))],
+            services=[rpc.GUARDIAN_SERVICE],
+            interceptors=[AuthInterceptor(config=config, policy=POLICY)],
+            max_workers=8,
+        )
+        self.address = f"127.0.0.1:{self.server.port}"
+        self.student = GuardianClient(
+            config=config, tls=_files(pki, "student"), address=self.address, timeout=20
+        )
+
+    def teacher_stub(self, party: str):
+        interceptor = ConfigHashClientInterceptor(self.config.config_hash(), peer="guardian")
+        return rpc.GuardianServiceStub(
+            _files(self.pki, party).channel(self.address, peer="guardian", interceptors=(interceptor,))
+        )
+
+    def share(
+        self, batch_id: str, votes: dict[str, np.ndarray], *, attempt: int = 1
+    ) -> dict[str, np.ndarray]:
+        width = mpc_config(self.config).width
+        shares = {}
+        for party, v in votes.items():
+            seed, share = share_votes(v, width=width)
+            request = pb.SubmitSharesRequest(
+                batch_id=batch_id, attempt=attempt, party=party, seed=seed, shape=v.shape
+            )
+            self.teacher_stub(party).SubmitShares(request, timeout=20)
+            shares[party] = share
+        return shares
+
+    def close(self) -> None:
+        self.student.close()
+        self.server.stop(0)
+        self.ledger.close()
+
+
+@pytest.fixture
+def setup(pki: Path, tmp_path: Path, federation_dict) -> Iterator[Setup]:
+    config = FederationConfig.from_dict(
+        federation_dict(
+            quorum={"min_parties": 2, "vote_deadline_s": 5, "share_deadline_s": 0.5},
+            mechanism={"threshold": 3, "sigma1": 2.0, "sigma2": 1.5},
+            budget={"epsilon": 300.0, "delta": 1e-5, "order": 10},
+        )
+    )
+    s = Setup(pki, tmp_path, config)
+    yield s
+    s.close()
+
+
+def _votes(rng: np.random.Generator, heads: int, count: int) -> np.ndarray:
+    probabilities = np.full(10, 0.05)
+    probabilities[3] = 0.55
+    return rng.multinomial(heads, probabilities, size=count).astype(np.int64)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+def test_batches_give_the_plaintext_labels_and_charge_the_ledger(setup: Setup) -> None:
+    # Prepare
+    config, rng = setup.config, np.random.default_rng(1)
+    reference_noise = SeededNoise(SEED)
+    costs = batch_costs(config)
+    for index, count in enumerate((32, 16)):
+        batch_id = f"b{index}"
+        votes = {"hospital-a": _votes(rng, 2, count), "hospital-b": _votes(rng, 3, count)}
+        # Execute
+        reply = setup.student.open_batch(batch_id, count=count, digest=_digest(batch_id))
+        shares = setup.share(batch_id, votes)
+        labels, agreed, nbytes = setup.student.compute(batch_id, attempt=1, shares=shares)
+        # Assert
+        z1, z2 = draw_confident_noise(
+            reference_noise,
+            batch=count,
+            classes=10,
+            sigma1=config.mechanism.sigma1,
+            sigma2=config.mechanism.sigma2,
+        )
+        want = confident_rule(
+            votes["hospital-a"] + votes["hospital-b"], threshold=config.mechanism.threshold, z1=z1, z2=z2
+        )
+        np.testing.assert_array_equal(labels, want)
+        assert agreed == ("hospital-a", "hospital-b")
+        assert nbytes > 0
+        assert reply.reserved_rdp == pytest.approx(costs.worst_case(count))
+        record = setup.ledger.batch(batch_id)
+        assert record.state == "settled"
+        assert record.answered == int((want >= 0).sum())
+        assert record.actual_rdp == pytest.approx(costs.actual(count, record.answered), rel=1e-12, abs=1e-12)
+    assert setup.student.status("b0").state == pb.BatchState.Value("BATCH_STATE_SETTLED")
+
+
+def test_missing_seed_below_quorum_releases_the_batch_and_keeps_the_stream(setup: Setup) -> None:
+    rng = np.random.default_rng(2)
+    setup.student.open_batch("lonely", count=16, digest=_digest("lonely"))
+    shares = setup.share("lonely", {"hospital-a": _votes(rng, 2, 16)})
+    fake_b = shares["hospital-a"]  # the student believes b answered, but b's seed never reached the guardian
+    with pytest.raises(BatchRefused, match=r"quorum not met: 1 of 2 .*hospital-b"):
+        setup.student.compute("lonely", attempt=1, shares={**shares, "hospital-b": fake_b})
+    assert setup.ledger.batch("lonely").state == "released"
+    assert setup.ledger.summary()["spent_rdp"] == 0
+    # the same Compute stream carries the next batch
+    setup.student.open_batch("next", count=16, digest=_digest("next"))
+    votes = {"hospital-a": _votes(rng, 2, 16), "hospital-b": _votes(rng, 3, 16)}
+    labels, _, _ = setup.student.compute("next", attempt=1, shares=setup.share("next", votes))
+    assert labels.shape == (16,)
+
+
+def test_open_is_idempotent_and_bound_to_its_query(setup: Setup) -> None:
+    first = setup.student.open_batch("b", count=16, digest=_digest("b"))
+    again = setup.student.open_batch("b", count=16, digest=_digest("b"))
+    assert again.state == first.state == pb.BatchState.Value("BATCH_STATE_OPEN")
+    assert setup.ledger.summary()["open_batches"] == 1
+    with pytest.raises(InputError, match="already open for another query"):
+        setup.student.open_batch("b", count=16, digest=_digest("other"))
+    assert setup.student.abort_batch("b", reason="test") == "released"
+    reopened = setup.student.open_batch("b", count=16, digest=_digest("b"))
+    assert reopened.state == pb.BatchState.Value("BATCH_STATE_RELEASED")
+
+
+def test_budget_exhaustion_names_requested_remaining_and_difference(setup: Setup, federation_dict) -> None:
+    costs = batch_costs(setup.config)
+    budget = setup.ledger.budget_rdp
+    fits = int(budget // costs.worst_case(16))
+    for index in range(fits):
+        setup.student.open_batch(f"b{index}", count=16, digest=_digest(f"b{index}"))
+    with pytest.raises(BudgetExhaustedError, match=r"needs RDP .* but only .* remains .* short by"):
+        setup.student.open_batch("one-too-many", count=16, digest=_digest("x"))
+    assert setup.ledger.batch("one-too-many") is None
+
+
+def test_a_teacher_cannot_submit_for_another_party_or_act_as_student(setup: Setup) -> None:
+    setup.student.open_batch("b", count=16, digest=_digest("b"))
+    stub = setup.teacher_stub("hospital-a")
+    request = pb.SubmitSharesRequest(
+        batch_id="b", attempt=1, party="hospital-b", seed=b"\0" * 16, shape=[16, 10]
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        stub.SubmitShares(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with pytest.raises(grpc.RpcError) as info:
+        stub.OpenBatch(pb.OpenBatchRequest(batch_id="x", count=16, query_digest=_digest("x")), timeout=10)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    bad = pb.SubmitSharesRequest(batch_id="b", attempt=1, party="hospital-a", seed=b"\0" * 15, shape=[16, 10])
+    with pytest.raises(grpc.RpcError, match="16 bytes"):
+        stub.SubmitShares(bad, timeout=10)
