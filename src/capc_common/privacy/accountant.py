@@ -114,6 +114,8 @@ class ConfidentGNMaxAccountant(Accountant):
             raise InputError(f"noise must be 'discrete' or 'continuous', got {noise!r}")
         self.noise = noise
         self.min_teachers = None if min_teachers is None else count("min_teachers", min_teachers, minimum=1)
+        if self.min_teachers is not None and self.min_teachers > self.teachers:
+            raise InputError(f"min_teachers {self.min_teachers} exceeds teachers {self.teachers}")
         self.queries = 0
         self.answered = 0
         self._screening_cache: dict[bytes, npt.NDArray[np.float64]] = {}

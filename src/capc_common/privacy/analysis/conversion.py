@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 import numpy.typing as npt
+
 from capc_common.errors import InputError
 from capc_common.privacy.analysis._checks import non_negative, probability
 from capc_common.privacy.analysis.orders import as_orders
@@ -86,12 +87,16 @@ def epsilon_from_rdp(
         method: ``"improved"`` (default) or ``"classic"``.
 
     Returns:
-        ``(ε, order)``; ε is never negative (a negative bound still proves (0, δ)-DP).
+        ``(ε, order)``; ε is never negative (a negative bound still proves (0, δ)-DP), and a curve that is
+        zero everywhere (nothing released) gives ε = 0 at the largest order.
 
     Raises:
         InputError: mismatched or invalid inputs.
     """
     lam, values = _curve(orders, rdp)
+    if not np.any(values):
+        probability("delta", delta)
+        return 0.0, float(lam.max())
     eps = epsilon_at_order(lam, values, delta=delta, method=method)
     best = int(np.argmin(eps))
     return max(0.0, float(eps[best])), float(lam[best])

@@ -29,17 +29,9 @@ from capc_common.privacy.analysis.orders import as_orders
 
 __all__ = ["rdp_subsampled_gaussian"]
 
-_STOP = 40.0  # stop a series once its terms are e^-40 below the running sum
-_MAX_CANCELLATION = math.log(1e8)
-
-
-def _log_binom(
-    n: float, k: npt.NDArray[np.float64]
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """``log|C(n, k)|`` and ``sign(C(n, k))`` for real n and integer k ≥ 0."""
-    # gammaln is log|Γ|; the sign of C(n, k) for k > n alternates like (-1)^(k - ⌈n⌉).
-    log_abs = special.gammaln(n + 1) - special.gammaln(k + 1) - special.gammaln(n - k + 1)
-    return log_abs, np.sign(special.binom(n, k))
+_TOLERANCE = math.log(1e-16)  # stop once a term is below 1e-16 of the partial sum
+_CHUNK = 8192
+_MAX_TERMS = 1 << 20
 
 
 def _log_a_integer(q: float, sigma: float, order: int) -> float:
@@ -55,55 +47,60 @@ def _log_a_integer(q: float, sigma: float, order: int) -> float:
     return float(special.logsumexp(log_terms))
 
 
-def _signed_log_sum(log_abs: npt.NDArray[np.float64], sign: npt.NDArray[np.float64]) -> float:
-    """``log Σ sign_i·exp(log_abs_i)``, or the log of the sum of magnitudes if signs cancelled too much.
+def _log_a_convex(q: float, sigma: float, order: float) -> float:
+    """Upper bound on ``log A_λ`` from the convexity of ``λ ↦ log A_λ`` between neighbouring integers.
 
-    The magnitudes' sum is an upper bound (what dp-accounting uses for every fractional order); it is taken
-    when cancellation would leave fewer than about eight correct digits, so rounding never under-reports.
+    ``log A_λ = log E[X^λ]`` is convex in λ (Hölder), and ``log A_1 = 0``.
     """
-    magnitude = float(special.logsumexp(log_abs))
-    total, total_sign = special.logsumexp(log_abs, b=sign, return_sign=True)
-    if total_sign <= 0 or magnitude - float(total) > _MAX_CANCELLATION:
-        return magnitude
-    return float(total)
+    low = math.floor(order)
+    log_low = 0.0 if low == 1 else _log_a_integer(q, sigma, low)
+    log_high = _log_a_integer(q, sigma, low + 1)
+    t = order - low
+    return (1 - t) * log_low + t * log_high
 
 
 def _log_a_fractional(q: float, sigma: float, order: float) -> float:
+    """``log A_λ`` for fractional λ from the series of Section 3.3, or the convexity bound.
+
+    The two series share the coefficient ``C(λ, k)``, whose sign is ``(-1)^(k - ⌈λ⌉)`` past ``k = ⌈λ⌉``:
+    the combined terms alternate, so once their magnitudes decrease the truncation error is below the last
+    term, which is added to make the result an upper bound. Slowly converging cases (terms decaying only
+    polynomially, e.g. large ``q``) that do not reach 1e-16 within 2^20 terms use :func:`_log_a_convex`.
+    """
     z0 = sigma * sigma * math.log(1 / q - 1) + 0.5
     log_q, log_1mq = math.log(q), math.log1p(-q)
-    terms: list[npt.NDArray[np.float64]] = []
-    signs: list[npt.NDArray[np.float64]] = []
+    first_negative = math.ceil(order)
+    total, total_sign = -math.inf, 1.0
     start = 0
-    chunk = max(64, math.ceil(order) + 16)
-    while True:
-        k = np.arange(start, start + chunk, dtype=np.float64)
-        log_c, sign = _log_binom(order, k)
+    while start < _MAX_TERMS:
+        k = np.arange(start, start + _CHUNK, dtype=np.float64)
         j = order - k
+        log_c = special.gammaln(order + 1) - special.gammaln(k + 1) - special.gammaln(j + 1)
+        sign = np.where((k >= first_negative) & ((k - first_negative) % 2 == 1), -1.0, 1.0)
         log_first = (
-            log_c
-            + k * log_q
-            + j * log_1mq
-            + (k * k - k) / (2 * sigma**2)
-            + math.log(0.5)
+            k * log_q + j * log_1mq + (k * k - k) / (2 * sigma**2)
             + _log_erfc((k - z0) / (math.sqrt(2) * sigma))
-        )
+        )  # fmt: skip
         log_second = (
-            log_c
-            + j * log_q
-            + k * log_1mq
-            + (j * j - j) / (2 * sigma**2)
-            + math.log(0.5)
+            j * log_q + k * log_1mq + (j * j - j) / (2 * sigma**2)
             + _log_erfc((z0 - j) / (math.sqrt(2) * sigma))
-        )
-        terms += [log_first, log_second]
-        signs += [sign, sign]
-        start += chunk
-        running = _signed_log_sum(np.concatenate(terms), np.concatenate(signs))
-        tail = max(float(log_first[-16:].max()), float(log_second[-16:].max()))
-        if start > order and tail < running - _STOP:
-            return running
-        if start > 100_000:
-            raise ArithmeticError(f"subsampled-Gaussian series did not converge at order {order}")
+        )  # fmt: skip
+        log_term = log_c + math.log(0.5) + np.logaddexp(log_first, log_second)
+        chunk_sum, chunk_sign = special.logsumexp(log_term, b=sign, return_sign=True)
+        if chunk_sign != 0:
+            total, total_sign = special.logsumexp(
+                [total, chunk_sum], b=[total_sign, chunk_sign], return_sign=True
+            )
+        start += _CHUNK
+        tail = log_term[k > first_negative]
+        if (
+            total_sign > 0
+            and tail.size > 1
+            and bool(np.all(np.diff(tail) <= 0))
+            and float(tail[-1]) < float(total) + _TOLERANCE
+        ):
+            return float(np.logaddexp(total, tail[-1]))
+    return _log_a_convex(q, sigma, order)
 
 
 def _log_erfc(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
