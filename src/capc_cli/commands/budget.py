@@ -212,6 +212,7 @@ def plan_command(
         noise=noise,
     )
     if plot is not None:
+        plot.parent.mkdir(parents=True, exist_ok=True)
         _plot_plan(result, plot)
         result["plot"] = str(plot)
     emit(result, fmt, _plan_text)
