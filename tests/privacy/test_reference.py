@@ -17,12 +17,14 @@ from capc_common.privacy.analysis import (
     gaussian_delta,
     log_pass_probability,
     log_q_gnmax,
+    rdp_gaussian,
     rdp_gnmax_data_dependent,
     rdp_gnmax_data_independent,
     rdp_screening_at,
     rdp_screening_exact,
     rdp_threshold_data_dependent,
     rdp_threshold_gaussian,
+    rdp_zcdp,
 )
 
 REL = 1e-9
@@ -209,3 +211,18 @@ def test_discrete_gaussian_facts() -> None:
     close(discrete_gaussian_delta(1.0, sigma=1.0), 1.413513394056e-01)
     close(gaussian_delta(1.0, mu=1.0), 1.269367375066e-01)
     close(discrete_gaussian_delta(0.2, sigma=10.0), 9.399225473452e-04)
+
+
+def test_discrete_gaussian_has_the_gaussian_rdp() -> None:
+    """ρ = Δ²/(2σ²) for integer queries: the divergence of integer shifts, summed directly, is ≤ λΔ²/(2σ²)."""
+    sigma, shift = 1.0, 1
+    x = np.arange(-60, 61, dtype=float)
+    log_p = -(x**2) / (2 * sigma**2)
+    log_p -= special.logsumexp(log_p)
+    log_q = -((x - shift) ** 2) / (2 * sigma**2)
+    log_q -= special.logsumexp(log_q)
+    orders = np.array([1.5, 2.0, 5.0, 10.0])
+    direct = np.array([special.logsumexp(a * log_p + (1 - a) * log_q) / (a - 1) for a in orders])
+    bound = rdp_zcdp(orders, rho=shift**2 / (2 * sigma**2))
+    close(bound, rdp_gaussian(orders, sigma=sigma, sensitivity=shift), rel=1e-15)
+    assert np.all(direct <= bound * (1 + 1e-12)) and np.all(direct >= 0.999 * bound)

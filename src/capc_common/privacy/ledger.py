@@ -35,9 +35,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError
+from capc_common.privacy.accountant import ConfidentGNMaxAccountant
 from capc_common.privacy.analysis import rdp_budget_at_order
 from capc_common.privacy.analysis._checks import count, non_negative, positive, probability
 from capc_common.privacy.filter import RenyiFilter, refusal_message
+from capc_common.privacy.planning import plan
 
 __all__ = ["BatchRecord", "BudgetLedger", "Entry", "VerificationReport"]
 
@@ -289,7 +291,7 @@ class BudgetLedger:
         delta: float,
         config: Mapping[str, Any],
         order: float | None = None,
-        workload: Any = None,
+        workload: ConfidentGNMaxAccountant | None = None,
         answer_rate: float = 1.0,
     ) -> BudgetLedger:
         """Create a new ledger file for an (ε, δ) budget enforced by a Rényi filter at ``order``.
@@ -304,8 +306,8 @@ class BudgetLedger:
             config: mechanism parameters / federation identity; stored, and hashed into the chain.
             order: the filter's order; if omitted, ``workload`` must be given and the planner picks the order
                 that fits the most queries at ``answer_rate``.
-            workload: a :class:`~capc_common.privacy.accountant.ConfidentGNMaxAccountant` describing the
-                mechanism, used only when ``order`` is omitted.
+            workload: the mechanism's accountant (its parameters, not its history), used only when
+                ``order`` is omitted.
             answer_rate: expected fraction of queries answered, for the planner.
 
         Raises:
@@ -368,10 +370,9 @@ class BudgetLedger:
         return cls.open(target)
 
     @staticmethod
-    def _planned_order(workload: Any, *, epsilon: float, delta: float, answer_rate: float) -> float:
-        from capc_common.privacy.accountant import ConfidentGNMaxAccountant
-        from capc_common.privacy.planning import plan
-
+    def _planned_order(
+        workload: ConfidentGNMaxAccountant | None, *, epsilon: float, delta: float, answer_rate: float
+    ) -> float:
         if not isinstance(workload, ConfidentGNMaxAccountant):
             raise InputError(
                 "give the filter order, or a ConfidentGNMaxAccountant workload for the planner to pick it "
