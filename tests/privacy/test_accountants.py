@@ -25,6 +25,8 @@ from capc_common.privacy.analysis import (
     epsilon_from_zcdp,
     log_pass_probability,
     log_q_gnmax,
+    rdp_budget_at_order,
+    rdp_budget_curve,
     rdp_gnmax_data_dependent,
     rdp_gnmax_data_independent,
     rdp_screening_exact,
@@ -153,3 +155,13 @@ def test_discrete_and_continuous_screening_differ_but_both_are_bounded() -> None
     assert not np.allclose(cont, disc, rtol=1e-9, atol=0)
     assert np.all(np.maximum(cont, disc) <= ORDERS / (2 * 100.0**2))
     assert math.isclose(float(cont[0]), float(disc[0]), rel_tol=1e-2)
+
+
+def test_budget_curve_marks_unusable_orders_instead_of_raising() -> None:
+    curve = rdp_budget_curve(DEFAULT_ORDERS, epsilon=6.0, delta=1e-5)
+    assert curve[0] <= 0 < curve.max()  # order 1.05 cannot meet ε = 6; larger orders can
+    usable = np.flatnonzero(curve > 0)
+    for i in usable[:: max(1, usable.size // 10)]:
+        assert rdp_budget_at_order(epsilon=6.0, delta=1e-5, order=DEFAULT_ORDERS[i]) == curve[i]
+    with pytest.raises(InputError, match="cannot be met"):
+        rdp_budget_at_order(epsilon=6.0, delta=1e-5, order=1.05)

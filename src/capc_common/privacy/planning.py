@@ -19,6 +19,7 @@ from capc_common.privacy.analysis import (
     as_orders,
     epsilon_at_order,
     epsilon_from_rdp,
+    rdp_budget_curve,
     rdp_threshold_gaussian,
 )
 from capc_common.privacy.analysis._checks import count, positive, probability
@@ -150,7 +151,7 @@ def plan(
     accountant = ConfidentGNMaxAccountant(
         teachers=teachers, classes=classes, threshold=threshold, sigma1=sigma1, sigma2=sigma2, noise=noise
     )
-    budget = eps - epsilon_at_order(lam, np.zeros_like(lam), delta=d)
+    budget = rdp_budget_curve(lam, epsilon=eps, delta=d)
     per_query = accountant.query_rdp(lam)
     per_answer = accountant.answer_rdp(lam)
 

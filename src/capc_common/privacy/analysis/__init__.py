@@ -10,6 +10,7 @@ from capc_common.privacy.analysis.conversion import (
     epsilon_from_rdp,
     epsilon_from_zcdp,
     rdp_budget_at_order,
+    rdp_budget_curve,
 )
 from capc_common.privacy.analysis.curves import (
     rdp_gaussian,
@@ -51,6 +52,7 @@ __all__ = [
     "log_q_gnmax",
     "rdp_bernoulli",
     "rdp_budget_at_order",
+    "rdp_budget_curve",
     "rdp_gaussian",
     "rdp_gnmax_data_dependent",
     "rdp_gnmax_data_independent",

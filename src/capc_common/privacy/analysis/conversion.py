@@ -31,6 +31,7 @@ __all__ = [
     "epsilon_from_rdp",
     "epsilon_from_zcdp",
     "rdp_budget_at_order",
+    "rdp_budget_curve",
 ]
 
 _METHODS = ("improved", "classic")
@@ -102,15 +103,28 @@ def epsilon_from_rdp(
     return max(0.0, float(eps[best])), float(lam[best])
 
 
+def rdp_budget_curve(
+    orders: npt.ArrayLike, *, epsilon: float, delta: float, method: str = "improved"
+) -> npt.NDArray[np.float64]:
+    """The largest RDP at each order whose conversion stays within (ε, δ); ≤ 0 where none can.
+
+    This is what a Rényi filter at that order may spend; planners take the order that buys the most.
+    """
+    eps = non_negative("epsilon", epsilon)
+    lam = as_orders(orders)
+    return eps - epsilon_at_order(lam, np.zeros_like(lam), delta=delta, method=method)
+
+
 def rdp_budget_at_order(*, epsilon: float, delta: float, order: float, method: str = "improved") -> float:
     """The largest RDP at ``order`` whose conversion stays within (ε, δ): the Rényi filter's budget.
 
     Raises:
-        InputError: invalid ε, δ or order, or an (ε, δ) that no positive RDP at this order can meet.
+        InputError: invalid ε, δ or order, or an (ε, δ) that no positive RDP at this order can meet
+            (:func:`rdp_budget_curve` returns the non-positive value instead).
     """
     eps = non_negative("epsilon", epsilon)
     lam = float(as_orders(order))
-    budget = eps - float(epsilon_at_order(lam, 0.0, delta=delta, method=method))
+    budget = float(rdp_budget_curve(lam, epsilon=eps, delta=delta, method=method))
     if budget <= 0:
         raise InputError(
             f"(ε={eps:g}, δ={delta:g}) cannot be met at order {lam:g}: even zero RDP converts to "
