@@ -26,7 +26,7 @@ import numpy as np
 from capc_common.errors import CapcError, InputError, ProtocolError
 from capc_common.mpc.channel import Channel
 from capc_common.mpc.config import MpcConfig
-from capc_common.mpc.primitives.aes import BLOCK_BYTES
+from capc_common.mpc.primitives.aes import BLOCK_BYTES, as_bytes
 from capc_common.mpc.primitives.base_ot import POINT_BYTES, SEED_BYTES
 from capc_common.mpc.primitives.bits import OT_WIDTH
 
@@ -118,7 +118,7 @@ class StreamWriter:
 
     def write(self, array: np.ndarray) -> None:
         """Queue an array's bytes (the array must not be modified afterwards)."""
-        view = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        view = as_bytes(array)
         if self._size + len(view) > MAX_PAYLOAD_BYTES:
             self.flush()
         while len(view) > MAX_PAYLOAD_BYTES:
@@ -181,7 +181,8 @@ class StreamReader:
     def read_blocks(self, shape: tuple[int, ...]) -> np.ndarray:
         """The next labels as a uint64 array of ``shape + (2,)``."""
         count = int(np.prod(shape, dtype=np.int64))
-        return self.read(count * BLOCK_BYTES).view(np.uint64).reshape((*shape, 2))
+        raw = self.read(count * BLOCK_BYTES)
+        return np.frombuffer(raw, dtype=np.uint64).reshape((*shape, 2))
 
     def end(self) -> None:
         """Check that the stream ends here: everything read, up to and including its final frame."""
@@ -225,7 +226,7 @@ class Party(abc.ABC):
         self._sent += 1
 
     def _send_stream(self, tag: Tag, data: np.ndarray) -> None:
-        view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+        view = as_bytes(data)
         for offset in range(0, len(view), MAX_PAYLOAD_BYTES):
             self._send(tag, view[offset : offset + MAX_PAYLOAD_BYTES])
 

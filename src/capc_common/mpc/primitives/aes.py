@@ -19,9 +19,16 @@ BLOCK_BYTES = 16
 KEY_BYTES = 16
 
 
-def _as_bytes_view(array: np.ndarray) -> memoryview:
-    """A flat byte view of a C-contiguous array, as ``cryptography``'s buffer interface wants it."""
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+_UINT64 = np.dtype(np.uint64)
+
+
+def as_bytes(array: np.ndarray) -> memoryview:
+    """A flat byte view of an array (copied first only if not C-contiguous), for buffer-protocol consumers.
+
+    ``memoryview.cast`` is several times cheaper than ``ndarray.view(np.uint8)``, which matters when it runs
+    a few times per circuit layer.
+    """
+    return np.ascontiguousarray(array).data.cast("B")
 
 
 def _check_key(key: bytes, what: str) -> bytes:
@@ -70,12 +77,12 @@ class FixedKeyAes:
         n = blocks.shape[0]
         if out is None:
             out = np.empty((n + 1, 2), dtype=np.uint64)
-        elif out.shape[0] < n + 1 or out.dtype != np.uint64 or not out.flags.c_contiguous:
+        elif out.shape[0] < n + 1 or out.dtype != _UINT64 or not out.flags.c_contiguous:
             raise InputError(
                 f"AES output buffer must be C-contiguous uint64 with ≥ {n + 1} rows, got {out.shape}."
             )
         if n:
-            self._encryptor.update_into(_as_bytes_view(blocks), _as_bytes_view(out))
+            self._encryptor.update_into(as_bytes(blocks), as_bytes(out))
         return out[:n]
 
 
@@ -112,7 +119,7 @@ class AesCtrStream:
         written = self._encryptor.update_into(self._zeros[:nbytes].data, self._buffer.data)
         if written != nbytes:  # CTR is a stream mode: OpenSSL returns every byte at once.
             raise RuntimeError(f"AES-CTR returned {written} of {nbytes} bytes")
-        out.reshape(-1).view(np.uint8)[:] = self._buffer[:nbytes]
+        as_bytes(out)[:] = self._buffer[:nbytes].data
 
     def read(self, nbytes: int) -> np.ndarray:
         """Return the next ``nbytes`` keystream bytes as a uint8 array."""
@@ -127,7 +134,7 @@ class AesCtrStream:
             self._zeros = np.zeros(16 * n, dtype=np.uint8)
             self._buffer = np.empty(16 * n + BLOCK_BYTES, dtype=np.uint8)
         if n:
-            self._encryptor.update_into(self._zeros[: 16 * n].data, _as_bytes_view(out))
+            self._encryptor.update_into(self._zeros[: 16 * n].data, as_bytes(out))
         return out[:n]
 
 

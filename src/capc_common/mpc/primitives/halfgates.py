@@ -171,7 +171,7 @@ def tccr_hash(
         A fresh ``(n, 2)`` uint64 array.
     """
     n = blocks.shape[0]
-    if tweaks.shape != (n,) or tweaks.dtype != np.uint64:
+    if tweaks.shape != (n,) or tweaks.dtype != np.dtype(np.uint64):
         raise InputError(
             f"tccr_hash needs one uint64 tweak per block: {n} blocks, tweaks {tweaks.dtype} {tweaks.shape}."
         )
