@@ -39,7 +39,7 @@ def test_sigkill_at_random_moments_leaves_a_consistent_ledger(tmp_path: Path) ->
     path = tmp_path / "ledger.db"
     BudgetLedger.create(path, epsilon_limit=50.0, delta=1e-5, order=8.0, config={"test": "kill"}).close()
     rng = np.random.default_rng(20260101)  # non-secret: only the kill timing
-    rounds, writers = 3, 3
+    rounds, writers = 2, 3
     kills = rounds * writers
     for run in range(rounds):
         # Several writers share the file, and each is killed at its own random moment.
@@ -86,7 +86,7 @@ def test_concurrent_writers_cannot_overspend(tmp_path: Path) -> None:
         budget_units = ledger.budget_units
     cost = 0.0137
     per_batch = int(np.ceil(cost * UNITS_PER_NAT))
-    children = [_spawn("race", str(path), f"w{i}", repr(cost)) for i in range(4)]
+    children = [_spawn("race", str(path), f"w{i}", repr(cost)) for i in range(3)]
     for child in children:
         _wait_ready(child)
     for child in children:

@@ -404,9 +404,15 @@ class BudgetLedger:
         target = Path(path)
         if not target.is_file():
             raise InputError(f"no budget ledger at {target}; create one first (BudgetLedger.create)")
+        db: sqlite3.Connection | None = None
         try:
-            return cls(target, cls._connect(target))
-        except sqlite3.DatabaseError as exc:
+            db = cls._connect(target)
+            return cls(target, db)
+        except (sqlite3.DatabaseError, IntegrityError) as exc:
+            if db is not None:
+                db.close()
+            if isinstance(exc, IntegrityError):
+                raise
             raise IntegrityError(f"{target} is not a readable budget ledger: {exc}") from exc
 
     @classmethod
