@@ -24,7 +24,7 @@ import numpy as np
 
 from capc_common.errors import InputError, UnavailableError
 from capc_common.mpc.channel import SocketChannel
-from capc_common.mpc.config import Mode, MpcConfig, ring_width
+from capc_common.mpc.config import DEFAULT_TAILS, Mode, MpcConfig, ring_width
 from capc_common.mpc.evaluator import EvaluatorSession
 from capc_common.mpc.garbler import GarblerSession
 from capc_common.mpc.plain import circuit_stats, reference_noisy_argmax
@@ -141,9 +141,10 @@ def _synthetic_votes(
 
 
 def _benchmark_noise(
-    rng: np.random.Generator, sigma: float, shape: tuple[int, ...], *, tails: float
+    rng: np.random.Generator, sigma: float, shape: tuple[int, ...], *, bound: int
 ) -> np.ndarray:
-    bound = int(tails * sigma)
+    """Rounded Gaussian benchmark inputs, clipped to ±min(12σ, what the ring holds)."""
+    bound = min(bound, int(DEFAULT_TAILS * sigma))
     return np.clip(np.rint(rng.normal(0.0, sigma, shape)), -bound, bound).astype(np.int64)
 
 
@@ -201,14 +202,20 @@ def run_benchmark(
     aes_rate = aes_blocks_per_second()
 
     rng = np.random.default_rng(seed)
-    tails = ((1 << (width - 1)) - teachers - 1) / max(sigma1 + threshold_value, sigma2, 1.0)
+    half = 1 << (width - 1)
+    bound2 = half - 1 - teachers  # teachers + z2 must stay below 2^{w−1}
+    bound1 = min(half - threshold_value, half - 1 - teachers + threshold_value)  # so must V + z1 − T
+    if bound2 < 0 or (threshold and bound1 < 0):
+        raise InputError(
+            f"a {width}-bit ring cannot hold {teachers} votes and T = {threshold_value}; widen it."
+        )
     party_sizes = [len(g) for g in np.array_split(np.arange(teachers), parties)]
     guardian, student, expected = [], [], []
     for k in range(batches):
         per_party = _synthetic_votes(rng, queries=batch, classes=classes, parties=party_sizes)
         shares = [share_votes(v, width=width) for v in per_party]
-        z2 = _benchmark_noise(rng, sigma2, (batch, classes), tails=min(12.0, tails))
-        z1 = _benchmark_noise(rng, sigma1, (batch,), tails=min(12.0, tails)) if threshold else None
+        z2 = _benchmark_noise(rng, sigma2, (batch, classes), bound=bound2)
+        z1 = _benchmark_noise(rng, sigma1, (batch,), bound=bound1) if threshold else None
         t_value = threshold_value if threshold else None
         guardian.append(_GuardianBatch(f"bench-{k}", [s for s, _ in shares], z2, z1, t_value))
         student.append(_StudentBatch(f"bench-{k}", sum_shares([x for _, x in shares], width=width)))
