@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from capc_common.errors import InputError
-from capc_common.models import bn_stats, build_backbone
+from capc_common.models import bn_stats, build_backbone, recalibrate_running_stats
 
 
 def _warm(arch: str = "cnn"):
@@ -115,3 +115,23 @@ def test_errors():
     plain = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))
     with pytest.raises(InputError, match="plain torch BatchNorm"), bn_stats(plain, "current"):
         pass
+
+
+def test_recalibrate_running_stats_is_the_exact_average():
+    backbone = build_backbone("scatter_cnn", input_shape="12x12x1", seed=0, config={"cnn_width": 8}).eval()
+    gen = torch.Generator().manual_seed(3)
+    batches = [torch.rand(6, 1, 12, 12, generator=gen) for _ in range(3)]
+    assert recalibrate_running_stats(backbone, batches) == 3
+    assert not backbone.training
+    norm = backbone.trunk.front.norm
+    with torch.no_grad():
+        maps = [backbone.trunk.front.scattering(b) for b in batches]
+    expected = torch.stack([m.mean(dim=(0, 2, 3)) for m in maps]).mean(0)
+    torch.testing.assert_close(norm.running_mean, expected, atol=1e-5, rtol=1e-4)
+    assert norm.momentum is None and backbone.trunk.cnn[0][1].momentum == 0.1  # momenta restored
+    # the output standardisation, never run by SimCLR, now holds real statistics too
+    assert not torch.equal(
+        backbone.trunk.learned_norm.running_var, torch.ones_like(backbone.trunk.learned_norm.running_var)
+    )
+    with pytest.raises(InputError, match="at least one batch"):
+        recalibrate_running_stats(backbone, [])

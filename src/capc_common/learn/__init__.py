@@ -1,1 +1,6 @@
 """Learning on top of a frozen backbone: SimCLR pretraining, batched teacher heads, the student."""
+
+from capc_common.learn.augment import AugmentConfig, augment
+from capc_common.learn.pretrain import PretrainConfig, PretrainResult, nt_xent, pretrain
+
+__all__ = ["AugmentConfig", "PretrainConfig", "PretrainResult", "augment", "nt_xent", "pretrain"]

@@ -9,7 +9,14 @@ Front door::
 
 from capc_common.models.architectures import ARCHITECTURES
 from capc_common.models.backbone import Backbone, build_backbone, format_shape, parse_shape
-from capc_common.models.batchnorm import BN_MODES, BNMode, StatBatchNorm1d, StatBatchNorm2d, bn_stats
+from capc_common.models.batchnorm import (
+    BN_MODES,
+    BNMode,
+    StatBatchNorm1d,
+    StatBatchNorm2d,
+    bn_stats,
+    recalibrate_running_stats,
+)
 from capc_common.models.checkpoint import default_backbone, list_backbones, load_backbone, save_backbone
 from capc_common.models.features import chunk_starts, extract_features, to_tensor
 from capc_common.models.scattering import Scattering2D, scattering_channels
@@ -31,6 +38,7 @@ __all__ = [
     "list_backbones",
     "load_backbone",
     "parse_shape",
+    "recalibrate_running_stats",
     "save_backbone",
     "scattering_channels",
     "to_tensor",

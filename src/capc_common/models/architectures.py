@@ -7,8 +7,8 @@ mode of :func:`~capc_common.models.bn_stats` applies to all of them.
 * ``scatter``: scattering (J, L) then per-channel BatchNorm without affine parameters — the per-batch
   standardisation of Tramèr & Boneh's ScatterNet features. Training-free.
 * ``scatter_cnn``: the ``scatter`` features concatenated with a small CNN on top of them (conv-BN-ReLU
-  blocks, average-pooled, standardised). Only the CNN learns (SimCLR); its features are what
-  :meth:`Trunk.ssl_features` returns.
+  blocks, average-pooled to a small grid, standardised). Only the CNN learns (SimCLR, on its globally
+  pooled maps: :meth:`Trunk.ssl_features`).
 * ``cnn``: a small, fast all-convolutional network for CPUs.
 * ``resnet10`` / ``resnet18``: ResNets with the CIFAR stem (3×3 conv, stride 1, no max-pool), BasicBlocks
   ``[1,1,1,1]`` / ``[2,2,2,2]``, widths 64–512, global average pooling: 512 features.
@@ -29,10 +29,14 @@ __all__ = ["ARCHITECTURES", "Trunk", "build_trunk"]
 
 
 class Trunk(nn.Module):
-    """Base of all trunks: ``forward`` gives the features, ``ssl_features`` what SimCLR trains."""
+    """Base of all trunks: ``forward`` gives the features, ``ssl_features`` what SimCLR trains.
+
+    ``learned_dim`` is how many of the features (the last ones) come from learned layers.
+    """
 
     feature_dim: int
     ssl_dim: int
+    learned_dim: int
 
     def ssl_features(self, x: torch.Tensor) -> torch.Tensor:
         """Features the self-supervised objective acts on (the learnable part); default: all features."""
@@ -64,6 +68,7 @@ class ScatterTrunk(Trunk):
         self.norm = StatBatchNorm2d(self.out_channels, affine=False, momentum=None)
         self.grid = (height // 2**J, width // 2**J)
         self.feature_dim = self.ssl_dim = self.out_channels * self.grid[0] * self.grid[1]
+        self.learned_dim = 0
 
     def maps(self, x: torch.Tensor) -> torch.Tensor:
         """Standardised scattering maps ``(N, C·K, H/2^J, W/2^J)``."""
@@ -75,7 +80,13 @@ class ScatterTrunk(Trunk):
 
 
 class HybridTrunk(Trunk):
-    """Scattering features plus a learned CNN on top of the scattering maps (both in the output)."""
+    """Scattering features plus a learned CNN on top of the scattering maps (both in the output).
+
+    SimCLR trains the CNN on its globally average-pooled maps (:meth:`ssl_features`, the usual SimCLR
+    representation). The features keep more of the layout: the CNN maps are average-pooled to a
+    ``pool × pool`` grid and standardised (BatchNorm without affine parameters, so under current statistics
+    they are normalised per query batch like the scattering part).
+    """
 
     def __init__(
         self,
@@ -87,7 +98,7 @@ class HybridTrunk(Trunk):
         L: int = 8,
         cnn_width: int = 128,
         cnn_blocks: int = 2,
-        pool: int = 1,
+        pool: int = 2,
     ) -> None:
         super().__init__()
         self.front = ScatterTrunk(height=height, width=width, channels=channels, J=J, L=L)
@@ -98,20 +109,18 @@ class HybridTrunk(Trunk):
             cin = cnn_width
         self.cnn = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(pool)
-        self.ssl_dim = cnn_width * pool * pool
-        self.learned_norm = StatBatchNorm1d(self.ssl_dim, affine=False)
-        self.feature_dim = self.front.feature_dim + self.ssl_dim
+        self.ssl_dim = cnn_width
+        self.learned_dim = cnn_width * pool * pool
+        self.learned_norm = StatBatchNorm1d(self.learned_dim, affine=False, momentum=None)
+        self.feature_dim = self.front.feature_dim + self.learned_dim
 
     def ssl_features(self, x: torch.Tensor) -> torch.Tensor:
-        return self._learned(self.front.maps(x))
-
-    def _learned(self, maps: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.learned_norm(self.pool(self.cnn(maps)).flatten(1))
-        return out
+        return self.cnn(self.front.maps(x)).mean(dim=(2, 3))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         maps = self.front.maps(x)
-        return torch.cat([maps.flatten(1), self._learned(maps)], dim=1)
+        learned = self.learned_norm(self.pool(self.cnn(maps)).flatten(1))
+        return torch.cat([maps.flatten(1), learned], dim=1)
 
 
 class SmallCNN(Trunk):
@@ -130,7 +139,7 @@ class SmallCNN(Trunk):
             nn.AdaptiveAvgPool2d(1),
             nn.Flatten(),
         )
-        self.feature_dim = self.ssl_dim = 4 * width
+        self.feature_dim = self.ssl_dim = self.learned_dim = 4 * width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.body(_center(x))
@@ -175,7 +184,7 @@ class ResNet(Trunk):
                 cin = width
         self.stages = nn.Sequential(*stages)
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.feature_dim = self.ssl_dim = widths[-1]
+        self.feature_dim = self.ssl_dim = self.learned_dim = widths[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.pool(self.stages(self.stem(_center(x)))).flatten(1)

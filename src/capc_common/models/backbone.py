@@ -90,6 +90,11 @@ class Backbone(nn.Module):
         return int(self.trunk.feature_dim)
 
     @property
+    def learned_dim(self) -> int:
+        """How many of the features (the last ones) come from learned layers (0 for pure scattering)."""
+        return int(self.trunk.learned_dim)
+
+    @property
     def ssl_dim(self) -> int:
         """Length of the learnable part of the features (what SimCLR trains)."""
         return int(self.trunk.ssl_dim)

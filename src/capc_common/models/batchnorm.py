@@ -19,7 +19,7 @@ the mode itself, wherever it runs.)
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
@@ -31,7 +31,14 @@ from torch import nn
 
 from capc_common.errors import InputError
 
-__all__ = ["BN_MODES", "BNMode", "StatBatchNorm1d", "StatBatchNorm2d", "bn_stats"]
+__all__ = [
+    "BN_MODES",
+    "BNMode",
+    "StatBatchNorm1d",
+    "StatBatchNorm2d",
+    "bn_stats",
+    "recalibrate_running_stats",
+]
 
 BNMode = Literal["current", "running"]
 BN_MODES: tuple[BNMode, ...] = ("current", "running")
@@ -110,3 +117,40 @@ def bn_stats(model: nn.Module, mode: str) -> Iterator[None]:
         yield
     finally:
         _OVERRIDES.reset(token)
+
+
+def recalibrate_running_stats(model: nn.Module, batches: Iterable[torch.Tensor]) -> int:
+    """Set every BatchNorm layer's running statistics to the exact average over ``batches``.
+
+    Running statistics matter in ``running`` mode. After SimCLR they are an exponential average over
+    *augmented* views, and layers that SimCLR never ran (a hybrid's output standardisation) keep their
+    initial values. This resets them and recomputes them as cumulative averages (momentum ``None``) over
+    the given batches — for shipped backbones, fresh un-augmented synthetic images, so no real data is used.
+
+    Args:
+        model: the backbone (its own ``forward`` is run, in train mode, without gradients).
+        batches: float image tensors ``(N, C, H, W)`` in ``[0, 1]``.
+
+    Returns:
+        The number of batches used.
+    """
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in layers]
+    was_training = model.training
+    for layer in layers:
+        layer.reset_running_stats()
+        layer.momentum = None
+    count = 0
+    try:
+        model.train()
+        with torch.no_grad():
+            for batch in batches:
+                model(batch)
+                count += 1
+    finally:
+        for layer, momentum in zip(layers, momenta, strict=True):
+            layer.momentum = momentum
+        model.train(was_training)
+    if count == 0:
+        raise InputError("recalibrate_running_stats needs at least one batch")
+    return count
