@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 
 import pytest
 
@@ -31,6 +32,22 @@ def test_frames_keep_their_boundaries_and_are_counted(make) -> None:
         right.recv()
     with pytest.raises(ProtocolError, match="closed"):
         left.send(b"late")
+    right.close()
+
+
+@pytest.mark.parametrize("make", [lambda: channel_pair(timeout=5.0), _socket_pair])
+def test_scatter_gather_frames(make) -> None:
+    """Thousands of parts (more than one sendmsg takes) arrive as one frame, in order."""
+    left, right = make()
+    parts = [bytes([i % 251]) * (i % 7 + 1) for i in range(3000)] + [memoryview(bytes(2 << 20))]
+    receiver = threading.Thread(target=lambda: frames.append(bytes(right.recv())))
+    frames: list[bytes] = []
+    receiver.start()  # the socket buffer is smaller than the frame: the sender has to wait for the reader
+    left.send_parts(parts)
+    receiver.join(5)
+    assert frames == [b"".join(bytes(p) for p in parts)]
+    assert left.bytes_sent == right.bytes_received == len(frames[0])
+    left.close()
     right.close()
 
 

@@ -13,6 +13,7 @@ import queue
 import socket
 import struct
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -23,6 +24,7 @@ Frame = bytes | bytearray | memoryview
 MAX_FRAME_BYTES = (4 << 20) + 64
 """Largest frame a channel accepts: 4 MiB of payload plus the protocol's header."""
 _LENGTH = struct.Struct("<I")
+_MAX_IOVECS = 512  # below Linux's IOV_MAX of 1024 buffers per sendmsg
 
 
 class Channel(abc.ABC):
@@ -49,12 +51,22 @@ class Channel(abc.ABC):
             InputError: the frame is too large (a bug in the caller: split it).
             ProtocolError: the channel is closed.
         """
-        if len(data) > MAX_FRAME_BYTES:
-            raise InputError(
-                f"frame of {len(data)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit; split it."
-            )
-        self._send(data)
-        self.bytes_sent += len(data)
+        self.send_parts((data,))
+
+    def send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        """Send the concatenation of ``parts`` as one frame (same limits as :meth:`send`).
+
+        The default joins the parts; channels that can write several buffers at once override
+        :meth:`_send_parts` and skip that copy.
+        """
+        size = sum(len(part) for part in parts)
+        if size > MAX_FRAME_BYTES:
+            raise InputError(f"frame of {size} bytes exceeds the {MAX_FRAME_BYTES}-byte limit; split it.")
+        self._send_parts(parts)
+        self.bytes_sent += size
+
+    def _send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        self._send(parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts))
 
     def recv(self) -> Frame:
         """Receive the next frame (``bytes`` or another read-only bytes-like view).
@@ -154,14 +166,22 @@ class SocketChannel(Channel):
         return cls(sock, timeout=timeout)
 
     def _send(self, data: bytes) -> None:
+        self._send_parts((data,))
+
+    def _send_parts(self, parts: Sequence[bytes | memoryview]) -> None:
+        """Length prefix and parts through ``sendmsg``, straight from the callers' buffers (no join)."""
         if self._closed:
             raise ProtocolError("cannot send: this channel is closed.")
+        pending = [memoryview(_LENGTH.pack(sum(len(p) for p in parts)))]
+        pending += [memoryview(p).cast("B") for p in parts if len(p)]
         try:
-            if len(data) < 1 << 16:
-                self._sock.sendall(_LENGTH.pack(len(data)) + bytes(data))
-            else:
-                self._sock.sendall(_LENGTH.pack(len(data)))
-                self._sock.sendall(data)
+            while pending:
+                sent = self._sock.sendmsg(pending[:_MAX_IOVECS])
+                while pending and sent >= len(pending[0]):
+                    sent -= len(pending[0])
+                    pending.pop(0)
+                if pending and sent:
+                    pending[0] = pending[0][sent:]
         except OSError as exc:
             raise ProtocolError(f"sending to the peer failed: {exc}.") from exc
 

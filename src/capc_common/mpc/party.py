@@ -222,7 +222,7 @@ class Party(abc.ABC):
         size = sum(len(part) for part in payload)
         if size > MAX_PAYLOAD_BYTES:
             raise InputError(f"{tag.name} payload of {size} bytes exceeds {MAX_PAYLOAD_BYTES}; stream it.")
-        self._channel.send(b"".join((_HEADER.pack(tag, self._sent), *payload)))
+        self._channel.send_parts((_HEADER.pack(tag, self._sent), *payload))
         self._sent += 1
 
     def _send_stream(self, tag: Tag, data: np.ndarray) -> None:
