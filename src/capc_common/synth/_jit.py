@@ -239,8 +239,8 @@ def luma(r: float, g: float, b: float) -> float:  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def to_u8(v: float) -> np.uint8:  # pragma: no cover - compiled
-    """Quantise an intensity in [0, 1] to uint8 (clipped, round half up)."""
-    if v <= 0.0:
+    """Quantise an intensity in [0, 1] to uint8: clipped, half rounded up, NaN to 0 (no undefined cast)."""
+    if not v > 0.0:
         return np.uint8(0)
     if v >= 1.0:
         return np.uint8(255)
