@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from capc_common.errors import InputError
-from capc_common.learn.pretrain import PretrainConfig, nt_xent, pretrain
+from capc_common.learn.pretrain import PretrainConfig, calibrate_training_free, nt_xent, pretrain
 from capc_common.models import load_backbone
 
 TINY = {"cnn_width": 8, "pool": 1}
@@ -76,7 +76,9 @@ def test_resume_continues_exactly(tmp_path):
     _run(_config(), out_dir=tmp_path / "b", steps=2)
     resumed = _run(_config(), out_dir=tmp_path / "b", steps=4, resume=True)
     assert resumed.steps == 4
-    assert resumed.sha256 == straight.sha256  # same weights, bit for bit
+    a, b = load_backbone(straight.backbone_path), load_backbone(resumed.backbone_path)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name  # same weights and statistics, bit for bit
 
 
 def test_minutes_budget_stops(tmp_path):
@@ -98,6 +100,20 @@ def test_misuse(tmp_path):
         _run(_config(generator="imagenet"), out_dir=tmp_path / "y", steps=1)
     with pytest.raises(InputError, match="training-free"):
         _run(_config(arch="scatter", arch_config={}), out_dir=tmp_path / "z", steps=1)
+    with pytest.raises(InputError, match="learnable weights"):
+        calibrate_training_free(_config(), out_dir=tmp_path / "z")
+
+
+def test_training_free_backbone_is_calibrated(tmp_path):
+    result = calibrate_training_free(
+        _config(arch="scatter", arch_config={}), out_dir=tmp_path, calibration_batches=2
+    )
+    backbone = load_backbone(result.backbone_path)
+    assert backbone.recipe["method"] == "training-free" and result.steps == 0
+    assert not torch.equal(
+        backbone.trunk.norm.running_mean, torch.zeros_like(backbone.trunk.norm.running_mean)
+    )
+    assert not (tmp_path / "loss.png").exists()
 
 
 def test_cli(capc_json, tmp_path):

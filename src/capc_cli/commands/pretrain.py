@@ -20,7 +20,7 @@ from capc_cli.output import emit, format_option
     "-a",
     default="scatter_cnn",
     show_default=True,
-    help="Architecture: scatter_cnn (scattering + CNN hybrid), cnn, resnet10, resnet18.",
+    help="scatter_cnn (scattering + CNN hybrid), cnn, resnet10, resnet18, or scatter (training-free).",
 )
 @click.option("--size", default="28x28x1", show_default=True, help="Image shape HxWxC.")
 @click.option("--epochs", type=click.FloatRange(min=0, min_open=True), help="Epochs of 60,000 fresh images.")
@@ -83,6 +83,8 @@ def command(
 
     Stops at --epochs/--steps or after --minutes, whichever comes first; checkpoints regularly and can be
     resumed with --resume. Writes backbone.safetensors, recipe.json, losses.csv and loss.png to --out.
+    For the training-free --arch scatter nothing is trained: only the running statistics of its
+    standardisation are averaged over un-augmented images of the generator.
 
     \b
     Example:
@@ -91,8 +93,8 @@ def command(
     import torch
 
     from capc_common.errors import InputError
-    from capc_common.learn.pretrain import PretrainConfig, pretrain
-    from capc_common.models import parse_shape
+    from capc_common.learn.pretrain import PretrainConfig, calibrate_training_free, pretrain
+    from capc_common.models import build_backbone, parse_shape
 
     try:
         cfg: dict[str, Any] = json.loads(arch_config)
@@ -112,17 +114,20 @@ def command(
         temperature=temperature,
         seed=seed,
     )
-    result = pretrain(
-        config,
-        out_dir=out_dir,
-        steps=steps,
-        epochs=epochs,
-        minutes=minutes,
-        resume=resume,
-        device=device,
-        progress=True,
-        checkpoint_seconds=checkpoint_seconds,
-    )
+    if build_backbone(arch, input_shape=config.input_shape, config=cfg).learned_dim == 0:
+        result = calibrate_training_free(config, out_dir=out_dir, device=device)
+    else:
+        result = pretrain(
+            config,
+            out_dir=out_dir,
+            steps=steps,
+            epochs=epochs,
+            minutes=minutes,
+            resume=resume,
+            device=device,
+            progress=True,
+            checkpoint_seconds=checkpoint_seconds,
+        )
     emit(
         {
             "backbone": str(result.backbone_path),
@@ -131,7 +136,7 @@ def command(
             "images_seen": result.images_seen,
             "seconds": round(result.seconds, 1),
             "final_loss": round(result.final_loss, 4),
-            "loss_plot": str(result.out_dir / "loss.png"),
+            "loss_plot": str(result.out_dir / "loss.png") if result.steps else None,
         },
         fmt,
     )

@@ -49,7 +49,14 @@ from capc_common.models import (
     to_tensor,
 )
 
-__all__ = ["EPOCH_IMAGES", "PretrainConfig", "PretrainResult", "nt_xent", "pretrain"]
+__all__ = [
+    "EPOCH_IMAGES",
+    "PretrainConfig",
+    "PretrainResult",
+    "calibrate_training_free",
+    "nt_xent",
+    "pretrain",
+]
 
 # Synthetic data is an endless stream; an "epoch" is this many fresh images (the size of Fashion-MNIST's
 # training set), so ``--epochs`` reads like it does for a real dataset.
@@ -322,14 +329,16 @@ def pretrain(
         raise InputError(f"minutes must be positive, got {minutes}")
     if calibration_batches < 1:
         raise InputError(f"calibration_batches must be at least 1, got {calibration_batches}")
-    if images_fn is None:
-        from capc_common.synth import GENERATOR_NAMES, generate
-
-        if config.generator not in GENERATOR_NAMES:
-            raise InputError(
-                f"unknown generator {config.generator!r}; expected one of {', '.join(GENERATOR_NAMES)}"
-            )
-        images_fn = generate
+    images_fn = _image_source(config, images_fn)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    backbone = build_backbone(
+        config.arch, input_shape=config.input_shape, seed=config.seed, config=config.arch_config
+    )
+    if backbone.learned_dim == 0:
+        raise InputError(
+            f"architecture {config.arch!r} has nothing to learn (it is training-free); "
+            "use calibrate_training_free"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / STATE_FILE
@@ -340,16 +349,10 @@ def pretrain(
     if resume and not state_path.exists():
         raise InputError(f"nothing to resume: {state_path} does not exist")
 
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    backbone = build_backbone(
-        config.arch, input_shape=config.input_shape, seed=config.seed, config=config.arch_config
-    )
     head = _projection(config, backbone.ssl_dim)
     backbone.to(dev).train()
     head.to(dev).train()
     params = [p for p in backbone.parameters() if p.requires_grad] + list(head.parameters())
-    if not any(p.requires_grad for p in backbone.parameters()):
-        raise InputError(f"architecture {config.arch!r} has nothing to learn; it is training-free")
     opt = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
     step, losses, seconds = 0, [], 0.0
     if resume:
@@ -423,32 +426,113 @@ def pretrain(
     calibration = _calibrate(backbone, config, batches=calibration_batches, images_fn=images_fn, device=dev)
     recipe = {
         "method": "simclr",
-        "generator": config.generator,
         "steps": step,
         "images_seen": step * config.batch_size,
         "train_seconds": round(seconds, 1),
+        **_provenance(config, images_fn, dev),
+        "running_stats": calibration,
+    }
+    return _finish(backbone, recipe, out, losses=losses, config=config, seconds=seconds)
+
+
+def calibrate_training_free(
+    config: PretrainConfig,
+    *,
+    out_dir: str | Path,
+    calibration_batches: int = 16,
+    device: str | None = None,
+    images_fn: Callable[..., np.ndarray] | None = None,
+) -> PretrainResult:
+    """ "Pretrain" a training-free backbone (scattering): only its running statistics come from the generator.
+
+    The scattering front end has no weights; its per-channel standardisation keeps running statistics for
+    ``running`` mode. This sets them to exact averages over un-augmented synthetic images and writes the
+    same outputs as :func:`pretrain` (without a loss curve).
+
+    Raises:
+        InputError: the architecture has learnable weights (use :func:`pretrain`) or calibration_batches < 1.
+    """
+    images_fn = _image_source(config, images_fn)
+    if calibration_batches < 1:
+        raise InputError(f"calibration_batches must be at least 1, got {calibration_batches}")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    backbone = build_backbone(
+        config.arch, input_shape=config.input_shape, seed=config.seed, config=config.arch_config
+    ).to(dev)
+    if backbone.learned_dim:
+        raise InputError(f"architecture {config.arch!r} has learnable weights; pretrain it with pretrain()")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    calibration = _calibrate(backbone, config, batches=calibration_batches, images_fn=images_fn, device=dev)
+    recipe = {
+        "method": "training-free",
+        "generator": config.generator,
+        "seed": config.seed,
+        "running_stats": calibration,
         "device": str(dev),
+        "torch": torch.__version__,
+    }
+    return _finish(backbone, recipe, out, losses=[], config=config, seconds=0.0)
+
+
+def _image_source(
+    config: PretrainConfig, images_fn: Callable[..., np.ndarray] | None
+) -> Callable[..., np.ndarray]:
+    if images_fn is not None:
+        return images_fn
+    from capc_common.synth import GENERATOR_NAMES, generate
+
+    if config.generator not in GENERATOR_NAMES:
+        raise InputError(
+            f"unknown generator {config.generator!r}; expected one of {', '.join(GENERATOR_NAMES)}"
+        )
+    return generate
+
+
+def _provenance(
+    config: PretrainConfig, images_fn: Callable[..., np.ndarray], device: torch.device
+) -> dict[str, Any]:
+    return {
+        "generator": config.generator,
+        "device": str(device),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "machine": platform.machine(),
         "stream_sha256": _stream_check(config, images_fn),
-        "running_stats": calibration,
-        **{k: v for k, v in config.as_dict().items() if k not in ("arch", "input_shape", "arch_config")},
+        **{
+            k: v
+            for k, v in config.as_dict().items()
+            if k not in ("arch", "input_shape", "arch_config", "generator")
+        },
     }
+
+
+def _finish(
+    backbone: Backbone,
+    recipe: dict[str, Any],
+    out: Path,
+    *,
+    losses: list[float],
+    config: PretrainConfig,
+    seconds: float,
+) -> PretrainResult:
+    """Save the backbone (recipe in its metadata), ``recipe.json`` and, after training, the loss curve."""
     backbone.recipe = recipe
     backbone_path = out / BACKBONE_FILE
     digest = save_backbone(backbone.to("cpu"), backbone_path)
     (out / "recipe.json").write_text(
         json.dumps({"sha256": digest, **recipe}, indent=2, sort_keys=True) + "\n"
     )
-    _write_loss_outputs(out, losses, config)
+    if losses:
+        _write_loss_outputs(out, losses, config)
     tail = losses[-20:]
+    steps = int(recipe.get("steps", 0))
     return PretrainResult(
         out_dir=out,
         backbone_path=backbone_path,
         sha256=digest,
-        steps=step,
-        images_seen=step * config.batch_size,
+        steps=steps,
+        images_seen=steps * config.batch_size,
         seconds=seconds,
         final_loss=float(np.mean(tail)) if tail else float("nan"),
     )

@@ -83,6 +83,7 @@ def save_backbone(backbone: Backbone, path: str | Path) -> str:
     os.close(fd)
     try:
         save_file(state, tmp, metadata={**header, "sha256": digest})
+        os.chmod(tmp, 0o644)  # weights are public; mkstemp gives 0600, unreadable as shipped package data
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
