@@ -12,7 +12,8 @@ random box of the canvas. FractalDB's fill-rate filter then rejects systems that
 ``MIN_FILL`` of their box (up to ``MAX_TRIES`` systems; the last one is kept). Pixels are coloured by hit
 density through a random hue ramp (as Anderson & Farrell's colouring) and composited, with density as
 opacity, over a random two-colour gradient (darker than the fractal, as FractalDB's black background).
-Grayscale images use a gray density ramp, since the luma of a saturated hue ramp is dim and flat. A third
+Grayscale images use a gray density ramp over a darker gradient, since the luma of a saturated hue ramp is
+dim and flat. A third
 of the images hold two fractals. The canvas is rendered at least 2× (and at least 48 pixels) above the
 target size and area-downsampled.
 
@@ -167,8 +168,9 @@ def _render(keys: np.ndarray, out: np.ndarray, factor: int) -> None:  # pragma: 
     for i in range(count):
         state[0] = keys[i]
         # background: a linear gradient between two muted colours along a random direction
-        hsv_to_rgb(uniform(state), uniform_in(state, 0.0, 0.7), uniform_in(state, 0.0, 0.5), c0)
-        hsv_to_rgb(uniform(state), uniform_in(state, 0.0, 0.7), uniform_in(state, 0.0, 0.5), c1)
+        dark = 0.3 if channels == 1 else 0.5  # grayscale needs the larger gap to the fractal's gray ramp
+        hsv_to_rgb(uniform(state), uniform_in(state, 0.0, 0.7), uniform_in(state, 0.0, dark), c0)
+        hsv_to_rgb(uniform(state), uniform_in(state, 0.0, 0.7), uniform_in(state, 0.0, dark), c1)
         angle = uniform_in(state, 0.0, TWO_PI)
         gx = dcos(angle) / short
         gy = dsin(angle) / short
@@ -210,7 +212,7 @@ def _render(keys: np.ndarray, out: np.ndarray, factor: int) -> None:  # pragma: 
                         continue
                     density = dlog(1.0 + h) * inv_log_peak
                     if channels == 1:  # a gray ramp: the luma of a hue ramp would be dim and flat
-                        hsv_to_rgb(0.0, 0.0, val * (0.55 + 0.45 * density), fg)
+                        hsv_to_rgb(0.0, 0.0, val * (0.7 + 0.3 * density), fg)
                     else:
                         hsv_to_rgb(hue + hue_span * density, sat, val, fg)
                     alpha = 0.55 + 0.45 * density

@@ -15,7 +15,8 @@ are made of, and evaluates them per pixel the way a fragment shader does:
 * a **cosine palette** colour = a + b·cos(2π(c·t + d)) (Quilez) with random a, b, c, d.
 
 Each image is the MixUp (Dirichlet(1) weights) of 1 to 3 such programs, then given a random mean and
-contrast (MixUp alone averages contrast away). Limits: these programs are far fewer kinds and much simpler
+contrast (MixUp alone averages contrast away); a mix that is flat over the image (its luma varies by less
+than ``MIN_STD``) is drawn again. Limits: these programs are far fewer kinds and much simpler
 than 21k human-written shaders (no ray marching, no lighting, no time or feedback), and pixels are point
 sampled (one sample per pixel, so the finest patterns alias as on a GPU without anti-aliasing).
 """
@@ -50,6 +51,10 @@ DESCRIPTION = "procedural shader-like programs (warps, fields, cosine palettes),
 
 MAX_PROGRAMS = 3
 """Programs mixed into one image (1 to this many, uniformly)."""
+MIN_STD = 0.01
+"""A mix whose luma varies less than this (standard deviation, intensities in [0, 1]) is flat: drawn again."""
+MAX_TRIES = 8
+"""Mixes drawn per image before a flat one is kept."""
 _MAX_WARPS = 3
 _WIDTH = 16  # parameters per op
 # one row per op of a program: the transform, up to three warps, the field, the post-op, the palette
@@ -242,6 +247,63 @@ def _sample_program(
 
 
 @numba.njit(cache=True, nogil=True)
+def _paint(
+    state: np.ndarray,
+    height: int,
+    width: int,
+    codes: np.ndarray,
+    params: np.ndarray,
+    seeds: np.ndarray,
+    weights: np.ndarray,
+    rgb: np.ndarray,
+) -> None:  # pragma: no cover - compiled
+    """Draw a MixUp of 1 to MAX_PROGRAMS programs and render it into ``rgb`` (H·W·3, interleaved)."""
+    n_programs = 1 + randint(state, MAX_PROGRAMS)
+    total = 0.0
+    for k in range(n_programs):
+        _sample_program(state, codes[k], params[k], seeds[k])
+        weights[k] = -dlog(1.0 - uniform(state))  # Exp(1) draws normalised: Dirichlet(1, ..., 1)
+        total += weights[k]
+    for k in range(n_programs):
+        weights[k] /= total
+    # one field unit spans at least _MIN_UNIT_PIXELS / 2 pixels: small images show a window of the program
+    # (as a crop of a larger render) rather than squeezing its patterns below the pixel grid
+    half = 0.5 * max(min(height, width), _MIN_UNIT_PIXELS)
+    xy = np.empty(2)
+    rgb[:] = 0.0
+    for k in range(n_programs):
+        tp = params[k, _ROW_TRANSFORM]
+        angle = TWO_PI * tp[0]
+        zoom = dexp(dlog(0.6) + tp[1] * dlog(2.5 / 0.6))  # log-uniform on [0.6, 2.5]
+        ca = dcos(angle) * zoom
+        sa = dsin(angle) * zoom
+        pixel = zoom / half
+        ox = tp[2] - 0.5
+        oy = tp[3] - 0.5
+        pal = params[k, _ROW_PALETTE]
+        for yy in range(height):
+            v = (yy + 0.5 - 0.5 * height) / half
+            for xx in range(width):
+                u = (xx + 0.5 - 0.5 * width) / half
+                xy[0] = ca * u - sa * v + ox
+                xy[1] = sa * u + ca * v + oy
+                for w in range(1, 1 + _MAX_WARPS):
+                    if codes[k, w] != _NONE:
+                        _warp(codes[k, w], params[k, w], seeds[k, w], xy)
+                t = _field(
+                    codes[k, _ROW_FIELD], params[k, _ROW_FIELD], seeds[k, _ROW_FIELD], xy[0], xy[1], pixel
+                )
+                t = 0.5 + 0.5 * _post(codes[k, _ROW_POST], params[k, _ROW_POST], t)
+                base = (yy * width + xx) * 3
+                for c in range(3):
+                    # cosine palette: a in [0.3, 0.7], b in [0.2, 0.5], c in [0.3, 1.5], d in [0, 1]
+                    a = 0.3 + 0.4 * pal[c]
+                    b = 0.2 + 0.3 * pal[3 + c]
+                    f = 0.3 + 1.2 * pal[6 + c]
+                    rgb[base + c] += weights[k] * (a + b * dcos(TWO_PI * (f * t + pal[9 + c])))
+
+
+@numba.njit(cache=True, nogil=True)
 def _render(keys: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - compiled
     count, height, width, channels = out.shape
     codes = np.empty((MAX_PROGRAMS, _ROWS), dtype=np.int64)
@@ -250,63 +312,20 @@ def _render(keys: np.ndarray, out: np.ndarray) -> None:  # pragma: no cover - co
     weights = np.empty(MAX_PROGRAMS)
     rgb = np.empty(height * width * 3)
     gray = np.empty(height * width)
-    xy = np.empty(2)
     state = np.empty(1, dtype=np.uint64)
-    # one field unit spans at least _MIN_UNIT_PIXELS / 2 pixels: small images show a window of the program
-    # (as a crop of a larger render) rather than squeezing its patterns below the pixel grid
-    half = 0.5 * max(min(height, width), _MIN_UNIT_PIXELS)
     for i in range(count):
         state[0] = keys[i]
-        n_programs = 1 + randint(state, MAX_PROGRAMS)
-        total = 0.0
-        for k in range(n_programs):
-            _sample_program(state, codes[k], params[k], seeds[k])
-            weights[k] = -dlog(1.0 - uniform(state))  # Exp(1) draws normalised: Dirichlet(1, ..., 1)
-            total += weights[k]
-        for k in range(n_programs):
-            weights[k] /= total
         target_mean = uniform_in(state, 0.3, 0.7)
         target_std = uniform_in(state, 0.15, 0.3)
-        rgb[:] = 0.0
-        for k in range(n_programs):
-            tp = params[k, _ROW_TRANSFORM]
-            angle = TWO_PI * tp[0]
-            zoom = dexp(dlog(0.6) + tp[1] * dlog(2.5 / 0.6))  # log-uniform on [0.6, 2.5]
-            ca = dcos(angle) * zoom
-            sa = dsin(angle) * zoom
-            pixel = zoom / half
-            ox = tp[2] - 0.5
-            oy = tp[3] - 0.5
-            pal = params[k, _ROW_PALETTE]
-            for yy in range(height):
-                v = (yy + 0.5 - 0.5 * height) / half
-                for xx in range(width):
-                    u = (xx + 0.5 - 0.5 * width) / half
-                    xy[0] = ca * u - sa * v + ox
-                    xy[1] = sa * u + ca * v + oy
-                    for w in range(1, 1 + _MAX_WARPS):
-                        if codes[k, w] != _NONE:
-                            _warp(codes[k, w], params[k, w], seeds[k, w], xy)
-                    t = _field(
-                        codes[k, _ROW_FIELD], params[k, _ROW_FIELD], seeds[k, _ROW_FIELD], xy[0], xy[1], pixel
-                    )
-                    t = _post(codes[k, _ROW_POST], params[k, _ROW_POST], t)
-                    t = 0.5 + 0.5 * t
-                    base = (yy * width + xx) * 3
-                    for c in range(3):
-                        # cosine palette: a in [0.3, 0.7], b in [0.2, 0.5], c in [0.3, 1.5], d in [0, 1]
-                        a = 0.3 + 0.4 * pal[c]
-                        b = 0.2 + 0.3 * pal[3 + c]
-                        f = 0.3 + 1.2 * pal[6 + c]
-                        colour = a + b * dcos(TWO_PI * (f * t + pal[9 + c]))
-                        rgb[base + c] += weights[k] * colour
-        if channels == 1:
+        # a program can be flat over the window it shows (inside a solid shape, say): redraw it
+        for _ in range(MAX_TRIES):
+            _paint(state, height, width, codes, params, seeds, weights, rgb)
             for n in range(height * width):
                 gray[n] = luma(rgb[3 * n], rgb[3 * n + 1], rgb[3 * n + 2])
-            mean, std = mean_std(gray)
-        else:
-            mean, std = mean_std(rgb)
-        scale = target_std / std if std > 1e-6 else 1.0
+            if mean_std(gray)[1] >= MIN_STD:
+                break
+        mean, std = mean_std(gray) if channels == 1 else mean_std(rgb)
+        scale = target_std / std if std > 1e-9 else 1.0
         flat = out[i].reshape(height * width * channels)
         for n in range(height * width * channels):
             value = gray[n] if channels == 1 else rgb[n]
