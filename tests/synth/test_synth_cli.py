@@ -85,14 +85,17 @@ def test_generate_writes_npz(tmp_path, capsys):
 
 
 def test_generate_refuses_bad_input_before_writing(tmp_path, capsys):
-    code, _, err = _capc(
-        capsys, "synth", "generate", "shaders", "--out", str(tmp_path / "b.npy"), "--count", "2"
-    )
-    assert code == 2 and "must name a .npz file" in err
-    code, _, err = _capc(
-        capsys, "synth", "generate", "noise", "--out", str(tmp_path / "b.npz"), "--count", "2"
-    )
-    assert code == 2 and "unknown generator 'noise'" in err
+    cases = [
+        ("shaders", "b.npy", "2", "must name a .npz file"),
+        ("noise", "b.npz", "2", "unknown generator 'noise'"),
+        ("fractal", "b.npz", "1e9", "'1e9' is not a valid integer"),
+        ("fractal", "b.npz", "2000000", "split the range over several --start values"),
+    ]
+    for name, file, count, message in cases:
+        code, _, err = _capc(
+            capsys, "synth", "generate", name, "--out", str(tmp_path / file), "--count", count
+        )
+        assert code == 2 and message in err
     assert list(tmp_path.iterdir()) == []
 
 

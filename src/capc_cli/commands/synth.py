@@ -135,6 +135,7 @@ def generate_npz(
 
     from capc_common.errors import InputError
     from capc_common.synth import generate
+    from capc_common.synth.core import MAX_BATCH_BYTES
 
     if out.suffix != ".npz":
         raise InputError(f"--out must name a .npz file, got {out}")
@@ -145,6 +146,11 @@ def generate_npz(
     generate(name, seed=seed, start=start, count=0, height=height, width=width, channels=channels)
     if start + count > 2**64:
         raise InputError(f"image indices [{start}, {start + count}) must lie in [0, 2^64)")
+    if count * height * width * channels > MAX_BATCH_BYTES:
+        raise InputError(
+            f"{count} images of {height}x{width}x{channels} take {count * height * width * channels} bytes, "
+            f"over the {MAX_BATCH_BYTES} one file may hold; split the range over several --start values"
+        )
     images = np.empty((count, height, width, channels), dtype=np.uint8)
     digest = hashlib.sha256()
     t0 = time.perf_counter()
