@@ -1,12 +1,13 @@
 """Compiled building blocks every generator shares: a counter-based RNG, deterministic math, pixel output.
 
 Why hand-written math: every party regenerates the student's query images on its own machine, so an image
-must come out byte-identical on any x86-64 or ARM CPU. IEEE-754 guarantees correctly rounded ``+ - * /``
-and ``sqrt``, but not ``sin``/``exp``/``log``: libm and numpy's SIMD loops pick different code paths (and
-different last bits) on AVX2, AVX-512 or NEON machines. So the transcendental functions here are range
-reductions plus fixed polynomials made of basic operations only; numba compiles them without fast-math,
-so LLVM may neither reassociate nor contract them into FMAs, and the results do not depend on the SIMD
-width. Reductions are sequential loops (a fixed order) for the same reason.
+must come out byte-identical on any CPU (checked on AVX2 and AVX-512 x86-64; see docs/synth.md).
+IEEE-754 guarantees correctly rounded ``+ - * /`` and ``sqrt``, but not ``sin``/``exp``/``log``: libm and
+numpy's SIMD loops pick different code paths (and different last bits) on AVX2, AVX-512 or NEON machines.
+So the transcendental functions here are range reductions plus fixed polynomials made of basic operations
+only; numba compiles them without fast-math, so LLVM may neither reassociate nor contract them into FMAs,
+and the results do not depend on the SIMD width. Reductions are sequential loops (a fixed order) for the
+same reason.
 
 The RNG is SplitMix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014):
 the j-th draw of a stream is ``mix64(key + j * golden)``, a pure function of the image's key and j, so an
@@ -121,7 +122,7 @@ def _sin_kernel(r: float) -> float:  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def dsin(x: float) -> float:  # pragma: no cover - compiled
-    """sin(x), absolute error below 1e-14 for |x| < 1e5, identical on every IEEE-754 machine."""
+    """sin(x), identical on every IEEE-754 machine; absolute error below 1e-13 for |x| < 1000."""
     k = math.floor(x * (1.0 / TWO_PI) + 0.5)
     r = (x - k * _TWO_PI_HI) - k * _TWO_PI_LO  # r in [-π, π]
     if r > HALF_PI:
