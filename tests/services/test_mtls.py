@@ -19,7 +19,7 @@ from capc_common.wire import rpc
 STATUS = f"/{rpc.GUARDIAN_SERVICE}/BatchStatus"
 
 
-class _StatusOnly(rpc.GuardianServiceServicer):  # type: ignore[misc]
+class _StatusOnly(rpc.GuardianServiceServicer):
     def BatchStatus(self, request, context):
         return pb.BatchStatusReply(state=pb.BatchState.Value("BATCH_STATE_UNKNOWN"), detail=request.batch_id)
 

@@ -30,7 +30,7 @@ def _files(pki: Path, party: str) -> TlsFiles:
     return TlsFiles(ca=pki / "ca.crt", cert=pki / f"{party}.crt", key=pki / f"{party}.key")
 
 
-class _Garbler(rpc.GuardianServiceServicer):  # type: ignore[misc]
+class _Garbler(rpc.GuardianServiceServicer):
     """Garbles the batches it is handed, one session per stream (what the guardian's servicer does)."""
 
     def __init__(self, batches: list[dict]) -> None:

@@ -54,3 +54,46 @@ def test_refuses_negative_dimension() -> None:
 def test_refuses_to_encode_float64() -> None:
     with pytest.raises(ProtocolError, match="float64 cannot travel"):
         ndarray_to_proto(np.zeros(2))
+
+
+def test_query_round_trips_synthetic_and_raw() -> None:
+    from capc_common.synth import SyntheticSpec
+    from capc_common.wire import RawQuery, query_from_proto, query_to_proto
+    from capc_common.wire.messages import QuerySpec
+
+    spec = SyntheticSpec(
+        "dead_leaves", seed=2**63 + 5, first_index=7, count=32, height=28, width=28, channels=1, bn_batch=16
+    )
+    raw = RawQuery(images=np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3), bn_batch=2)
+    for query in (spec, raw):
+        wire_bytes = query_to_proto(query).SerializeToString()
+        assert query_from_proto(QuerySpec.FromString(wire_bytes)) == query
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda q: setattr(q.synthetic, "generator", "nope"), "invalid synthetic spec"),
+        (lambda q: setattr(q.synthetic, "count", 20), "invalid synthetic spec"),
+        (lambda q: q.ClearField("synthetic"), "neither a synthetic spec nor raw images"),
+    ],
+)
+def test_invalid_queries_are_protocol_errors(mutate, match: str) -> None:
+    from capc_common.synth import SyntheticSpec
+    from capc_common.wire import query_from_proto, query_to_proto
+
+    message = query_to_proto(
+        SyntheticSpec("gaussian", seed=1, first_index=0, count=16, height=8, width=8, channels=1, bn_batch=16)
+    )
+    mutate(message)
+    with pytest.raises(ProtocolError, match=match):
+        query_from_proto(message)
+
+
+def test_raw_images_must_be_uint8_nhwc() -> None:
+    from capc_common.wire import query_from_proto
+    from capc_common.wire.messages import QuerySpec, RawImages
+
+    message = QuerySpec(raw=RawImages(images=ndarray_to_proto(np.zeros((2, 4, 4), np.uint8)), bn_batch=2))
+    with pytest.raises(ProtocolError, match=r"uint8 \(N, H, W, 1\|3\)"):
+        query_from_proto(message)

@@ -28,7 +28,7 @@ def peer_name(context: grpc.ServicerContext) -> str:
     return names[0].decode() if names else ""
 
 
-class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
+class AuthInterceptor(grpc.ServerInterceptor):
     """Checks caller identity against ``federation.yaml`` and the method's allowed roles, and the config hash.
 
     Args:
@@ -117,7 +117,7 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         )
 
 
-class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
+class _Details(grpc.ClientCallDetails):
     def __init__(self, base: Any, metadata: tuple[tuple[str, str], ...]) -> None:
         self.method = base.method
         self.timeout = base.timeout
@@ -142,8 +142,8 @@ def check_peer_hash(metadata: Any, *, expected: str, peer: str) -> None:
 
 
 class ConfigHashClientInterceptor(
-    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
-    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
 ):
     """Sends this party's federation-config hash with every call and checks the server's on unary replies."""
 

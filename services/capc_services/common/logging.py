@@ -8,7 +8,12 @@ import logging
 import sys
 from typing import Any
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+# Record attributes that are not user fields (uvicorn adds an ANSI-coloured copy of its message).
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "color_message",
+}
 
 
 class JsonFormatter(logging.Formatter):
@@ -27,7 +32,7 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
+            if key not in _STANDARD and not key.startswith("_") and key not in entry:
                 entry[key] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)

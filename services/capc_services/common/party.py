@@ -19,6 +19,14 @@ from capc_services.tls import certificate_info
 _log = logging.getLogger(__name__)
 
 
+def apply_torch_threads(threads: int | None) -> None:
+    """Cap torch's CPU threads (several parties on one machine must not oversubscribe its cores)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 class PartyRuntime:
     """One party's identity and shared plumbing, checked at start-up.
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from capc_common.aggregation import draw_confident_noise
 from capc_common.errors import CapcError, InputError, IntegrityError, ProtocolError, UnavailableError
-from capc_common.federation import FederationConfig, batch_costs, mpc_config
+from capc_common.federation import FederationConfig, batch_costs, check_batch_fits, mpc_config
 from capc_common.mpc import Channel, GarblerSession
 from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_services.common.metrics import PartyMetrics
@@ -89,6 +89,7 @@ class Guardian:
         self.ledger = ledger
         self.noise = noise
         self.metrics = metrics
+        check_batch_fits(config)
         self._mpc = mpc_config(config)
         self._costs = batch_costs(config)
         self._lock = threading.Condition()

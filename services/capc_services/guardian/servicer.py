@@ -39,7 +39,7 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     context.abort(status_for(exc), str(exc))
 
 
-class GuardianServicer(rpc.GuardianServiceServicer):  # type: ignore[misc]
+class GuardianServicer(rpc.GuardianServiceServicer):
     """Implements ``capc.v1.GuardianService`` over a :class:`Guardian`."""
 
     def __init__(self, guardian: Guardian) -> None:

@@ -109,7 +109,7 @@ class TeacherRegistry:
             self._lock.notify_all()
         if old is not None:
             old.close()
-        _log.info("teacher connected", extra={"party": party, "heads": heads})
+        _log.info("teacher connected", extra={"teacher": party, "heads": heads})
         return link
 
     def disconnect(self, link: TeacherLink) -> None:
@@ -123,7 +123,7 @@ class TeacherRegistry:
             self._lock.notify_all()
         for collection in waiting:
             collection.deliver(Answer(party=link.party, refusal="work stream closed (party disconnected)"))
-        _log.warning("teacher disconnected", extra={"party": link.party})
+        _log.warning("teacher disconnected", extra={"teacher": link.party})
 
     def live(self) -> dict[str, TeacherLink]:
         """The currently connected parties."""
@@ -170,7 +170,7 @@ class TeacherRegistry:
         with self._lock:
             collection = self._collections.get((batch_id, attempt))
         if collection is None:
-            _log.info("late answer dropped", extra={"party": link.party, "batch_id": batch_id})
+            _log.info("late answer dropped", extra={"teacher": link.party, "batch_id": batch_id})
             return
         collection.deliver(answer)
 

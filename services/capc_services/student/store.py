@@ -206,6 +206,12 @@ class LabelStore:
             rows = self._db.execute(sql + " ORDER BY first_index", args).fetchall()
         return [self._record(r) for r in rows]
 
+    def next_index(self) -> int:
+        """The first query index after every batch ever begun (where new batches start after a restart)."""
+        with self._lock:
+            row = self._db.execute("SELECT COALESCE(MAX(first_index + count), 0) FROM batches").fetchone()
+        return int(row[0])
+
     def labels(self) -> tuple[np.ndarray, np.ndarray]:
         """``(query_indices, labels)`` of every answered query, in query order."""
         with self._lock:

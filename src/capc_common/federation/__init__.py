@@ -1,5 +1,5 @@
 """Library-level objects of a federation: the shared ``federation.yaml``, its hash, and what every party
-derives from it alike (privacy costs, MPC parameters, the shared backbone)."""
+derives from it alike (privacy costs, MPC parameters, the shared backbone, the batch plan)."""
 
 from capc_common.federation.config import (
     Backbone,
@@ -11,12 +11,20 @@ from capc_common.federation.config import (
     TeacherParty,
     check_party_name,
 )
-from capc_common.federation.costs import BatchCosts, accountant, batch_costs, smallest_quorum_heads
+from capc_common.federation.costs import (
+    BatchCosts,
+    accountant,
+    batch_costs,
+    check_batch_fits,
+    smallest_quorum_heads,
+)
+from capc_common.federation.plan import BatchPlan, batch_plan, usable_queries
 from capc_common.federation.runtime import load_shared_backbone, mpc_config
 
 __all__ = [
     "Backbone",
     "BatchCosts",
+    "BatchPlan",
     "Budget",
     "FederationConfig",
     "Mechanism",
@@ -25,8 +33,11 @@ __all__ = [
     "TeacherParty",
     "accountant",
     "batch_costs",
+    "batch_plan",
+    "check_batch_fits",
     "check_party_name",
     "load_shared_backbone",
     "mpc_config",
     "smallest_quorum_heads",
+    "usable_queries",
 ]

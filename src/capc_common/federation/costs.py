@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from capc_common.errors import InputError
 from capc_common.federation.config import FederationConfig
 from capc_common.privacy import ConfidentGNMaxAccountant
-from capc_common.privacy.analysis import epsilon_at_order
+from capc_common.privacy.analysis import epsilon_at_order, rdp_budget_at_order
 
 
 @dataclass(frozen=True)
@@ -82,3 +83,25 @@ def batch_costs(config: FederationConfig) -> BatchCosts:
         answer_rdp=float(acc.answer_rdp(order)[0]),
         params={**acc.params(), "order": config.budget.order},
     )
+
+
+def check_batch_fits(config: FederationConfig) -> None:
+    """Refuse a federation whose budget cannot pay for even one full batch's worst case.
+
+    Raises:
+        InputError: with the batch's worst case, the budget, and the largest batch that would fit.
+    """
+    costs = batch_costs(config)
+    b = config.budget
+    budget = rdp_budget_at_order(epsilon=b.epsilon, delta=b.delta, order=b.order)
+    batch = config.queries.batch_size
+    worst = costs.worst_case(batch)
+    if worst > budget:
+        per_query = costs.query_rdp + costs.answer_rdp
+        fits = int(budget // per_query) // config.queries.bn_batch * config.queries.bn_batch
+        smaller = f"use batches of at most {fits} queries" if fits else "no batch size fits"
+        raise InputError(
+            f"one batch of {batch} queries may cost up to RDP {worst:.4g} at order {b.order:g}, more than "
+            f"the whole budget {budget:.4g} (ε={b.epsilon:g}, δ={b.delta:g}), so no batch could ever run; raise "
+            f"sigma2 (now {config.mechanism.sigma2:g}) or ε ({smaller})"
+        )

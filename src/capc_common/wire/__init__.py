@@ -8,6 +8,10 @@ from capc_common.wire.serde import (
     digest,
     ndarray_from_proto,
     ndarray_to_proto,
+    query_from_proto,
+    query_to_proto,
+    spec_from_proto,
+    spec_to_proto,
 )
 
 __all__ = [
@@ -15,4 +19,8 @@ __all__ = [
     "digest",
     "ndarray_from_proto",
     "ndarray_to_proto",
+    "query_from_proto",
+    "query_to_proto",
+    "spec_from_proto",
+    "spec_to_proto",
 ]

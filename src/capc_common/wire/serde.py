@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from capc_common.errors import ProtocolError
+from capc_common.errors import InputError, ProtocolError
 from capc_common.wire.capc.v1.common_pb2 import NdArray as ProtoNdArray
+from capc_common.wire.capc.v1.common_pb2 import QuerySpec as ProtoQuerySpec
+from capc_common.wire.capc.v1.common_pb2 import RawImages as ProtoRawImages
+from capc_common.wire.capc.v1.common_pb2 import SyntheticSpec as ProtoSyntheticSpec
+
+if TYPE_CHECKING:
+    from capc_common.synth import SyntheticSpec
 
 # Arrays on the wire are shares (unsigned integers), vote counts, labels and uint8 images.
 _DTYPES = frozenset({"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32"})
@@ -79,3 +86,69 @@ def digest(message_bytes: bytes) -> bytes:
     """SHA-256 of a deterministically serialized message (how a batch id is bound to its query)."""
     return hashlib.sha256(message_bytes).digest()
 
+
+def spec_to_proto(spec: SyntheticSpec) -> ProtoSyntheticSpec:
+    """Encode a synthetic query spec (the batch is described, not shipped)."""
+    return ProtoSyntheticSpec(
+        generator=spec.generator,
+        seed=spec.seed,
+        first_index=spec.first_index,
+        count=spec.count,
+        height=spec.height,
+        width=spec.width,
+        channels=spec.channels,
+        bn_batch=spec.bn_batch,
+    )
+
+
+def spec_from_proto(message: ProtoSyntheticSpec) -> SyntheticSpec:
+    """Decode and validate a synthetic query spec.
+
+    Raises:
+        ProtocolError: the spec is invalid (unknown generator, bad sizes); the message says which field.
+    """
+    from capc_common.synth import SyntheticSpec  # generators load only where images are made
+
+    try:
+        return SyntheticSpec(
+            generator=message.generator,
+            seed=message.seed,
+            first_index=message.first_index,
+            count=message.count,
+            height=message.height,
+            width=message.width,
+            channels=message.channels,
+            bn_batch=message.bn_batch,
+        )
+    except InputError as exc:
+        raise ProtocolError(f"peer sent an invalid synthetic spec: {exc}") from None
+
+
+def query_to_proto(query: SyntheticSpec | RawQuery) -> ProtoQuerySpec:
+    """Encode a query: a synthetic spec, or raw images."""
+    if isinstance(query, RawQuery):
+        return ProtoQuerySpec(
+            raw=ProtoRawImages(images=ndarray_to_proto(query.images), bn_batch=query.bn_batch)
+        )
+    return ProtoQuerySpec(synthetic=spec_to_proto(query))
+
+
+def query_from_proto(message: ProtoQuerySpec) -> SyntheticSpec | RawQuery:
+    """Decode a query.
+
+    Raises:
+        ProtocolError: neither kind is set, or its content is invalid.
+    """
+    kind = message.WhichOneof("source")
+    if kind == "synthetic":
+        return spec_from_proto(message.synthetic)
+    if kind == "raw":
+        images = ndarray_from_proto(message.raw.images)
+        if images.dtype != np.uint8 or images.ndim != 4 or images.shape[3] not in (1, 3):
+            raise ProtocolError(
+                f"raw query images must be uint8 (N, H, W, 1|3), got {images.dtype} {images.shape}"
+            )
+        if not 1 <= message.raw.bn_batch <= images.shape[0]:
+            raise ProtocolError(f"raw query bn_batch {message.raw.bn_batch} is not in [1, {images.shape[0]}]")
+        return RawQuery(images=images, bn_batch=message.raw.bn_batch)
+    raise ProtocolError("peer sent a query with neither a synthetic spec nor raw images")

@@ -1,0 +1,109 @@
+"""``capc teacher serve``: a teacher party's process (outbound connections only)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from fastapi import APIRouter
+
+from capc_common.errors import InputError
+from capc_common.federation import load_shared_backbone
+from capc_common.learn.heads import HeadEnsemble
+from capc_services.common.admin import api_router
+from capc_services.common.party import PartyRuntime, apply_torch_threads
+from capc_services.teacher.cap import LocalCap
+from capc_services.teacher.client import TeacherLinks
+from capc_services.teacher.settings import TeacherSettings
+from capc_services.teacher.worker import TeacherWorker
+
+_log = logging.getLogger(__name__)
+
+
+def load_heads(settings: TeacherSettings) -> HeadEnsemble:
+    """The party's heads, checked against federation.yaml (head count, classes).
+
+    Raises:
+        InputError: the file is missing or does not match the federation.
+    """
+    config = settings.federation_config
+    heads = HeadEnsemble.load(settings.heads)
+    expected = config.teacher(settings.party).heads
+    if heads.heads != expected or heads.classes != config.classes:
+        raise InputError(
+            f"{settings.heads} holds {heads.heads} heads over {heads.classes} classes; federation.yaml gives "
+            f"{settings.party} {expected} heads over {config.classes} classes "
+            "(retrain with `capc teacher train`)"
+        )
+    return heads
+
+
+def _status_router(worker: TeacherWorker, links: TeacherLinks, cap: LocalCap) -> APIRouter:
+    api = api_router()
+
+    @api.get("/status", tags=["teacher"])
+    def status() -> dict[str, Any]:
+        """Connection state, the local ε cap and what this party answered or refused."""
+        return {
+            "party": links.party,
+            "connected_to_student": links.connected,
+            "last_error": links.last_error,
+            "heads": worker.heads.heads,
+            "allow_raw_queries": worker.allow_raw,
+            "local_cap": {
+                "epsilon_spent": cap.epsilon,
+                "epsilon_cap": cap.cap,
+                "batches": cap.batches,
+                "queries": cap.queries,
+            },
+            "answered_batches": worker.stats.answered,
+            "refused_batches": worker.stats.refused,
+            "queries_answered": worker.stats.queries,
+            "last_batch": worker.stats.last_batch,
+            "last_refusal": worker.stats.last_refusal,
+        }
+
+    return api
+
+
+def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
+    """Run a teacher party until ``stop`` is set."""
+    party = PartyRuntime(settings, role="teacher")
+    apply_torch_threads(settings.torch_threads)
+    backbone = load_shared_backbone(party.config)
+    heads = load_heads(settings)
+    cap = LocalCap(settings.cap.record, config=party.config, epsilon_cap=settings.cap.epsilon)
+    worker = TeacherWorker(
+        config=party.config,
+        backbone=backbone,
+        heads=heads,
+        cap=cap,
+        metrics=party.metrics,
+        allow_raw_queries=settings.allow_raw_queries,
+    )
+    links = TeacherLinks(
+        config=party.config,
+        party=settings.party,
+        tls=party.tls,
+        student_address=settings.student_address,
+        guardian_address=settings.guardian_address,
+        worker=worker,
+    )
+    party.start_admin(
+        readiness=lambda: {
+            "student": (links.connected, links.last_error or "connected"),
+            "guardian": (links.guardian_reachable(timeout=0.5), settings.guardian_address),
+        },
+        routers=[_status_router(worker, links, cap)],
+    )
+    runner = threading.Thread(target=links.run, args=(stop,), name="work-stream", daemon=True)
+    runner.start()
+    _log.info("teacher running", extra={"heads": heads.heads, "admin_port": party.admin_port})
+    try:
+        stop.wait()
+    finally:
+        links.close()
+        runner.join(timeout=10)
+        party.stop_admin()
+        _log.info("teacher stopped")

@@ -1,0 +1,168 @@
+"""A teacher party's outbound links: the work stream to the student and share submission to the guardian.
+
+The party listens on no gRPC port (hospital firewalls allow outbound connections only). It dials the
+student, introduces itself, and answers work items as they arrive; when the stream breaks it reconnects
+with capped exponential backoff until told to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from capc_common import __version__
+from capc_common.errors import CapcError, ProtocolError
+from capc_common.federation import FederationConfig
+from capc_common.wire import messages as pb
+from capc_common.wire import rpc
+from capc_services.common.errors import error_from_rpc
+from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.teacher.worker import TeacherWorker
+from capc_services.tls import TlsFiles
+
+_log = logging.getLogger(__name__)
+_END = object()
+
+
+class TeacherLinks:
+    """Keeps the party connected and answering.
+
+    Args:
+        config: the federation config.
+        party: this party's name (its certificate CN).
+        tls: its TLS files.
+        student_address: ``host:port`` of the student.
+        guardian_address: ``host:port`` of the guardian.
+        worker: answers work items.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: FederationConfig,
+        party: str,
+        tls: TlsFiles,
+        student_address: str,
+        guardian_address: str,
+        worker: TeacherWorker,
+        submit_timeout: float = 60.0,
+    ) -> None:
+        self.config = config
+        self.party = party
+        self.worker = worker
+        self._hash = config.config_hash()
+        self._student_channel = tls.channel(
+            student_address,
+            peer=config.student,
+            interceptors=(ConfigHashClientInterceptor(self._hash, peer=config.student),),
+        )
+        self._guardian_channel = tls.channel(
+            guardian_address,
+            peer=config.guardian,
+            interceptors=(ConfigHashClientInterceptor(self._hash, peer=config.guardian),),
+        )
+        self._student = rpc.StudentServiceStub(self._student_channel)
+        self._guardian = rpc.GuardianServiceStub(self._guardian_channel)
+        self._submit_timeout = submit_timeout
+        self.connected = False
+        self.last_error = ""
+        self._call: Any = None
+
+    def submit_seed(self, batch_id: str, attempt: int, seed: bytes, shape: tuple[int, int]) -> None:
+        """Send this party's mask seed for one batch attempt to the guardian.
+
+        Raises:
+            CapcError: the guardian refused or could not be reached.
+        """
+        request = pb.SubmitSharesRequest(
+            batch_id=batch_id, attempt=attempt, party=self.party, seed=seed, shape=shape
+        )
+        try:
+            self._guardian.SubmitShares(request, timeout=self._submit_timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, peer=self.config.guardian) from None
+
+    def guardian_reachable(self, *, timeout: float = 1.0) -> bool:
+        """Whether a TLS connection to the guardian is up (or comes up within ``timeout``)."""
+        try:
+            grpc.channel_ready_future(self._guardian_channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            return False
+        return True
+
+    def _session(self, stop: threading.Event) -> None:
+        outgoing: queue.Queue[Any] = queue.Queue()
+        outgoing.put(
+            pb.TeacherMessage(
+                hello=pb.TeacherHello(
+                    party=self.party, heads=self.worker.heads.heads, software_version=__version__
+                )
+            )
+        )
+
+        def requests() -> Iterator[pb.TeacherMessage]:
+            while True:
+                item = outgoing.get()
+                if item is _END:
+                    return
+                yield item
+
+        call = self._student.Work(requests())
+        self._call = call
+        try:
+            for message in call:
+                kind = message.WhichOneof("kind")
+                if kind == "welcome":
+                    welcome = message.welcome
+                    if welcome.config_hash != self._hash or welcome.student != self.config.student:
+                        raise ProtocolError(
+                            f"student {welcome.student!r} runs federation config {welcome.config_hash[:16]}, "
+                            f"this party has {self._hash[:16]}; refusing to vote"
+                        )
+                    self.connected = True
+                    self.last_error = ""
+                    _log.info("connected to student", extra={"student": welcome.student})
+                elif kind == "work":
+                    if not self.connected:
+                        raise ProtocolError("student sent work before its welcome")
+                    outgoing.put(self.worker.answer(message.work, submit_seed=self.submit_seed))
+                if stop.is_set():
+                    break
+        finally:
+            self.connected = False
+            outgoing.put(_END)
+            call.cancel()
+
+    def run(self, stop: threading.Event) -> None:
+        """Stay connected and answer until ``stop`` is set (reconnecting with backoff)."""
+        backoff = 0.5
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self._session(stop)
+            except grpc.RpcError as exc:
+                if stop.is_set():
+                    break
+                self.last_error = str(error_from_rpc(exc, peer=self.config.student))
+            except CapcError as exc:
+                self.last_error = str(exc)
+            if stop.is_set():
+                break
+            if time.monotonic() - started > 30:
+                backoff = 0.5
+            _log.warning("work stream ended; reconnecting", extra={"error": self.last_error, "in_s": backoff})
+            stop.wait(backoff)
+            backoff = min(backoff * 2, 15.0)
+
+    def close(self) -> None:
+        """Cancel the stream and close both channels."""
+        if self._call is not None:
+            self._call.cancel()
+        self._student_channel.close()
+        self._guardian_channel.close()

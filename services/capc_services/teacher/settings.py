@@ -1,0 +1,60 @@
+"""A teacher party's site settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from capc_services.common.settings import SiteSettings
+
+
+class CapSettings(BaseModel):
+    """The party's own worst-case ε cap and where its record of released shares is kept."""
+
+    model_config = ConfigDict(extra="forbid")
+    epsilon: float = Field(gt=0)
+    record: Path
+
+
+class DataSettings(BaseModel):
+    """The site's own labelled data, for ``capc teacher train``.
+
+    Attributes:
+        dataset: a dataset name the library knows (e.g. ``fashion-mnist``).
+        shard / shards: this site's disjoint part of the dataset when several simulated sites share one
+            (a real site uses ``shards: 1``).
+        seed: seed of the partition.
+        limit: use at most this many of the site's examples.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    dataset: str
+    shard: int = Field(default=0, ge=0)
+    shards: int = Field(default=1, ge=1)
+    seed: int = 0
+    limit: int | None = Field(default=None, ge=1)
+
+
+class TeacherSettings(SiteSettings):
+    """``capc teacher serve|train --site FILE``.
+
+    Attributes:
+        student_address / guardian_address: ``host:port`` the party dials (it listens on no gRPC port).
+        heads: the party's teacher heads (written by ``capc teacher train``).
+        cap: the local ε cap.
+        allow_raw_queries: answer queries shipped as raw images (default: synthetic queries only).
+        torch_threads: CPU threads for inference (None: torch's default).
+        data: the site's training data.
+    """
+
+    student_address: str
+    guardian_address: str
+    heads: Path
+    cap: CapSettings
+    allow_raw_queries: bool = False
+    torch_threads: int | None = Field(default=None, ge=1)
+    data: DataSettings | None = None
+
+    def check_role(self) -> None:
+        self._require_role("teacher")

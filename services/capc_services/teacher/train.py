@@ -1,0 +1,90 @@
+"""``capc teacher train``: a teacher party trains its own heads on its own data.
+
+The party's examples (its ``data:`` section: a named dataset, or its own ``npz:``/``folder:``/``idx:``
+files, optionally one shard of a shared dataset when several sites are simulated) are split into as many
+disjoint shards as the party has teacher heads in federation.yaml. Features come from the shared backbone in
+current-statistics mode over chunks of ``bn_batch`` images, the same setting the party answers queries in,
+and all heads are trained at once as one batched problem. Nothing leaves the site.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from capc_common.data import load_dataset, partition
+from capc_common.errors import InputError
+from capc_common.federation import load_shared_backbone
+from capc_common.learn.heads import train_heads
+from capc_common.models import extract_features
+from capc_services.common.party import apply_torch_threads
+from capc_services.teacher.settings import TeacherSettings
+
+
+def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, str]:
+    """The site's training images and labels (its shard and limit applied) and a description.
+
+    Raises:
+        InputError: no ``data:`` section, or a shard outside ``[0, shards)``.
+    """
+    data = settings.data
+    if data is None:
+        raise InputError(
+            f"site file of {settings.party} has no `data:` section; add e.g. "
+            "`data: {dataset: npz:/data/site.npz}` pointing at the site's own labelled images"
+        )
+    if not 0 <= data.shard < data.shards:
+        raise InputError(f"data.shard {data.shard} is outside [0, {data.shards})")
+    dataset = load_dataset(data.dataset, split="train")
+    index = np.arange(len(dataset.labels))
+    if data.shards > 1:
+        index = partition(dataset.labels, shards=data.shards, scheme="iid", seed=data.seed)[data.shard]
+    if data.limit is not None:
+        index = index[: data.limit]
+    name = f"{dataset.name} shard {data.shard}/{data.shards}"
+    return dataset.images[index], dataset.labels[index], name
+
+
+def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
+    """Train and save the party's heads (atomically, to ``settings.heads``); returns a summary.
+
+    Raises:
+        InputError: bad data section, too few examples for the heads, or a class count mismatch.
+    """
+    config = settings.federation_config
+    heads = config.teacher(settings.party).heads
+    apply_torch_threads(settings.torch_threads)
+    start = time.perf_counter()
+    images, labels, name = party_examples(settings)
+    if len(labels) < heads:
+        raise InputError(
+            f"{settings.party} has {len(labels)} examples for {heads} teacher heads; need ≥ 1 each"
+        )
+    if int(labels.max(initial=0)) >= config.classes:
+        raise InputError(
+            f"{name} has labels up to {int(labels.max())}, but the federation has {config.classes} classes"
+        )
+    backbone = load_shared_backbone(config)
+    features = extract_features(backbone, images, bn_batch=config.queries.bn_batch, mode="current")
+    shards = partition(labels, shards=heads, scheme="iid", seed=config.queries.seed)
+    owners = np.empty(len(labels), dtype=np.int64)
+    for head, rows in enumerate(shards):
+        owners[rows] = head
+    ensemble = train_heads(features, labels, owners=owners, heads=heads, classes=config.classes)
+    settings.heads.parent.mkdir(parents=True, exist_ok=True)
+    ensemble.save(settings.heads)
+    train_accuracy = float((ensemble.predict(features)[owners, np.arange(len(labels))] == labels).mean())
+    seconds = time.perf_counter() - start
+    return {
+        "party": settings.party,
+        "heads": heads,
+        "examples": len(labels),
+        "data": name,
+        "train_accuracy": train_accuracy,
+        "seconds": round(seconds, 2),
+        "path": str(settings.heads),
+        "summary": f"{heads} heads on {len(labels)} examples of {name}, train accuracy {train_accuracy:.3f}, "
+        f"{seconds:.1f} s",
+    }

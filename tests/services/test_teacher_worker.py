@@ -1,0 +1,147 @@
+"""A teacher party's worker: regenerates queries, votes with all its heads, shares, refuses what it must."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from capc_services.common.metrics import PartyMetrics
+from capc_services.teacher.cap import LocalCap
+from capc_services.teacher.worker import TeacherWorker
+from capc_services.tls import certificate_info
+
+from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone, mpc_config
+from capc_common.learn.heads import train_heads
+from capc_common.models import extract_features
+from capc_common.mpc import expand_share_seed, sum_shares
+from capc_common.wire import RawQuery, query_to_proto
+from capc_common.wire import messages as pb
+
+
+@pytest.fixture(scope="module")
+def heads_and_backbone(tmp_path_factory):
+    """Two heads over the shared scattering backbone, trained on a few synthetic images with fixed labels."""
+    from capc_common.models import load_backbone
+    from capc_common.synth import generate
+
+    backbone = load_backbone("scatter-28x28x1")
+    images = generate("dead_leaves", seed=3, start=0, count=64, height=28, width=28, channels=1)
+    features = extract_features(backbone, images, bn_batch=32, mode="current")
+    labels = np.arange(64) % 10
+    heads = train_heads(features, labels, owners=np.arange(64) % 2, heads=2, classes=10, max_iter=20)
+    return heads, backbone
+
+
+def _worker(
+    tmp_path: Path, pki: Path, config: FederationConfig, heads, *, cap: float = 1e6, raw: bool = False
+):
+    metrics = PartyMetrics(
+        party="hospital-a",
+        role="teacher",
+        config_hash=config.config_hash(),
+        certificate=certificate_info(pki / "hospital-a.crt"),
+    )
+    return TeacherWorker(
+        config=config,
+        backbone=load_shared_backbone(config),
+        heads=heads,
+        cap=LocalCap(tmp_path / "cap.jsonl", config=config, epsilon_cap=cap),
+        metrics=metrics,
+        allow_raw_queries=raw,
+    )
+
+
+QUERIES = {
+    "generator": "dead_leaves",
+    "seed": 7,
+    "total": 64,
+    "batch_size": 32,
+    "bn_batch": 16,
+    "height": 28,
+    "width": 28,
+    "channels": 1,
+}
+
+
+@pytest.fixture
+def config(federation_dict, heads_and_backbone) -> FederationConfig:
+    _, backbone = heads_and_backbone
+    return FederationConfig.from_dict(
+        federation_dict(
+            teachers=[{"name": "hospital-a", "heads": 2}, {"name": "hospital-b", "heads": 3}],
+            mechanism={"threshold": 3, "sigma1": 4.0, "sigma2": 4.0},
+            backbone={"name": "scatter-28x28x1", "sha256": backbone.sha256},
+            queries={
+                "generator": "dead_leaves",
+                "seed": 7,
+                "total": 64,
+                "batch_size": 32,
+                "bn_batch": 16,
+                "height": 28,
+                "width": 28,
+                "channels": 1,
+            },
+        )
+    )
+
+
+def _item(config: FederationConfig, query) -> pb.WorkItem:
+    return pb.WorkItem(
+        batch_id="b0", attempt=1, query=query_to_proto(query), ring_width=mpc_config(config).width, classes=10
+    )
+
+
+def test_votes_are_the_heads_one_hot_sum_split_between_student_and_guardian(
+    tmp_path: Path, pki: Path, config: FederationConfig, heads_and_backbone
+) -> None:
+    # Prepare
+    heads, backbone = heads_and_backbone
+    worker = _worker(tmp_path, pki, config, heads)
+    plan = batch_plan(config, first_index=16, count=32)
+    seeds: list[tuple] = []
+    # Execute
+    reply = worker.answer(_item(config, plan.spec), submit_seed=lambda *args: seeds.append(args))
+    # Assert
+    assert reply.WhichOneof("kind") == "share"
+    ((batch_id, attempt, seed, shape),) = seeds
+    assert (batch_id, attempt, shape) == ("b0", 1, (32, 10))
+    from capc_common.wire import ndarray_from_proto
+
+    width = mpc_config(config).width
+    student = ndarray_from_proto(reply.share.share)
+    votes = sum_shares([student, expand_share_seed(seed, shape=shape, width=width)], width=width)
+    features = extract_features(backbone, plan.spec.images(), bn_batch=16, mode="current")
+    predictions = heads.predict(features)
+    expected = np.stack([np.bincount(predictions[:, i], minlength=10) for i in range(32)])
+    np.testing.assert_array_equal(votes, expected)
+    assert worker.cap.batches == 1 and worker.stats.answered == 1
+
+
+def test_raw_queries_are_refused_unless_the_site_allows_them(
+    tmp_path: Path, pki: Path, config: FederationConfig, heads_and_backbone
+) -> None:
+    heads, _ = heads_and_backbone
+    raw = RawQuery(images=np.zeros((16, 28, 28, 1), np.uint8), bn_batch=16)
+    refused = _worker(tmp_path, pki, config, heads).answer(_item(config, raw), submit_seed=lambda *a: None)
+    assert refused.refusal.reason == pb.RefusalReason.Value("REFUSAL_REASON_RAW_QUERIES_NOT_ALLOWED")
+    allowed = _worker(tmp_path / "b", pki, config, heads, raw=True)
+    assert allowed.answer(_item(config, raw), submit_seed=lambda *a: None).WhichOneof("kind") == "share"
+
+
+def test_specs_that_contradict_the_federation_and_the_local_cap_are_refused(
+    tmp_path: Path, pki: Path, config: FederationConfig, heads_and_backbone
+) -> None:
+    heads, _ = heads_and_backbone
+    worker = _worker(tmp_path, pki, config, heads, cap=1.0)
+    other = batch_plan(config, first_index=0, count=16).spec.to_dict() | {"generator": "gaussian"}
+    from capc_common.synth import SyntheticSpec
+
+    reply = worker.answer(_item(config, SyntheticSpec.from_dict(other)), submit_seed=lambda *a: None)
+    assert reply.refusal.reason == pb.RefusalReason.Value("REFUSAL_REASON_INVALID_QUERY")
+    assert "does not match federation.yaml" in reply.refusal.detail
+    capped = worker.answer(
+        _item(config, batch_plan(config, first_index=0, count=16).spec), submit_seed=lambda *a: None
+    )
+    assert capped.refusal.reason == pb.RefusalReason.Value("REFUSAL_REASON_LOCAL_BUDGET_EXHAUSTED")
+    assert worker.cap.batches == 0
