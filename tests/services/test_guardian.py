@@ -43,9 +43,11 @@ class Setup:
             config=config.model_dump(mode="json"),
         )
         metrics = PartyMetrics(
-            party="guardian", role="guardian", config_hash=config.config_hash(),
+            party="guardian",
+            role="guardian",
+            config_hash=config.config_hash(),
             certificate=certificate_info(pki / "guardian.crt"),
-        )  # fmt: skip
+        )
         self.guardian = Guardian(config=config, ledger=self.ledger, noise=SeededNoise(SEED), metrics=metrics)
         self.server: GrpcServer = start_grpc_server(
             bind="127.0.0.1:0",
