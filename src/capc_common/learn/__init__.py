@@ -1,6 +1,8 @@
 """Learning on top of a frozen backbone: SimCLR pretraining, batched teacher heads, the student."""
 
 from capc_common.learn.augment import AugmentConfig, augment
+from capc_common.learn.featurizers import BackboneFeaturizer, Featurizer, PixelFeaturizer
+from capc_common.learn.heads import HeadEnsemble, train_heads
 from capc_common.learn.pretrain import (
     PretrainConfig,
     PretrainResult,
@@ -8,13 +10,28 @@ from capc_common.learn.pretrain import (
     nt_xent,
     pretrain,
 )
+from capc_common.learn.student import StudentFit, accuracy, load_student, save_student, train_student
+from capc_common.learn.teachers import TeacherEnsemble, shard_features, train_teachers
 
 __all__ = [
     "AugmentConfig",
+    "BackboneFeaturizer",
+    "Featurizer",
+    "HeadEnsemble",
+    "PixelFeaturizer",
     "PretrainConfig",
     "PretrainResult",
+    "StudentFit",
+    "TeacherEnsemble",
+    "accuracy",
     "augment",
     "calibrate_training_free",
+    "load_student",
     "nt_xent",
     "pretrain",
+    "save_student",
+    "shard_features",
+    "train_heads",
+    "train_student",
+    "train_teachers",
 ]

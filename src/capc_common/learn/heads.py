@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -29,6 +31,7 @@ __all__ = ["HeadEnsemble", "HeadKind", "train_heads"]
 
 HeadKind = Literal["linear", "mlp"]
 _FORMAT = "capc-heads-v1"
+_SMALL_FLOPS = 4_000_000_000
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class HeadEnsemble:
         """
         x = _as_features(features, dim=self.dim)
         with torch.no_grad():
-            return _forward(self.kind, self.params, x.unsqueeze(0).expand(self.heads, -1, -1))
+            return _shared_forward(self.kind, self.params, x)
 
     def predict(self, features: npt.ArrayLike | torch.Tensor, *, chunk: int = 4096) -> npt.NDArray[np.int64]:
         """Every head's predicted label on the same features (ties → lowest class index).
@@ -138,7 +141,12 @@ class HeadEnsemble:
 
 
 def _as_features(features: npt.ArrayLike | torch.Tensor, *, dim: int) -> torch.Tensor:
-    x = features if isinstance(features, torch.Tensor) else torch.from_numpy(np.asarray(features))
+    if isinstance(features, torch.Tensor):
+        x = features
+    else:
+        array = np.asarray(features)
+        # torch.from_numpy refuses (warns on) read-only views such as memory-mapped caches: copy those.
+        x = torch.from_numpy(array if array.flags.writeable else array.copy())
     if x.ndim != 2 or x.shape[1] != dim:
         raise InputError(
             f"features must have shape (N, {dim}) to match the heads, got {tuple(x.shape)}; "
@@ -152,6 +160,22 @@ def _forward(kind: HeadKind, params: dict[str, torch.Tensor], x: torch.Tensor) -
     if kind == "mlp":
         x = torch.relu(torch.baddbmm(params["b_in"].unsqueeze(1), x, params["w_in"].transpose(1, 2)))
     return torch.baddbmm(params["b_out"].unsqueeze(1), x, params["w_out"].transpose(1, 2))
+
+
+def _shared_forward(kind: HeadKind, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Logits ``(heads, N, classes)`` of every head on the *same* inputs ``x`` ``(N, dim)``.
+
+    The first layer of all heads is one GEMM against the stacked weights, rather than a batched product on
+    ``heads`` copies of ``x`` (which would materialise ``heads × N × dim`` floats).
+    """
+    first = params["w_in"] if kind == "mlp" else params["w_out"]
+    first_bias = params["b_in"] if kind == "mlp" else params["b_out"]
+    heads, width, dim = first.shape
+    h = torch.addmm(first_bias.reshape(-1), x, first.reshape(heads * width, dim).T)
+    h = h.reshape(x.shape[0], heads, width).transpose(0, 1)
+    if kind == "linear":
+        return h
+    return torch.baddbmm(params["b_out"].unsqueeze(1), torch.relu(h), params["w_out"].transpose(1, 2))
 
 
 def _init_params(
@@ -278,9 +302,9 @@ def train_heads(
     # Solve in float64: the (compressed) problems are small, and tight convergence makes the batched and
     # one-by-one optima agree to many digits.
     params = {k: v.double() for k, v in params.items()}
-    for p in params.values():
-        p.requires_grad_(True)
-    _lbfgs(kind, params, xs.double(), ys, ws.double(), l2=l2, max_iter=max_iter, tolerance=tolerance)
+    flops = 6 * xs.numel() * (hidden if kind == "mlp" else classes)  # forward + backward, per evaluation
+    with _threads_for(flops):
+        _lbfgs(kind, params, xs.double(), ys, ws.double(), l2=l2, max_iter=max_iter, tolerance=tolerance)
     trained = {k: v.detach().float() for k, v in params.items()}
     if basis is not None:
         trained[first] = torch.bmm(torch.bmm(trained[first], basis[1].transpose(1, 2)), rows)
@@ -307,6 +331,24 @@ def _row_space(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return evecs * root.unsqueeze(1), (evecs * inv_root.unsqueeze(1)).float()
 
 
+@contextmanager
+def _threads_for(flops: int) -> Iterator[None]:
+    """Run small problems on one intra-op thread.
+
+    L-BFGS issues thousands of small tensor operations (dot products, axpys); with several OpenMP threads
+    each one pays a synchronisation, which on a busy machine costs milliseconds — far more than the
+    arithmetic. Below ``_SMALL_FLOPS`` per objective evaluation one thread is faster; the previous thread
+    count is restored afterwards (note: ``torch.set_num_threads`` is process-wide).
+    """
+    before = torch.get_num_threads()
+    if flops < _SMALL_FLOPS and before > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _lbfgs(
     kind: HeadKind,
     params: dict[str, torch.Tensor],
@@ -318,23 +360,37 @@ def _lbfgs(
     max_iter: int,
     tolerance: float,
 ) -> None:
-    weights = [v for k, v in params.items() if k.startswith("w_")]
-    opt = torch.optim.LBFGS(
-        list(params.values()),
-        lr=1.0,
-        max_iter=max_iter,
-        history_size=20,
-        tolerance_grad=tolerance,
-        tolerance_change=1e-12,
-        line_search_fn="strong_wolfe",
-    )
+    """Minimise the joint objective in place with SciPy's L-BFGS-B (float64; torch computes gradients)."""
+    from scipy.optimize import minimize
 
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        logits = _forward(kind, params, xs)
+    names = list(params)
+    shapes = [params[n].shape for n in names]
+    sizes = [params[n].numel() for n in names]
+    offsets = np.cumsum([0, *sizes])
+
+    def unpack(theta: npt.NDArray[np.float64]) -> dict[str, torch.Tensor]:
+        return {
+            n: torch.from_numpy(theta[offsets[i] : offsets[i + 1]]).view(shapes[i]).requires_grad_(True)
+            for i, n in enumerate(names)
+        }
+
+    def objective(theta: npt.NDArray[np.float64]) -> tuple[float, npt.NDArray[np.float64]]:
+        p = unpack(np.array(theta, dtype=np.float64))
+        logits = _forward(kind, p, xs)
         ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ys, reduction="none")
-        loss = (ce * ws).sum() + 0.5 * l2 * sum((w * w).sum() for w in weights)
+        loss = (ce * ws).sum() + 0.5 * l2 * sum((v * v).sum() for k, v in p.items() if k.startswith("w_"))
         loss.backward()
-        return loss
+        grad = torch.cat([p[n].grad.reshape(-1) for n in names])  # type: ignore[union-attr]
+        return float(loss.detach()), grad.numpy()
 
-    opt.step(closure)
+    start = torch.cat([params[n].detach().reshape(-1) for n in names]).double().numpy()
+    result = minimize(
+        objective,
+        start,
+        jac=True,
+        method="L-BFGS-B",
+        options={"maxiter": max_iter, "gtol": tolerance, "ftol": 1e-15, "maxcor": 20},
+    )
+    final = unpack(np.asarray(result.x, dtype=np.float64))
+    for n in names:
+        params[n] = final[n].detach()

@@ -1,0 +1,77 @@
+"""A content-addressed cache of feature matrices, so repeated runs (benchmarks, sweeps) featurise once.
+
+Features depend only on public or fixed inputs — the backbone (by hash), which images (dataset, indices or
+synthetic stream), the BatchNorm chunk size and mode — so a run may reuse them without changing any
+result. Each entry is one ``.npy`` file named by the SHA-256 of a canonical JSON description of those
+inputs, written atomically. Without a cache directory every call computes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["FeatureCache", "digest_indices"]
+
+
+def digest_indices(index: npt.ArrayLike) -> str:
+    """Short SHA-256 of an index array (to name *which* images a feature matrix holds)."""
+    return hashlib.sha256(np.ascontiguousarray(index, dtype=np.int64).tobytes()).hexdigest()[:32]
+
+
+class FeatureCache:
+    """``get_or_compute(description, compute)``: load the matrix for ``description`` or compute and store it.
+
+    Args:
+        directory: where entries live; ``None`` disables caching.
+    """
+
+    def __init__(self, directory: str | Path | None) -> None:
+        self.directory = None if directory is None else Path(directory)
+
+    def _path(self, description: dict[str, Any]) -> Path | None:
+        if self.directory is None:
+            return None
+        key = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
+        return self.directory / f"{description.get('kind', 'features')}-{key[:40]}.npy"
+
+    def load(self, description: dict[str, Any]) -> npt.NDArray[np.float32] | None:
+        """The stored matrix for ``description``, or ``None``."""
+        path = self._path(description)
+        if path is None or not path.is_file():
+            return None
+        return np.load(path, allow_pickle=False)
+
+    def store(self, description: dict[str, Any], features: npt.NDArray[np.float32]) -> None:
+        """Store ``features`` under ``description`` (atomically: temporary file, then rename)."""
+        path = self._path(description)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                np.save(handle, features, allow_pickle=False)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def get_or_compute(
+        self, description: dict[str, Any], compute: Callable[[], npt.NDArray[np.float32]]
+    ) -> npt.NDArray[np.float32]:
+        """Cached features for ``description``, computing (and storing) them on a miss."""
+        found = self.load(description)
+        if found is not None:
+            return found
+        features = compute()
+        self.store(description, features)
+        return features

@@ -1,0 +1,255 @@
+"""``run.yaml``: everything a central DIET-PATE (or PATE-baseline) run needs, validated before any work.
+
+One frozen pydantic model per section; unknown keys are refused so a typo never silently falls back to a
+default. :func:`load_config` turns any validation problem into an :class:`~capc_common.errors.InputError`
+that names the offending key, its value and what is allowed. Checks that need the data or the backbone
+(shapes, more teachers than samples, a budget too small for one query) run in
+:func:`capc_common.dietpate.pipeline.prepare`, still before any expensive stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from capc_common.errors import InputError
+
+__all__ = [
+    "BackboneSection",
+    "BaselineSection",
+    "BudgetSection",
+    "DatasetSection",
+    "MechanismSection",
+    "QueriesSection",
+    "RunConfig",
+    "StudentSection",
+    "TeachersSection",
+    "load_config",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetSection(_Section):
+    """The private data: a named dataset, optionally subsampled, and a validation split for tuning.
+
+    ``validation`` images are held out of the *training* split (never the test split) so that
+    hyper-parameters can be tuned without touching the test set; ``evaluate_on: validation`` then reports
+    accuracy on them instead of the test set.
+    """
+
+    name: str = "fashion-mnist"
+    root: str | None = None
+    train_limit: int | None = Field(default=None, ge=1)
+    test_limit: int | None = Field(default=None, ge=1)
+    validation: int = Field(default=0, ge=0)
+    evaluate_on: Literal["test", "validation"] = "test"
+
+    @model_validator(mode="after")
+    def _validation_needed(self) -> Self:
+        if self.evaluate_on == "validation" and self.validation == 0:
+            raise ValueError("evaluate_on: validation needs validation > 0 (images held out of train)")
+        return self
+
+
+class TeachersSection(_Section):
+    """The teachers: how many, how the training data is split, and their head."""
+
+    count: int = Field(default=200, ge=1)
+    partition: Literal["iid", "imbalanced", "dirichlet"] = "iid"
+    imbalance_ratio: float | None = Field(default=None, ge=1)
+    alpha: float | None = Field(default=None, gt=0)
+    head: Literal["linear", "mlp"] = "linear"
+    hidden: int = Field(default=256, ge=1)
+    l2: float = Field(default=1e-2, gt=0)
+    max_iter: int = Field(default=200, ge=1)
+
+
+class BackboneSection(_Section):
+    """The shared frozen backbone and its BatchNorm statistics mode.
+
+    ``student`` names a different backbone for the student (the paper's "different initialisation"
+    ablation); ``same`` uses the teachers' one.
+    """
+
+    name: str = "default"
+    sha256: str | None = None
+    bn_mode: Literal["current", "running"] = "current"
+    bn_batch: int = Field(default=64, ge=2)
+    student: str = "same"
+
+
+class QueriesSection(_Section):
+    """The synthetic query stream: generator, seed, batch size, and the most queries to ask."""
+
+    generator: str = "dead_leaves"
+    seed: int = Field(default=1, ge=0, lt=2**63)
+    batch_size: int = Field(default=256, ge=1)
+    max_queries: int = Field(default=20_000, ge=1)
+    shrink_tail: bool = True
+
+
+class MechanismSection(_Section):
+    """The aggregation mechanism and its noise (σ are standard deviations of the integer noise)."""
+
+    name: Literal["confident-gnmax", "gnmax", "lnmax"] = "confident-gnmax"
+    threshold: float | None = Field(default=None, ge=0)
+    sigma1: float | None = Field(default=None, gt=0)
+    sigma2: float | None = Field(default=None, gt=0)
+    scale: float | None = Field(default=None, gt=0)
+    noise_seed: str | None = None
+
+    @model_validator(mode="after")
+    def _parameters(self) -> Self:
+        need = {
+            "confident-gnmax": ("threshold", "sigma1", "sigma2"),
+            "gnmax": ("sigma2",),
+            "lnmax": ("scale",),
+        }[self.name]
+        missing = [k for k in need if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"mechanism {self.name} needs {', '.join(missing)}")
+        return self
+
+
+class BudgetSection(_Section):
+    """The (ε, δ) at which the run stops, and the Rényi filter's fixed order (``auto``: planned)."""
+
+    epsilon: float = Field(default=6.0, gt=0)
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    order: float | Literal["auto"] = "auto"
+    expected_answer_rate: float = Field(default=0.3, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> Self:
+        if self.order != "auto" and not float(self.order) > 1:
+            raise ValueError(f"order must be > 1 or 'auto', got {self.order}")
+        return self
+
+
+class StudentSection(_Section):
+    """The student head, its model selection (on answered queries only) and evaluation."""
+
+    head: Literal["linear", "mlp"] = "linear"
+    hidden: int = Field(default=256, ge=1)
+    l2_grid: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1)
+    holdout: float = Field(default=0.2, ge=0, lt=1)
+    pseudo_labels: bool = True
+    pseudo_confidence: float = Field(default=0.9, gt=0, le=1)
+    pseudo_weight: float = Field(default=0.5, gt=0, le=1)
+    max_iter: int = Field(default=300, ge=1)
+    eval_bn_batch: int = Field(default=64, ge=16)
+    eval_running: bool = False
+    curve_points: int = Field(default=4, ge=1)
+
+    @model_validator(mode="after")
+    def _grid(self) -> Self:
+        if not self.l2_grid or min(self.l2_grid) <= 0:
+            raise ValueError(f"l2_grid must be a non-empty list of numbers > 0, got {list(self.l2_grid)}")
+        return self
+
+
+class BaselineSection(_Section):
+    """PATE without public data: no pretrained backbone; teachers and student are MLPs on raw pixels,
+    randomly initialised and trained from scratch (the student on the answered synthetic queries)."""
+
+    hidden: int = Field(default=256, ge=1)
+    l2: float = Field(default=1e-3, gt=0)
+    max_iter: int = Field(default=300, ge=1)
+
+
+class RunConfig(_Section):
+    """A whole central run. ``method`` picks DIET-PATE or the PATE-without-public-data baseline."""
+
+    name: str = "dietpate"
+    method: Literal["diet-pate", "pate-scratch"] = "diet-pate"
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    dataset: DatasetSection = DatasetSection()
+    teachers: TeachersSection = TeachersSection()
+    backbone: BackboneSection = BackboneSection()
+    queries: QueriesSection = QueriesSection()
+    mechanism: MechanismSection = MechanismSection(threshold=150, sigma1=120, sigma2=40)
+    budget: BudgetSection = BudgetSection()
+    student: StudentSection = StudentSection()
+    baseline: BaselineSection = BaselineSection()
+    output: str = "runs/dietpate"
+    plots: bool = True
+    save_teachers: bool = False
+
+    @model_validator(mode="after")
+    def _batches(self) -> Self:
+        bn = self.backbone.bn_batch
+        if self.queries.batch_size % bn:
+            raise ValueError(
+                f"queries.batch_size {self.queries.batch_size} must be a multiple of backbone.bn_batch {bn} "
+                "(queries are featurised in chunks of exactly bn_batch, as in the federation)"
+            )
+        if self.queries.max_queries < bn:
+            raise ValueError(f"queries.max_queries {self.queries.max_queries} is below one bn_batch ({bn})")
+        if self.teachers.partition == "imbalanced" and self.teachers.imbalance_ratio is None:
+            raise ValueError("teachers.partition imbalanced needs teachers.imbalance_ratio")
+        if self.teachers.partition == "dirichlet" and self.teachers.alpha is None:
+            raise ValueError("teachers.partition dirichlet needs teachers.alpha")
+        return self
+
+    def with_overrides(
+        self,
+        *,
+        epsilon: float | None = None,
+        teachers: int | None = None,
+        seed: int | None = None,
+        output: str | None = None,
+    ) -> RunConfig:
+        """A copy with the CLI overrides applied and re-validated."""
+        data = self.model_dump()
+        if output is not None:
+            data["output"] = output
+        if epsilon is not None:
+            data["budget"]["epsilon"] = epsilon
+        if teachers is not None:
+            data["teachers"]["count"] = teachers
+        if seed is not None:
+            data["seed"] = seed
+        return _validate(data, source="overrides")
+
+
+def _validate(data: Any, *, source: str) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
+            + (
+                f" (got {err['input']!r})"
+                if err["type"] != "missing" and not isinstance(err["input"], dict)
+                else ""
+            )
+            for err in exc.errors()
+        )
+        raise InputError(f"invalid run config {source}: {problems}") from exc
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate a ``run.yaml``.
+
+    Raises:
+        InputError: the file is missing, is not YAML, or a key is unknown or out of range (the message
+            names every problem).
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise InputError(f"run config {source} does not exist; see configs/ for examples")
+    try:
+        data = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise InputError(f"run config {source} is not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise InputError(f"run config {source} must be a YAML mapping, got {type(data).__name__}")
+    return _validate(data, source=str(source))

@@ -1,0 +1,405 @@
+"""The central DIET-PATE pipeline: data → shards → teachers → private query labelling → student → report.
+
+Everything runs on one machine, but queries are processed exactly as a federation would process them: in
+batches of ``queries.batch_size`` synthetic images regenerated from ``(generator, seed, first index,
+count)``, featurised in chunks of exactly ``bn_batch`` with the configured BatchNorm statistics, voted on
+by every teacher, aggregated into a histogram and answered by the mechanism with noise drawn in the
+canonical order (:func:`capc_common.aggregation.draw_confident_noise`). With the same seeded noise source a
+federation therefore releases the same labels, query by query.
+
+:func:`prepare` performs every check that can fail on bad input (unknown dataset or generator, backbone and
+image shapes, more teachers than samples, shards smaller than a BatchNorm chunk, a budget that cannot pay
+for one batch) before any expensive work; :func:`run` then executes the stages and returns the report.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.aggregation import UNANSWERED, confident_gnmax, gnmax, lnmax
+from capc_common.dietpate.accounting import RunBudget, make_budget
+from capc_common.dietpate.cache import FeatureCache, digest_indices
+from capc_common.dietpate.config import RunConfig
+from capc_common.errors import InputError
+from capc_common.learn.featurizers import BackboneFeaturizer, Featurizer, PixelFeaturizer
+
+if TYPE_CHECKING:
+    from capc_common.data import Dataset
+    from capc_common.models import Backbone
+    from capc_common.privacy import NoiseSource
+
+__all__ = ["Prepared", "prepare", "run"]
+
+Log = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    """Default logger: say nothing."""
+
+
+@dataclass
+class Prepared:
+    """A validated run: data split, shards, backbones, budget — everything but the expensive work.
+
+    Attributes:
+        config: the configuration.
+        train: the teachers' data (the training split minus any validation hold-out).
+        evaluation: the data accuracy is reported on (test split, or the validation hold-out).
+        shards: one index array into ``train`` per teacher.
+        classes: number of classes.
+        featurizer: the teachers' frozen map (the shared backbone, or raw pixels for the baseline).
+        student_featurizer: the student's map (the same object unless the ablation asks otherwise).
+        budget: the run's privacy budget.
+    """
+
+    config: RunConfig
+    train: Dataset
+    evaluation: Dataset
+    shards: list[npt.NDArray[np.int64]]
+    classes: int
+    featurizer: Featurizer
+    student_featurizer: Featurizer
+    budget: RunBudget
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _subset(data: Dataset, index: npt.NDArray[np.int64], name: str) -> Dataset:
+    from capc_common.data import Dataset
+
+    return Dataset(
+        images=np.ascontiguousarray(data.images[index]),
+        labels=np.ascontiguousarray(data.labels[index]),
+        num_classes=data.num_classes,
+        class_names=data.class_names,
+        name=name,
+    )
+
+
+def _split_data(config: RunConfig) -> tuple[Dataset, Dataset]:
+    """Load the dataset and cut it into the teachers' part and the evaluation set (seeded, public)."""
+    from capc_common.data import load_dataset
+
+    ds = config.dataset
+    train = load_dataset(ds.name, split="train", root=ds.root)
+    rng = np.random.default_rng([config.seed, 0x5EED])
+    order = rng.permutation(len(train.labels))
+    if ds.train_limit is not None:
+        if ds.train_limit > len(order):
+            raise InputError(
+                f"dataset.train_limit {ds.train_limit} exceeds the {len(order)} training images of {ds.name}"
+            )
+        order = order[: ds.train_limit]
+    if ds.validation >= len(order):
+        raise InputError(
+            f"dataset.validation {ds.validation} leaves no training images out of {len(order)}; lower it"
+        )
+    held, kept = np.sort(order[: ds.validation]), np.sort(order[ds.validation :])
+    teachers_part = _subset(train, kept, f"{train.name} (teachers)")
+    if ds.evaluate_on == "validation":
+        return teachers_part, _subset(train, held, f"{train.name} (validation hold-out)")
+    test = load_dataset(ds.name, split="test", root=ds.root)
+    if ds.test_limit is not None and ds.test_limit < len(test.labels):
+        pick = np.sort(np.random.default_rng([config.seed, 0x7E57]).permutation(len(test.labels)))
+        test = _subset(test, np.sort(pick[: ds.test_limit]), f"{test.name} (subset)")
+    return teachers_part, test
+
+
+def _load_backbone(name: str, shape: tuple[int, int, int], sha256: str | None) -> Backbone:
+    from capc_common.models import default_backbone, format_shape, load_backbone
+
+    backbone = load_backbone(default_backbone(*shape) if name == "default" else name, sha256=sha256)
+    if tuple(backbone.input_shape) != tuple(shape):
+        raise InputError(
+            f"backbone {name!r} takes {format_shape(backbone.input_shape)} images but the dataset has "
+            f"{format_shape(shape)}; choose a backbone for {format_shape(shape)} (or 'default')"
+        )
+    return backbone
+
+
+def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
+    """Validate a run end to end and load what it needs, before any expensive stage.
+
+    Raises:
+        InputError: unknown dataset, generator or backbone; backbone/data shape mismatch; more teachers than
+            samples; a shard smaller than one BatchNorm chunk; an evaluation set smaller than the evaluation
+            chunk; a budget too small for one batch.
+    """
+    from capc_common.data import partition
+    from capc_common.synth import GENERATOR_NAMES
+
+    start = time.perf_counter()
+    q = config.queries
+    if q.generator not in GENERATOR_NAMES:
+        raise InputError(f"unknown generator {q.generator!r}; choose one of {', '.join(GENERATOR_NAMES)}")
+    train, evaluation = _split_data(config)
+    h, w, c = (int(v) for v in train.images.shape[1:])
+    shape = (h, w, c)
+    t = config.teachers
+    if t.count > len(train.labels):
+        raise InputError(
+            f"{t.count} teachers but only {len(train.labels)} training images: every teacher needs its own "
+            f"data; use at most {len(train.labels) // config.backbone.bn_batch} teachers with bn_batch "
+            f"{config.backbone.bn_batch}"
+        )
+    shards = partition(
+        train.labels,
+        shards=t.count,
+        scheme=t.partition,
+        seed=config.seed,
+        imbalance_ratio=t.imbalance_ratio,
+        alpha=t.alpha,
+    )
+    smallest = min(len(s) for s in shards)
+    if smallest < config.backbone.bn_batch:
+        raise InputError(
+            f"the smallest of {t.count} teacher shards holds {smallest} images, fewer than one BatchNorm "
+            f"chunk (bn_batch {config.backbone.bn_batch}); use at most "
+            f"{len(train.labels) // config.backbone.bn_batch} teachers or lower bn_batch"
+        )
+    eval_chunk = config.student.eval_bn_batch
+    if len(evaluation.labels) < eval_chunk:
+        raise InputError(
+            f"the evaluation set has {len(evaluation.labels)} images, fewer than student.eval_bn_batch "
+            f"{eval_chunk}"
+        )
+    featurizer: Featurizer
+    if config.method == "diet-pate":
+        bb = config.backbone
+        featurizer = BackboneFeaturizer(_load_backbone(bb.name, shape, bb.sha256))
+        student_featurizer: Featurizer = (
+            featurizer
+            if bb.student == "same"
+            else BackboneFeaturizer(_load_backbone(bb.student, shape, None))
+        )
+    else:
+        featurizer = student_featurizer = PixelFeaturizer(shape)
+    smallest_batch = config.backbone.bn_batch if q.shrink_tail else min(q.batch_size, q.max_queries)
+    budget = make_budget(
+        config.mechanism,
+        config.budget,
+        teachers=t.count,
+        classes=train.num_classes,
+        smallest_batch=smallest_batch,
+    )
+    Path(config.output).mkdir(parents=True, exist_ok=True)
+    log(
+        f"prepared: {len(train.labels)} training images in {t.count} shards, evaluation on "
+        f"{evaluation.name} ({len(evaluation.labels)}), filter order {budget.filter.order:g}"
+    )
+    return Prepared(
+        config=config,
+        train=train,
+        evaluation=evaluation,
+        shards=shards,
+        classes=train.num_classes,
+        featurizer=featurizer,
+        student_featurizer=student_featurizer,
+        budget=budget,
+        timings={"prepare": time.perf_counter() - start},
+    )
+
+
+def _noise(config: RunConfig) -> tuple[NoiseSource, str]:
+    from capc_common.privacy import SeededNoise, SystemNoise
+
+    seed = config.mechanism.noise_seed
+    if seed is None:
+        return SystemNoise(), "system CSPRNG"
+    return SeededNoise(seed), "SEEDED (reproducible, not private: research/differential tests only)"
+
+
+def answer(histograms: npt.NDArray[np.int64], config: RunConfig, noise: NoiseSource) -> npt.NDArray[np.int64]:
+    """Apply the configured mechanism to one batch's histograms (labels, −1 where unanswered)."""
+    m = config.mechanism
+    if m.name == "confident-gnmax":
+        assert m.threshold is not None and m.sigma1 is not None and m.sigma2 is not None
+        return confident_gnmax(
+            histograms, threshold=m.threshold, sigma1=m.sigma1, sigma2=m.sigma2, noise=noise
+        )
+    if m.name == "gnmax":
+        assert m.sigma2 is not None
+        return gnmax(histograms, sigma=m.sigma2, noise=noise)
+    assert m.scale is not None
+    return lnmax(histograms, scale=m.scale, noise=noise)
+
+
+@dataclass
+class QueryLog:
+    """Everything the query stage produced, in query order.
+
+    Attributes:
+        features: student features of every query asked.
+        histograms: vote histograms ``(Q, c)``.
+        labels: released labels ``(Q,)``, −1 where unanswered.
+        batch_ends: cumulative query count after each batch.
+        batch_epsilon: rigorous ε spent after each batch.
+        stop_reason: why the stage stopped.
+    """
+
+    features: npt.NDArray[np.float32]
+    histograms: npt.NDArray[np.int64]
+    labels: npt.NDArray[np.int64]
+    batch_ends: list[int]
+    batch_epsilon: list[float]
+    stop_reason: str
+
+
+def next_batch(prep: Prepared, first: int) -> int:
+    """Size of the batch starting at query ``first``; 0 when the stream or the budget is exhausted.
+
+    As the guardian does, a batch may start only if its *worst case* (every query answered) fits what
+    remains of the budget after the charges actually made. A full batch is tried first; with
+    ``queries.shrink_tail`` ever smaller multiples of ``bn_batch`` are tried next, so the end of the budget
+    is not wasted on an all-or-nothing batch. A federation whose student applies the same rule asks the
+    same batches.
+    """
+    q, bn = prep.config.queries, prep.config.backbone.bn_batch
+    limit = q.max_queries - q.max_queries % bn
+    count = min(q.batch_size, limit - first)
+    if count <= 0:
+        return 0
+    while not prep.budget.fits(count) and q.shrink_tail and count > bn:
+        count = max(bn, (count // 2) // bn * bn)
+    return count if prep.budget.fits(count) else 0
+
+
+def ask_queries(
+    prep: Prepared,
+    featurise: Callable[[npt.NDArray[np.uint8], int, int], npt.NDArray[np.float32]],
+    vote: Callable[[npt.NDArray[np.uint8], npt.NDArray[np.float32]], npt.NDArray[np.int64]],
+    *,
+    progress: bool,
+    log: Log = _quiet,
+) -> QueryLog:
+    """Run the query stream batch by batch until the budget or ``max_queries`` stops it.
+
+    Args:
+        prep: the prepared run.
+        featurise: ``(images, first, count) → features`` of one batch (student backbone).
+        vote: ``(images, features) → histograms`` of one batch.
+        progress: show a progress bar on stderr.
+        log: stage messages.
+    """
+    from capc_common.synth import generate
+
+    cfg = prep.config
+    q = cfg.queries
+    shape = prep.train.images.shape[1:]
+    noise, _ = _noise(cfg)
+    feats: list[npt.NDArray[np.float32]] = []
+    hists: list[npt.NDArray[np.int64]] = []
+    labels: list[npt.NDArray[np.int64]] = []
+    ends: list[int] = []
+    eps: list[float] = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=q.max_queries, desc="queries", unit="q", leave=False, dynamic_ncols=True)
+    first = 0
+    while count := next_batch(prep, first):
+        images = generate(
+            q.generator,
+            seed=q.seed,
+            start=first,
+            count=count,
+            height=shape[0],
+            width=shape[1],
+            channels=shape[2],
+        )
+        f = featurise(images, first, count)
+        hist = vote(images, f)
+        lab = answer(hist, cfg, noise)
+        prep.budget.charge(hist, lab != UNANSWERED)
+        feats.append(f)
+        hists.append(hist)
+        labels.append(lab)
+        first += count
+        ends.append(first)
+        eps.append(prep.budget.epsilon)
+        if bar is not None:
+            bar.update(count)
+            bar.set_postfix(answered=prep.budget.answered, eps=f"{prep.budget.epsilon:.3f}")
+    if bar is not None:
+        bar.close()
+    asked = ends[-1] if ends else 0
+    if asked >= q.max_queries - q.max_queries % cfg.backbone.bn_batch:
+        reason = f"asked queries.max_queries ({asked})"
+    else:
+        reason = "privacy budget: the worst case of the next batch would not fit"
+    log(f"queries: {asked} asked, {prep.budget.answered} answered, ε {prep.budget.epsilon:.3f} ({reason})")
+    dim = feats[0].shape[1] if feats else 0
+    return QueryLog(
+        features=np.concatenate(feats) if feats else np.zeros((0, dim), np.float32),
+        histograms=np.concatenate(hists) if hists else np.zeros((0, prep.classes), np.int64),
+        labels=np.concatenate(labels) if labels else np.zeros(0, np.int64),
+        batch_ends=ends,
+        batch_epsilon=eps,
+        stop_reason=reason,
+    )
+
+
+def curve_prefixes(log_: QueryLog, *, budget_epsilon: float, points: int) -> list[tuple[float, int]]:
+    """``(ε, queries)`` prefixes at which to train students for the accuracy-vs-ε curve.
+
+    For targets ``budget·k/points`` (k = 1..points) the longest prefix of whole batches whose ε does not
+    exceed the target, plus the final prefix; duplicates are dropped.
+    """
+    out: dict[int, float] = {}
+    for k in range(1, points + 1):
+        target = budget_epsilon * k / points
+        ok = [i for i, e in enumerate(log_.batch_epsilon) if e <= target + 1e-12]
+        if ok:
+            out[log_.batch_ends[ok[-1]]] = log_.batch_epsilon[ok[-1]]
+    if log_.batch_ends:
+        out[log_.batch_ends[-1]] = log_.batch_epsilon[-1]
+    return sorted((e, n) for n, e in out.items())
+
+
+def run(
+    config: RunConfig, *, cache_dir: str | Path | None = None, progress: bool = False, log: Log = _quiet
+) -> dict[str, Any]:
+    """Run the whole central pipeline and write its outputs into ``config.output``.
+
+    Args:
+        config: the validated configuration.
+        cache_dir: feature cache directory (``None``: compute everything).
+        progress: show progress bars on stderr.
+        log: receives one line per stage.
+
+    Returns:
+        The report (also written to ``report.json`` in the output directory).
+    """
+    from capc_common.dietpate.stages import execute
+
+    prep = prepare(config, log=log)
+    return execute(prep, cache=FeatureCache(cache_dir), progress=progress, log=log)
+
+
+def split_answered(
+    log_: QueryLog, upto: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Indices of answered and unanswered queries among the first ``upto``, and the answered labels."""
+    labels = log_.labels[:upto]
+    answered = np.flatnonzero(labels != UNANSWERED)
+    return answered, np.flatnonzero(labels == UNANSWERED), labels[answered]
+
+
+def shard_digest(prep: Prepared) -> str:
+    """Names the teachers' data split (for cache keys): dataset, limits, validation and shard indices."""
+    return digest_indices(
+        np.concatenate([np.asarray(s) for s in prep.shards] + [np.array([len(prep.shards)])])
+    )
+
+
+def finite(value: float | None) -> float | None:
+    """``None`` for a missing or non-finite number (JSON has no infinity)."""
+    return None if value is None or not math.isfinite(value) else float(value)

@@ -1,0 +1,230 @@
+"""The run report: JSON figures, the student's model card, and the two plots a person wants to see.
+
+Files in the output directory: ``report.json``; ``labels.npz`` (``label``: the released label of every query
+asked, in stream order, −1 where unanswered; ``batch_end``: cumulative query count after each batch);
+``student.safetensors`` + ``student.card.json``; ``accuracy_vs_epsilon.png`` and ``consensus.png``.
+
+JSON keys (stable; others rely on them): ``student_accuracy``, ``mean_teacher_accuracy``,
+``best_teacher_accuracy``, ``queries``, ``answered``, ``epsilon`` (rigorous, data-independent, at the
+filter's order), ``delta``, ``epsilon_data_dependent`` (PATE-2018, UNSANITISED: depends on the private
+histograms), ``seconds`` (per stage and total), plus details (``ensemble_accuracy``, ``curve``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.aggregation import UNANSWERED
+
+if TYPE_CHECKING:
+    from capc_common.dietpate.pipeline import Prepared, QueryLog
+
+__all__ = ["finish_report", "plot_consensus", "plot_curve", "write_json"]
+
+UNSANITISED = (
+    "PATE-2018 data-dependent ε computed from the private vote histograms; it is not itself differentially "
+    "private (no smooth sensitivity applied) and is reported for comparison with the literature only"
+)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as indented JSON, atomically."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=False)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def plot_curve(
+    path: Path, curve: list[dict[str, Any]], *, mean_teacher: float, ensemble: float, title: str
+) -> None:
+    """Student accuracy against rigorous ε, with the mean single teacher and the noiseless ensemble."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if curve:
+        ax.plot([c["epsilon"] for c in curve], [c["student_accuracy"] for c in curve], "o-", label="student")
+    ax.axhline(mean_teacher, color="tab:gray", ls="--", label=f"mean single teacher ({mean_teacher:.3f})")
+    ax.axhline(ensemble, color="tab:green", ls=":", label=f"teacher ensemble, no noise ({ensemble:.3f})")
+    ax.set_xlabel("rigorous ε (data-independent, δ fixed)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_consensus(
+    path: Path,
+    query_top: npt.NDArray[np.float64],
+    answered: npt.NDArray[np.bool_],
+    eval_top: npt.NDArray[np.float64],
+    *,
+    threshold_fraction: float | None,
+    title: str,
+) -> None:
+    """Histogram of teacher consensus (top vote / teachers) on queries, answered or not, and on real data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bins = np.linspace(0, 1, 41).tolist()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.hist(
+        [query_top[answered], query_top[~answered]],
+        bins=bins,
+        stacked=True,
+        label=["synthetic, answered", "synthetic, unanswered"],
+        color=["tab:blue", "tab:orange"],
+        density=False,
+    )
+    ax2 = ax.twinx()
+    ax2.hist(eval_top, bins=bins, histtype="step", color="tab:green", label="real evaluation data")
+    ax2.set_ylabel("real images")
+    if threshold_fraction is not None:
+        ax.axvline(threshold_fraction, color="k", ls="--", label="threshold T / teachers")
+    ax.set_xlabel("consensus: top vote count / number of teachers")
+    ax.set_ylabel("synthetic queries")
+    ax.set_title(title)
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    names = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
+    ax.legend(handles, names, loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def finish_report(
+    prep: Prepared,
+    *,
+    qlog: QueryLog,
+    curve: list[dict[str, Any]],
+    per_teacher: npt.NDArray[np.float64],
+    eval_hist: npt.NDArray[np.int64],
+    timings: dict[str, float],
+    extra: dict[str, Any],
+    save_student: Callable[[Path, dict[str, Any]], list[str]] | None,
+    details: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Assemble the report, save the student with its model card, draw the plots, write ``report.json``."""
+    from capc_common.dietpate.pipeline import _noise, finite
+
+    cfg = prep.config
+    out = Path(cfg.output)
+    budget = prep.budget
+    teachers = cfg.teachers.count
+    labels = qlog.labels
+    answered = labels != UNANSWERED
+    plurality = qlog.histograms.argmax(axis=1) if len(labels) else np.zeros(0, np.int64)
+    eval_plurality = eval_hist.argmax(axis=1)
+    ensemble_accuracy = float(np.mean(eval_plurality == prep.evaluation.labels))
+    final = curve[-1]["student_accuracy"] if curve else None
+    eps_dd = budget.epsilon_data_dependent(cfg.budget.delta)
+    _, noise_kind = _noise(cfg)
+    m = cfg.mechanism
+    report: dict[str, Any] = {
+        "name": cfg.name,
+        "method": cfg.method,
+        "student_accuracy": final,
+        "mean_teacher_accuracy": float(per_teacher.mean()),
+        "best_teacher_accuracy": float(per_teacher.max()),
+        "ensemble_accuracy": ensemble_accuracy,
+        "queries": len(labels),
+        "answered": int(answered.sum()),
+        "epsilon": budget.epsilon,
+        "delta": cfg.budget.delta,
+        "epsilon_budget": cfg.budget.epsilon,
+        "epsilon_data_dependent": finite(eps_dd),
+        "epsilon_data_dependent_note": UNSANITISED,
+        "accounting": budget.summary(),
+        "stop_reason": qlog.stop_reason,
+        "evaluated_on": prep.evaluation.name,
+        "evaluation_size": len(prep.evaluation.labels),
+        "teachers": teachers,
+        "classes": prep.classes,
+        "mechanism": m.model_dump(exclude={"noise_seed"}),
+        "noise": noise_kind,
+        "label_agreement_with_plurality": float(np.mean(labels[answered] == plurality[answered]))
+        if answered.any()
+        else None,
+        "query_consensus_mean": float(np.mean(qlog.histograms.max(axis=1)) / teachers)
+        if len(labels)
+        else None,
+        "curve": curve,
+        **extra,
+        **(details or {}),
+        "seconds": {**{k: round(v, 3) for k, v in timings.items()}, "total": round(sum(timings.values()), 3)},
+    }
+    # The released labels are DP outputs (public to the student): kept for comparison with a federation.
+    np.savez(out / "labels.npz", label=labels, batch_end=np.asarray(qlog.batch_ends, np.int64))
+    files: list[str] = [str(out / "labels.npz")]
+    if save_student is not None and final is not None:
+        card = {
+            "model": "DIET-PATE student" if cfg.method == "diet-pate" else "PATE (no public data) student",
+            "dataset": cfg.dataset.name,
+            "classes": prep.classes,
+            "class_names": list(prep.train.class_names),
+            "privacy": {
+                "epsilon": budget.epsilon,
+                "delta": cfg.budget.delta,
+                "accounting": "data-independent Rényi filter (exact screening + GNMax), improved conversion",
+                "order": budget.filter.order,
+                "noise": noise_kind,
+            },
+            "teachers": teachers,
+            "queries": {
+                "generator": cfg.queries.generator,
+                "seed": cfg.queries.seed,
+                "asked": len(labels),
+                "answered": int(answered.sum()),
+            },
+            "mechanism": report["mechanism"],
+            "accuracy": {"value": final, "on": prep.evaluation.name},
+            "inference": {
+                "bn_mode": cfg.backbone.bn_mode,
+                "min_batch": cfg.student.eval_bn_batch,
+                "note": "query in batches of at least eval_bn_batch images (current statistics)",
+            },
+        }
+        files += save_student(out, card)
+    if cfg.plots:
+        title = f"{cfg.dataset.name}, {teachers} teachers, {cfg.queries.generator}"
+        plot_curve(
+            out / "accuracy_vs_epsilon.png",
+            curve,
+            mean_teacher=float(per_teacher.mean()),
+            ensemble=ensemble_accuracy,
+            title=title,
+        )
+        thr = m.threshold / teachers if m.name == "confident-gnmax" and m.threshold is not None else None
+        plot_consensus(
+            out / "consensus.png",
+            qlog.histograms.max(axis=1) / teachers if len(labels) else np.zeros(0),
+            answered,
+            eval_hist.max(axis=1) / teachers,
+            threshold_fraction=thr,
+            title=title,
+        )
+        files += [str(out / "accuracy_vs_epsilon.png"), str(out / "consensus.png")]
+    report["files"] = [*files, str(out / "report.json")]
+    write_json(out / "report.json", report)
+    return report

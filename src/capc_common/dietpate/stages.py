@@ -1,0 +1,208 @@
+"""The expensive stages of a prepared run: features → teachers → queries → students.
+
+DIET-PATE and the PATE-without-public-data baseline share every stage; they differ only in the featurizer
+(the shared frozen backbone vs standardised raw pixels) and in the heads (linear heads vs MLPs trained from
+a random initialisation).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.dietpate.cache import FeatureCache
+from capc_common.dietpate.pipeline import (
+    Log,
+    Prepared,
+    QueryLog,
+    ask_queries,
+    curve_prefixes,
+    shard_digest,
+    split_answered,
+)
+from capc_common.dietpate.report import finish_report
+from capc_common.learn.featurizers import Featurizer
+from capc_common.learn.heads import HeadKind
+from capc_common.learn.student import StudentFit, accuracy, save_student, train_student
+from capc_common.learn.teachers import TeacherEnsemble, shard_features, train_teachers
+
+__all__ = ["execute"]
+
+
+def _heads(prep: Prepared) -> tuple[tuple[HeadKind, int, float, int], tuple[HeadKind, int]]:
+    """``((kind, hidden, l2, max_iter) of the teachers, (kind, hidden) of the student)``."""
+    cfg = prep.config
+    if cfg.method == "pate-scratch":
+        b = cfg.baseline
+        return ("mlp", b.hidden, b.l2, b.max_iter), ("mlp", b.hidden)
+    t, s = cfg.teachers, cfg.student
+    return (t.head, t.hidden, t.l2, t.max_iter), (s.head, s.hidden)
+
+
+def _student(prep: Prepared, qlog: QueryLog, upto: int) -> StudentFit:
+    s = prep.config.student
+    answered, unanswered, labels = split_answered(qlog, upto)
+    kind, hidden = _heads(prep)[1]
+    return train_student(
+        qlog.features[answered],
+        labels,
+        classes=prep.classes,
+        unlabelled=qlog.features[unanswered] if s.pseudo_labels else None,
+        l2_grid=s.l2_grid,
+        holdout=s.holdout,
+        pseudo_confidence=s.pseudo_confidence if s.pseudo_labels else None,
+        pseudo_weight=s.pseudo_weight,
+        kind=kind,
+        hidden=hidden,
+        max_iter=s.max_iter,
+        seed=prep.config.seed,
+    )
+
+
+def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) -> dict[str, Any]:
+    """Run every stage of a prepared run and return (and write) its report."""
+    cfg = prep.config
+    fz, sfz = prep.featurizer, prep.student_featurizer
+    same = sfz is fz
+    timings = dict(prep.timings)
+    mode, bn, eval_bn = cfg.backbone.bn_mode, cfg.backbone.bn_batch, cfg.student.eval_bn_batch
+    data = {"dataset": cfg.dataset.model_dump(), "seed": cfg.seed}
+
+    def eval_features(featurizer: Featurizer, stat_mode: str) -> npt.NDArray[np.float32]:
+        return cache.get_or_compute(
+            {"kind": "eval", "map": featurizer.sha256, "bn_batch": eval_bn, "mode": stat_mode, **data},
+            lambda: featurizer.extract(prep.evaluation.images, bn_batch=eval_bn, mode=stat_mode),
+        )
+
+    start = time.perf_counter()
+    teacher_x = cache.get_or_compute(
+        {
+            "kind": "shards",
+            "map": fz.sha256,
+            "shards": shard_digest(prep),
+            "bn_batch": bn,
+            "mode": mode,
+            **data,
+        },
+        lambda: shard_features(fz, prep.train.images, prep.shards, bn_batch=bn, mode=mode)[0],
+    )
+    owners = np.repeat(np.arange(len(prep.shards)), [len(s) for s in prep.shards])
+    teacher_y = prep.train.labels[np.concatenate(prep.shards)]
+    teacher_eval = eval_features(fz, mode)
+    timings["features"] = time.perf_counter() - start
+    log(f"features: {teacher_x.shape[0]} shard rows × {teacher_x.shape[1]} dims ({fz.name})")
+
+    start = time.perf_counter()
+    (kind, hidden, l2, max_iter), _ = _heads(prep)
+    ensemble = train_teachers(
+        teacher_x,
+        teacher_y,
+        owners,
+        teachers=cfg.teachers.count,
+        classes=prep.classes,
+        backbone_sha256=fz.sha256,
+        bn_batch=bn,
+        bn_mode=mode,
+        kind=kind,
+        l2=l2,
+        hidden=hidden,
+        max_iter=max_iter,
+        seed=cfg.seed,
+    )
+    del teacher_x
+    eval_hist = ensemble.votes(teacher_eval)
+    per_teacher = (ensemble.predict(teacher_eval) == prep.evaluation.labels[None, :]).mean(axis=1)
+    timings["teachers"] = time.perf_counter() - start
+    log(f"teachers: mean accuracy {per_teacher.mean():.4f}, best {per_teacher.max():.4f}")
+
+    start = time.perf_counter()
+    qlog = _queries(prep, ensemble, cache=cache, progress=progress, log=log)
+    timings["queries"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    student_eval = teacher_eval if same else eval_features(sfz, mode)
+    curve: list[dict[str, Any]] = []
+    fit: StudentFit | None = None
+    for eps, upto in curve_prefixes(qlog, budget_epsilon=cfg.budget.epsilon, points=cfg.student.curve_points):
+        answered = int(np.sum(qlog.labels[:upto] >= 0))
+        if answered == 0:
+            continue
+        fit = _student(prep, qlog, upto)
+        acc = accuracy(fit.predict(student_eval), prep.evaluation.labels)
+        curve.append({"epsilon": eps, "queries": upto, "answered": answered, "student_accuracy": acc})
+        log(f"student at ε {eps:.3f} ({answered} labels): accuracy {acc:.4f}")
+    extra: dict[str, Any] = {}
+    if fit is not None and cfg.student.eval_running:
+        running = eval_features(sfz, "running")
+        extra["student_accuracy_running_stats"] = accuracy(fit.predict(running), prep.evaluation.labels)
+    timings["student"] = time.perf_counter() - start
+
+    return finish_report(
+        prep,
+        qlog=qlog,
+        curve=curve,
+        per_teacher=per_teacher,
+        eval_hist=eval_hist,
+        timings=timings,
+        extra=extra,
+        save_student=None if fit is None else _saver(prep, fit, ensemble),
+        details={
+            "featurizer": {"name": fz.name, "sha256": fz.sha256, "bn_mode": mode, "bn_batch": bn},
+            "student_selection": None
+            if fit is None
+            else {"l2": fit.l2, "pseudo_labelled": fit.pseudo_labelled, **fit.selection},
+        },
+    )
+
+
+def _queries(
+    prep: Prepared, ensemble: TeacherEnsemble, *, cache: FeatureCache, progress: bool, log: Log
+) -> QueryLog:
+    """The query stage, reusing cached query features of the stream where available."""
+    cfg = prep.config
+    fz, sfz = prep.featurizer, prep.student_featurizer
+    mode, bn = cfg.backbone.bn_mode, cfg.backbone.bn_batch
+    q = cfg.queries
+    stream = {
+        "kind": "queries",
+        "map": sfz.sha256,
+        "generator": q.generator,
+        "seed": q.seed,
+        "shape": list(prep.train.images.shape[1:]),
+        "bn_batch": bn,
+        "mode": mode,
+    }
+    cached = cache.load(stream)
+    have = 0 if cached is None else len(cached)
+
+    def featurise(images: npt.NDArray[np.uint8], first: int, count: int) -> npt.NDArray[np.float32]:
+        # Batches are multiples of bn_batch, so chunks align with the cached stream's chunks.
+        if cached is not None and first + count <= have:
+            return cached[first : first + count]
+        return sfz.extract(images, bn_batch=bn, mode=mode)
+
+    def vote(images: npt.NDArray[np.uint8], feats: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
+        return ensemble.votes(feats if sfz is fz else fz.extract(images, bn_batch=bn, mode=mode))
+
+    qlog = ask_queries(prep, featurise, vote, progress=progress, log=log)
+    if len(qlog.features) > have:
+        cache.store(stream, qlog.features)
+    return qlog
+
+
+def _saver(prep: Prepared, fit: StudentFit, ensemble: TeacherEnsemble) -> Any:
+    def save(out: Path, card: dict[str, Any]) -> list[str]:
+        card["student_selection"] = {"l2": fit.l2, "pseudo_labelled": fit.pseudo_labelled}
+        card["featurizer"] = {"name": prep.student_featurizer.name, "sha256": prep.student_featurizer.sha256}
+        target = out / "student.safetensors"
+        paths = [str(target), str(save_student(target, fit, card=card))]
+        if prep.config.save_teachers:
+            ensemble.save(out / "teachers.safetensors")
+            paths.append(str(out / "teachers.safetensors"))
+        return paths
+
+    return save

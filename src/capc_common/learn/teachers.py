@@ -1,0 +1,201 @@
+"""DIET-PATE teachers: one linear head per private shard, over the frozen shared backbone.
+
+A teacher party holds one or more teachers. Training computes the backbone's features **once** — each shard
+on its own, in chunks of exactly ``bn_batch`` images with current statistics, so a teacher's features depend
+only on its own data (a teacher whose statistics mixed in another shard's images would break the PATE
+sensitivity argument) — and trains all heads together as one batched problem
+(:func:`capc_common.learn.heads.train_heads`).
+
+Answering queries (what ``capc teacher serve`` does): featurise the query batch in chunks of exactly
+``bn_batch`` with current statistics (:func:`capc_common.models.extract_features`), then
+:meth:`TeacherEnsemble.predict` gives every head's label and :meth:`TeacherEnsemble.votes` the party's
+per-query vote histogram, which is what gets secret-shared.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.aggregation import vote_histogram
+from capc_common.errors import InputError, IntegrityError
+from capc_common.learn.heads import HeadEnsemble, HeadKind, train_heads
+
+if TYPE_CHECKING:
+    from capc_common.learn.featurizers import Featurizer
+
+__all__ = ["TeacherEnsemble", "shard_features", "train_teachers"]
+
+
+@dataclass(frozen=True)
+class TeacherEnsemble:
+    """A party's teachers: heads plus the backbone and BatchNorm settings they were trained with.
+
+    Attributes:
+        heads: one head per teacher.
+        backbone_sha256: content hash of the backbone the heads sit on (queries must use the same one).
+        bn_batch: chunk size the training features were computed with.
+        bn_mode: ``"current"`` or ``"running"``.
+    """
+
+    heads: HeadEnsemble
+    backbone_sha256: str
+    bn_batch: int
+    bn_mode: str = "current"
+
+    @property
+    def teachers(self) -> int:
+        """Number of teachers (heads)."""
+        return self.heads.heads
+
+    @property
+    def classes(self) -> int:
+        """Number of classes."""
+        return self.heads.classes
+
+    def predict(self, features: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Every teacher's label for each query: ``int64`` ``(teachers, N)``.
+
+        Args:
+            features: ``(N, dim)`` query features from the same backbone (current statistics, chunks of
+                exactly ``bn_batch``).
+        """
+        return self.heads.predict(features)
+
+    def votes(self, features: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """This party's vote histogram ``(N, classes)``: the sum of its teachers' one-hot votes."""
+        return vote_histogram(self.predict(features), classes=self.classes)
+
+    def save(self, path: str | Path, *, extra: dict[str, Any] | None = None) -> None:
+        """Write the teachers to a safetensors file (metadata: backbone hash, BatchNorm settings)."""
+        meta = {
+            **self.heads.metadata,
+            "role": "teachers",
+            "backbone_sha256": self.backbone_sha256,
+            "bn_batch": str(self.bn_batch),
+            "bn_mode": self.bn_mode,
+        }
+        if extra:
+            meta["extra"] = json.dumps(extra, sort_keys=True)
+        HeadEnsemble(self.heads.kind, self.heads.params, self.heads.classes, meta).save(path)
+
+    @classmethod
+    def load(cls, path: str | Path, *, backbone_sha256: str | None = None) -> TeacherEnsemble:
+        """Read teachers written by :meth:`save`.
+
+        Args:
+            path: the safetensors file.
+            backbone_sha256: if given, the hash the heads must have been trained on.
+
+        Raises:
+            InputError: not a teachers file.
+            IntegrityError: the heads were trained on a different backbone.
+        """
+        heads = HeadEnsemble.load(path)
+        meta = heads.metadata
+        if meta.get("role") != "teachers" or "backbone_sha256" not in meta:
+            raise InputError(f"{path} holds heads but not teachers (no backbone hash recorded)")
+        if backbone_sha256 is not None and meta["backbone_sha256"] != backbone_sha256.lower():
+            raise IntegrityError(
+                f"teachers in {path} were trained on backbone {meta['backbone_sha256']}, not on "
+                f"{backbone_sha256}; retrain them on the federation's backbone"
+            )
+        return cls(heads, meta["backbone_sha256"], int(meta["bn_batch"]), meta.get("bn_mode", "current"))
+
+
+def shard_features(
+    featurizer: Featurizer,
+    images: npt.NDArray[np.uint8],
+    shards: Sequence[npt.NDArray[np.int64]],
+    *,
+    bn_batch: int,
+    mode: str = "current",
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Features of every shard, each computed on its own in chunks of exactly ``bn_batch``.
+
+    Args:
+        featurizer: the shared frozen map, e.g. ``BackboneFeaturizer(backbone)``.
+        images: uint8 ``(N, H, W, C)``.
+        shards: disjoint index arrays, one per teacher, each at least ``bn_batch`` long.
+        bn_batch: BatchNorm chunk size.
+        mode: ``"current"`` or ``"running"`` statistics.
+
+    Returns:
+        ``(features (M, dim), owners (M,), index (M,))``: row ``r`` is image ``index[r]`` of teacher
+        ``owners[r]``; rows are grouped by teacher.
+
+    Raises:
+        InputError: a shard smaller than ``bn_batch`` (its statistics could not come from its own data).
+    """
+    small = [i for i, s in enumerate(shards) if len(s) < bn_batch]
+    if small:
+        raise InputError(
+            f"{len(small)} teacher shard(s) hold fewer than bn_batch={bn_batch} images (smallest: "
+            f"{min(len(shards[i]) for i in small)}); each teacher's BatchNorm statistics must come from its "
+            "own data: use fewer teachers or a smaller bn_batch"
+        )
+    index = np.concatenate([np.asarray(s, np.int64) for s in shards])
+    owners = np.repeat(np.arange(len(shards), dtype=np.int64), [len(s) for s in shards])
+    out = np.empty((len(index), featurizer.feature_dim), np.float32)
+    start = 0
+    for s in shards:
+        out[start : start + len(s)] = featurizer.extract(images[s], bn_batch=bn_batch, mode=mode)
+        start += len(s)
+    return out, owners, index
+
+
+def train_teachers(
+    features: npt.ArrayLike,
+    labels: npt.ArrayLike,
+    owners: npt.ArrayLike,
+    *,
+    teachers: int,
+    classes: int,
+    backbone_sha256: str,
+    bn_batch: int,
+    bn_mode: str = "current",
+    kind: HeadKind = "linear",
+    l2: float = 1e-2,
+    hidden: int = 256,
+    max_iter: int = 200,
+    seed: int = 0,
+) -> TeacherEnsemble:
+    """Train every teacher's head at once on features from :func:`shard_features`.
+
+    Args:
+        features: ``(M, dim)`` shard features.
+        labels: ``(M,)`` their private labels.
+        owners: ``(M,)`` teacher of each row.
+        teachers: number of teachers.
+        classes: number of classes.
+        backbone_sha256: hash of the backbone (featurizer) the features came from, recorded with the heads.
+        bn_batch: chunk size the features were computed with.
+        bn_mode: statistics mode the features were computed with.
+        kind: ``"linear"`` (the paper: last layer only) or ``"mlp"`` (the "more layers" ablation).
+        l2: weight decay of each head.
+        hidden: hidden width of MLP heads.
+        max_iter: L-BFGS iterations.
+        seed: MLP initialisation seed (shared by all teachers: same initialisation).
+
+    Returns:
+        The :class:`TeacherEnsemble`.
+    """
+    heads = train_heads(
+        features,
+        labels,
+        owners=owners,
+        heads=teachers,
+        classes=classes,
+        kind=kind,
+        l2=l2,
+        hidden=hidden,
+        max_iter=max_iter,
+        seed=seed,
+    )
+    return TeacherEnsemble(heads, backbone_sha256.lower(), int(bn_batch), bn_mode)

@@ -1,0 +1,101 @@
+"""Teachers: features per shard in exact current-statistics chunks, votes, and saved heads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from capc_common.aggregation import vote_histogram
+from capc_common.data import load_dataset
+from capc_common.errors import InputError, IntegrityError
+from capc_common.learn.featurizers import BackboneFeaturizer, PixelFeaturizer
+from capc_common.learn.teachers import TeacherEnsemble, shard_features, train_teachers
+from capc_common.models import bn_stats, load_backbone, to_tensor
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits", split="train")
+
+
+@pytest.fixture(scope="module")
+def featurizer():
+    return BackboneFeaturizer(load_backbone("scatter-8x8x1"))
+
+
+def test_each_shard_is_featurised_alone_in_exact_chunks(digits, featurizer):
+    shards = [np.arange(0, 40), np.arange(40, 100)]
+    feats, owners, index = shard_features(featurizer, digits.images, shards, bn_batch=16)
+    np.testing.assert_array_equal(owners, [0] * 40 + [1] * 60)
+    np.testing.assert_array_equal(index, np.arange(100))
+    # Shard 0 by hand: chunks [0,16), [16,32) and the overlapping last chunk [24,40) (rows 32..39 kept),
+    # each normalised with its own (current) statistics.
+    backbone = featurizer.backbone
+    with torch.inference_mode(), bn_stats(backbone, "current"):
+        manual = [
+            backbone.features(to_tensor(digits.images[a:b])).numpy() for a, b in ((0, 16), (16, 32), (24, 40))
+        ]
+    expected = np.concatenate([manual[0], manual[1], manual[2][8:]])
+    np.testing.assert_allclose(feats[:40], expected, rtol=1e-5, atol=1e-5)
+    # Another shard's images never enter a teacher's statistics.
+    other = digits.images.copy()
+    other[40:100] = 255 - other[40:100]
+    again, _, _ = shard_features(featurizer, other, shards, bn_batch=16)
+    np.testing.assert_array_equal(again[:40], feats[:40])
+    assert not np.allclose(again[40:], feats[40:])
+    # The statistics mode is honoured: running statistics give different features.
+    running, _, _ = shard_features(featurizer, digits.images, shards, bn_batch=16, mode="running")
+    assert not np.allclose(running[:40], feats[:40])
+
+
+def test_query_features_depend_on_the_batch_they_are_computed_in(digits, featurizer):
+    """Current statistics: the same image gets other features in another chunk; same chunking → same."""
+    a = featurizer.extract(digits.images[:32], bn_batch=16, mode="current")
+    b = featurizer.extract(digits.images[:32], bn_batch=16, mode="current")
+    c = featurizer.extract(digits.images[:32], bn_batch=32, mode="current")
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, c)
+
+
+def test_small_shards_are_refused(digits, featurizer):
+    with pytest.raises(InputError, match="fewer than bn_batch=16"):
+        shard_features(featurizer, digits.images, [np.arange(10), np.arange(10, 50)], bn_batch=16)
+
+
+def test_pixel_featurizer_standardises_each_chunk():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (40, 4, 4, 1), dtype=np.uint8)
+    feats = PixelFeaturizer((4, 4, 1)).extract(images, bn_batch=16, mode="current")
+    np.testing.assert_allclose(feats[:16].mean(axis=0), 0, atol=1e-5)
+    np.testing.assert_allclose(feats[:16].std(axis=0), 1, atol=1e-3)
+    last = images[24:40].reshape(16, -1) / 255.0
+    np.testing.assert_allclose(
+        feats[32:], ((last - last.mean(0)) / np.sqrt(last.var(0) + 1e-5))[8:], atol=1e-5
+    )
+
+
+def test_votes_save_and_backbone_pinning(digits, featurizer, tmp_path):
+    shards = [np.arange(i * 60, (i + 1) * 60) for i in range(5)]
+    feats, owners, index = shard_features(featurizer, digits.images, shards, bn_batch=16)
+    ensemble = train_teachers(
+        feats,
+        digits.labels[index],
+        owners,
+        teachers=5,
+        classes=10,
+        backbone_sha256=featurizer.sha256,
+        bn_batch=16,
+        max_iter=50,
+    )
+    queries = featurizer.extract(digits.images[300:364], bn_batch=16, mode="current")
+    votes = ensemble.votes(queries)
+    np.testing.assert_array_equal(votes, vote_histogram(ensemble.predict(queries), classes=10))
+    assert (votes.sum(axis=1) == 5).all()
+    assert (votes.argmax(axis=1) == digits.labels[300:364]).mean() > 0.6  # 5 teachers × 60 images
+    ensemble.save(tmp_path / "t.safetensors")
+    back = TeacherEnsemble.load(tmp_path / "t.safetensors", backbone_sha256=featurizer.sha256)
+    np.testing.assert_array_equal(back.votes(queries), votes)
+    assert back.bn_batch == 16 and back.teachers == 5
+    with pytest.raises(IntegrityError, match="trained on backbone"):
+        TeacherEnsemble.load(tmp_path / "t.safetensors", backbone_sha256="0" * 64)
