@@ -102,6 +102,6 @@ def check_batch_fits(config: FederationConfig) -> None:
         smaller = f"use batches of at most {fits} queries" if fits else "no batch size fits"
         raise InputError(
             f"one batch of {batch} queries may cost up to RDP {worst:.4g} at order {b.order:g}, more than "
-            f"the whole budget {budget:.4g} (ε={b.epsilon:g}, δ={b.delta:g}), so no batch could ever run; raise "
-            f"sigma2 (now {config.mechanism.sigma2:g}) or ε ({smaller})"
+            f"the whole budget {budget:.4g} (ε={b.epsilon:g}, δ={b.delta:g}), so no batch could ever run; "
+            f"raise sigma2 (now {config.mechanism.sigma2:g}) or ε ({smaller})"
         )

@@ -1,0 +1,113 @@
+"""``capc demo``: the whole product in a few minutes — a local federation spends its privacy budget, the
+student is trained and published, the budget is read back over the guardian's REST API, and everything is
+shut down again."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from capc_services.local.federation import down, token, up
+from capc_services.local.layout import Layout
+from capc_services.local.processes import probe, read_state
+from capc_services.local.provision import LocalOptions
+
+from capc_common.errors import ProtocolError, UnavailableError
+
+DEMO_OPTIONS = LocalOptions(
+    parties=3,
+    teachers_per_party=20,
+    dataset="fashion-mnist",
+    epsilon=8.0,
+    queries=2048,
+    batch_size=128,
+    bn_batch=32,
+    train_limit=2000,
+)
+
+
+def _admin(layout: Layout, party: str) -> str:
+    for proc in read_state(layout)["processes"]:
+        if proc["party"] == party:
+            return str(proc["admin_url"])
+    raise UnavailableError(f"{party} is not part of the running federation in {layout.root}")
+
+
+def run_demo(
+    root: str | Path,
+    *,
+    options: LocalOptions = DEMO_OPTIONS,
+    keep: bool = False,
+    say: Callable[[str], None],
+    timeout: float = 1800.0,
+) -> dict[str, Any]:
+    """Run the demo in ``root`` (a previous demo there is removed first); returns the summary.
+
+    Raises:
+        ProtocolError: the student failed (its error is in the message).
+        UnavailableError: a party did not come up, or the run exceeded ``timeout`` seconds.
+    """
+    layout = Layout(Path(root).resolve())
+    if layout.federation.exists():
+        down(layout.root, purge=True)
+    start = time.monotonic()
+    endpoints = up(layout.root, options, say=say)
+    secret = token(layout)
+    student = endpoints["student"]["progress"]
+    budget_url = endpoints["guardian"]["budget"]
+    try:
+        last = ""
+        while True:
+            _, progress = probe(student, token=secret)
+            _, budget = probe(budget_url, token=secret)
+            if isinstance(progress, dict) and isinstance(budget, dict):
+                line = (
+                    f"{progress['state']}: {progress['queries']} queries asked, "
+                    f"{progress['answered']} answered, "
+                    f"ε {budget['epsilon_spent']:.3f} of {budget['epsilon_limit']:g}"
+                )
+                if line != last:
+                    say(line)
+                    last = line
+                if progress["state"] in ("published", "failed"):
+                    break
+            if time.monotonic() - start > timeout:
+                raise UnavailableError(
+                    f"the demo did not finish within {timeout:.0f} s; logs in {layout.logs}"
+                )
+            time.sleep(1.0)
+        if progress["state"] == "failed":
+            raise ProtocolError(f"the student failed: {progress['error']} (logs in {layout.logs})")
+        code, budget = probe(budget_url, token=secret)
+        if code != 200:
+            raise UnavailableError(f"GET {budget_url} answered {code}: {budget}")
+        say(f"GET {budget_url} (bearer token from {layout.token}):")
+        say(
+            "  " + ", ".join(f"{k}={budget[k]}" for k in ("epsilon_spent", "epsilon_limit", "delta", "order"))
+        )
+        published = progress["published"]
+        summary = {
+            "state_dir": str(layout.root),
+            "budget": {
+                k: budget[k]
+                for k in ("epsilon_spent", "epsilon_limit", "delta", "order", "queries", "answered")
+            },
+            "stopped_reason": progress["stopped_reason"],
+            "student": {
+                "model": published["model"],
+                "model_card": published["model_card"],
+                "accuracy": published["accuracy"],
+                "epsilon": published["epsilon"],
+                "answered": published["answered"],
+            },
+            "parties": options.parties,
+            "teachers_per_party": options.teachers_per_party,
+            "seconds": round(time.monotonic() - start, 1),
+        }
+    finally:
+        if not keep:
+            down(layout.root)
+            say(f"federation stopped; its state (ledger, labels, model, logs) is kept in {layout.root}")
+    return summary

@@ -1,0 +1,189 @@
+"""``capc local up|status|down`` as functions (the CLI, the demo, the e2e tests and the benchmark use them).
+
+``up`` provisions a state directory on first use (certificates, configs, ports, token), trains each teacher
+party's heads from its own data if they are missing, starts every party as its own process and waits for
+all of them to be ready. Run again on the same directory it resumes the same federation: the ledger, the
+label store and every party's cap record carry on.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from capc_services.local.layout import Layout
+from capc_services.local.processes import (
+    federation_of,
+    is_ours,
+    probe,
+    processes_of,
+    read_state,
+    start_party,
+    stop_processes,
+    wait_ready,
+    write_state,
+)
+from capc_services.local.provision import Endpoints, LocalOptions, provision
+
+from capc_common.errors import InputError
+from capc_common.federation import FederationConfig
+
+Say = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    """Default progress sink: say nothing."""
+
+
+def ensure_provisioned(
+    root: str | Path, options: LocalOptions, *, say: Say = _quiet
+) -> tuple[Layout, FederationConfig]:
+    """The federation in ``root``, provisioned from ``options`` first if there is none.
+
+    Returns:
+        The layout and the federation config.
+
+    Raises:
+        InputError: the federation in ``root`` is running, or the options are invalid.
+    """
+    layout = Layout(Path(root).resolve())
+    if layout.state.exists():
+        running = [p.party for p in processes_of(read_state(layout)) if is_ours(p)]
+        if running:
+            raise InputError(
+                f"the federation in {layout.root} is already running ({running}); `capc local down` it first"
+            )
+    if layout.federation.exists():
+        say(f"resuming the federation in {layout.root}")
+        return layout, federation_of(layout)
+    say(f"provisioning a new federation in {layout.root}")
+    layout, config, endpoints = provision(layout.root, options)
+    write_state(layout, endpoints=endpoints, processes=[])
+    return layout, config
+
+
+def up(
+    root: str | Path,
+    options: LocalOptions,
+    *,
+    say: Say = _quiet,
+    ready_timeout: float = 180.0,
+) -> dict[str, Any]:
+    """Bring a local federation up (provisioning it first if ``root`` holds none) and wait until ready.
+
+    Teacher parties without a heads file train theirs first (``capc teacher train``); heads placed in
+    ``parties/<name>/heads.safetensors`` beforehand are used as they are.
+
+    Args:
+        root: the state directory.
+        options: used only when provisioning a new federation.
+        say: receives one-line progress messages.
+        ready_timeout: seconds to wait for every party's ``/readyz``.
+
+    Returns:
+        The endpoints summary (what ``capc local up --format json`` prints).
+
+    Raises:
+        InputError: the federation in ``root`` is already running.
+        UnavailableError: a party did not become ready (the processes started are stopped again).
+    """
+    from capc_services.teacher.settings import TeacherSettings
+    from capc_services.teacher.train import train_party_heads
+
+    layout, config = ensure_provisioned(root, options, say=say)
+    endpoints = Endpoints.from_dict(read_state(layout)["endpoints"])
+    for name in config.teacher_names:
+        if not (layout.party_dir(name) / "heads.safetensors").exists():
+            say(f"training {name}'s {config.teacher(name).heads} teacher heads on its own data")
+            result = train_party_heads(TeacherSettings.load(layout.site(name)))
+            say(f"  {name}: {result['summary']}")
+    roles = [(config.guardian, "guardian"), (config.student, "student")]
+    roles += [(name, "teacher") for name in config.teacher_names]
+    processes = [start_party(layout, party=p, role=r, admin_port=endpoints.admin[p]) for p, r in roles]
+    write_state(layout, endpoints=endpoints, processes=processes)
+    say(f"started {len(processes)} processes; waiting for readiness")
+    try:
+        wait_ready(layout, processes, timeout=ready_timeout, on_ready=lambda p: say(f"  {p.party} ready"))
+    except Exception:
+        stop_processes(processes, grace=5)
+        raise
+    return summary(layout)
+
+
+def summary(layout: Layout) -> dict[str, Any]:
+    """Endpoints of a started federation (the ``up`` output)."""
+    state = read_state(layout)
+    endpoints = state["endpoints"]
+    processes = processes_of(state)
+    by_party = {p.party: p for p in processes}
+    config = federation_of(layout)
+    return {
+        "state_dir": str(layout.root),
+        "federation": config.name,
+        "config_hash": config.config_hash(),
+        "admin_token_file": str(layout.token),
+        "guardian": {
+            "grpc": f"127.0.0.1:{endpoints['guardian_grpc']}",
+            "admin": by_party[config.guardian].admin_url if config.guardian in by_party else None,
+            "budget": f"{by_party[config.guardian].admin_url}/api/v1/budget"
+            if config.guardian in by_party
+            else None,
+        },
+        "student": {
+            "grpc": f"127.0.0.1:{endpoints['student_grpc']}",
+            "admin": by_party[config.student].admin_url if config.student in by_party else None,
+            "progress": f"{by_party[config.student].admin_url}/api/v1/progress"
+            if config.student in by_party
+            else None,
+        },
+        "teachers": {
+            name: {"admin": by_party[name].admin_url if name in by_party else None}
+            for name in config.teacher_names
+        },
+        "logs": str(layout.logs),
+        "pids": {p.party: p.pid for p in processes},
+    }
+
+
+def token(layout: Layout) -> str:
+    """The local federation's admin token."""
+    return layout.token.read_text().strip()
+
+
+def status(root: str | Path) -> dict[str, Any]:
+    """Each party's process and readiness, the guardian's budget and the student's progress."""
+    layout = Layout(Path(root).resolve())
+    state = read_state(layout)
+    config = federation_of(layout)
+    secret = token(layout)
+    parties: dict[str, Any] = {}
+    for proc in processes_of(state):
+        alive = is_ours(proc)
+        code, _ = probe(f"{proc.admin_url}/readyz") if alive else (0, "process not running")
+        parties[proc.party] = {"role": proc.role, "pid": proc.pid, "running": alive, "ready": code == 200}
+    admin = {p.party: p.admin_url for p in processes_of(state)}
+    result: dict[str, Any] = {"state_dir": str(layout.root), "parties": parties}
+    if parties.get(config.guardian, {}).get("running"):
+        result["budget"] = probe(f"{admin[config.guardian]}/api/v1/budget", token=secret)[1]
+    if parties.get(config.student, {}).get("running"):
+        result["progress"] = probe(f"{admin[config.student]}/api/v1/progress", token=secret)[1]
+    return result
+
+
+def down(root: str | Path, *, purge: bool = False) -> dict[str, Any]:
+    """Stop every process ``up`` started; with ``purge`` also delete the state directory.
+
+    Raises:
+        InputError: ``purge`` of a directory that is not a local federation.
+    """
+    layout = Layout(Path(root).resolve())
+    outcome: dict[str, str] = {}
+    if layout.state.exists():
+        outcome = stop_processes(processes_of(read_state(layout)))
+    if purge:
+        if not layout.federation.exists():
+            raise InputError(f"{layout.root} holds no local federation (no federation.yaml); not deleting it")
+        shutil.rmtree(layout.root)
+    return {"state_dir": str(layout.root), "processes": outcome, "purged": purge}

@@ -1,0 +1,55 @@
+"""Where a local federation keeps its files (one state directory, movable as a whole)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths inside a local federation's state directory."""
+
+    root: Path
+
+    @property
+    def federation(self) -> Path:
+        """The shared federation.yaml."""
+        return self.root / "federation.yaml"
+
+    @property
+    def certs(self) -> Path:
+        """CA and party certificates/keys."""
+        return self.root / "certs"
+
+    @property
+    def token(self) -> Path:
+        """The admin bearer token (mode 0600; one for the whole local federation)."""
+        return self.root / "admin.token"
+
+    @property
+    def sites(self) -> Path:
+        """One site file per party."""
+        return self.root / "sites"
+
+    @property
+    def logs(self) -> Path:
+        """One JSON-lines log per process."""
+        return self.root / "logs"
+
+    @property
+    def state(self) -> Path:
+        """Running processes and endpoints (written by ``capc local up``)."""
+        return self.root / "state.json"
+
+    def site(self, party: str) -> Path:
+        """The site file of ``party``."""
+        return self.sites / f"{party}.yaml"
+
+    def party_dir(self, party: str) -> Path:
+        """A party's private data directory (ledger, label store, heads, cap record)."""
+        return self.root / "parties" / party
+
+    def log(self, party: str) -> Path:
+        """The log file of ``party``'s process."""
+        return self.logs / f"{party}.log"

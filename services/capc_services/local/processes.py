@@ -1,0 +1,210 @@
+"""Start, watch and stop the processes of a local federation.
+
+Each party runs as its own ``python -m capc_cli ...`` process, detached into its own session with its log
+in the state directory; ``state.json`` records the process ids this tool started, and ``down`` signals
+exactly those (SIGTERM, then SIGKILL after a grace period), never anything found by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from capc_services.local.layout import Layout
+from capc_services.local.provision import Endpoints
+
+from capc_common.errors import InputError, UnavailableError
+from capc_common.federation import FederationConfig
+
+
+@dataclass(frozen=True)
+class PartyProcess:
+    """One running party."""
+
+    party: str
+    role: str
+    pid: int
+    admin_url: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {"party": self.party, "role": self.role, "pid": self.pid, "admin_url": self.admin_url}
+
+
+def _command(role: str, site: Path) -> list[str]:
+    verb = {"guardian": "serve", "student": "run", "teacher": "serve"}[role]
+    return [sys.executable, "-m", "capc_cli", role, verb, "--site", str(site)]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists and is not a zombie we already reaped."""
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start_party(layout: Layout, *, party: str, role: str, admin_port: int) -> PartyProcess:
+    """Launch one party process detached from this one, logging to ``logs/PARTY.log``."""
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    log = layout.log(party).open("ab")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        _command(role, layout.site(party)),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        env=env,
+        start_new_session=True,
+        cwd=layout.root,
+    )
+    log.close()
+    return PartyProcess(party=party, role=role, pid=proc.pid, admin_url=f"http://127.0.0.1:{admin_port}")
+
+
+def write_state(layout: Layout, *, endpoints: Endpoints, processes: list[PartyProcess]) -> None:
+    """Record what ``up`` started (atomically)."""
+    data = {
+        "root": str(layout.root),
+        "endpoints": endpoints.to_dict(),
+        "processes": [p.to_dict() for p in processes],
+        "token_file": str(layout.token),
+        "started": time.time(),
+    }
+    tmp = layout.state.with_name("state.json.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(layout.state)
+
+
+def read_state(layout: Layout) -> dict[str, Any]:
+    """What ``up`` recorded.
+
+    Raises:
+        InputError: nothing was started from this state directory.
+    """
+    if not layout.state.exists():
+        raise InputError(f"no local federation was started in {layout.root}; run `capc local up` first")
+    data: dict[str, Any] = json.loads(layout.state.read_text())
+    return data
+
+
+def processes_of(state: dict[str, Any]) -> list[PartyProcess]:
+    """The recorded processes."""
+    return [PartyProcess(**p) for p in state["processes"]]
+
+
+def probe(url: str, *, token: str | None = None, timeout: float = 2.0) -> tuple[int, Any]:
+    """GET ``url``; returns ``(status, json body)`` or ``(0, error text)`` when nothing answers."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.get(url, headers=headers, timeout=timeout)
+    except httpx.HTTPError as exc:
+        return 0, str(exc)
+    try:
+        return response.status_code, response.json()
+    except ValueError:
+        return response.status_code, response.text
+
+
+def wait_ready(
+    layout: Layout,
+    processes: list[PartyProcess],
+    *,
+    timeout: float,
+    on_ready: Callable[[PartyProcess], None] | None = None,
+) -> None:
+    """Poll every party's ``/readyz`` until all are ready.
+
+    Raises:
+        UnavailableError: a process exited, or not all were ready within ``timeout`` seconds (the message
+            names them and the last lines of their logs).
+    """
+    pending = {p.party: p for p in processes}
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    while pending:
+        for party, proc in list(pending.items()):
+            if not pid_alive(proc.pid):
+                raise UnavailableError(
+                    f"{party} (pid {proc.pid}) exited during start-up; its log ends with:\n"
+                    f"{tail(layout.log(party))}"
+                )
+            code, body = probe(f"{proc.admin_url}/readyz")
+            last[party] = body
+            if code == 200:
+                del pending[party]
+                if on_ready is not None:
+                    on_ready(proc)
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            details = "; ".join(f"{p}: {last.get(p)}" for p in sorted(pending))
+            raise UnavailableError(f"not ready after {timeout:.0f} s: {details}")
+        time.sleep(0.25)
+
+
+def tail(path: Path, *, lines: int = 8) -> str:
+    """The last ``lines`` lines of a log file ('' if it does not exist)."""
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def is_ours(proc: PartyProcess) -> bool:
+    """Whether ``proc.pid`` is still the party process we started (guards against a reused pid)."""
+    if not pid_alive(proc.pid):
+        return False
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    if not cmdline.exists():
+        return True  # no procfs: the pid check is all we have
+    try:
+        args = cmdline.read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"capc_cli" in args and f"{proc.party}.yaml".encode() in b" ".join(args)
+
+
+def stop_processes(processes: list[PartyProcess], *, grace: float = 15.0) -> dict[str, str]:
+    """SIGTERM each recorded process, SIGKILL those still alive after ``grace`` seconds.
+
+    Only processes that are still the ones ``up`` started are signalled (see :func:`is_ours`).
+
+    Returns:
+        party → ``stopped``, ``killed`` or ``not running``.
+    """
+    outcome = {p.party: "not running" for p in processes}
+    processes = [p for p in processes if is_ours(p)]
+    for proc in processes:
+        os.kill(proc.pid, signal.SIGTERM)
+        outcome[proc.party] = "stopped"
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(pid_alive(p.pid) for p in processes):
+        time.sleep(0.1)
+    for proc in processes:
+        if pid_alive(proc.pid):
+            os.kill(proc.pid, signal.SIGKILL)
+            outcome[proc.party] = "killed"
+    return outcome
+
+
+def federation_of(layout: Layout) -> FederationConfig:
+    """The federation config of a state directory."""
+    return FederationConfig.load(layout.federation)

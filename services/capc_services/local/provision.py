@@ -1,0 +1,249 @@
+"""Provision a complete local federation in one state directory: CA and certificates, federation.yaml,
+one site file per party, free loopback ports and an admin token.
+
+The files are the same a real deployment uses (see deploy/ and docs/operations.md); only the addresses
+(loopback) and the single shared admin token are local conveniences.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from capc_services.local.layout import Layout
+from capc_services.tls import init_ca, issue_certificate, write_admin_token
+
+from capc_common.errors import InputError
+from capc_common.federation import FederationConfig, check_batch_fits
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    """Knobs of ``capc local up`` (everything else follows from them).
+
+    Attributes:
+        parties: teacher parties.
+        teachers_per_party: teacher heads per party.
+        dataset: the teachers' private data (split disjointly between parties).
+        epsilon / delta / order: the federation's budget.
+        queries / batch_size / bn_batch: the synthetic query stream.
+        threshold / sigma1 / sigma2: Confident-GNMax parameters (None: scaled to the number of heads).
+        min_parties: quorum (None: all but one party, at least one).
+        train_limit: training examples per party (None: the party's whole shard).
+        teacher_cap: each party's local worst-case ε cap (None: 3 × epsilon, since it counts every
+            query as answered).
+        generator / backbone: query generator and shared backbone (None: the library defaults).
+        seed: seed of the query stream and of the data partition.
+        insecure_noise_seed: seeded (non-private) guardian noise, for comparisons with the central run.
+        torch_threads: CPU threads per party process.
+        evaluation_images: held-out test images the student is evaluated on (None: no evaluation).
+        vote_deadline_s / share_deadline_s: quorum deadlines.
+    """
+
+    parties: int = 3
+    teachers_per_party: int = 25
+    dataset: str = "fashion-mnist"
+    epsilon: float = 10.0
+    delta: float = 1e-5
+    order: float = 10.0
+    queries: int = 2048
+    batch_size: int = 64
+    bn_batch: int = 64
+    threshold: float | None = None
+    sigma1: float | None = None
+    sigma2: float | None = None
+    min_parties: int | None = None
+    train_limit: int | None = 3000
+    teacher_cap: float | None = None
+    generator: str | None = None
+    backbone: str | None = None
+    seed: int = 0
+    insecure_noise_seed: str | None = None
+    torch_threads: int = 1
+    evaluation_images: int | None = 2000
+    vote_deadline_s: float = 60.0
+    share_deadline_s: float = 30.0
+
+
+def free_port() -> int:
+    """A TCP port that is free on loopback right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def teacher_names(parties: int) -> list[str]:
+    """Names of the simulated organisations: hospital-1, hospital-2, ..."""
+    return [f"hospital-{i + 1}" for i in range(parties)]
+
+
+def federation_dict(options: LocalOptions) -> dict[str, Any]:
+    """The federation.yaml of a local federation, as a mapping."""
+    from capc_common.models import default_backbone, load_backbone
+    from capc_common.synth import DEFAULT_GENERATOR, image_shape_for
+
+    if options.parties < 1 or options.teachers_per_party < 1:
+        raise InputError(
+            "need at least one party and one teacher per party, got "
+            f"{options.parties} × {options.teachers_per_party}"
+        )
+    heads = options.parties * options.teachers_per_party
+    height, width, channels = image_shape_for(options.dataset)
+    backbone = options.backbone or default_backbone(height, width, channels)
+    return {
+        "name": "capc-local",
+        "classes": 10,
+        "teachers": [
+            {"name": n, "heads": options.teachers_per_party} for n in teacher_names(options.parties)
+        ],
+        "mechanism": {
+            # Paper-like proportions (MNIST: 200 teachers, T 150, σ1 120, σ2 40), scaled to the heads here.
+            "threshold": options.threshold if options.threshold is not None else round(0.75 * heads, 1),
+            "sigma1": options.sigma1 if options.sigma1 is not None else round(0.6 * heads, 2),
+            "sigma2": options.sigma2 if options.sigma2 is not None else round(0.25 * heads, 2),
+        },
+        "budget": {"epsilon": options.epsilon, "delta": options.delta, "order": options.order},
+        "queries": {
+            "generator": options.generator or DEFAULT_GENERATOR,
+            "seed": options.seed,
+            "total": options.queries,
+            "batch_size": options.batch_size,
+            "bn_batch": options.bn_batch,
+            "height": height,
+            "width": width,
+            "channels": channels,
+        },
+        "backbone": {"name": backbone, "sha256": load_backbone(backbone).sha256},
+        "quorum": {
+            "min_parties": options.min_parties or max(1, options.parties - 1),
+            "vote_deadline_s": options.vote_deadline_s,
+            "share_deadline_s": options.share_deadline_s,
+        },
+    }
+
+
+def _write_yaml(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Loopback ports of one local federation."""
+
+    guardian_grpc: int
+    student_grpc: int
+    admin: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (stored in state.json)."""
+        return {"guardian_grpc": self.guardian_grpc, "student_grpc": self.student_grpc, "admin": self.admin}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Endpoints:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            guardian_grpc=int(data["guardian_grpc"]),
+            student_grpc=int(data["student_grpc"]),
+            admin={k: int(v) for k, v in data["admin"].items()},
+        )
+
+
+def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, FederationConfig, Endpoints]:
+    """Create a fresh local federation in ``root`` (which must not hold one already).
+
+    Returns:
+        The layout, the federation config and the chosen ports.
+
+    Raises:
+        InputError: ``root`` already holds a federation, or an option is invalid.
+    """
+    layout = Layout(Path(root).resolve())
+    if layout.federation.exists():
+        raise InputError(f"{layout.root} already holds a federation; `capc local down --purge` it first")
+    config = FederationConfig.from_dict(federation_dict(options), source="local federation options")
+    check_batch_fits(config)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    config.save(layout.federation)
+    init_ca(layout.certs, name=config.name)
+    parties = [config.guardian, config.student, *config.teacher_names]
+    for party in parties:
+        issue_certificate(layout.certs, party, out_dir=layout.certs)
+    write_admin_token(layout.token)
+    endpoints = Endpoints(
+        guardian_grpc=free_port(), student_grpc=free_port(), admin={p: free_port() for p in parties}
+    )
+    guardian_address = f"127.0.0.1:{endpoints.guardian_grpc}"
+    student_address = f"127.0.0.1:{endpoints.student_grpc}"
+
+    def common(party: str) -> dict[str, Any]:
+        return {
+            "party": party,
+            "federation": "../federation.yaml",
+            "tls": {"ca": "../certs/ca.crt", "cert": f"../certs/{party}.crt", "key": f"../certs/{party}.key"},
+            "admin": {"bind": f"127.0.0.1:{endpoints.admin[party]}", "token_file": "../admin.token"},
+        }
+
+    guardian_site = {
+        **common(config.guardian),
+        "grpc": {"bind": guardian_address},
+        "ledger": f"../parties/{config.guardian}/ledger.jsonl",
+    }
+    if options.insecure_noise_seed is not None:
+        guardian_site["insecure_noise_seed"] = options.insecure_noise_seed
+    _write_yaml(layout.site(config.guardian), guardian_site)
+    _write_yaml(
+        layout.site(config.student),
+        {
+            **common(config.student),
+            "grpc": {"bind": student_address},
+            "guardian_address": guardian_address,
+            "store": f"../parties/{config.student}/labels.sqlite",
+            "output_dir": f"../parties/{config.student}/published",
+            "torch_threads": options.torch_threads,
+            "train": {
+                "device": "auto",
+                "evaluate": None
+                if options.evaluation_images is None
+                else {"dataset": options.dataset, "limit": options.evaluation_images},
+            },
+        },
+    )
+    cap = options.teacher_cap if options.teacher_cap is not None else 3 * options.epsilon
+    for index, name in enumerate(config.teacher_names):
+        _write_yaml(
+            layout.site(name),
+            {
+                **common(name),
+                "student_address": student_address,
+                "guardian_address": guardian_address,
+                "heads": f"../parties/{name}/heads.safetensors",
+                "cap": {"epsilon": cap, "record": f"../parties/{name}/cap.jsonl"},
+                "torch_threads": options.torch_threads,
+                "data": {
+                    "dataset": options.dataset,
+                    "shard": index,
+                    "shards": options.parties,
+                    "seed": options.seed,
+                    "limit": options.train_limit,
+                },
+            },
+        )
+    for party in parties:
+        layout.party_dir(party).mkdir(parents=True, exist_ok=True)
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    return layout, config, endpoints
+
+
+def heads_per_party_hint(options: LocalOptions) -> str:
+    """One line describing the federation's size, for progress output."""
+    total = options.parties * options.teachers_per_party
+    return (
+        f"{options.parties} parties × {options.teachers_per_party} teachers = {total} heads, "
+        f"{math.ceil(options.queries / options.batch_size)} batches of {options.batch_size} queries"
+    )

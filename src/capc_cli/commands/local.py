@@ -1,0 +1,108 @@
+"""``capc local``: a complete federation as local processes (no Docker needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from capc_cli.output import emit, format_option
+
+_STATE = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".capc/local"),
+    show_default=True,
+    help="Where the federation keeps certificates, configs, ledgers, logs and state.json.",
+)
+
+
+@click.group("local")
+def command() -> None:
+    """Run a whole federation (guardian, student, teacher parties) as processes on this machine."""
+
+
+def _up_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"federation {result['federation']} is up ({result['state_dir']})",
+        f"  guardian  grpc {result['guardian']['grpc']}  admin {result['guardian']['admin']}",
+        f"            budget {result['guardian']['budget']}",
+        f"  student   grpc {result['student']['grpc']}  admin {result['student']['admin']}",
+        f"            progress {result['student']['progress']}",
+    ]
+    lines += [f"  {name:<9} admin {t['admin']}" for name, t in result["teachers"].items()]
+    lines += [
+        f'  admin token: {result["admin_token_file"]}  (curl -H "Authorization: Bearer $(cat FILE)" URL)',
+        f"  logs: {result['logs']}",
+        "stop it with `capc local down`",
+    ]
+    return "\n".join(lines)
+
+
+@command.command("up")
+@_STATE
+@click.option("--parties", type=click.IntRange(min=1), default=3, show_default=True, help="Teacher parties.")
+@click.option("--teachers-per-party", type=click.IntRange(min=1), default=25, show_default=True)
+@click.option("--dataset", default="fashion-mnist", show_default=True, help="The teachers' private data.")
+@click.option("--epsilon", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
+@click.option(
+    "--delta", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=1e-5, show_default=True
+)
+@click.option("--order", type=click.FloatRange(min=1, min_open=True), default=10.0, show_default=True)
+@click.option("--queries", type=click.IntRange(min=1), default=2048, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=16), default=64, show_default=True)
+@click.option("--bn-batch", type=click.IntRange(min=16), default=64, show_default=True)
+@click.option("--threshold", type=float, default=None, help="T [default: 0.75 × heads].")
+@click.option("--sigma1", type=float, default=None, help="σ1 [default: 0.6 × heads].")
+@click.option("--sigma2", type=float, default=None, help="σ2 [default: 0.25 × heads].")
+@click.option(
+    "--min-parties", type=click.IntRange(min=1), default=None, help="Quorum [default: parties − 1]."
+)
+@click.option(
+    "--train-limit", type=click.IntRange(min=1), default=3000, show_default=True, help="Examples/party."
+)
+@click.option("--teacher-cap", type=float, default=None, help="Each party's local ε cap [default: 3 × ε].")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--insecure-noise-seed",
+    type=str,
+    default=None,
+    help="Seeded guardian noise (NOT private: only to compare with `capc dietpate run`).",
+)
+@click.option("--torch-threads", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--ready-timeout", type=float, default=180.0, show_default=True)
+@format_option
+def up(state_dir: Path, ready_timeout: float, fmt: str, **options: Any) -> None:
+    """Start the federation (provisioning it first) and print its endpoints once every party is ready."""
+    from capc_services.local.federation import up as local_up
+    from capc_services.local.provision import LocalOptions
+
+    result = local_up(
+        state_dir,
+        LocalOptions(**options),
+        say=lambda line: click.echo(line, err=True),
+        ready_timeout=ready_timeout,
+    )
+    emit(result, fmt, _up_text)
+
+
+@command.command("status")
+@_STATE
+@format_option
+def status(state_dir: Path, fmt: str) -> None:
+    """Show each party's process and readiness, the budget and the student's progress."""
+    from capc_services.local.federation import status as local_status
+
+    emit(local_status(state_dir), fmt)
+
+
+@command.command("down")
+@_STATE
+@click.option("--purge", is_flag=True, help="Also delete the state directory (ledger, labels, certificates).")
+@format_option
+def down(state_dir: Path, purge: bool, fmt: str) -> None:
+    """Stop the processes `capc local up` started (SIGTERM, then SIGKILL after 15 s)."""
+    from capc_services.local.federation import down as local_down
+
+    emit(local_down(state_dir, purge=purge), fmt)

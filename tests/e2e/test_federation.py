@@ -1,0 +1,165 @@
+"""The federation as real processes on loopback (3 teacher parties × 3 teachers on Fashion-MNIST).
+
+* Differential: with the central run's teachers and seeded noise, the federation releases exactly the labels
+  `capc dietpate run` released, batch by batch, and the guardian's ledger charges exactly the accountant's ε.
+* The budget ends the stream cleanly, with the refused batch's figures in the student's stopped reason.
+* A teacher process killed mid-run: the batch follows the quorum rule and the federation carries on.
+* Clients without a certificate, or with another party's certificate, are refused.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+from collections.abc import Iterator
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.tls import TlsFiles
+from federation_harness import Running, federation_options
+
+from capc_common.federation import accountant
+from capc_common.wire import messages as pb
+from capc_common.wire import rpc
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def differential(central, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    running = Running(tmp_path_factory.mktemp("fed") / "state", federation_options(), central["teachers"])
+    running.wait(lambda p: p["state"] == "published")
+    yield running
+    running.close()
+
+
+def _store_rows(running: Running) -> list[tuple[int, int, str, str]]:
+    db = sqlite3.connect(running.layout.party_dir("student") / "labels.sqlite")
+    try:
+        return db.execute(
+            "SELECT first_index, count, state, parties FROM batches ORDER BY first_index"
+        ).fetchall()
+    finally:
+        db.close()
+
+
+def _labels(running: Running) -> np.ndarray:
+    db = sqlite3.connect(running.layout.party_dir("student") / "labels.sqlite")
+    try:
+        rows = db.execute("SELECT query_index, label FROM labels ORDER BY query_index").fetchall()
+    finally:
+        db.close()
+    indices, labels = np.asarray(rows, dtype=np.int64).T
+    np.testing.assert_array_equal(indices, np.arange(len(indices)))
+    return labels
+
+
+def test_labels_equal_the_central_run(differential: Running, central) -> None:
+    rows = [row for row in _store_rows(differential) if row[2] == "done"]
+    assert [first + count for first, count, _, _ in rows] == central["batch_ends"]
+    labels = _labels(differential)
+    assert len(labels) == len(central["labels"]) > 0
+    np.testing.assert_array_equal(labels, central["labels"])
+    assert (labels >= 0).sum() == central["report"]["answered"]
+
+
+def test_ledger_epsilon_equals_the_accountant(differential: Running, central) -> None:
+    budget = differential.budget()
+    reference = accountant(differential.config)
+    reference.step(queries=budget["queries"], answered=budget["answered"])
+    epsilon, _ = reference.get_epsilon(delta=budget["delta"], orders=[budget["order"]])
+    assert budget["epsilon_spent"] == pytest.approx(epsilon, rel=1e-9)
+    assert budget["epsilon_spent"] == pytest.approx(central["report"]["epsilon"], rel=1e-9)
+    assert (budget["queries"], budget["answered"]) == (
+        central["report"]["queries"],
+        central["report"]["answered"],
+    )
+    card = differential.progress()["published"]
+    assert card["epsilon"] == pytest.approx(budget["epsilon_spent"], rel=1e-9)
+
+
+def test_budget_exhaustion_stops_cleanly(differential: Running) -> None:
+    progress, budget = differential.progress(), differential.budget()
+    assert progress["state"] == "published"
+    assert "privacy budget exhausted" in progress["stopped_reason"]
+    assert "short by" in progress["stopped_reason"] and "Nothing was charged" in progress["stopped_reason"]
+    assert budget["open_batches"] == 0 and budget["reserved_rdp"] == 0
+    assert budget["epsilon_spent"] <= budget["epsilon_limit"]
+    assert progress["queries"] < differential.config.queries.total
+
+
+def _tls(running: Running, party: str) -> TlsFiles:
+    certs = running.layout.certs
+    return TlsFiles(ca=certs / "ca.crt", cert=certs / f"{party}.crt", key=certs / f"{party}.key")
+
+
+def test_unauthenticated_and_impersonating_clients_are_refused(differential: Running) -> None:
+    guardian = differential.endpoints["guardian"]["grpc"]
+    student = differential.endpoints["student"]["grpc"]
+    config_hash = differential.config.config_hash()
+    # no client certificate: the TLS handshake fails
+    bare = grpc.secure_channel(
+        guardian,
+        grpc.ssl_channel_credentials((differential.layout.certs / "ca.crt").read_bytes()),
+        options=[("grpc.ssl_target_name_override", "guardian")],
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        rpc.GuardianServiceStub(bare).BatchStatus(pb.BatchStatusRequest(batch_id="x"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    # a teacher's certificate: may not act as the student, nor submit for another party
+    hash_header = (ConfigHashClientInterceptor(config_hash, peer="guardian"),)
+    stub = rpc.GuardianServiceStub(
+        _tls(differential, "hospital-1").channel(guardian, peer="guardian", interceptors=hash_header)
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        stub.OpenBatch(pb.OpenBatchRequest(batch_id="x", count=32, query_digest=b"0" * 32), timeout=10)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    forged = pb.SubmitSharesRequest(
+        batch_id="x", attempt=1, party="hospital-2", seed=b"\0" * 16, shape=[32, 10]
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        stub.SubmitShares(forged, timeout=10)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # on the student's work stream, hospital-1 cannot introduce itself as hospital-2
+    work = rpc.StudentServiceStub(
+        _tls(differential, "hospital-1").channel(
+            student, peer="student", interceptors=(ConfigHashClientInterceptor(config_hash, peer="student"),)
+        )
+    )
+    hello = pb.TeacherMessage(hello=pb.TeacherHello(party="hospital-2", heads=3))
+    with pytest.raises(grpc.RpcError) as info:
+        list(work.Work(iter([hello]), timeout=10))
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # the admin API wants the bearer token
+    assert httpx.get(differential.endpoints["guardian"]["budget"], timeout=10).status_code == 401
+
+
+def test_killed_teacher_follows_the_quorum_and_the_federation_continues(central, tmp_path_factory) -> None:
+    options = federation_options(
+        min_parties=2,
+        queries=640,
+        batch_size=32,
+        sigma1=6.0,
+        sigma2=6.0,
+        epsilon=1000.0,
+        insecure_noise_seed=None,
+    )
+    running = Running(tmp_path_factory.mktemp("kill") / "state", options, central["teachers"])
+    try:
+        running.wait(lambda p: p["batches_done"] >= 2)
+        victim = running.endpoints["pids"]["hospital-3"]
+        os.kill(victim, signal.SIGKILL)
+        progress = running.wait(lambda p: p["state"] == "published")
+        rows = _store_rows(running)
+        assert all(state == "done" for _, _, state, _ in rows), rows
+        parties = [p for _, _, _, p in rows]
+        assert parties[0] == '["hospital-1", "hospital-2", "hospital-3"]'
+        assert parties[-1] == '["hospital-1", "hospital-2"]'
+        assert progress["queries"] == 640 and progress["teachers_connected"] == ["hospital-1", "hospital-2"]
+        assert running.budget()["open_batches"] == 0
+    finally:
+        running.close()
