@@ -41,6 +41,7 @@ class LocalOptions:
         insecure_noise_seed: seeded (non-private) guardian noise, for comparisons with the central run.
         torch_threads: CPU threads per party process.
         evaluation_images: held-out test images the student is evaluated on (None: no evaluation).
+        pipeline_depth: the student's pipelining (0: one batch at a time).
         vote_deadline_s / share_deadline_s: quorum deadlines.
     """
 
@@ -65,6 +66,7 @@ class LocalOptions:
     insecure_noise_seed: str | None = None
     torch_threads: int = 1
     evaluation_images: int | None = 2000
+    pipeline_depth: int = 1
     vote_deadline_s: float = 60.0
     share_deadline_s: float = 30.0
 
@@ -206,6 +208,7 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
             "store": f"../parties/{config.student}/labels.sqlite",
             "output_dir": f"../parties/{config.student}/published",
             "torch_threads": options.torch_threads,
+            "pipeline_depth": options.pipeline_depth,
             "train": {
                 "device": "auto",
                 "evaluate": None

@@ -29,7 +29,8 @@ def _progress_router(scheduler: Scheduler, registry: TeacherRegistry) -> APIRout
 
     @api.get("/progress", tags=["student"])
     def progress() -> dict[str, Any]:
-        """Labelling progress, connected teacher parties, and the published model once it exists."""
+        """Labelling progress, connected teacher parties, the last batches' timings (wall time, the slowest
+        party's model work, protocol = the difference) and the published model once it exists."""
         p = scheduler.progress
         return {
             "state": p.state,
@@ -42,6 +43,7 @@ def _progress_router(scheduler: Scheduler, registry: TeacherRegistry) -> APIRout
             "teachers_connected": sorted(registry.live()),
             "training": p.training,
             "published": p.published,
+            "recent_batches": list(p.recent),
         }
 
     return api

@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +51,7 @@ class _Collected:
     attempt: int
     shares: dict[str, np.ndarray]
     started: float
-    inference_s: float
+    model_work_s: float
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Progress:
     last_batch: str = ""
     labels_per_s: float = 0.0
     published: dict[str, Any] = field(default_factory=dict)
+    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=64))
     training: dict[str, Any] = field(default_factory=dict)
 
 
@@ -121,6 +123,7 @@ class Scheduler:
                 f"(connected: {sorted(self.registry.live())})"
             )
         attempt = self.store.begin(plan.batch_id, first_index=plan.spec.first_index, count=plan.count)
+        started = time.perf_counter()
         reply = self._open(plan)
         state = STATE_NAMES[reply.state]
         if state == "settled":
@@ -136,7 +139,6 @@ class Scheduler:
                 plan.batch_id, state="aborted", detail="released on the guardian before a restart"
             )
             return None
-        started = time.perf_counter()
         item = pb.WorkItem(
             batch_id=plan.batch_id,
             attempt=attempt,
@@ -174,13 +176,17 @@ class Scheduler:
                     "missing": missing,
                 },
             )
-        inference = max((a.timings.get("inference", 0.0) for a in answers.values()), default=0.0)
+        # A party's own model work: regenerating the queries and running its backbone and heads.
+        model_work = max(
+            (a.timings.get("generation", 0.0) + a.timings.get("inference", 0.0) for a in answers.values()),
+            default=0.0,
+        )
         for answer in answers.values():
             for stage, seconds in answer.timings.items():
                 if seconds:
                     self.metrics.stage_seconds.labels(stage=f"teacher_{stage}").observe(seconds)
         self.metrics.stage_seconds.labels(stage="collect").observe(time.perf_counter() - started)
-        return _Collected(plan=plan, attempt=attempt, shares=shares, started=started, inference_s=inference)
+        return _Collected(plan=plan, attempt=attempt, shares=shares, started=started, model_work_s=model_work)
 
     def _valid_shares(
         self, plan: BatchPlan, answers: dict[str, Answer]
@@ -320,10 +326,23 @@ class Scheduler:
         with self.metrics.stage("store"):
             self.store.complete(plan.batch_id, labels=labels, parties=agreed)
         wall = time.perf_counter() - item.started
+        protocol = max(wall - item.model_work_s, 0.0)
         self.metrics.stage_seconds.labels(stage="batch_wall").observe(wall)
-        self.metrics.stage_seconds.labels(stage="protocol").observe(max(wall - item.inference_s, 0.0))
+        self.metrics.stage_seconds.labels(stage="protocol").observe(protocol)
         self.metrics.batches.labels(outcome="done").inc()
         self.progress.last_batch = plan.batch_id
+        self.progress.recent.append(
+            {
+                "batch_id": plan.batch_id,
+                "count": plan.count,
+                "answered": int((labels >= 0).sum()),
+                "wall_s": wall,
+                "model_work_s": item.model_work_s,
+                "protocol_s": protocol,
+                "mpc_bytes": nbytes,
+                "completed": time.time(),
+            }
+        )
         _log.info(
             "batch labelled",
             extra={
