@@ -63,11 +63,16 @@ def test_bad_config_exits_2_before_work(capc, write_config, tmp_path):
 def test_labels_are_reproducible_and_match_the_federation_rule(write_config, tmp_path):
     """With the same seeded noise a federation (canonical draws + plaintext rule) releases the same labels."""
     config = load_config(write_config(student={"pseudo_labels": False}, plots=False))
-    first = run(config)
+    lines: list[str] = []
+    first = run(config, cache_dir=tmp_path / "cache")  # computes everything and fills the cache
     labels = np.load(tmp_path / "out" / "labels.npz")
-    again = run(config.with_overrides(output=str(tmp_path / "again")))
+    again = run(
+        config.with_overrides(output=str(tmp_path / "again")), cache_dir=tmp_path / "cache", log=lines.append
+    )
+    assert "teachers: reused from the cache" in lines
     np.testing.assert_array_equal(np.load(tmp_path / "again" / "labels.npz")["label"], labels["label"])
     assert again["epsilon"] == first["epsilon"]
+    assert again["student_accuracy"] == first["student_accuracy"]
 
     # Recompute the histograms independently and replay the guardian's draws batch by batch.
     from capc_common.learn import shard_features, train_teachers

@@ -1,9 +1,12 @@
-"""A content-addressed cache of feature matrices, so repeated runs (benchmarks, sweeps) featurise once.
+"""A content-addressed cache for repeated runs (benchmarks, sweeps): features, teachers and their votes.
 
-Features depend only on public or fixed inputs — the backbone (by hash), which images (dataset, indices or
-synthetic stream), the BatchNorm chunk size and mode — so a run may reuse them without changing any
-result. Each entry is one ``.npy`` file named by the SHA-256 of a canonical JSON description of those
-inputs, written atomically. Without a cache directory every call computes.
+Every cached object is a deterministic function of the inputs named in its description — the backbone (by
+hash), which images (dataset, split, shards, or synthetic stream), the BatchNorm chunk size and mode, the
+teachers' settings — so reusing it never changes a result. Each entry is one file named by the SHA-256 of a
+canonical JSON description, written atomically. Without a cache directory every call computes.
+
+The cache holds data derived from the *private* training set (shard features, teacher heads, vote
+histograms): keep it on the research machine, like the dataset itself.
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from capc_common.learn.teachers import TeacherEnsemble
 
 __all__ = ["FeatureCache", "digest_indices"]
 
@@ -37,21 +43,21 @@ class FeatureCache:
     def __init__(self, directory: str | Path | None) -> None:
         self.directory = None if directory is None else Path(directory)
 
-    def _path(self, description: dict[str, Any]) -> Path | None:
+    def _path(self, description: dict[str, Any], suffix: str = ".npy") -> Path | None:
         if self.directory is None:
             return None
         key = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
-        return self.directory / f"{description.get('kind', 'features')}-{key[:40]}.npy"
+        return self.directory / f"{description.get('kind', 'features')}-{key[:40]}{suffix}"
 
-    def load(self, description: dict[str, Any]) -> npt.NDArray[np.float32] | None:
-        """The stored matrix for ``description``, or ``None``."""
+    def load(self, description: dict[str, Any]) -> npt.NDArray[Any] | None:
+        """The stored array for ``description``, or ``None``."""
         path = self._path(description)
         if path is None or not path.is_file():
             return None
         return np.load(path, allow_pickle=False)
 
-    def store(self, description: dict[str, Any], features: npt.NDArray[np.float32]) -> None:
-        """Store ``features`` under ``description`` (atomically: temporary file, then rename)."""
+    def store(self, description: dict[str, Any], features: npt.NDArray[Any]) -> None:
+        """Store an array under ``description`` (atomically: temporary file, then rename)."""
         path = self._path(description)
         if path is None:
             return
@@ -64,6 +70,20 @@ class FeatureCache:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def load_teachers(self, description: dict[str, Any]) -> TeacherEnsemble | None:
+        """Teachers stored under ``description``, or ``None``."""
+        from capc_common.learn.teachers import TeacherEnsemble
+
+        path = self._path(description, ".safetensors")
+        return TeacherEnsemble.load(path) if path is not None and path.is_file() else None
+
+    def store_teachers(self, description: dict[str, Any], teachers: TeacherEnsemble) -> None:
+        """Store ``teachers`` under ``description`` (atomically)."""
+        path = self._path(description, ".safetensors")
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            teachers.save(path)
 
     def get_or_compute(
         self, description: dict[str, Any], compute: Callable[[], npt.NDArray[np.float32]]

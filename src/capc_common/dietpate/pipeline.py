@@ -273,8 +273,8 @@ def next_batch(prep: Prepared, first: int) -> int:
 
 def ask_queries(
     prep: Prepared,
-    featurise: Callable[[npt.NDArray[np.uint8], int, int], npt.NDArray[np.float32]],
-    vote: Callable[[npt.NDArray[np.uint8], npt.NDArray[np.float32]], npt.NDArray[np.int64]],
+    featurise: Callable[[npt.NDArray[np.uint8], int], npt.NDArray[np.float32]],
+    vote: Callable[[npt.NDArray[np.uint8], npt.NDArray[np.float32], int], npt.NDArray[np.int64]],
     *,
     progress: bool,
     log: Log = _quiet,
@@ -283,8 +283,8 @@ def ask_queries(
 
     Args:
         prep: the prepared run.
-        featurise: ``(images, first, count) → features`` of one batch (student backbone).
-        vote: ``(images, features) → histograms`` of one batch.
+        featurise: ``(images, first) → features`` of the batch starting at query ``first`` (student map).
+        vote: ``(images, features, first) → histograms`` of that batch.
         progress: show a progress bar on stderr.
         log: stage messages.
     """
@@ -315,8 +315,8 @@ def ask_queries(
             width=shape[1],
             channels=shape[2],
         )
-        f = featurise(images, first, count)
-        hist = vote(images, f)
+        f = featurise(images, first)
+        hist = vote(images, f, first)
         lab = answer(hist, cfg, noise)
         prep.budget.charge(hist, lab != UNANSWERED)
         feats.append(f)

@@ -79,48 +79,48 @@ def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) ->
         )
 
     start = time.perf_counter()
-    teacher_x = cache.get_or_compute(
-        {
-            "kind": "shards",
-            "map": fz.sha256,
-            "shards": shard_digest(prep),
-            "bn_batch": bn,
-            "mode": mode,
-            **data,
-        },
-        lambda: shard_features(fz, prep.train.images, prep.shards, bn_batch=bn, mode=mode)[0],
-    )
-    owners = np.repeat(np.arange(len(prep.shards)), [len(s) for s in prep.shards])
-    teacher_y = prep.train.labels[np.concatenate(prep.shards)]
-    teacher_eval = eval_features(fz, mode)
-    timings["features"] = time.perf_counter() - start
-    log(f"features: {teacher_x.shape[0]} shard rows × {teacher_x.shape[1]} dims ({fz.name})")
-
-    start = time.perf_counter()
     (kind, hidden, l2, max_iter), _ = _heads(prep)
-    ensemble = train_teachers(
-        teacher_x,
-        teacher_y,
-        owners,
-        teachers=cfg.teachers.count,
-        classes=prep.classes,
-        backbone_sha256=fz.sha256,
-        bn_batch=bn,
-        bn_mode=mode,
-        kind=kind,
-        l2=l2,
-        hidden=hidden,
-        max_iter=max_iter,
-        seed=cfg.seed,
-    )
-    del teacher_x
+    shards = {"map": fz.sha256, "shards": shard_digest(prep), "bn_batch": bn, "mode": mode, **data}
+    teachers_key = {"kind": "teachers", "head": [kind, hidden, l2, max_iter], **shards}
+    teacher_eval = eval_features(fz, mode)
+    ensemble = cache.load_teachers(teachers_key)
+    timings["features"] = time.perf_counter() - start
+    if ensemble is None:
+        start = time.perf_counter()
+        teacher_x = cache.get_or_compute(
+            {"kind": "shards", **shards},
+            lambda: shard_features(fz, prep.train.images, prep.shards, bn_batch=bn, mode=mode)[0],
+        )
+        timings["features"] += time.perf_counter() - start
+        log(f"features: {teacher_x.shape[0]} shard rows × {teacher_x.shape[1]} dims ({fz.name})")
+        start = time.perf_counter()
+        ensemble = train_teachers(
+            teacher_x,
+            prep.train.labels[np.concatenate(prep.shards)],
+            np.repeat(np.arange(len(prep.shards)), [len(s) for s in prep.shards]),
+            teachers=cfg.teachers.count,
+            classes=prep.classes,
+            backbone_sha256=fz.sha256,
+            bn_batch=bn,
+            bn_mode=mode,
+            kind=kind,
+            l2=l2,
+            hidden=hidden,
+            max_iter=max_iter,
+            seed=cfg.seed,
+        )
+        del teacher_x
+        cache.store_teachers(teachers_key, ensemble)
+    else:
+        start = time.perf_counter()
+        log("teachers: reused from the cache")
     eval_hist = ensemble.votes(teacher_eval)
     per_teacher = (ensemble.predict(teacher_eval) == prep.evaluation.labels[None, :]).mean(axis=1)
     timings["teachers"] = time.perf_counter() - start
     log(f"teachers: mean accuracy {per_teacher.mean():.4f}, best {per_teacher.max():.4f}")
 
     start = time.perf_counter()
-    qlog = _queries(prep, ensemble, cache=cache, progress=progress, log=log)
+    qlog = _queries(prep, ensemble, cache=cache, teachers_key=teachers_key, progress=progress, log=log)
     timings["queries"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -160,9 +160,15 @@ def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) ->
 
 
 def _queries(
-    prep: Prepared, ensemble: TeacherEnsemble, *, cache: FeatureCache, progress: bool, log: Log
+    prep: Prepared,
+    ensemble: TeacherEnsemble,
+    *,
+    cache: FeatureCache,
+    teachers_key: dict[str, Any],
+    progress: bool,
+    log: Log,
 ) -> QueryLog:
-    """The query stage, reusing cached query features of the stream where available."""
+    """The query stage, reusing the cached features and votes of the stream where available."""
     cfg = prep.config
     fz, sfz = prep.featurizer, prep.student_featurizer
     mode, bn = cfg.backbone.bn_mode, cfg.backbone.bn_batch
@@ -178,19 +184,29 @@ def _queries(
     }
     cached = cache.load(stream)
     have = 0 if cached is None else len(cached)
+    votes_key = {"kind": "votes", "teachers": teachers_key, "stream": stream}
+    cached_votes = cache.load(votes_key)
+    have_votes = 0 if cached_votes is None else len(cached_votes)
 
-    def featurise(images: npt.NDArray[np.uint8], first: int, count: int) -> npt.NDArray[np.float32]:
+    def featurise(images: npt.NDArray[np.uint8], first: int) -> npt.NDArray[np.float32]:
         # Batches are multiples of bn_batch, so chunks align with the cached stream's chunks.
+        count = len(images)
         if cached is not None and first + count <= have:
             return cached[first : first + count]
         return sfz.extract(images, bn_batch=bn, mode=mode)
 
-    def vote(images: npt.NDArray[np.uint8], feats: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
+    def vote(
+        images: npt.NDArray[np.uint8], feats: npt.NDArray[np.float32], first: int
+    ) -> npt.NDArray[np.int64]:
+        if cached_votes is not None and first + len(images) <= have_votes:
+            return cached_votes[first : first + len(images)]
         return ensemble.votes(feats if sfz is fz else fz.extract(images, bn_batch=bn, mode=mode))
 
     qlog = ask_queries(prep, featurise, vote, progress=progress, log=log)
     if len(qlog.features) > have:
         cache.store(stream, qlog.features)
+    if len(qlog.histograms) > have_votes:
+        cache.store(votes_key, qlog.histograms)
     return qlog
 
 

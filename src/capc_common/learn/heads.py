@@ -32,6 +32,7 @@ __all__ = ["HeadEnsemble", "HeadKind", "train_heads"]
 HeadKind = Literal["linear", "mlp"]
 _FORMAT = "capc-heads-v1"
 _SMALL_FLOPS = 4_000_000_000
+_FLOAT64_ELEMENTS = 16_000_000
 
 
 @dataclass(frozen=True)
@@ -299,12 +300,14 @@ def train_heads(
         coords, back = basis
         params[first] = torch.bmm(torch.bmm(params[first], xs.transpose(1, 2)), back)
         xs, rows = coords, xs
-    # Solve in float64: the (compressed) problems are small, and tight convergence makes the batched and
-    # one-by-one optima agree to many digits.
-    params = {k: v.double() for k, v in params.items()}
+    # Small (e.g. compressed) problems are solved in float64, so batched and one-by-one optima agree to many
+    # digits. Large ones (a student on many queries: more rows than dimensions) are memory-bound, and
+    # float32 halves the traffic.
+    dtype = torch.float64 if xs.numel() <= _FLOAT64_ELEMENTS else torch.float32
+    params = {k: v.to(dtype) for k, v in params.items()}
     flops = 6 * xs.numel() * (hidden if kind == "mlp" else classes)  # forward + backward, per evaluation
     with _threads_for(flops):
-        _lbfgs(kind, params, xs.double(), ys, ws.double(), l2=l2, max_iter=max_iter, tolerance=tolerance)
+        _lbfgs(kind, params, xs.to(dtype), ys, ws.to(dtype), l2=l2, max_iter=max_iter, tolerance=tolerance)
     trained = {k: v.detach().float() for k, v in params.items()}
     if basis is not None:
         trained[first] = torch.bmm(torch.bmm(trained[first], basis[1].transpose(1, 2)), rows)
@@ -360,9 +363,10 @@ def _lbfgs(
     max_iter: int,
     tolerance: float,
 ) -> None:
-    """Minimise the joint objective in place with SciPy's L-BFGS-B (float64; torch computes gradients)."""
+    """Minimise the joint objective in place with SciPy's L-BFGS-B (torch computes the gradients)."""
     from scipy.optimize import minimize
 
+    dtype = np.float64 if xs.dtype == torch.float64 else np.float32
     names = list(params)
     shapes = [params[n].shape for n in names]
     sizes = [params[n].numel() for n in names]
@@ -375,13 +379,13 @@ def _lbfgs(
         }
 
     def objective(theta: npt.NDArray[np.float64]) -> tuple[float, npt.NDArray[np.float64]]:
-        p = unpack(np.array(theta, dtype=np.float64))
+        p = unpack(np.array(theta, dtype=dtype))
         logits = _forward(kind, p, xs)
         ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ys, reduction="none")
         loss = (ce * ws).sum() + 0.5 * l2 * sum((v * v).sum() for k, v in p.items() if k.startswith("w_"))
         loss.backward()
         grad = torch.cat([p[n].grad.reshape(-1) for n in names])  # type: ignore[union-attr]
-        return float(loss.detach()), grad.numpy()
+        return float(loss.detach()), grad.double().numpy()
 
     start = torch.cat([params[n].detach().reshape(-1) for n in names]).double().numpy()
     result = minimize(
@@ -391,6 +395,6 @@ def _lbfgs(
         method="L-BFGS-B",
         options={"maxiter": max_iter, "gtol": tolerance, "ftol": 1e-15, "maxcor": 20},
     )
-    final = unpack(np.asarray(result.x, dtype=np.float64))
+    final = unpack(np.asarray(result.x, dtype=dtype))
     for n in names:
         params[n] = final[n].detach()
