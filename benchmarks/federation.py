@@ -18,7 +18,8 @@ Both rates are steady-state: labels of batches 2..n over the time from the start
 the end of batch n (the first batch carries process warm-up and, in the federation, the base OT). The
 protocol latency of a 256-query batch is measured in a second federation that runs one batch at a time:
 the batch's wall time (open → labels stored) minus the slowest party's own model work (query generation +
-inference), median over batches 2..n. The guardian's resident memory is sampled after every batch of that run.
+inference), median over batches 2..n. The guardian's resident memory is sampled after every batch of a third
+federation that runs many small batches (64 queries).
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ _party: dict[str, Any] = {}
 def _init_party(backbone: str, sha256: str, heads: str, threads: int) -> None:
     import torch
 
+    # Each federation party is its own process session (``capc local`` starts them so); with the kernel's
+    # session autogroups that decides its CPU share on a busy machine, so a central worker gets the same.
+    os.setsid()
     from capc_common.learn.heads import HeadEnsemble
     from capc_common.models import load_backbone
 
@@ -195,13 +199,13 @@ def federation_run(
     }
 
 
-def _rss_summary(samples: list[float]) -> dict[str, Any]:
-    """Guardian memory across batches: first steady sample, last, and the least-squares slope."""
-    steady = samples[1:] if len(samples) > 2 else samples
-    x = np.arange(len(steady), dtype=float)
-    slope = float(np.polyfit(x, steady, 1)[0]) if len(steady) >= 2 else 0.0
+def _rss_summary(samples: list[float], *, warm_up: int) -> dict[str, Any]:
+    """Guardian memory across batches: after ``warm_up`` batches, at the end, and the least-squares slope
+    in between (buffers are sized by the first batches; what matters is growth after that)."""
+    steady = samples[warm_up - 1 :]
+    slope = float(np.polyfit(np.arange(len(steady), dtype=float), steady, 1)[0]) if len(steady) >= 2 else 0.0
     return {
-        "after_batch_2": steady[0],
+        f"after_batch_{warm_up}": steady[0],
         "last": steady[-1],
         "batches": len(samples),
         "slope_mb_per_100_batches": 100 * slope,
@@ -216,6 +220,13 @@ def _rss_summary(samples: list[float]) -> dict[str, Any]:
 @click.option("--bn-batch", type=click.IntRange(min=16), default=64, show_default=True)
 @click.option("--latency-batch", type=click.IntRange(min=16), default=256, show_default=True)
 @click.option("--latency-batches", type=click.IntRange(min=3), default=12, show_default=True)
+@click.option(
+    "--memory-batches",
+    type=click.IntRange(min=20),
+    default=120,
+    show_default=True,
+    help="Batches of 64 queries in the guardian-memory run.",
+)
 @click.option(
     "--train-limit", type=click.IntRange(min=1), default=1000, show_default=True, help="Examples/party."
 )
@@ -232,6 +243,7 @@ def main(
     bn_batch: int,
     latency_batch: int,
     latency_batches: int,
+    memory_batches: int,
     train_limit: int,
     threads: int,
     work_dir: Path | None,
@@ -257,6 +269,7 @@ def main(
     latency = LocalOptions(
         **common, queries=latency_batch * latency_batches, batch_size=latency_batch, pipeline_depth=0
     )
+    memory = LocalOptions(**{**common, "bn_batch": 32}, queries=64 * memory_batches, batch_size=64)
     start = time.monotonic()
     load_before = os.getloadavg()
     # Teacher heads are trained once (not timed) and shared by every measurement.
@@ -273,6 +286,10 @@ def main(
     say(f"federation latency run ({latency_batch}-query batches, one at a time)")
     lat = federation_run(root / "latency", latency, heads_from=layout, say=say)
     say(f"  protocol latency {lat['protocol_latency_s']:.3f} s")
+    say(f"guardian memory run ({memory_batches} batches of 64 queries)")
+    mem = federation_run(root / "memory", memory, heads_from=layout, say=say)
+    rss = _rss_summary(mem["guardian_rss_mb"], warm_up=10)
+    say(f"  guardian RSS {rss['after_batch_10']:.1f} → {rss['last']:.1f} MB")
     result = {
         "federation_labels_per_s": fed["labels_per_s"],
         "central_labels_per_s": central["labels_per_s"],
@@ -284,7 +301,7 @@ def main(
             "latency_run": {**lat["per_batch"], **lat["stages"]},
         },
         "mpc_bytes_per_label": fed["mpc_bytes_per_label"],
-        "guardian_rss_mb": _rss_summary(lat["guardian_rss_mb"]),
+        "guardian_rss_mb": rss,
         "setup": {
             "parties": parties,
             "teachers_per_party": teachers_per_party,
@@ -294,6 +311,7 @@ def main(
             "bn_batch": bn_batch,
             "latency_batch": latency_batch,
             "latency_batches": latency_batches,
+            "memory_batches": memory_batches,
             "backbone": config.backbone.name,
             "torch_threads_per_party": threads,
             "cpu_count": os.cpu_count(),
@@ -312,7 +330,7 @@ def main(
         f"{result['central_labels_per_s']:.1f} labels/s: ratio {result['ratio']:.3f} (target ≥ 0.8)\n"
         f"protocol latency of a {latency_batch}-query batch: {lat['protocol_latency_s']:.3f} s "
         "(target ≤ 0.5 s)\n"
-        f"guardian RSS: {result['guardian_rss_mb']['after_batch_2']:.1f} MB after batch 2, "
+        f"guardian RSS: {rss['after_batch_10']:.1f} MB after batch 10, "
         f"{result['guardian_rss_mb']['last']:.1f} MB after batch {result['guardian_rss_mb']['batches']} "
         f"(slope {result['guardian_rss_mb']['slope_mb_per_100_batches']:+.2f} MB / 100 batches)\n"
         f"stages: {json.dumps(result['stages'], indent=1)}\n"

@@ -194,7 +194,7 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
     guardian_site = {
         **common(config.guardian),
         "grpc": {"bind": guardian_address},
-        "ledger": f"../parties/{config.guardian}/ledger.jsonl",
+        "ledger": f"../parties/{config.guardian}/ledger.sqlite",
     }
     if options.insecure_noise_seed is not None:
         guardian_site["insecure_noise_seed"] = options.insecure_noise_seed
