@@ -7,7 +7,6 @@ The files are the same a real deployment uses (see deploy/ and docs/operations.m
 
 from __future__ import annotations
 
-import math
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,12 +240,3 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
     layout.logs.mkdir(parents=True, exist_ok=True)
     return layout, config, endpoints
-
-
-def heads_per_party_hint(options: LocalOptions) -> str:
-    """One line describing the federation's size, for progress output."""
-    total = options.parties * options.teachers_per_party
-    return (
-        f"{options.parties} parties × {options.teachers_per_party} teachers = {total} heads, "
-        f"{math.ceil(options.queries / options.batch_size)} batches of {options.batch_size} queries"
-    )

@@ -41,7 +41,6 @@ def _progress_router(scheduler: Scheduler, registry: TeacherRegistry) -> APIRout
             "labels_per_s": p.labels_per_s,
             "last_batch": p.last_batch,
             "teachers_connected": sorted(registry.live()),
-            "training": p.training,
             "published": p.published,
             "recent_batches": list(p.recent),
         }

@@ -66,7 +66,6 @@ class Progress:
     labels_per_s: float = 0.0
     published: dict[str, Any] = field(default_factory=dict)
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=64))
-    training: dict[str, Any] = field(default_factory=dict)
 
 
 class Scheduler:
