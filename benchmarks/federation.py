@@ -41,15 +41,15 @@ import click
 import httpx
 import numpy as np
 import psutil
+
+from capc_common.aggregation import confident_rule, draw_confident_noise, vote_histogram
+from capc_common.federation import FederationConfig, batch_plan
+from capc_common.privacy import SystemNoise
 from capc_services.local.federation import down, ensure_provisioned, token, up
 from capc_services.local.layout import Layout
 from capc_services.local.provision import LocalOptions
 from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.train import train_party_heads
-
-from capc_common.aggregation import confident_rule, draw_confident_noise, vote_histogram
-from capc_common.federation import FederationConfig, batch_plan
-from capc_common.privacy import SystemNoise
 
 _STAGE = re.compile(r'^capc_stage_seconds_(sum|count)\{stage="([^"]+)"\} ([0-9.e+-]+)$', re.MULTILINE)
 

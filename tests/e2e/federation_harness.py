@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from capc_services.local.federation import down, ensure_provisioned, token, up
-from capc_services.local.layout import Layout
-from capc_services.local.provision import LocalOptions
 
 from capc_common.federation import FederationConfig
 from capc_common.learn.heads import HeadEnsemble
+from capc_services.local.federation import down, ensure_provisioned, token, up
+from capc_services.local.layout import Layout
+from capc_services.local.provision import LocalOptions
 
 PARTIES, HEADS = 3, 3
 NOISE_SEED = "e2e-differential"

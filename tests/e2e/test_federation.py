@@ -18,13 +18,13 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from capc_services.common.interceptors import ConfigHashClientInterceptor
-from capc_services.tls import TlsFiles
 from federation_harness import Running, federation_options
 
 from capc_common.federation import accountant
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
+from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.tls import TlsFiles
 
 pytestmark = pytest.mark.slow
 

@@ -6,9 +6,9 @@ import secrets
 from pathlib import Path
 
 import pytest
-from capc_services.tls import init_ca, issue_certificate
 
 from capc_common.federation import FederationConfig
+from capc_services.tls import init_ca, issue_certificate
 
 PARTIES = ("guardian", "student", "hospital-a", "hospital-b")
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fastapi.testclient import TestClient
+
+from capc_common.errors import InputError
 from capc_services.common.admin import Readiness, api_router, build_admin_app
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.settings import SiteSettings, load_admin_token
 from capc_services.tls import certificate_info
-from fastapi.testclient import TestClient
-
-from capc_common.errors import InputError
 
 
 @pytest.fixture

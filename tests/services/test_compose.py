@@ -9,12 +9,12 @@ from typing import Any
 import click
 import pytest
 import yaml
-from capc_services.guardian.settings import GuardianSettings
-from capc_services.student.settings import StudentSettings
-from capc_services.teacher.settings import TeacherSettings
 
 from capc_cli.main import cli
 from capc_common.federation import FederationConfig
+from capc_services.guardian.settings import GuardianSettings
+from capc_services.student.settings import StudentSettings
+from capc_services.teacher.settings import TeacherSettings
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())

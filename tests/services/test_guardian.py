@@ -9,13 +9,6 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from capc_services.common.interceptors import AuthInterceptor, ConfigHashClientInterceptor
-from capc_services.common.metrics import PartyMetrics
-from capc_services.common.runtime import GrpcServer, start_grpc_server
-from capc_services.guardian.core import Guardian
-from capc_services.guardian.servicer import POLICY, GuardianServicer, add_to_server
-from capc_services.student.guardian_client import BatchRefused, GuardianClient
-from capc_services.tls import TlsFiles, certificate_info
 
 from capc_common.aggregation import confident_rule, draw_confident_noise
 from capc_common.errors import BudgetExhaustedError, InputError
@@ -24,6 +17,13 @@ from capc_common.mpc import share_votes
 from capc_common.privacy import BudgetLedger, SeededNoise
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
+from capc_services.common.interceptors import AuthInterceptor, ConfigHashClientInterceptor
+from capc_services.common.metrics import PartyMetrics
+from capc_services.common.runtime import GrpcServer, start_grpc_server
+from capc_services.guardian.core import Guardian
+from capc_services.guardian.servicer import POLICY, GuardianServicer, add_to_server
+from capc_services.student.guardian_client import BatchRefused, GuardianClient
+from capc_services.tls import TlsFiles, certificate_info
 
 SEED = "guardian-test"
 

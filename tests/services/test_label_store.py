@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from capc_services.student.store import LabelStore
 
 from capc_common.errors import InputError, IntegrityError
+from capc_services.student.store import LabelStore
 
 
 def test_batches_survive_a_restart_and_are_never_asked_twice(tmp_path: Path) -> None:

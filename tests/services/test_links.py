@@ -6,9 +6,9 @@ import threading
 import time
 
 import numpy as np
-from capc_services.student.links import Answer, TeacherRegistry
 
 from capc_common.wire import messages as pb
+from capc_services.student.links import Answer, TeacherRegistry
 
 
 def _item(batch_id: str = "b0", attempt: int = 1) -> pb.WorkItem:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from capc_services.teacher.cap import LocalCap
 
 from capc_common.errors import BudgetExhaustedError, IntegrityError
 from capc_common.federation import FederationConfig, accountant, batch_costs
+from capc_services.teacher.cap import LocalCap
 
 
 @pytest.fixture

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from capc_services.common.interceptors import HASH_HEADER, AuthInterceptor, ConfigHashClientInterceptor
-from capc_services.common.runtime import GrpcServer, start_grpc_server
-from capc_services.tls import TlsFiles
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from capc_common.federation import FederationConfig
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
+from capc_services.common.interceptors import HASH_HEADER, AuthInterceptor, ConfigHashClientInterceptor
+from capc_services.common.runtime import GrpcServer, start_grpc_server
+from capc_services.tls import TlsFiles
 
 STATUS = f"/{rpc.GUARDIAN_SERVICE}/BatchStatus"
 

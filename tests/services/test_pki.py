@@ -6,10 +6,10 @@ import stat
 from pathlib import Path
 
 import pytest
-from capc_services.tls import certificate_info, init_ca, issue_certificate
 from cryptography import x509
 
 from capc_common.errors import InputError
+from capc_services.tls import certificate_info, init_ca, issue_certificate
 
 
 def test_issue_writes_private_key_0600_and_sans(tmp_path: Path) -> None:

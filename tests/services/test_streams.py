@@ -7,9 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from capc_services.common.runtime import start_grpc_server
-from capc_services.common.streams import FrameChannel
-from capc_services.tls import TlsFiles
 
 from capc_common.mpc import (
     EvaluatorSession,
@@ -22,6 +19,9 @@ from capc_common.mpc import (
 )
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
+from capc_services.common.runtime import start_grpc_server
+from capc_services.common.streams import FrameChannel
+from capc_services.tls import TlsFiles
 
 CONFIG = MpcConfig(classes=10, width=ring_width(teachers=20, sigma2=3, sigma1=5, threshold=12), teachers=20)
 

@@ -10,6 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from capc_common.aggregation import confident_rule, draw_confident_noise, vote_histogram
+from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone
+from capc_common.learn.heads import train_heads
+from capc_common.models import extract_features
+from capc_common.privacy import BudgetLedger, SeededNoise
+from capc_common.wire import rpc
 from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import start_grpc_server
@@ -29,13 +36,6 @@ from capc_services.teacher.cap import LocalCap
 from capc_services.teacher.client import TeacherLinks
 from capc_services.teacher.worker import TeacherWorker
 from capc_services.tls import TlsFiles, certificate_info
-
-from capc_common.aggregation import confident_rule, draw_confident_noise, vote_histogram
-from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone
-from capc_common.learn.heads import train_heads
-from capc_common.models import extract_features
-from capc_common.privacy import BudgetLedger, SeededNoise
-from capc_common.wire import rpc
 
 NOISE = "student-flow"
 HEADS = {"hospital-a": 2, "hospital-b": 3}

@@ -6,10 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from capc_services.common.metrics import PartyMetrics
-from capc_services.teacher.cap import LocalCap
-from capc_services.teacher.worker import TeacherWorker
-from capc_services.tls import certificate_info
 
 from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone, mpc_config
 from capc_common.learn.heads import train_heads
@@ -17,6 +13,10 @@ from capc_common.models import extract_features
 from capc_common.mpc import expand_share_seed, sum_shares
 from capc_common.wire import RawQuery, query_to_proto
 from capc_common.wire import messages as pb
+from capc_services.common.metrics import PartyMetrics
+from capc_services.teacher.cap import LocalCap
+from capc_services.teacher.worker import TeacherWorker
+from capc_services.tls import certificate_info
 
 
 @pytest.fixture(scope="module")

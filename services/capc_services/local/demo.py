@@ -9,12 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from capc_common.errors import ProtocolError, UnavailableError
 from capc_services.local.federation import down, token, up
 from capc_services.local.layout import Layout
 from capc_services.local.processes import probe, read_state
 from capc_services.local.provision import LocalOptions
-
-from capc_common.errors import ProtocolError, UnavailableError
 
 DEMO_OPTIONS = LocalOptions(
     parties=3,

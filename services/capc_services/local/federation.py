@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from capc_common.errors import InputError
+from capc_common.federation import FederationConfig
 from capc_services.local.layout import Layout
 from capc_services.local.processes import (
     federation_of,
@@ -26,9 +28,6 @@ from capc_services.local.processes import (
     write_state,
 )
 from capc_services.local.provision import Endpoints, LocalOptions, provision
-
-from capc_common.errors import InputError
-from capc_common.federation import FederationConfig
 
 Say = Callable[[str], None]
 

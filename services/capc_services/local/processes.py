@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from capc_services.local.layout import Layout
-from capc_services.local.provision import Endpoints
 
 from capc_common.errors import InputError, UnavailableError
 from capc_common.federation import FederationConfig
+from capc_services.local.layout import Layout
+from capc_services.local.provision import Endpoints
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from capc_services.local.layout import Layout
-from capc_services.tls import init_ca, issue_certificate, write_admin_token
 
 from capc_common.errors import InputError
 from capc_common.federation import FederationConfig, check_batch_fits
+from capc_services.local.layout import Layout
+from capc_services.tls import init_ca, issue_certificate, write_admin_token
 
 
 @dataclass(frozen=True)
