@@ -352,6 +352,25 @@ def _threads_for(flops: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _linear_objective(
+    p: dict[str, torch.Tensor], xs: torch.Tensor, onehot: torch.Tensor, ws: torch.Tensor, *, l2: float
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """Loss and gradients of the linear heads, in closed form.
+
+    Autograd would form ``∂L/∂W`` as ``xᵀ·G``, a transposed tall-skinny product that BLAS runs several
+    times slower than the equivalent ``Gᵀ·x`` used here (measured: 0.36 s against 0.02 s for a
+    5000 × 3969 student).
+    """
+    with torch.no_grad():
+        w, b = p["w_out"], p["b_out"]
+        logits = torch.baddbmm(b.unsqueeze(1), xs, w.transpose(1, 2))
+        logp = torch.log_softmax(logits, dim=2)
+        loss = -(logp * onehot).sum(dim=2).mul(ws).sum() + 0.5 * l2 * (w * w).sum()
+        g = (logp.exp() - onehot) * ws.unsqueeze(2)  # ∂L/∂logits, (heads, m, classes)
+        grad_w = torch.bmm(g.transpose(1, 2).contiguous(), xs) + l2 * w
+    return float(loss), {"w_out": grad_w, "b_out": g.sum(dim=1)}
+
+
 def _lbfgs(
     kind: HeadKind,
     params: dict[str, torch.Tensor],
@@ -378,8 +397,13 @@ def _lbfgs(
             for i, n in enumerate(names)
         }
 
+    onehot = torch.nn.functional.one_hot(ys, params["b_out"].shape[1]).to(xs.dtype)
+
     def objective(theta: npt.NDArray[np.float64]) -> tuple[float, npt.NDArray[np.float64]]:
         p = unpack(np.array(theta, dtype=dtype))
+        if kind == "linear":
+            value, grads = _linear_objective(p, xs, onehot, ws, l2=l2)
+            return value, torch.cat([grads[n].reshape(-1) for n in names]).double().numpy()
         logits = _forward(kind, p, xs)
         ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ys, reduction="none")
         loss = (ce * ws).sum() + 0.5 * l2 * sum((v * v).sum() for k, v in p.items() if k.startswith("w_"))
