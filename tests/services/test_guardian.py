@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from capc_common.aggregation import confident_rule, draw_confident_noise
 from capc_common.errors import BudgetExhaustedError, InputError
 from capc_common.federation import FederationConfig, batch_costs, mpc_config
-from capc_common.mpc import share_votes
+from capc_common.mpc import Channel, EvaluatorSession, channel_pair, share_votes, sum_shares
 from capc_common.privacy import BudgetLedger, SeededNoise
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
@@ -200,3 +201,66 @@ def test_a_teacher_cannot_submit_for_another_party_or_act_as_student(setup: Setu
     bad = pb.SubmitSharesRequest(batch_id="b", attempt=1, party="hospital-a", seed=b"\0" * 15, shape=[16, 10])
     with pytest.raises(grpc.RpcError, match="16 bytes"):
         stub.SubmitShares(bad, timeout=10)
+
+
+class _AnnouncingChannel(Channel):
+    """The garbler's end of an in-memory pair that signals its first send (the session is under way)."""
+
+    def __init__(self, inner: Channel) -> None:
+        super().__init__()
+        self._inner = inner
+        self.sent = threading.Event()
+
+    def _send(self, data: bytes) -> None:
+        self._inner.send(data)
+        self.sent.set()
+
+    def _recv(self) -> bytes:
+        return bytes(self._inner.recv())
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def test_a_batch_is_agreed_and_computed_at_most_once(setup: Setup) -> None:
+    # Two computations of one batch would reveal two labellings with fresh noise, yet the ledger's settle is
+    # idempotent for the same answered count: one charge for two releases. The guardian must refuse the
+    # second ComputeStart for a batch already agreed, and a second compute of a batch already started.
+    guardian, config = setup.guardian, setup.config
+    rng, count, parties = np.random.default_rng(7), 16, ("hospital-a", "hospital-b")
+    setup.student.open_batch("once", count=count, digest=_digest("once"))
+    shares = setup.share("once", {"hospital-a": _votes(rng, 2, count), "hospital-b": _votes(rng, 3, count)})
+    agreed = guardian.agree(batch_id="once", attempt=1, parties=parties, actor="student")
+    with pytest.raises(InputError, match="already being computed"):
+        guardian.agree(batch_id="once", attempt=1, parties=parties, actor="student")
+    assert setup.ledger.batch("once").state == "reserved"  # the refusal released nothing
+
+    garbler_end, evaluator_end = channel_pair(timeout=10)
+    first = _AnnouncingChannel(garbler_end)
+    outcome: dict[str, object] = {}
+
+    def compute(name: str, channel: Channel) -> None:
+        try:
+            outcome[name] = guardian.compute(
+                batch_id="once", attempt=1, agreed=agreed, session=guardian.session(channel), actor="student"
+            )
+        except Exception as exc:  # recorded for the assertions below
+            outcome[name] = exc
+
+    one = threading.Thread(target=compute, args=("first", first))
+    one.start()
+    assert first.sent.wait(30)  # the first computation is under way
+    second_garbler, _second_evaluator = channel_pair(timeout=5)
+    two = threading.Thread(target=compute, args=("second", second_garbler))
+    two.start()
+    two.join(timeout=20)
+    evaluator = EvaluatorSession(evaluator_end, mpc_config(config))
+    labels = evaluator.run_batch(
+        "once", share_sum=sum_shares([shares[p] for p in agreed], width=evaluator.config.width)
+    )
+    one.join(timeout=30)
+    two.join(timeout=30)
+    assert isinstance(outcome["second"], InputError), outcome["second"]
+    assert "already" in str(outcome["second"])
+    assert outcome["first"] == int((labels >= 0).sum())
+    assert [e.kind for e in setup.ledger.entries(batch_id="once")] == ["reserve", "settle"]

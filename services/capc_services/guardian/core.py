@@ -51,7 +51,8 @@ class _OpenBatch:
     opened: float
     # attempt -> party -> seed
     seeds: dict[int, dict[str, bytes]] = field(default_factory=dict)
-    computing: bool = False
+    computing: bool = False  # agreed: no more seeds, no second agreement
+    started: bool = False  # a computation took it: no second computation
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class Guardian:
             The agreed parties in federation order.
 
         Raises:
-            InputError: unknown parties or batch.
+            InputError: unknown parties or batch, or the batch was already agreed (it is being computed).
             QuorumError: fewer than the quorum; the batch was released (it cost nothing).
         """
         unknown = sorted(set(parties) - set(self.config.teacher_names))
@@ -252,6 +253,13 @@ class Guardian:
         with self._lock:
             batch = self._get_open(batch_id)
             while True:
+                if batch.computing:
+                    # A second agreement would let the batch be computed twice: two labellings with fresh
+                    # noise for one ledger charge (settling is idempotent for the same answered count).
+                    raise InputError(
+                        f"batch {batch_id} is already being computed; a batch is computed at most once "
+                        "(open a new batch to ask its queries again)"
+                    )
                 have = set(batch.seeds.get(attempt, {}))
                 left = deadline - time.monotonic()
                 if wanted <= have or left <= 0:
@@ -283,11 +291,19 @@ class Guardian:
         """Garble one agreed batch in ``session`` (the student evaluates); returns how many were answered.
 
         Raises:
+            InputError: the batch was not agreed, or another computation of it already started (nothing
+                changes: a batch is computed at most once).
             ProtocolError: the computation failed. If that happened before the commit point the reservation
                 was released (nothing revealed, nothing charged); after it, the charge stands.
         """
         with self._lock:
             batch = self._get_open(batch_id)
+            if not batch.computing or batch.started:
+                raise InputError(
+                    f"batch {batch_id} is already being computed, or its parties were never agreed; a batch "
+                    "is computed at most once, after agree()"
+                )
+            batch.started = True
             seeds = [batch.seeds[attempt][p] for p in agreed]
             count = batch.count
         settled: dict[str, int] = {}
