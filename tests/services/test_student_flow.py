@@ -313,3 +313,38 @@ def test_restart_resumes_the_open_batch_and_asks_nothing_twice(
     reserves = [e.batch_id for e in federation.ledger.entries() if e.kind == "reserve"]
     assert sorted(reserves) == sorted(set(reserves)) and len(reserves) == 4
     assert len(again.all_labels()[0]) == 128
+
+
+def test_a_batch_charged_but_lost_counts_its_answers_in_the_model_card(
+    make, federation_dict, trained_heads, tmp_path: Path, monkeypatch
+) -> None:
+    # The guardian settles a batch (commit before reveal) and then the link drops before the student has
+    # decoded its labels: the batch is lost, and the student's record — hence the published ε — must count
+    # what the guardian charged for it, answers included.
+    from capc_common.errors import ProtocolError
+    from capc_common.mpc import EvaluatorSession
+
+    _, sha = trained_heads
+    queries = {**_config(federation_dict, sha).queries.model_dump(), "total": 64}
+    config = _config(federation_dict, sha, queries=queries)
+    federation = make(config)
+    decode = EvaluatorSession._decode
+    dropped: list[str] = []
+
+    def decode_then_drop(self, outputs):
+        labels = decode(self, outputs)  # the garbler only sends decoding bits after its ledger commit
+        if not dropped:
+            dropped.append("first")
+            raise ProtocolError("link dropped after the guardian's commit")
+        return labels
+
+    monkeypatch.setattr(EvaluatorSession, "_decode", decode_then_drop)
+    store = LabelStore(tmp_path / "labels.sqlite", config_hash=config.config_hash())
+    federation.scheduler(store).run()
+    lost = store.batches(state="lost")
+    assert len(lost) == 1 and dropped
+    charged = federation.ledger.batch(lost[0].batch_id)
+    assert charged.state == "settled" and charged.answered > 0
+    assert lost[0].answered == charged.answered
+    summary = federation.ledger.summary()
+    assert privacy_of(config, store)["rdp"] == pytest.approx(summary["spent_rdp"], rel=1e-12)

@@ -310,9 +310,16 @@ class Scheduler:
                     plan.batch_id, attempt=item.attempt, shares=item.shares
                 )
         except CapcError as exc:
-            status = STATE_NAMES[self.guardian.status(plan.batch_id).state]
+            reply = self.guardian.status(plan.batch_id)
+            status = STATE_NAMES[reply.state]
             if status == "settled":
-                self.store.finish(plan.batch_id, state="lost", detail=f"charged, labels lost: {exc}")
+                # Record what the guardian charged, answers included: the model card's ε is summed from it.
+                self.store.finish(
+                    plan.batch_id,
+                    state="lost",
+                    detail=f"charged, labels lost: {exc}",
+                    answered=reply.answered,
+                )
             else:
                 if status == "open":
                     self.guardian.abort_batch(plan.batch_id, reason=str(exc))
