@@ -34,10 +34,10 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
     """Run the guardian until ``stop`` is set: gRPC (mTLS) for the parties, REST for admins."""
     party = PartyRuntime(settings, role="guardian")
     if settings.insecure_noise_seed is not None:
+        # The seed itself is never logged: whoever reads it can remove the noise from every label.
         _log.warning(
             "INSECURE: noise comes from a seeded generator; labels are reproducible and NOT private. "
-            "Use only to compare with the central reference.",
-            extra={"seed": settings.insecure_noise_seed},
+            "Use only to compare with the central reference."
         )
         noise = SeededNoise(settings.insecure_noise_seed)
     else:
