@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+import select
+import signal
+import threading
 import warnings
 
 import numpy as np
@@ -214,6 +217,38 @@ def test_system_noise_rekeys_in_a_forked_child() -> None:
     assert child.size == 4
     assert not np.array_equal(child, noise.uniform_words(4))
     assert SystemNoise.secure and not SeededNoise.secure
+
+
+def test_system_noise_is_usable_in_a_child_forked_while_another_thread_draws() -> None:
+    # A thread of the parent holds the source's lock at the moment of the fork: the child must neither
+    # deadlock on that lock nor continue the parent's keystream.
+    noise = SystemNoise()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with noise._lock:
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        os.write(write_fd, noise.uniform_words(4).tobytes())
+        os._exit(0)
+    os.close(write_fd)
+    release.set()
+    holder.join()
+    ready, _, _ = select.select([read_fd], [], [], 10)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    child = np.frombuffer(os.read(read_fd, 32), dtype=np.uint64) if ready else np.zeros(0, np.uint64)
+    os.close(read_fd)
+    assert child.size == 4, "the forked child deadlocked on the noise source's lock"
+    assert not np.array_equal(child, noise.uniform_words(4))
 
 
 def test_seeded_noise_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import warnings
+import weakref
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
@@ -129,8 +130,10 @@ def _check_count(n: int) -> int:
 class SystemNoise(NoiseSource):
     """The production noise source: AES-256-CTR under a fresh key from ``os.urandom``.
 
-    The key is replaced after every 2^32 blocks and whenever the process id changes, so a forked child
-    never repeats its parent's stream. Thread-safe.
+    The key is replaced after every 2^32 blocks and in every forked child — by an ``os.register_at_fork``
+    hook, which also gives the child a fresh lock (another thread of the parent may have held it at the
+    fork), and again whenever the process id changes — so a child never repeats its parent's stream.
+    Thread-safe.
     """
 
     secure: ClassVar[bool] = True
@@ -138,6 +141,7 @@ class SystemNoise(NoiseSource):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rekey()
+        _live_sources.add(self)
 
     def _rekey(self) -> None:
         self._pid = os.getpid()
@@ -151,6 +155,18 @@ class SystemNoise(NoiseSource):
                 self._rekey()
             return self._stream.words(count)
 
+
+_live_sources: weakref.WeakSet[SystemNoise] = weakref.WeakSet()
+
+
+def _rekey_after_fork() -> None:
+    """In a forked child: a fresh lock and key for every live :class:`SystemNoise` of the parent."""
+    for source in list(_live_sources):
+        source._lock = threading.Lock()
+        source._rekey()
+
+
+os.register_at_fork(after_in_child=_rekey_after_fork)
 
 _warned = False
 _warn_lock = threading.Lock()
