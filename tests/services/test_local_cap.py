@@ -49,3 +49,27 @@ def test_record_of_another_federation_or_corrupt_is_refused(tmp_path: Path, conf
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(IntegrityError, match="line 1 is corrupt"):
         LocalCap(tmp_path / "bad.jsonl", config=config, epsilon_cap=100)
+
+
+def test_a_new_record_is_made_durable_with_its_directory_entry(
+    tmp_path: Path, config: FederationConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # fsync of the file alone does not make a freshly created file survive a power cut: its directory
+    # entry must be synced too, or the party restarts with an empty record (an under-counted cap).
+    import os
+    import stat
+
+    synced: list[bool] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        real_fsync(fd)
+
+    cap = LocalCap(tmp_path / "site" / "cap.jsonl", config=config, epsilon_cap=100)
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    cap.charge(batch_id="b0", attempt=1, count=16)
+    assert synced.count(False) == 1 and synced.count(True) == 1
+    synced.clear()
+    cap.charge(batch_id="b1", attempt=1, count=16)  # the file exists now: only its contents need syncing
+    assert synced == [False]

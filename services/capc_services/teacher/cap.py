@@ -99,10 +99,17 @@ class LocalCap:
                 "time": time.time(),
                 "config_hash": self._hash,
             }
+            created = not self.path.exists()
             with self.path.open("a") as handle:
                 handle.write(json.dumps(entry, sort_keys=True) + "\n")
                 handle.flush()
                 os.fsync(handle.fileno())
+            if created:  # a new file survives a power cut only once its directory entry is synced too
+                directory = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(directory)
+                finally:
+                    os.close(directory)
             self.batches += 1
             self.queries += count
             return self.epsilon
