@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from capc_common.aggregation import confident_rule, draw_confident_noise
-from capc_common.errors import BudgetExhaustedError, InputError
+from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError, ProtocolError
 from capc_common.federation import FederationConfig, batch_costs, mpc_config
 from capc_common.mpc import Channel, EvaluatorSession, channel_pair, share_votes, sum_shares
 from capc_common.privacy import BudgetLedger, SeededNoise
@@ -264,3 +264,38 @@ def test_a_batch_is_agreed_and_computed_at_most_once(setup: Setup) -> None:
     assert "already" in str(outcome["second"])
     assert outcome["first"] == int((labels >= 0).sum())
     assert [e.kind for e in setup.ledger.entries(batch_id="once")] == ["reserve", "settle"]
+
+
+def test_a_refused_settle_tells_the_student_nothing_about_the_pass_bits(setup: Setup) -> None:
+    # A batch released while it was being computed (an abort racing the computation) cannot be settled:
+    # nothing is revealed, and the error the student receives must not carry the answered count either —
+    # that count is a DP output of a batch nobody is charged for.
+    guardian, config = setup.guardian, setup.config
+    rng, count, parties = np.random.default_rng(8), 16, ("hospital-a", "hospital-b")
+    setup.student.open_batch("raced", count=count, digest=_digest("raced"))
+    shares = setup.share("raced", {"hospital-a": _votes(rng, 2, count), "hospital-b": _votes(rng, 3, count)})
+    agreed = guardian.agree(batch_id="raced", attempt=1, parties=parties, actor="student")
+    setup.ledger.release("raced", reason="an abort that raced the computation", actor="student")
+    garbler_end, evaluator_end = channel_pair(timeout=20)
+    outcome: dict[str, BaseException] = {}
+
+    def compute() -> None:
+        try:
+            guardian.compute(
+                batch_id="raced", attempt=1, agreed=agreed, session=guardian.session(garbler_end), actor="s"
+            )
+        except Exception as exc:  # recorded for the assertions below
+            outcome["guardian"] = exc
+
+    thread = threading.Thread(target=compute)
+    thread.start()
+    evaluator = EvaluatorSession(evaluator_end, mpc_config(config))
+    with pytest.raises(ProtocolError):
+        evaluator.run_batch(
+            "raced", share_sum=sum_shares([shares[p] for p in agreed], width=evaluator.config.width)
+        )
+    thread.join(timeout=30)
+    error = outcome["guardian"]  # what the servicer sends the student as the stream's status
+    assert isinstance(error, IntegrityError) and "could not be charged" in str(error)
+    assert "answered" not in str(error) and "rdp" not in str(error)
+    assert [e.kind for e in setup.ledger.entries(batch_id="raced")] == ["reserve", "release"]

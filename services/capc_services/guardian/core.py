@@ -310,10 +310,23 @@ class Guardian:
 
         def commit(pass_bits: np.ndarray) -> None:
             answered = int(np.count_nonzero(pass_bits))
-            with self.metrics.stage("ledger"):
-                self.ledger.settle(
-                    batch_id, answered=answered, actual_rdp=self._costs.actual(count, answered), actor=actor
-                )
+            try:
+                with self.metrics.stage("ledger"):
+                    self.ledger.settle(
+                        batch_id,
+                        answered=answered,
+                        actual_rdp=self._costs.actual(count, answered),
+                        actor=actor,
+                    )
+            except CapcError as exc:
+                # The ledger's refusal names the answered count: a DP output of a batch nobody is charged
+                # for. It stays in this log; the student (who gets our error as its stream status) learns
+                # only that the charge failed.
+                _log.warning("settle refused", extra={"batch_id": batch_id, "error": str(exc)})
+                raise IntegrityError(
+                    f"batch {batch_id} could not be charged on the ledger (it was released or settled "
+                    "meanwhile); nothing was revealed"
+                ) from None
             settled["answered"] = answered
 
         try:
