@@ -39,11 +39,16 @@ class BatchCosts:
     params: dict[str, Any]
 
     def worst_case(self, count: int) -> float:
-        """RDP of a batch of ``count`` queries if all were answered (what is reserved before computing)."""
-        return count * (self.query_rdp + self.answer_rdp)
+        """RDP of a batch of ``count`` queries if all were answered (what is reserved before computing).
+
+        Computed as ``actual(count, count)``, never as ``count · (q + a)``: the two round differently, and a
+        reservation one ulp below the all-answered cost made the ledger refuse to settle exactly the batches
+        whose queries all passed — a data-dependent failure that charged nothing.
+        """
+        return self.actual(count, count)
 
     def actual(self, count: int, answered: int) -> float:
-        """RDP of a batch once its pass bits are known."""
+        """RDP of a batch once its pass bits are known (non-decreasing in ``answered``, also in floats)."""
         return count * self.query_rdp + answered * self.answer_rdp
 
     def epsilon(self, rdp: float) -> float:
