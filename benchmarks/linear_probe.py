@@ -203,7 +203,8 @@ def _plot(rows: list[dict[str, Any]], path: Path, *, bn_batch: int) -> None:
     labels = [f"{r['model']}\n{r['mode']}" if r["mode"] != "-" else r["model"] for r in rows]
     accs = [100 * r["accuracy"] for r in rows]
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4))
-    bars = ax.bar(range(len(rows)), accs, color=["C0" if r["mode"] == "current" else "C1" for r in rows])
+    colours = {"current": "C0", "running": "C1"}
+    bars = ax.bar(range(len(rows)), accs, color=[colours.get(r["mode"], "C7") for r in rows])
     for bar, acc in zip(bars, accs, strict=True):
         ax.text(bar.get_x() + bar.get_width() / 2, acc + 0.3, f"{acc:.1f}", ha="center", fontsize=8)
     ax.set_xticks(range(len(rows)), labels, rotation=45, ha="right", fontsize=7)
