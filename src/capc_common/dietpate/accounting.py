@@ -4,8 +4,10 @@ Rigorous, data-independent accounting (DESIGN §4): every screened query pays th
 answered query pays GNMax's ``λ/σ2²`` (LNMax: the RDP of pure ``2/b``-DP). Charges go into a
 :class:`~capc_common.privacy.RenyiFilter` at one order fixed before the first query, so stopping on the
 budget after seeing how many queries were answered is still covered (Feldman & Zrnic 2021). As the guardian
-does, a batch is admitted only if its *worst case* (every query answered) fits; its screening is charged
-first, then GNMax for the answers it actually gave.
+does, a batch is admitted only if its *worst case* (every query answered) fits, and is then charged in one
+charge for its screening plus GNMax for the answers it actually gave — never more than the worst case, to
+the last bit (:meth:`RunBudget.worst_case` is ``actual(count, count)``). With ``order: auto`` the order is
+the one ``capc budget plan`` would fix.
 
 The PATE-2018 data-dependent ε is tracked alongside for research comparisons only; it depends on the private
 histograms and is reported as *unsanitised*.
@@ -24,7 +26,7 @@ from capc_common.errors import InputError
 from capc_common.privacy import ConfidentGNMaxAccountant, DataDependentPATEAccountant, RenyiFilter
 from capc_common.privacy.analysis import (
     DEFAULT_ORDERS,
-    rdp_budget_at_order,
+    rdp_budget_curve,
     rdp_gnmax_data_independent,
     rdp_pure_dp,
 )
@@ -56,14 +58,6 @@ def _costs(
     return zero, rdp_pure_dp(orders, epsilon=2.0 / mechanism.scale)
 
 
-def _budget_at(budget: BudgetSection, order: float) -> float:
-    """The filter's RDP budget at ``order``, or −1 where (ε, δ) cannot be met at that order at all."""
-    try:
-        return float(rdp_budget_at_order(epsilon=budget.epsilon, delta=budget.delta, order=order))
-    except InputError:
-        return -1.0
-
-
 @dataclass
 class RunBudget:
     """The filter plus the per-query and per-answer charges at its order, and the unsanitised tracker.
@@ -84,20 +78,38 @@ class RunBudget:
     queries: int = 0
     answered: int = 0
 
+    def actual(self, count: int, answered: int) -> float:
+        """RDP of a batch of ``count`` screened queries of which ``answered`` were answered.
+
+        Non-decreasing in ``answered`` also in floating point (``answered · a`` and the sum are monotone
+        roundings), so no outcome costs more than :meth:`worst_case`.
+        """
+        return count * self.query_rdp + answered * self.answer_rdp
+
     def worst_case(self, count: int) -> float:
-        """RDP of a batch of ``count`` queries if every one were answered."""
-        return count * (self.query_rdp + self.answer_rdp)
+        """RDP of a batch of ``count`` queries if every one were answered: exactly ``actual(count, count)``.
+
+        Never ``count · (q + a)``: that rounds differently, and a reservation one ulp below the all-answered
+        cost would refuse exactly the batches whose queries all passed, after their labels were released —
+        a data-dependent failure (the federation's ``BatchCosts`` had the same bug, fixed in 6434fd1).
+        """
+        return self.actual(count, count)
 
     def fits(self, count: int) -> bool:
-        """Whether a batch of ``count`` queries may start (its worst case fits the remaining budget)."""
-        return self.worst_case(count) <= self.filter.remaining_rdp
+        """Whether a batch of ``count`` queries may start: its worst case fits what remains.
+
+        The test is the filter's own admission test (``spent + cost ≤ budget``), so whatever a started batch
+        turns out to cost, :meth:`charge` admits it.
+        """
+        return self.filter.spent_rdp + self.worst_case(count) <= self.filter.budget_rdp
 
     def charge(self, histograms: npt.NDArray[np.int64], answered: npt.NDArray[np.bool_]) -> None:
-        """Charge one batch: screening for every query, then an answer for each answered one."""
+        """Charge a batch in one filter charge: screening for every query, an answer per answered one."""
         count = int(histograms.shape[0])
-        self.filter.charge(count * self.query_rdp, what=f"screening {count} queries")
         n_answered = int(answered.sum())
-        self.filter.charge(n_answered * self.answer_rdp, what=f"{n_answered} answers")
+        self.filter.charge(
+            self.actual(count, n_answered), what=f"batch of {count} queries, {n_answered} answered"
+        )
         self.queries += count
         self.answered += n_answered
         if self.data_dependent is not None:
@@ -130,8 +142,11 @@ def make_budget(
 ) -> RunBudget:
     """Build the run's budget; with ``order: auto`` pick the order that fits the most queries.
 
-    The automatic order maximises ``budget(λ) / (query(λ) + r · answer(λ))`` for the configured
-    ``expected_answer_rate`` r — a public planning assumption, not a data-dependent choice.
+    The filter's budget at each order is :func:`~capc_common.privacy.analysis.rdp_budget_curve`, and the
+    automatic order is the one that buys the most whole queries, ``⌊B(λ) / (query(λ) + r · answer(λ))⌋``, at
+    the configured ``expected_answer_rate`` r (a public planning assumption, not a data-dependent choice) —
+    the rule of :func:`capc_common.privacy.plan` (``capc budget plan``), applied to every mechanism, so a
+    Confident-GNMax run fixes the order a federation's ledger would be created with.
 
     Raises:
         InputError: the budget cannot pay for even one batch of ``smallest_batch`` queries.
@@ -140,17 +155,18 @@ def make_budget(
     if budget.order != "auto":
         orders = np.array([float(budget.order)])
     per_query, per_answer = _costs(mechanism, teachers=teachers, classes=classes, orders=orders)
-    budgets = np.array([_budget_at(budget, float(o)) for o in orders])
+    budgets = rdp_budget_curve(orders, epsilon=budget.epsilon, delta=budget.delta)
     rate = budget.expected_answer_rate
     with np.errstate(divide="ignore", invalid="ignore"):
-        capacity = np.where(budgets > 0, budgets / (per_query + rate * per_answer), -1.0)
+        capacity = np.where(budgets > 0, np.floor(budgets / (per_query + rate * per_answer)), -1.0)
     best = int(np.argmax(capacity))
-    worst = smallest_batch * (per_query[best] + per_answer[best])
+    worst = smallest_batch * per_query[best] + smallest_batch * per_answer[best]
     if budgets[best] <= 0 or worst > budgets[best]:
         raise InputError(
             f"budget (ε={budget.epsilon:g}, δ={budget.delta:g}) is too small for a single batch of "
-            f"{smallest_batch} queries: its worst case needs RDP {worst:.4g} at order {orders[best]:g} but "
-            f"the budget is {max(budgets[best], 0.0):.4g}; raise epsilon, raise sigma, or lower bn_batch"
+            f"{smallest_batch} queries: its worst case needs RDP {worst:.4g} at order {orders[best]:g} "
+            f"but the budget is {max(float(budgets[best]), 0.0):.4g}; raise epsilon, raise sigma, or "
+            "lower bn_batch"
         )
     order = float(orders[best])
     dd: DataDependentPATEAccountant | None = None
