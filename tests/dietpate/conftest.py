@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +46,45 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
+def write_tiny_config(path: Path, out: Path, **overrides: Any) -> Path:
+    """Write :func:`tiny_config` with ``overrides`` to ``path``."""
+    path.write_text(yaml.safe_dump(tiny_config(out, **overrides)))
+    return path
+
+
 @pytest.fixture
 def write_config(tmp_path: Path):
     def _write(**overrides: Any) -> Path:
-        path = tmp_path / "run.yaml"
-        path.write_text(yaml.safe_dump(tiny_config(tmp_path / "out", **overrides)))
-        return path
+        return write_tiny_config(tmp_path / "run.yaml", tmp_path / "out", **overrides)
 
     return _write
+
+
+#: Overrides the shared command-line run is started with (checked against its report).
+CLI_OVERRIDES = {"epsilon": 30.0, "teachers": 8, "seed": 1}
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One real ``capc dietpate run`` (a subprocess) shared by a module's tests: its config, report, output
+    and cache directories. The config asks for extra curve points; the CLI overrides ε, teachers and seed."""
+    root = tmp_path_factory.mktemp("cli-run")
+    config = write_tiny_config(
+        root / "run.yaml",
+        root / "ignored",
+        mechanism={"threshold": 5, "sigma1": 5, "sigma2": 4},  # 8 teachers: ε 30 asks all 128 queries
+        student={"curve_epsilons": [15.0, 20.0, 50.0]},
+    )
+    out, cache = root / "out", root / "cache"
+    args = [f"--{k}={v}" for k, v in CLI_OVERRIDES.items()]
+    command = ["dietpate", "run", "--config", str(config), *args, "--output", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "capc_cli", *command, "--cache-dir", str(cache), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},  # tiny problems: threads only contend on 2 cores
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return {"config": config, "report": json.loads(proc.stdout), "out": out, "cache": cache}

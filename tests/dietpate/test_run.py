@@ -1,4 +1,9 @@
-"""End to end: ``capc dietpate run`` on a tiny digits configuration."""
+"""End to end: ``capc dietpate run`` on a tiny digits configuration.
+
+One real command-line run (the module-scoped ``cli_run`` fixture) is shared: its report and files are
+checked, then in-process runs reuse its cache to check reproducibility, the federation's rule and the
+rigour of the accuracy-vs-ε curve.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,12 @@ import json
 
 import numpy as np
 import pytest
+from conftest import CLI_OVERRIDES
 
-from capc_common.aggregation import confident_rule, draw_confident_noise
+from capc_cli.main import main
+from capc_common.aggregation import confident_rule, draw_confident_noise, draw_student_noise, mechanism_noise
 from capc_common.dietpate import load_config, prepare, run
 from capc_common.learn import load_student
-from capc_common.privacy import SeededNoise
 
 pytestmark = pytest.mark.filterwarnings("ignore::capc_common.privacy.InsecureNoiseWarning")
 
@@ -27,19 +33,23 @@ REPORT_KEYS = {
 }
 
 
-def test_cli_run_writes_report_student_and_plots(capc, write_config, tmp_path):
-    config = write_config()
-    proc = capc(
-        "dietpate", "run", "--config", str(config), "--epsilon", "30", "--format", "json", timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+def _config(cli_run, **overrides):
+    """The shared run's config with the same command-line overrides (and any others)."""
+    base = load_config(cli_run["config"]).with_overrides(**CLI_OVERRIDES)
+    data = base.model_dump()
+    for key, value in overrides.items():
+        data[key] = {**data[key], **value} if isinstance(value, dict) else value
+    return type(base).model_validate(data)
+
+
+def test_cli_run_writes_report_student_and_plots(cli_run):
+    report, out = cli_run["report"], cli_run["out"]
     assert report.keys() >= REPORT_KEYS
+    assert report["teachers"] == CLI_OVERRIDES["teachers"] and report["epsilon_budget"] == 30
     assert 0 < report["answered"] <= report["queries"] <= 128
     assert 0 < report["epsilon"] <= 30 and report["delta"] == 1e-5
     assert 0.0 <= report["student_accuracy"] <= 1.0
     assert report["best_teacher_accuracy"] >= report["mean_teacher_accuracy"] > 0.5
-    out = tmp_path / "out"
     assert json.loads((out / "report.json").read_text())["epsilon"] == report["epsilon"]
     for name in ("accuracy_vs_epsilon.png", "consensus.png", "student.safetensors", "labels.npz"):
         assert (out / name).stat().st_size > 0
@@ -47,32 +57,67 @@ def test_cli_run_writes_report_student_and_plots(capc, write_config, tmp_path):
     assert card["privacy"]["epsilon"] == report["epsilon"] and head.heads == 1
 
 
-def test_bad_config_exits_2_before_work(capc, write_config, tmp_path):
-    proc = capc(
-        "dietpate",
-        "run",
-        "--config",
-        str(write_config(queries={"generator": "nope"})),
-        env={"OMP_NUM_THREADS": "1"},
+def test_curve_points_are_runs_at_smaller_budgets(cli_run):
+    report = cli_run["report"]
+    curve = report["curve"]
+    assert [c["epsilon_target"] for c in curve] == [15.0, 20.0, 30.0]  # 50 > budget is dropped
+    for c in curve:
+        assert 0 < c["epsilon"] <= c["epsilon_target"] and 0 < c["answered"] <= c["queries"]
+    assert [c["queries"] for c in curve] == sorted(c["queries"] for c in curve)
+    last = curve[-1]  # the run's own budget replays to exactly the run
+    assert (last["queries"], last["epsilon"], last["student_accuracy"]) == (
+        report["queries"],
+        report["epsilon"],
+        report["student_accuracy"],
     )
-    assert proc.returncode == 2
-    assert "unknown generator 'nope'" in proc.stderr
+
+
+def test_a_curve_point_is_exactly_the_run_at_that_budget(cli_run, tmp_path):
+    """Without tail shrinking a smaller budget asks the same batches with the same seeded draws, so the
+    curve's replay must match a real run at that budget: same queries, ε and labels."""
+    no_shrink = {"shrink_tail": False}
+    big = run(
+        _config(cli_run, queries=no_shrink, plots=False, output=str(tmp_path / "big")),
+        cache_dir=cli_run["cache"],
+    )
+    small = run(
+        _config(cli_run, queries=no_shrink, plots=False, output=str(tmp_path / "small")).with_overrides(
+            epsilon=15.0
+        ),
+        cache_dir=cli_run["cache"],
+    )
+    point = next(c for c in big["curve"] if c["epsilon_target"] == 15.0)
+    assert small["queries"] < big["queries"]
+    assert (point["queries"], point["epsilon"], point["answered"]) == (
+        small["queries"],
+        small["epsilon"],
+        small["answered"],
+    )
+    assert point["epsilon_data_dependent"] == pytest.approx(small["epsilon_data_dependent"])
+    np.testing.assert_array_equal(
+        np.load(tmp_path / "small" / "labels.npz")["label"],
+        np.load(tmp_path / "big" / "labels.npz")["label"][: small["queries"]],
+    )
+
+
+def test_bad_config_exits_2_before_work(write_config, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["dietpate", "run", "--config", str(write_config(queries={"generator": "nope"}))])
+    assert exit_.value.code == 2
+    assert "unknown generator 'nope'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
-def test_labels_are_reproducible_and_match_the_federation_rule(write_config, tmp_path):
+def test_labels_are_reproducible_and_match_the_federation_rule(cli_run, tmp_path):
     """With the same seeded noise a federation (canonical draws + plaintext rule) releases the same labels."""
-    config = load_config(write_config(student={"pseudo_labels": False}, plots=False))
+    config = _config(cli_run, output=str(tmp_path / "again"), plots=False)
+    labels = np.load(cli_run["out"] / "labels.npz")
     lines: list[str] = []
-    first = run(config, cache_dir=tmp_path / "cache")  # computes everything and fills the cache
-    labels = np.load(tmp_path / "out" / "labels.npz")
-    again = run(
-        config.with_overrides(output=str(tmp_path / "again")), cache_dir=tmp_path / "cache", log=lines.append
-    )
+    again = run(config, cache_dir=cli_run["cache"], log=lines.append)  # another process, from the cache
     assert "teachers: reused from the cache" in lines
     np.testing.assert_array_equal(np.load(tmp_path / "again" / "labels.npz")["label"], labels["label"])
-    assert again["epsilon"] == first["epsilon"]
-    assert again["student_accuracy"] == first["student_accuracy"]
+    assert again["epsilon"] == cli_run["report"]["epsilon"]
+    assert again["student_accuracy"] == cli_run["report"]["student_accuracy"]
 
     # Recompute the histograms independently and replay the guardian's draws batch by batch.
     from capc_common.learn import shard_features, train_teachers
@@ -91,8 +136,9 @@ def test_labels_are_reproducible_and_match_the_federation_rule(write_config, tmp
         bn_batch=16,
         l2=t.l2,
         max_iter=t.max_iter,
+        seed=config.seed,
     )
-    guardian = SeededNoise("tiny-run")
+    noise = mechanism_noise(seed="tiny-run")  # the guardian's and the student's seeded sources
     m = config.mechanism
     start = 0
     for end in labels["batch_end"]:
@@ -100,7 +146,10 @@ def test_labels_are_reproducible_and_match_the_federation_rule(write_config, tmp
             "dead_leaves", seed=1, start=int(start), count=int(end - start), height=8, width=8, channels=1
         )
         hist = ensemble.votes(prep.featurizer.extract(images, bn_batch=16, mode="current"))
-        z1, z2 = draw_confident_noise(guardian, batch=len(hist), classes=10, sigma1=m.sigma1, sigma2=m.sigma2)
+        z1, z2 = draw_confident_noise(
+            noise.guardian, batch=len(hist), classes=10, sigma1=m.sigma1, sigma2=m.sigma2
+        )
+        z1 = z1 + draw_student_noise(noise.student, batch=len(hist), sigma1=m.sigma1)
         np.testing.assert_array_equal(
             confident_rule(hist, threshold=m.threshold, z1=z1, z2=z2), labels["label"][start:end]
         )

@@ -146,11 +146,16 @@ class StudentSection(_Section):
     eval_bn_batch: int = Field(default=64, ge=16)
     eval_running: bool = False
     curve_points: int = Field(default=4, ge=1)
+    curve_epsilons: tuple[float, ...] | None = None
 
     @model_validator(mode="after")
     def _grid(self) -> Self:
         if not self.l2_grid or min(self.l2_grid) <= 0:
             raise ValueError(f"l2_grid must be a non-empty list of numbers > 0, got {list(self.l2_grid)}")
+        if self.curve_epsilons is not None and (not self.curve_epsilons or min(self.curve_epsilons) <= 0):
+            raise ValueError(
+                f"curve_epsilons must be a non-empty list of budgets > 0, got {list(self.curve_epsilons)}"
+            )
         return self
 
 

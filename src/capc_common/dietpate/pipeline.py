@@ -4,8 +4,9 @@ Everything runs on one machine, but queries are processed exactly as a federatio
 batches of ``queries.batch_size`` synthetic images regenerated from ``(generator, seed, first index,
 count)``, featurised in chunks of exactly ``bn_batch`` with the configured BatchNorm statistics, voted on
 by every teacher, aggregated into a histogram and answered by the mechanism with noise drawn in the
-canonical order (:func:`capc_common.aggregation.draw_confident_noise`). With the same seeded noise source a
-federation therefore releases the same labels, query by query.
+canonical order (:mod:`capc_common.aggregation.noise`: the guardian's source draws z1_g and z2, the student's
+its part z1_s of the threshold noise). With the same seed for both sources a federation therefore releases
+the same labels, query by query.
 
 :func:`prepare` performs every check that can fail on bad input (unknown dataset or generator, backbone and
 image shapes, more teachers than samples, shards smaller than a BatchNorm chunk, a budget that cannot pay
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.aggregation import UNANSWERED, confident_gnmax, gnmax, lnmax
+from capc_common.aggregation import UNANSWERED, MechanismNoise, confident_gnmax, gnmax, lnmax, mechanism_noise
 from capc_common.dietpate.accounting import RunBudget, make_budget
 from capc_common.dietpate.cache import FeatureCache, digest_indices
 from capc_common.dietpate.config import RunConfig
@@ -34,9 +35,8 @@ from capc_common.learn.featurizers import BackboneFeaturizer, Featurizer, PixelF
 if TYPE_CHECKING:
     from capc_common.data import Dataset
     from capc_common.models import Backbone
-    from capc_common.privacy import NoiseSource
 
-__all__ = ["Prepared", "prepare", "run"]
+__all__ = ["CurvePoint", "Prepared", "curve_prefixes", "curve_targets", "next_batch", "prepare", "run"]
 
 Log = Callable[[str], None]
 
@@ -207,28 +207,34 @@ def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
     )
 
 
-def _noise(config: RunConfig) -> tuple[NoiseSource, str]:
-    from capc_common.privacy import SeededNoise, SystemNoise
-
+def _noise(config: RunConfig) -> tuple[MechanismNoise, str]:
     seed = config.mechanism.noise_seed
+    noise = mechanism_noise(seed=seed)  # the guardian's and the student's sources, as in a federation
     if seed is None:
-        return SystemNoise(), "system CSPRNG"
-    return SeededNoise(seed), "SEEDED (reproducible, not private: research/differential tests only)"
+        return noise, "system CSPRNG"
+    return noise, "SEEDED (reproducible, not private: research/differential tests only)"
 
 
-def answer(histograms: npt.NDArray[np.int64], config: RunConfig, noise: NoiseSource) -> npt.NDArray[np.int64]:
+def answer(
+    histograms: npt.NDArray[np.int64], config: RunConfig, noise: MechanismNoise
+) -> npt.NDArray[np.int64]:
     """Apply the configured mechanism to one batch's histograms (labels, −1 where unanswered)."""
     m = config.mechanism
     if m.name == "confident-gnmax":
         assert m.threshold is not None and m.sigma1 is not None and m.sigma2 is not None
         return confident_gnmax(
-            histograms, threshold=m.threshold, sigma1=m.sigma1, sigma2=m.sigma2, noise=noise
+            histograms,
+            threshold=m.threshold,
+            sigma1=m.sigma1,
+            sigma2=m.sigma2,
+            noise=noise.guardian,
+            student_noise=noise.student,
         )
     if m.name == "gnmax":
         assert m.sigma2 is not None
-        return gnmax(histograms, sigma=m.sigma2, noise=noise)
+        return gnmax(histograms, sigma=m.sigma2, noise=noise.guardian)
     assert m.scale is not None
-    return lnmax(histograms, scale=m.scale, noise=noise)
+    return lnmax(histograms, scale=m.scale, noise=noise.guardian)
 
 
 @dataclass
@@ -261,14 +267,19 @@ def next_batch(prep: Prepared, first: int) -> int:
     is not wasted on an all-or-nothing batch. A federation whose student applies the same rule asks the
     same batches.
     """
-    q, bn = prep.config.queries, prep.config.backbone.bn_batch
+    return _batch_size(prep.config, prep.budget, first)
+
+
+def _batch_size(config: RunConfig, budget: RunBudget, first: int) -> int:
+    """:func:`next_batch` for any budget (the run's own, or a curve point's replayed filter)."""
+    q, bn = config.queries, config.backbone.bn_batch
     limit = q.max_queries - q.max_queries % bn
     count = min(q.batch_size, limit - first)
     if count <= 0:
         return 0
-    while not prep.budget.fits(count) and q.shrink_tail and count > bn:
+    while not budget.fits(count) and q.shrink_tail and count > bn:
         count = max(bn, (count // 2) // bn * bn)
-    return count if prep.budget.fits(count) else 0
+    return count if budget.fits(count) else 0
 
 
 def ask_queries(
@@ -347,21 +358,70 @@ def ask_queries(
     )
 
 
-def curve_prefixes(log_: QueryLog, *, budget_epsilon: float, points: int) -> list[tuple[float, int]]:
-    """``(ε, queries)`` prefixes at which to train students for the accuracy-vs-ε curve.
+@dataclass(frozen=True)
+class CurvePoint:
+    """The queries a run stopped at a smaller budget would have asked (one point of accuracy vs ε).
 
-    For targets ``budget·k/points`` (k = 1..points) the longest prefix of whole batches whose ε does not
-    exceed the target, plus the final prefix; duplicates are dropped.
+    Attributes:
+        target: the budget ε of the replayed run.
+        epsilon: rigorous ε it spent (at its own filter order).
+        queries: how many queries (a prefix of the logged stream) it asked.
+        epsilon_data_dependent: PATE-2018 data-dependent ε of that prefix (UNSANITISED), if tracked.
     """
-    out: dict[int, float] = {}
-    for k in range(1, points + 1):
-        target = budget_epsilon * k / points
-        ok = [i for i, e in enumerate(log_.batch_epsilon) if e <= target + 1e-12]
-        if ok:
-            out[log_.batch_ends[ok[-1]]] = log_.batch_epsilon[ok[-1]]
-    if log_.batch_ends:
-        out[log_.batch_ends[-1]] = log_.batch_epsilon[-1]
-    return sorted((e, n) for n, e in out.items())
+
+    target: float
+    epsilon: float
+    queries: int
+    epsilon_data_dependent: float | None
+
+
+def curve_targets(config: RunConfig) -> list[float]:
+    """The budgets of the accuracy-vs-ε curve, ascending: ``student.curve_epsilons`` up to the run's budget
+    (default ``budget·k/curve_points``), and always the run's own budget (whose student is the report's)."""
+    s, eps = config.student, config.budget.epsilon
+    points = s.curve_epsilons or tuple(eps * k / s.curve_points for k in range(1, s.curve_points + 1))
+    return sorted({*(p for p in points if p <= eps), eps})
+
+
+def curve_prefixes(prep: Prepared, log_: QueryLog, *, log: Log = _quiet) -> list[CurvePoint]:
+    """For each curve budget, replay the logged batches through *that* budget's own Rényi filter.
+
+    Each point is exactly the run the pipeline would have made with ``budget.epsilon`` set to the target:
+    its own automatically planned order, the same worst-case admission and tail shrinking (a shrunk batch
+    asks the first queries of the logged one, whose labels have the same distribution), stopping where
+    its filter stops (or where the logged run ended). So every point's ε is rigorous on its own — unlike
+    cutting the run's log wherever its running ε first exceeds a target, a data-dependent choice made
+    at the wrong order. A target that cannot pay for one batch is skipped.
+    """
+    cfg = prep.config
+    smallest = cfg.backbone.bn_batch if cfg.queries.shrink_tail else cfg.queries.batch_size
+    answered = log_.labels != UNANSWERED
+    points: list[CurvePoint] = []
+    for target in curve_targets(cfg):
+        try:
+            budget = make_budget(
+                cfg.mechanism,
+                cfg.budget.model_copy(update={"epsilon": target}),
+                teachers=cfg.teachers.count,
+                classes=prep.classes,
+                smallest_batch=min(smallest, cfg.queries.max_queries),
+            )
+        except InputError as exc:
+            log(f"curve: skipping ε {target:g} ({exc})")
+            continue
+        first = 0
+        while (count := _batch_size(cfg, budget, first)) and first + count <= len(log_.labels):
+            budget.charge(log_.histograms[first : first + count], answered[first : first + count])
+            first += count
+        points.append(
+            CurvePoint(
+                target=target,
+                epsilon=budget.epsilon,
+                queries=first,
+                epsilon_data_dependent=finite(budget.epsilon_data_dependent(cfg.budget.delta)),
+            )
+        )
+    return points
 
 
 def run(

@@ -127,14 +127,23 @@ def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) ->
     student_eval = teacher_eval if same else eval_features(sfz, mode)
     curve: list[dict[str, Any]] = []
     fit: StudentFit | None = None
-    for eps, upto in curve_prefixes(qlog, budget_epsilon=cfg.budget.epsilon, points=cfg.student.curve_points):
-        answered = int(np.sum(qlog.labels[:upto] >= 0))
+    for point in curve_prefixes(prep, qlog, log=log):
+        answered = int(np.sum(qlog.labels[: point.queries] >= 0))
         if answered == 0:
             continue
-        fit = _student(prep, qlog, upto)
+        fit = _student(prep, qlog, point.queries)
         acc = accuracy(fit.predict(student_eval), prep.evaluation.labels)
-        curve.append({"epsilon": eps, "queries": upto, "answered": answered, "student_accuracy": acc})
-        log(f"student at ε {eps:.3f} ({answered} labels): accuracy {acc:.4f}")
+        curve.append(
+            {
+                "epsilon_target": point.target,
+                "epsilon": point.epsilon,
+                "epsilon_data_dependent": point.epsilon_data_dependent,
+                "queries": point.queries,
+                "answered": answered,
+                "student_accuracy": acc,
+            }
+        )
+        log(f"student at ε {point.epsilon:.3f} ({answered} labels): accuracy {acc:.4f}")
     extra: dict[str, Any] = {}
     if fit is not None and cfg.student.eval_running:
         running = eval_features(sfz, "running")
