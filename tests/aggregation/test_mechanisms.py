@@ -1,4 +1,5 @@
-"""Mechanisms: the plaintext rule (ties!), the canonical noise order and the noise distribution."""
+"""Mechanisms: the plaintext rule (ties!), the canonical noise order (the guardian's and the student's parts)
+and the noise distribution."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from capc_common.aggregation import (
     confident_gnmax,
     confident_rule,
     draw_confident_noise,
+    draw_student_noise,
     gnmax,
     lnmax,
+    mechanism_noise,
+    party_noise,
 )
 from capc_common.errors import InputError
 from capc_common.privacy import SeededNoise
@@ -50,13 +54,47 @@ def test_rule_rejects_mismatched_noise():
 
 
 def test_canonical_noise_order_reproduces_the_mechanism():
-    """A federation calling draw_confident_noise + confident_rule must get the central labels."""
-    hist = np.random.default_rng(3).multinomial(50, [0.5, 0.3, 0.1, 0.1], size=256)
-    central = confident_gnmax(hist, threshold=30, sigma1=10.0, sigma2=5.0, noise=SeededNoise("test-42"))
-    guardian = SeededNoise("test-42")
-    z1, z2 = draw_confident_noise(guardian, batch=256, classes=4, sigma1=10.0, sigma2=5.0)
-    np.testing.assert_array_equal(confident_rule(hist, threshold=30, z1=z1, z2=z2), central)
-    assert (central == UNANSWERED).any() and (central != UNANSWERED).any()
+    """A federation — the guardian drawing (z1_g, z2), the student z1_s, each from its own source seeded from
+    the same seed — must get the central labels, batch after batch."""
+    rng = np.random.default_rng(3)
+    central = mechanism_noise(seed="test-42")
+    guardian, student = party_noise("guardian", seed="test-42"), party_noise("student", seed="test-42")
+    for batch in (256, 64):
+        hist = rng.multinomial(50, [0.5, 0.3, 0.1, 0.1], size=batch)
+        labels = confident_gnmax(
+            hist, threshold=30, sigma1=10.0, sigma2=5.0, noise=central.guardian, student_noise=central.student
+        )
+        z1, z2 = draw_confident_noise(guardian, batch=batch, classes=4, sigma1=10.0, sigma2=5.0)
+        z1_student = draw_student_noise(student, batch=batch, sigma1=10.0)
+        np.testing.assert_array_equal(confident_rule(hist, threshold=30, z1=z1 + z1_student, z2=z2), labels)
+        assert (labels == UNANSWERED).any() and (labels != UNANSWERED).any()
+        # The guardian's part alone does not give the labels: the student's part matters.
+        assert not np.array_equal(confident_rule(hist, threshold=30, z1=z1, z2=z2), labels)
+
+
+def test_party_streams_are_separate_and_the_guardians_is_unchanged():
+    """One seed, two unrelated streams; the guardian's is SeededNoise(seed) as before the split."""
+    guardian, student = party_noise("guardian", seed="s"), party_noise("student", seed="s")
+    words = guardian.uniform_words(64), student.uniform_words(64)
+    assert not np.intersect1d(*words).size
+    np.testing.assert_array_equal(words[0], SeededNoise("s").uniform_words(64))
+    assert type(party_noise("student")).__name__ == "SystemNoise"
+    with pytest.raises(InputError, match="noise party"):
+        party_noise("teacher", seed="s")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="non-empty"):
+        party_noise("student", seed="")
+
+
+def test_both_noise_sources_or_neither():
+    hist = np.array([[2, 0]])
+    with pytest.raises(InputError, match="inject both"):
+        confident_gnmax(hist, threshold=1, sigma1=1.0, sigma2=1.0, noise=SeededNoise("x"))
+    with pytest.raises(InputError, match="inject both"):
+        confident_gnmax(hist, threshold=1, sigma1=1.0, sigma2=1.0, student_noise=SeededNoise("x"))
+    with pytest.raises(InputError, match="sigma1"):
+        draw_student_noise(SeededNoise("x"), batch=3, sigma1=0.0)
+    with pytest.raises(InputError, match="batch"):
+        draw_student_noise(SeededNoise("x"), batch=0, sigma1=1.0)
 
 
 def test_parameters_are_validated_before_drawing():
@@ -73,10 +111,11 @@ DRAWS = 100_000
 
 
 def test_discrete_gaussian_noise_through_the_mechanism_has_the_exact_law():
-    """≥ 10⁵ draws of z1 through draw_confident_noise vs the exact N_Z(0, σ²) pmf (χ² test)."""
+    """≥ 10⁵ draws of z1_g, z1_s and z2 through the draw functions vs the exact N_Z(0, σ²) pmf (χ² test)."""
     sigma = 3.0
     z1, z2 = draw_confident_noise(SeededNoise("test-7"), batch=DRAWS, classes=2, sigma1=sigma, sigma2=sigma)
-    for sample in (z1, z2[:, 0]):
+    z1_student = draw_student_noise(SeededNoise("test-7s"), batch=DRAWS, sigma1=sigma)
+    for sample in (z1, z2[:, 0], z1_student):
         support = np.arange(-8, 9)
         expected = _pmf(np.arange(-60, 61), sigma=sigma)
         tails = expected[:52].sum(), expected[69:].sum()
@@ -87,17 +126,25 @@ def test_discrete_gaussian_noise_through_the_mechanism_has_the_exact_law():
         )
         assert stats.chisquare(observed, expected).pvalue > 1e-4
     assert abs(np.var(z1) - sigma**2) < 0.1  # variance of N_Z(0, 9) is 9 to ~1e-33
+    assert abs(np.var(z1_student) - sigma**2) < 0.1
 
 
 def test_confident_gnmax_pass_rate_and_labels_match_exact_probabilities():
     """The mechanism's output law on a fixed histogram equals the one computed from the pmf."""
     sigma1, sigma2, threshold = 4.0, 2.0, 10
     hist = np.tile([[9, 8]], (DRAWS, 1))
+    noise = mechanism_noise(seed="test-8")
     labels = confident_gnmax(
-        hist, threshold=threshold, sigma1=sigma1, sigma2=sigma2, noise=SeededNoise("test-8")
+        hist,
+        threshold=threshold,
+        sigma1=sigma1,
+        sigma2=sigma2,
+        noise=noise.guardian,
+        student_noise=noise.student,
     )
     support = np.arange(-60, 61)
-    p_pass = _pmf(support, sigma=sigma1)[support >= threshold - 9].sum()
+    pmf1 = _pmf(support, sigma=sigma1)
+    p_pass = np.convolve(pmf1, pmf1)[np.arange(-120, 121) >= threshold - 9].sum()  # z1 = z1_g + z1_s
     pmf2 = _pmf(support, sigma=sigma2)
     diff = np.convolve(pmf2, pmf2[::-1])  # law of z_0 - z_1 on [-120, 120]
     p_zero = diff[np.arange(-120, 121) >= -1].sum()  # 9 + z0 >= 8 + z1, ties to class 0

@@ -15,6 +15,7 @@ from capc_common.mpc import (
     GarblerSession,
     MpcConfig,
     channel_pair,
+    reference_noisy_argmax,
     share_votes,
     sum_shares,
 )
@@ -23,7 +24,7 @@ from capc_common.mpc.party import HEADER_BYTES, Tag
 
 @dataclass
 class BatchInputs:
-    """Everything one batch needs: the parties' shares and seeds, the guardian's noise, the true votes."""
+    """Everything one batch needs: the parties' shares and seeds, both parties' noise, the true votes."""
 
     votes: np.ndarray
     seeds: list[bytes]
@@ -31,6 +32,13 @@ class BatchInputs:
     z2: np.ndarray
     z1: np.ndarray | None
     threshold: int | None
+    z1_student: np.ndarray | None = None
+
+    def expected(self) -> np.ndarray:
+        """The plaintext labels (−1 where the query fails)."""
+        return reference_noisy_argmax(
+            self.votes, z2=self.z2, z1=self.z1, z1_student=self.z1_student, threshold=self.threshold
+        )
 
 
 def make_inputs(
@@ -40,9 +48,14 @@ def make_inputs(
     z1: np.ndarray | None = None,
     threshold: int | None = None,
     *,
+    z1_student: np.ndarray | None = None,
     parties: int = 2,
 ) -> BatchInputs:
-    """Split ``votes`` over ``parties`` teacher parties and share each part as a teacher would."""
+    """Split ``votes`` over ``parties`` teacher parties and share each part as a teacher would.
+
+    In Confident-GNMax (``z1`` given) the student's threshold noise defaults to zeros; tests of the split
+    noise pass their own ``z1_student``.
+    """
     votes = np.asarray(votes, dtype=np.int64)
     parts = [votes // parties] * (parties - 1)
     parts.append(votes - sum(parts, np.zeros_like(votes)))
@@ -54,7 +67,21 @@ def make_inputs(
         z2=np.asarray(z2, dtype=np.int64),
         z1=None if z1 is None else np.asarray(z1, dtype=np.int64),
         threshold=threshold,
+        z1_student=(
+            None
+            if z1 is None
+            else np.zeros(votes.shape[0], np.int64)
+            if z1_student is None
+            else np.asarray(z1_student, dtype=np.int64)
+        ),
     )
+
+
+def room(config: MpcConfig) -> tuple[int, int]:
+    """Where the guardian's noise (z2, z1 − T) may lie in ``config``: the ring less the student's bound."""
+    half = 1 << (config.width - 1)
+    student = config.student_noise or 0
+    return -half + student, half - 1 - config.teachers - student
 
 
 @dataclass
@@ -110,7 +137,7 @@ class SessionPair:
         thread.start()
         try:
             result.labels = self.evaluator.run_batch(
-                evaluator_batch_id or batch_id, share_sum=inputs.share_sum
+                evaluator_batch_id or batch_id, share_sum=inputs.share_sum, z1_student=inputs.z1_student
             )
         except BaseException as exc:
             result.evaluator_error = exc

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capc_common.mpc import MpcConfig, PlainBackend, circuit_stats, reference_noisy_argmax, run_plain
+from capc_common.mpc import (
+    MpcConfig,
+    PlainBackend,
+    circuit_stats,
+    noise_bound,
+    reference_noisy_argmax,
+    ring_width,
+    run_plain,
+)
 from capc_common.mpc.circuit import (
     add,
     all_of,
@@ -111,62 +121,90 @@ def _batch(draw: st.DrawFn) -> dict:
     teachers = draw(st.integers(1, 60))
     width = draw(st.integers((teachers + 1).bit_length() + 2, 14))
     half = 1 << (width - 1)
+    student = draw(st.integers(0, (half - 1 - teachers) // 2))  # the student's bound on |z1_s|
+    lo, hi = -half + student, half - 1 - teachers - student  # where the guardian's noise must lie
     n = draw(st.integers(1, 16))
-    votes = np.array(
-        draw(
-            st.lists(
-                st.lists(st.integers(0, teachers), min_size=classes, max_size=classes), min_size=n, max_size=n
-            )
-        )
-    )
+    edge = st.sampled_from([-student, student, 0])
+    pairs = st.lists(st.integers(0, teachers), min_size=classes, max_size=classes)
+    votes = np.array(draw(st.lists(pairs, min_size=n, max_size=n)))
+    noise2 = st.one_of(st.integers(lo, hi), st.sampled_from([lo, hi]))
     z2 = np.array(
-        draw(
-            st.lists(
-                st.lists(st.integers(-half, half - 1 - teachers), min_size=classes, max_size=classes),
-                min_size=n,
-                max_size=n,
-            )
-        )
+        draw(st.lists(st.lists(noise2, min_size=classes, max_size=classes), min_size=n, max_size=n))
     )
     threshold = draw(st.integers(0, teachers + 5))
-    z1 = np.array(
-        draw(
-            st.lists(st.integers(-half + threshold, half - 1 - teachers + threshold), min_size=n, max_size=n)
-        )
+    noise1 = st.one_of(
+        st.integers(lo + threshold, hi + threshold), st.sampled_from([lo + threshold, hi + threshold])
     )
+    z1 = np.array(draw(st.lists(noise1, min_size=n, max_size=n)))
+    own = st.one_of(st.integers(-student, student), edge)
     return {
-        "config": MpcConfig(classes, width, teachers=teachers),
+        "config": MpcConfig(classes, width, teachers=teachers, student_noise=student),
         "votes": votes,
         "z2": z2,
         "z1": z1,
+        "z1_student": np.array(draw(st.lists(own, min_size=n, max_size=n))),
         "threshold": threshold,
     }
+
+
+def _plain(config: MpcConfig, votes: np.ndarray, **noise: Any) -> np.ndarray:
+    """Labels of the plaintext circuit with the parties' exact input encoding (random additive shares)."""
+    guardian = np.random.default_rng(0).integers(0, 1 << config.width, votes.shape)
+    student = (votes - guardian) % (1 << config.width)
+    return run_plain(config, share_sum=student, guardian_share=guardian, **noise)
 
 
 @settings(max_examples=80, deadline=None)
 @given(_batch())
 def test_plain_circuit_equals_the_definition(batch: dict) -> None:
-    config, votes = batch["config"], batch["votes"]
-    guardian = np.random.default_rng(0).integers(0, 1 << config.width, votes.shape)
-    student = (votes - guardian) % (1 << config.width)
-    got = run_plain(
-        config,
-        share_sum=student,
-        guardian_share=guardian,
-        z2=batch["z2"],
-        z1=batch["z1"],
-        threshold=batch["threshold"],
-    )
-    expected = reference_noisy_argmax(votes, z2=batch["z2"], z1=batch["z1"], threshold=batch["threshold"])
-    np.testing.assert_array_equal(got, expected)
+    config, votes = batch["config"], batch.pop("votes")
+    noise = {k: batch[k] for k in ("z2", "z1", "z1_student", "threshold")}
+    np.testing.assert_array_equal(_plain(config, votes, **noise), reference_noisy_argmax(votes, **noise))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    teachers=st.integers(1, 3000),
+    sigma1=st.floats(0.5, 300),
+    sigma2=st.floats(0.5, 300),
+    threshold=st.integers(0, 3000),
+)
+def test_the_ring_width_holds_both_parties_noise_at_their_bounds(
+    teachers: int, sigma1: float, sigma2: float, threshold: int
+) -> None:
+    """With ring_width and noise_bound, every noise either party may enter (±12σ each) is accepted and no
+    noisy count or margin wraps: the extreme votes and noises give the integer definition's labels."""
+    width = ring_width(teachers=teachers, sigma1=sigma1, sigma2=sigma2, threshold=threshold)
+    n1, n2 = noise_bound(sigma1), noise_bound(sigma2)
+    config = MpcConfig(3, width, teachers=teachers, student_noise=n1)
+    rows = []  # (votes, z2, z1_g, z1_s): every corner of the noise box, with no votes and all votes
+    for v in (0, teachers):
+        for s2 in (-n2, n2):
+            for s1 in (-n1, n1):
+                for s_s in (-n1, n1):
+                    rows.append(([v, v // 2, 0], [s2, -s2, 0], s1, s_s))
+                    rows.append(([0, v, v], [0, s2, s2], s1, s_s))
+    votes = np.array([r[0] for r in rows])
+    noise = {
+        "z2": np.array([r[1] for r in rows]),
+        "z1": np.array([r[2] for r in rows]),
+        "z1_student": np.array([r[3] for r in rows]),
+        "threshold": threshold,
+    }
+    np.testing.assert_array_equal(_plain(config, votes, **noise), reference_noisy_argmax(votes, **noise))
 
 
 def test_gate_counts_per_query() -> None:
     """AND gates: c(w−1) adders (+ c(w−1) margins and c−1 ANDs), (c−1)w comparisons, muxes, log c masks."""
     gnmax = circuit_stats(MpcConfig(10, 12, teachers=250, mode="gnmax"))
-    confident = circuit_stats(MpcConfig(10, 12, teachers=250))
+    confident = circuit_stats(MpcConfig(10, 12, teachers=250, student_noise=300))
     assert confident.and_gates - gnmax.and_gates == 10 * 11 + 9 + 4
     assert confident.evaluator_input_bits == 120 and confident.garbler_input_bits == 240
     assert (gnmax.and_gates, confident.and_gates) == (321, 444)
     assert confident.not_gates == 1 and gnmax.not_gates == 0  # comparisons and the threshold test need no NOT
-    assert circuit_stats(MpcConfig(100, 12, teachers=250)).and_gates == 4765
+    assert circuit_stats(MpcConfig(100, 12, teachers=250, student_noise=300)).and_gates == 4765
+    # The student's threshold noise rides on its share (S + z1_s): it costs no gate and no input bit;
+    # only a wider ring (TissueMNIST: 13 bits instead of 12) costs more.
+    assert circuit_stats(MpcConfig(10, 12, teachers=250, student_noise=0)) == confident
+    assert circuit_stats(MpcConfig(10, 13, teachers=250, student_noise=1200)).and_gates == 481
+    assert circuit_stats(MpcConfig(100, 13, teachers=250, student_noise=1200)).and_gates == 5162

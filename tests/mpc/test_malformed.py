@@ -15,7 +15,8 @@ from capc_common.errors import InputError, ProtocolError
 from capc_common.mpc import BatchRejected, MpcConfig
 from capc_common.mpc.party import HEADER_BYTES, Tag
 
-CONFIG = MpcConfig(3, 12, teachers=250)
+STUDENT = 300
+CONFIG = MpcConfig(3, 12, teachers=250, student_noise=STUDENT)
 HEADER = struct.Struct("<B7xQ")
 
 
@@ -23,7 +24,8 @@ def _inputs(queries: int = 5, config: MpcConfig = CONFIG, seed: int = 0):
     rng = np.random.default_rng(seed)
     votes = rng.integers(0, 100, (queries, config.classes))
     z2 = rng.integers(-50, 50, (queries, config.classes))
-    return make_inputs(config, votes, z2, rng.integers(-50, 50, queries), 50)
+    z1, z1_student = rng.integers(-50, 50, queries), rng.integers(-STUDENT, STUDENT + 1, queries)
+    return make_inputs(config, votes, z2, z1, 50, z1_student=z1_student)
 
 
 def _at(index: int, change):
@@ -114,7 +116,7 @@ def test_corrupted_garbled_material_is_caught_through_the_pass_labels() -> None:
 
 
 def test_multi_frame_garbled_stream_truncated_in_the_middle() -> None:
-    config = MpcConfig(10, 12, teachers=250)
+    config = MpcConfig(10, 12, teachers=250, student_noise=STUDENT)
     pair = open_pair(config, tap_evaluator=_at(3, lambda f: f[: HEADER_BYTES + 4096]))
     result = pair.run(_inputs(600, config))
     assert isinstance(result.evaluator_error or result.garbler_error, ProtocolError)
@@ -131,8 +133,15 @@ def test_mismatched_batch_is_rejected_and_both_sessions_stay_usable() -> None:
     assert (pair.run_ok(inputs, batch_id="batch-9").labels is not None) and not pair.garbler.closed
 
 
-def test_different_configurations_are_refused_in_the_handshake() -> None:
-    pair = open_pair(CONFIG, garbler_config=MpcConfig(3, 13, teachers=250))
+@pytest.mark.parametrize(
+    "garbler_config",
+    [
+        MpcConfig(3, 13, teachers=250, student_noise=STUDENT),
+        MpcConfig(3, 12, teachers=250, student_noise=STUDENT + 1),  # the ring split differently
+    ],
+)
+def test_different_configurations_are_refused_in_the_handshake(garbler_config: MpcConfig) -> None:
+    pair = open_pair(CONFIG, garbler_config=garbler_config)
     _assert_failed(pair, pair.run(_inputs()), side="evaluator", match="MpcConfig differs")
 
 
@@ -153,7 +162,7 @@ def test_peer_disappearing_mid_batch_is_a_protocol_error() -> None:
     pair = open_pair(CONFIG, tap_evaluator=lambda i, f: f)
     pair.garbler.close()
     with pytest.raises(ProtocolError, match="peer closed the channel"):
-        pair.evaluator.run_batch("b", share_sum=_inputs().share_sum)
+        pair.evaluator.run_batch("b", share_sum=_inputs().share_sum, z1_student=np.zeros(5, np.int64))
     assert pair.evaluator.closed
 
 
@@ -161,7 +170,22 @@ def test_bad_local_inputs_send_nothing_and_leave_the_sessions_usable() -> None:
     pair = open_pair(CONFIG)
     inputs = _inputs()
     with pytest.raises(InputError, match=r"share_sum must have shape \(queries ≥ 1, 3\)"):
-        pair.evaluator.run_batch("b", share_sum=np.zeros((5, 4), dtype=np.int64))
+        pair.evaluator.run_batch(
+            "b", share_sum=np.zeros((5, 4), dtype=np.int64), z1_student=inputs.z1_student
+        )
+    with pytest.raises(InputError, match="needs the student's threshold noise z1_student"):
+        pair.evaluator.run_batch("b", share_sum=inputs.share_sum)
+    with pytest.raises(InputError, match=r"z1_student must be an integer array of shape \(5,\)"):
+        pair.evaluator.run_batch("b", share_sum=inputs.share_sum, z1_student=np.zeros(4, np.int64))
+    with pytest.raises(InputError, match="z1_student must be an integer array"):
+        pair.evaluator.run_batch("b", share_sum=inputs.share_sum, z1_student=np.zeros(5))
+    too_far = inputs.z1_student.copy()
+    too_far[[1, 3]] = [STUDENT + 1, -4321]
+    with pytest.raises(InputError, match=r"2 of 5 values of z1_student lie outside \[−300, 300\]") as refused:
+        pair.evaluator.run_batch("b", share_sum=inputs.share_sum, z1_student=too_far)
+    assert "4321" not in str(refused.value) and "301" not in str(
+        refused.value
+    )  # secret noise is never echoed
     bad_noise = inputs.z2.copy()
     bad_noise[0, 0] = -5000
     with pytest.raises(InputError, match=r"z2 \(per-class noise\) spans \[-5000"):
@@ -172,3 +196,25 @@ def test_bad_local_inputs_send_nothing_and_leave_the_sessions_usable() -> None:
         pair.garbler.run_batch("b", seeds=inputs.seeds, shape=(5, 3), z2=inputs.z2, commit=print)
     assert not pair.garbler_channel.sent and not pair.evaluator_channel.sent
     assert pair.run_ok(inputs).labels is not None
+
+
+def test_gnmax_sessions_refuse_student_threshold_noise() -> None:
+    config = MpcConfig(3, 12, teachers=250, mode="gnmax")
+    pair = open_pair(config)
+    inputs = make_inputs(config, np.ones((2, 3), np.int64), np.zeros((2, 3), np.int64))
+    with pytest.raises(InputError, match="GNMax mode has no threshold step: pass z1_student=None"):
+        pair.evaluator.run_batch("b", share_sum=inputs.share_sum, z1_student=np.zeros(2, np.int64))
+    assert not pair.evaluator_channel.sent
+    assert pair.run_ok(inputs).labels is not None
+
+
+def test_configurations_state_the_student_bound_in_confident_mode_only() -> None:
+    with pytest.raises(InputError, match=r"give it .* for Confident-GNMax and None for GNMax"):
+        MpcConfig(3, 12, teachers=250)
+    with pytest.raises(InputError, match=r"give it .* for Confident-GNMax and None for GNMax"):
+        MpcConfig(3, 12, teachers=250, mode="gnmax", student_noise=0)
+    with pytest.raises(InputError, match="must be ≥ 0 and leave room for 250 votes"):
+        MpcConfig(3, 12, teachers=250, student_noise=2048 - 250)
+    with pytest.raises(InputError, match="must be ≥ 0"):
+        MpcConfig(3, 12, teachers=250, student_noise=-1)
+    assert MpcConfig(3, 12, teachers=250, student_noise=2048 - 251).student_noise == 1797

@@ -2,7 +2,7 @@
 
 Decoding information exists only for output wires and only reaches the student; labels are fresh per batch;
 no tweak is used twice in a session; failed queries decode to nothing; the guardian's view does not depend on
-the votes.
+the votes; the pass bits the guardian decodes carry the student's threshold noise.
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from mpc_harness import SessionPair, frames_with_tag, make_inputs, open_pair
 
 import capc_common.mpc.evaluator as evaluator_module
 import capc_common.mpc.garbler as garbler_module
+from capc_common.aggregation import draw_student_noise
 from capc_common.mpc import MpcConfig, PlainBackend, run_plain, sum_seeds
 from capc_common.mpc.party import Tag
+from capc_common.privacy import SystemNoise
 
-WIDTH, TEACHERS = 12, 250
+WIDTH, TEACHERS, STUDENT = 12, 250, 300
 
 
 @pytest.fixture
 def pair() -> Iterator[SessionPair]:
-    session = open_pair(MpcConfig(4, WIDTH, teachers=TEACHERS))
+    session = open_pair(MpcConfig(4, WIDTH, teachers=TEACHERS, student_noise=STUDENT))
     yield session
     session.garbler.close()
     session.evaluator.close()
@@ -39,6 +41,7 @@ def _inputs(config: MpcConfig, queries: int, seed: int = 0, *, threshold: int = 
         rng.integers(-40, 40, (queries, config.classes)),
         rng.integers(-40, 40, queries),
         threshold,
+        z1_student=rng.integers(-40, 40, queries),
     )
 
 
@@ -64,7 +67,7 @@ def test_evaluator_select_bits_carry_no_information_about_wire_values(pair, monk
     inputs = _inputs(pair.config, 8)
     for _ in range(30):
         inputs = make_inputs(
-            pair.config, inputs.votes, inputs.z2, inputs.z1, inputs.threshold
+            pair.config, inputs.votes, inputs.z2, inputs.z1, inputs.threshold, z1_student=inputs.z1_student
         )  # fresh shares
         garbled.clear()
         plain.clear()
@@ -76,6 +79,7 @@ def test_evaluator_select_bits_carry_no_information_about_wire_values(pair, monk
             guardian_share=guardian,
             z2=inputs.z2,
             z1=inputs.z1,
+            z1_student=inputs.z1_student,
             threshold=inputs.threshold,
         )
         select = np.concatenate([(g[..., 0] & np.uint64(1)).astype(bool).ravel() for g in garbled])
@@ -133,7 +137,16 @@ def test_labels_and_tables_are_fresh_in_every_batch(pair) -> None:
     transcripts = []
     for _ in range(3):
         before = len(pair.evaluator_channel.received), len(pair.garbler_channel.received)
-        pair.run_ok(make_inputs(pair.config, inputs.votes, inputs.z2, inputs.z1, inputs.threshold))
+        pair.run_ok(
+            make_inputs(
+                pair.config,
+                inputs.votes,
+                inputs.z2,
+                inputs.z1,
+                inputs.threshold,
+                z1_student=inputs.z1_student,
+            )
+        )
         to_student = pair.evaluator_channel.received[before[0] :]
         to_guardian = pair.garbler_channel.received[before[1] :]
         garbled = frames_with_tag(to_student, Tag.GARBLED) + frames_with_tag(to_student, Tag.GARBLED_END)
@@ -144,7 +157,7 @@ def test_labels_and_tables_are_fresh_in_every_batch(pair) -> None:
 
 
 def test_tweaks_are_never_reused_within_a_session(monkeypatch) -> None:
-    config = MpcConfig(3, WIDTH, teachers=TEACHERS, chunk_queries=5)
+    config = MpcConfig(3, WIDTH, teachers=TEACHERS, student_noise=STUDENT, chunk_queries=5)
     used: dict[str, list[tuple[int, int]]] = {"garbler": [], "evaluator": []}
     real_garble, real_eval = garbler_module.garble_and, evaluator_module.eval_and
 
@@ -170,22 +183,36 @@ def test_tweaks_are_never_reused_within_a_session(monkeypatch) -> None:
     assert len(np.unique(tweaks)) == len(tweaks) == 2 * pair.garbler.gates.next_gate
 
 
-def test_the_guardians_view_does_not_depend_on_the_votes() -> None:
+@pytest.mark.parametrize("mode", ["gnmax", "confident"])
+def test_the_guardians_view_does_not_depend_on_the_votes(mode: str) -> None:
     """What the guardian receives (seeds, OT matrices) has the same distribution for opposite histograms.
 
-    GNMax mode, so no pass labels (the one vote-dependent output the guardian is allowed to learn).
+    In GNMax mode there are no pass labels; in Confident-GNMax the two cases also differ in the student's
+    threshold noise (−bound and +bound) and every query passes in both, so the pass labels (the one
+    vote-dependent output the guardian is allowed to learn) decode alike and only the OT view is compared.
     """
-    config = MpcConfig(4, WIDTH, teachers=TEACHERS, mode="gnmax")
+    confident = mode == "confident"
+    config = MpcConfig(
+        4,
+        WIDTH,
+        teachers=TEACHERS,
+        mode="confident" if confident else "gnmax",
+        student_noise=STUDENT if confident else None,
+    )
     pair = open_pair(config)
     quiet = np.zeros((16, 4), dtype=np.int64)
     loud = np.tile([TEACHERS, 0, 0, 0], (16, 1))
     views: dict[str, list[np.ndarray]] = {"quiet": [], "loud": []}
     try:
         for _ in range(40):
-            for name, votes in (("quiet", quiet), ("loud", loud)):
-                inputs = make_inputs(config, votes, np.zeros_like(votes), parties=3)
+            for name, votes, own in (("quiet", quiet, -STUDENT), ("loud", loud, STUDENT)):
+                if confident:
+                    z1, z1_student = np.full(16, 400), np.full(16, own)
+                    inputs = make_inputs(config, votes, np.zeros_like(votes), z1, 0, z1_student=z1_student)
+                else:
+                    inputs = make_inputs(config, votes, np.zeros_like(votes), parties=3)
                 before = len(pair.garbler_channel.received)
-                pair.run_ok(inputs)
+                assert pair.run_ok(inputs).pass_bits.all()
                 matrices = frames_with_tag(pair.garbler_channel.received[before:], Tag.OT_MATRIX)
                 view = np.frombuffer(b"".join(inputs.seeds) + b"".join(matrices), dtype=np.uint8)
                 views[name].append(np.unpackbits(view))
@@ -201,3 +228,27 @@ def test_the_guardians_view_does_not_depend_on_the_votes() -> None:
     sd = math.sqrt(2 * 0.25 / runs)
     assert abs(diff.mean()) < 5 * sd / math.sqrt(positions)
     assert abs(np.abs(diff).mean() / (sd * math.sqrt(2 / math.pi)) - 1) < 0.05
+
+
+def test_the_guardians_pass_bits_are_noisy_to_the_guardian() -> None:
+    """Everything the guardian knows about a query (votes' seeds aside) is fixed here — V, z1_g, z2, T — yet
+    the pass bits it decodes vary with the student's z1_s ~ N_Z(0, σ1²) drawn from a CSPRNG: with
+    max V + z1_g = T the bit is [z1_s ≥ 0], a fair-ish coin the guardian cannot predict. (Had the guardian
+    drawn all of z1, every bit would be the same known value.)"""
+    config = MpcConfig(4, WIDTH, teachers=TEACHERS, student_noise=STUDENT)
+    pair = open_pair(config)
+    queries, sigma1 = 512, 20.0
+    votes = np.tile([70, 30, 0, 0], (queries, 1))
+    z1_student = draw_student_noise(SystemNoise(), batch=queries, sigma1=sigma1)
+    try:
+        inputs = make_inputs(
+            config, votes, np.zeros_like(votes), np.full(queries, 5), 75, z1_student=z1_student
+        )
+        result = pair.run_ok(inputs)
+    finally:
+        pair.garbler.close()
+        pair.evaluator.close()
+    assert result.pass_bits is not None
+    np.testing.assert_array_equal(result.pass_bits, z1_student >= 0)
+    # P(N_Z(0, 400) ≥ 0) = 0.5 + pmf(0)/2 ≈ 0.51; five standard deviations either way.
+    assert abs(result.pass_bits.mean() - 0.51) < 5 * math.sqrt(0.25 / queries)

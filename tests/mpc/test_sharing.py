@@ -62,8 +62,9 @@ def test_sharing_rejects_bad_inputs() -> None:
 
 
 def test_ring_width_known_answers() -> None:
-    # TissueMNIST parameters: noisy counts in [−480, 730], margins V + z1 − T in [−1370, 1280] → 12 bits.
-    assert ring_width(teachers=250, sigma1=100, sigma2=40, threshold=170) == 12
+    # TissueMNIST parameters: noisy counts V + z2 + z1_s in [−1680, 1930], margins V + z1_g + z1_s − T in
+    # [−2570, 2480] → 13 bits (12 before the threshold noise was split: margins [−1370, 1280]).
+    assert ring_width(teachers=250, sigma1=100, sigma2=40, threshold=170) == 13
     assert ring_width(teachers=250, sigma2=40) == 11  # [−480, 730]
     assert ring_width(teachers=1, sigma2=0) == 2  # [0, 1] fits [−2, 1]
     assert ring_width(teachers=2, sigma2=0) == 3  # 2 does not fit [−2, 1]
@@ -81,7 +82,8 @@ def test_ring_width_is_the_smallest_that_holds_every_noisy_value(
 ) -> None:
     width = ring_width(teachers=teachers, sigma1=sigma1, sigma2=sigma2, threshold=threshold)
     t1, t2 = int(np.ceil(12 * sigma1)), int(np.ceil(12 * sigma2))
-    lo, hi = min(-t2, -threshold - t1), max(teachers + t2, teachers - threshold + t1)
+    # noisy counts carry z2 and the student's z1_s; margins both parts of z1
+    lo, hi = min(-t2 - t1, -threshold - 2 * t1), max(teachers + t2 + t1, teachers - threshold + 2 * t1)
     assert -(1 << (width - 1)) <= lo and hi < 1 << (width - 1)
     assert not (-(1 << (width - 2)) <= lo and hi < 1 << (width - 2)) or width == 2
 
@@ -100,14 +102,15 @@ def test_ring_width_and_config_refuse_nonsense() -> None:
 
 
 def test_config_digest_covers_every_parameter() -> None:
-    base = MpcConfig(10, 12, teachers=250)
+    base = MpcConfig(10, 12, teachers=250, student_noise=300)
     variants = [
-        MpcConfig(11, 12, teachers=250),
-        MpcConfig(10, 13, teachers=250),
-        MpcConfig(10, 12, teachers=249),
+        MpcConfig(11, 12, teachers=250, student_noise=300),
+        MpcConfig(10, 13, teachers=250, student_noise=300),
+        MpcConfig(10, 12, teachers=249, student_noise=300),
+        MpcConfig(10, 12, teachers=250, student_noise=299),
         MpcConfig(10, 12, teachers=250, mode="gnmax"),
-        MpcConfig(10, 12, teachers=250, chunk_queries=7),
+        MpcConfig(10, 12, teachers=250, student_noise=300, chunk_queries=7),
     ]
-    assert base.digest() == MpcConfig(10, 12, teachers=250).digest()
+    assert base.digest() == MpcConfig(10, 12, teachers=250, student_noise=300).digest()
     assert len({v.digest() for v in variants} | {base.digest()}) == len(variants) + 1
-    assert base.label_bits == 4 and MpcConfig(2, 4, teachers=1).label_bits == 1
+    assert base.label_bits == 4 and MpcConfig(2, 4, teachers=1, mode="gnmax").label_bits == 1

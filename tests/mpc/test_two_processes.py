@@ -34,11 +34,11 @@ def test_bench_mpc_between_two_processes_is_correct(capc_json) -> None:
     )
     assert result.keys() >= REQUIRED
     assert result["correct"] is True
-    assert result["mode"] == "confident" and result["width"] == 12 and 0 < result["answered_fraction"] < 1
-    ands = circuit_stats(MpcConfig(5, 12, teachers=250)).and_gates
+    assert result["mode"] == "confident" and result["width"] == 13 and 0 < result["answered_fraction"] < 1
+    ands = circuit_stats(MpcConfig(5, 13, teachers=250, student_noise=1200)).and_gates
     assert result["and_gates_per_label"] == ands and result["labels_per_s"] > 0
     # tables (2 × 16 bytes per AND) dominate the traffic; inputs and OT add 16 bytes per input bit
-    assert 32 * ands < result["bytes_per_label"] < 32 * ands + 16 * 3 * 5 * 12 + 64
+    assert 32 * ands < result["bytes_per_label"] < 32 * ands + 16 * 3 * 5 * 13 + 64
     assert result["aes_blocks_per_s"] > 1e6 and result["garbler_peak_rss_mb"] > 0
     text = _mpc_text(result)  # the text rendering of the same real result
     assert "correct=True" in text and "labels/s" in text and "confident" in text

@@ -11,11 +11,11 @@ import grpc
 import numpy as np
 import pytest
 
-from capc_common.aggregation import confident_rule, draw_confident_noise
+from capc_common.aggregation import confident_rule, draw_confident_noise, draw_student_noise, party_noise
 from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError, ProtocolError
 from capc_common.federation import FederationConfig, batch_costs, mpc_config
 from capc_common.mpc import Channel, EvaluatorSession, channel_pair, share_votes, sum_shares
-from capc_common.privacy import BudgetLedger, SeededNoise
+from capc_common.privacy import BudgetLedger, SystemNoise
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.interceptors import AuthInterceptor, ConfigHashClientInterceptor
@@ -49,7 +49,8 @@ class Setup:
             config_hash=config.config_hash(),
             certificate=certificate_info(pki / "guardian.crt"),
         )
-        self.guardian = Guardian(config=config, ledger=self.ledger, noise=SeededNoise(SEED), metrics=metrics)
+        noise = party_noise("guardian", seed=SEED)
+        self.guardian = Guardian(config=config, ledger=self.ledger, noise=noise, metrics=metrics)
         self.server: GrpcServer = start_grpc_server(
             bind="127.0.0.1:0",
             tls=_files(pki, "guardian"),
@@ -60,7 +61,11 @@ class Setup:
         )
         self.address = f"127.0.0.1:{self.server.port}"
         self.student = GuardianClient(
-            config=config, tls=_files(pki, "student"), address=self.address, timeout=20
+            config=config,
+            tls=_files(pki, "student"),
+            address=self.address,
+            noise=party_noise("student", seed=SEED),
+            timeout=20,
         )
 
     def teacher_stub(self, party: str):
@@ -116,7 +121,7 @@ def _digest(text: str) -> bytes:
 def test_batches_give_the_plaintext_labels_and_charge_the_ledger(setup: Setup) -> None:
     # Prepare
     config, rng = setup.config, np.random.default_rng(1)
-    reference_noise = SeededNoise(SEED)
+    guardian_noise, student_noise = party_noise("guardian", seed=SEED), party_noise("student", seed=SEED)
     costs = batch_costs(config)
     for index, count in enumerate((32, 16)):
         batch_id = f"b{index}"
@@ -127,12 +132,13 @@ def test_batches_give_the_plaintext_labels_and_charge_the_ledger(setup: Setup) -
         labels, agreed, nbytes = setup.student.compute(batch_id, attempt=1, shares=shares)
         # Assert
         z1, z2 = draw_confident_noise(
-            reference_noise,
+            guardian_noise,
             batch=count,
             classes=10,
             sigma1=config.mechanism.sigma1,
             sigma2=config.mechanism.sigma2,
         )
+        z1 = z1 + draw_student_noise(student_noise, batch=count, sigma1=config.mechanism.sigma1)
         want = confident_rule(
             votes["hospital-a"] + votes["hospital-b"], threshold=config.mechanism.threshold, z1=z1, z2=z2
         )
@@ -256,7 +262,9 @@ def test_a_batch_is_agreed_and_computed_at_most_once(setup: Setup) -> None:
     two.join(timeout=20)
     evaluator = EvaluatorSession(evaluator_end, mpc_config(config))
     labels = evaluator.run_batch(
-        "once", share_sum=sum_shares([shares[p] for p in agreed], width=evaluator.config.width)
+        "once",
+        share_sum=sum_shares([shares[p] for p in agreed], width=evaluator.config.width),
+        z1_student=draw_student_noise(SystemNoise(), batch=count, sigma1=config.mechanism.sigma1),
     )
     one.join(timeout=30)
     two.join(timeout=30)
@@ -292,7 +300,9 @@ def test_a_refused_settle_tells_the_student_nothing_about_the_pass_bits(setup: S
     evaluator = EvaluatorSession(evaluator_end, mpc_config(config))
     with pytest.raises(ProtocolError):
         evaluator.run_batch(
-            "raced", share_sum=sum_shares([shares[p] for p in agreed], width=evaluator.config.width)
+            "raced",
+            share_sum=sum_shares([shares[p] for p in agreed], width=evaluator.config.width),
+            z1_student=draw_student_noise(SystemNoise(), batch=count, sigma1=config.mechanism.sigma1),
         )
     thread.join(timeout=30)
     error = outcome["guardian"]  # what the servicer sends the student as the stream's status

@@ -12,6 +12,7 @@ from capc_common.mpc import (
     EvaluatorSession,
     GarblerSession,
     MpcConfig,
+    noise_bound,
     reference_noisy_argmax,
     ring_width,
     share_votes,
@@ -23,7 +24,12 @@ from capc_services.common.runtime import start_grpc_server
 from capc_services.common.streams import FrameChannel
 from capc_services.tls import TlsFiles
 
-CONFIG = MpcConfig(classes=10, width=ring_width(teachers=20, sigma2=3, sigma1=5, threshold=12), teachers=20)
+CONFIG = MpcConfig(
+    classes=10,
+    width=ring_width(teachers=20, sigma2=3, sigma1=5, threshold=12),
+    teachers=20,
+    student_noise=noise_bound(5),
+)
 
 
 def _files(pki: Path, party: str) -> TlsFiles:
@@ -68,6 +74,7 @@ def _batch(rng: np.random.Generator, queries: int) -> dict:
         "share_sum": sum_shares([s for _, s in shared], width=CONFIG.width),
         "z2": rng.integers(-6, 7, size=(queries, 10)),
         "z1": rng.integers(-10, 11, size=queries),
+        "z1_student": rng.integers(-10, 11, size=queries),
     }
 
 
@@ -90,13 +97,18 @@ def test_garbled_batches_over_a_grpc_stream_match_the_plaintext_rule(pki: Path) 
     channel.attach(call)
     session = EvaluatorSession(channel, CONFIG)
     # Execute
-    labels = [session.run_batch(f"b{i}", share_sum=b["share_sum"]) for i, b in enumerate(batches)]
+    labels = [
+        session.run_batch(f"b{i}", share_sum=b["share_sum"], z1_student=b["z1_student"])
+        for i, b in enumerate(batches)
+    ]
     channel.close()
     rest: Iterator[pb.ComputeMessage] = call
     assert list(rest) == []
     # Assert
     for got, batch, passed in zip(labels, batches, servicer.committed, strict=True):
-        want = reference_noisy_argmax(batch["votes"], z2=batch["z2"], z1=batch["z1"], threshold=12)
+        want = reference_noisy_argmax(
+            batch["votes"], z2=batch["z2"], z1=batch["z1"], z1_student=batch["z1_student"], threshold=12
+        )
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(passed, want >= 0)
     assert channel.bytes_sent > 0 and channel.bytes_received > 0

@@ -11,11 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from capc_common.aggregation import confident_rule, draw_confident_noise, vote_histogram
+from capc_common.aggregation import (
+    confident_rule,
+    draw_confident_noise,
+    draw_student_noise,
+    party_noise,
+    vote_histogram,
+)
 from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone
 from capc_common.learn.heads import train_heads
 from capc_common.models import extract_features
-from capc_common.privacy import BudgetLedger, SeededNoise
+from capc_common.privacy import BudgetLedger
 from capc_common.wire import rpc
 from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.metrics import PartyMetrics
@@ -89,7 +95,7 @@ class Federation:
         guardian = Guardian(
             config=config,
             ledger=self.ledger,
-            noise=SeededNoise(NOISE),
+            noise=party_noise("guardian", seed=NOISE),
             metrics=_metrics(pki, "guardian", config),
         )
         self.guardian_server = start_grpc_server(
@@ -108,6 +114,8 @@ class Federation:
             interceptors=[AuthInterceptor(config=config, policy=STUDENT_POLICY)],
         )
         self.guardian_address = f"127.0.0.1:{self.guardian_server.port}"
+        # One student noise stream per federation, like the guardian's: a restarted scheduler continues it.
+        self.student_noise = party_noise("student", seed=NOISE)
         self.stop = threading.Event()
         self.teachers: list[TeacherLinks] = []
         backbone = load_shared_backbone(config)
@@ -132,7 +140,10 @@ class Federation:
 
     def scheduler(self, store: LabelStore, *, depth: int = 1) -> Scheduler:
         client = GuardianClient(
-            config=self.config, tls=_files(self.pki, "student"), address=self.guardian_address
+            config=self.config,
+            tls=_files(self.pki, "student"),
+            address=self.guardian_address,
+            noise=self.student_noise,
         )
         return Scheduler(
             config=self.config,
@@ -190,9 +201,10 @@ def make(tmp_path: Path, pki: Path, trained_heads) -> Iterator:
 
 
 def _reference(config: FederationConfig, heads: dict, store: LabelStore) -> dict[int, int]:
-    """The plaintext labels of every done batch, with the guardian's seeded noise replayed in order."""
+    """The plaintext labels of every done batch, with the guardian's and the student's seeded noise replayed
+    in order."""
     backbone = load_shared_backbone(config)
-    noise, expected = SeededNoise(NOISE), {}
+    noise, student, expected = party_noise("guardian", seed=NOISE), party_noise("student", seed=NOISE), {}
     for record in sorted(store.batches(), key=lambda r: r.first_index):
         if record.state != "done":
             continue
@@ -206,6 +218,7 @@ def _reference(config: FederationConfig, heads: dict, store: LabelStore) -> dict
             sigma1=config.mechanism.sigma1,
             sigma2=config.mechanism.sigma2,
         )
+        z1 = z1 + draw_student_noise(student, batch=record.count, sigma1=config.mechanism.sigma1)
         labels = confident_rule(votes, threshold=config.mechanism.threshold, z1=z1, z2=z2)
         expected.update({spec.first_index + i: int(v) for i, v in enumerate(labels)})
     return expected
@@ -300,7 +313,10 @@ def test_restart_resumes_the_open_batch_and_asks_nothing_twice(
     plan = batch_plan(config, first_index=0, count=32)
     store.begin(plan.batch_id, first_index=0, count=32)
     client = GuardianClient(
-        config=config, tls=_files(federation.pki, "student"), address=federation.guardian_address
+        config=config,
+        tls=_files(federation.pki, "student"),
+        address=federation.guardian_address,
+        noise=federation.student_noise,
     )
     client.open_batch(plan.batch_id, count=32, digest=plan.digest)
     client.close()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from capc_common.privacy import BudgetLedger, SeededNoise, SystemNoise
+from capc_common.aggregation import party_noise
+from capc_common.privacy import BudgetLedger
 from capc_common.wire import rpc
 from capc_services.common.party import PartyRuntime
 from capc_services.common.runtime import start_grpc_server
@@ -39,9 +40,7 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
             "INSECURE: noise comes from a seeded generator; labels are reproducible and NOT private. "
             "Use only to compare with the central reference."
         )
-        noise = SeededNoise(settings.insecure_noise_seed)
-    else:
-        noise = SystemNoise()
+    noise = party_noise("guardian", seed=settings.insecure_noise_seed)
     ledger = open_ledger(settings)
     guardian = Guardian(config=party.config, ledger=ledger, noise=noise, metrics=party.metrics)
     server = start_grpc_server(

@@ -7,9 +7,11 @@ Lifecycle of one batch (DESIGN §3):
 * ``submit_shares`` collects each teacher party's 16-byte mask seed for one attempt of the batch.
 * ``agree`` fixes the parties both sides compute over (the student's responders whose seeds also arrived
   before the share deadline). Fewer than the quorum: the reservation is released — the batch costs nothing.
-* ``compute`` draws the discrete Gaussian noise and garbles. The MPC driver calls the commit hook with the
-  pass bits *before* it sends the label decoding bits; the hook settles the ledger (durably), so a crash can
-  over-count spend, never under-count it. Any failure before the commit releases the reservation.
+* ``compute`` draws the guardian's discrete Gaussian noise (z2 and its part z1_g of the threshold noise; the
+  student adds its own part z1_s inside the 2PC, so the pass bits are noisy to the guardian too) and garbles.
+  The MPC driver calls the commit hook with the pass bits *before* it sends the label decoding bits; the hook
+  settles the ledger (durably), so a crash can over-count spend, never under-count it. Any failure before
+  the commit releases the reservation.
 
 Only open batches are held in memory and each is dropped when it ends, so memory stays flat however many
 batches the federation runs; everything about finished batches lives in the ledger on disk.
@@ -79,7 +81,7 @@ class Guardian:
     Args:
         config: the federation config.
         ledger: the durable two-phase budget ledger.
-        noise: the discrete Gaussian noise source (a CSPRNG-backed one outside tests).
+        noise: the guardian's discrete Gaussian noise source (a CSPRNG-backed one outside tests).
         metrics: this party's metrics.
     """
 

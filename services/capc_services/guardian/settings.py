@@ -30,8 +30,9 @@ class GuardianSettings(SiteSettings):
         grpc: the gRPC listener (student and teachers connect here).
         ledger: the budget ledger's file (durable; back it up).
         insecure_noise_seed: draw noise from a *seeded* generator — reproducible, hence not private.
-            Only for tests that compare the federation with the central reference; the guardian logs a
-            warning and reports it on ``/api/v1/budget``.
+            Only for tests that compare the federation with the central reference (the student's site
+            takes the same seed for its part of the threshold noise); the guardian logs a warning and
+            reports it on ``/api/v1/budget``.
     """
 
     grpc: GrpcSettings = GrpcSettings()

@@ -37,7 +37,9 @@ class LocalOptions:
             query as answered).
         generator / backbone: query generator and shared backbone (None: the library defaults).
         seed: seed of the query stream and of the data partition.
-        insecure_noise_seed: seeded (non-private) guardian noise, for comparisons with the central run.
+        insecure_noise_seed: seeded (non-private) guardian and student noise (each party derives its own
+            stream from it, as ``capc dietpate run`` does from ``mechanism.noise_seed``), for comparisons
+            with the central run.
         torch_threads: CPU threads per party process.
         evaluation_images: held-out test images the student is evaluated on (None: no evaluation).
         pipeline_depth: the student's pipelining (0: one batch at a time).
@@ -198,24 +200,24 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
     if options.insecure_noise_seed is not None:
         guardian_site["insecure_noise_seed"] = options.insecure_noise_seed
     _write_yaml(layout.site(config.guardian), guardian_site)
-    _write_yaml(
-        layout.site(config.student),
-        {
-            **common(config.student),
-            "grpc": {"bind": student_address},
-            "guardian_address": guardian_address,
-            "store": f"../parties/{config.student}/labels.sqlite",
-            "output_dir": f"../parties/{config.student}/published",
-            "torch_threads": options.torch_threads,
-            "pipeline_depth": options.pipeline_depth,
-            "train": {
-                "device": "auto",
-                "evaluate": None
-                if options.evaluation_images is None
-                else {"dataset": options.dataset, "limit": options.evaluation_images},
-            },
+    student_site: dict[str, Any] = {
+        **common(config.student),
+        "grpc": {"bind": student_address},
+        "guardian_address": guardian_address,
+        "store": f"../parties/{config.student}/labels.sqlite",
+        "output_dir": f"../parties/{config.student}/published",
+        "torch_threads": options.torch_threads,
+        "pipeline_depth": options.pipeline_depth,
+        "train": {
+            "device": "auto",
+            "evaluate": None
+            if options.evaluation_images is None
+            else {"dataset": options.dataset, "limit": options.evaluation_images},
         },
-    )
+    }
+    if options.insecure_noise_seed is not None:
+        student_site["insecure_noise_seed"] = options.insecure_noise_seed
+    _write_yaml(layout.site(config.student), student_site)
     cap = options.teacher_cap if options.teacher_cap is not None else 3 * options.epsilon
     for index, name in enumerate(config.teacher_names):
         _write_yaml(

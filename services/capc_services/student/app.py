@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from capc_common.aggregation import party_noise
 from capc_common.errors import CapcError
 from capc_common.wire import rpc
 from capc_services.common.admin import api_router
@@ -54,7 +55,18 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
     apply_torch_threads(settings.torch_threads)
     store = LabelStore(settings.store, config_hash=party.config_hash)
     registry = TeacherRegistry()
-    guardian = GuardianClient(config=party.config, tls=party.tls, address=settings.guardian_address)
+    if settings.insecure_noise_seed is not None:
+        # As on the guardian: the seed is never logged (it would strip the student's part of the noise).
+        _log.warning(
+            "INSECURE: the student's threshold noise comes from a seeded generator; labels are "
+            "reproducible and NOT private. Use only to compare with the central reference."
+        )
+    guardian = GuardianClient(
+        config=party.config,
+        tls=party.tls,
+        address=settings.guardian_address,
+        noise=party_noise("student", seed=settings.insecure_noise_seed),
+    )
     scheduler = Scheduler(
         config=party.config,
         store=store,

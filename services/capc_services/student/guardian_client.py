@@ -7,9 +7,11 @@ import logging
 import grpc
 import numpy as np
 
+from capc_common.aggregation import draw_student_noise
 from capc_common.errors import CapcError, ProtocolError, UnavailableError
 from capc_common.federation import FederationConfig, mpc_config
 from capc_common.mpc import EvaluatorSession, sum_shares
+from capc_common.privacy import NoiseSource
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
@@ -34,11 +36,19 @@ class GuardianClient:
         config: the federation config (its hash goes with every call).
         tls: the student's TLS files.
         address: ``host:port`` of the guardian.
+        noise: the student's noise source, for its part z1_s of each batch's threshold noise (a
+            :class:`~capc_common.privacy.SystemNoise` CSPRNG outside tests).
         timeout: seconds for unary calls.
     """
 
     def __init__(
-        self, *, config: FederationConfig, tls: TlsFiles, address: str, timeout: float = 60.0
+        self,
+        *,
+        config: FederationConfig,
+        tls: TlsFiles,
+        address: str,
+        noise: NoiseSource,
+        timeout: float = 60.0,
     ) -> None:
         self._config = config
         self._peer = config.guardian
@@ -48,6 +58,7 @@ class GuardianClient:
         )
         self._stub = rpc.GuardianServiceStub(self._channel)
         self._mpc = mpc_config(config)
+        self._noise = noise
         self._timeout = timeout
         self._stream: tuple[FrameChannel, EvaluatorSession, object] | None = None
 
@@ -119,6 +130,12 @@ class GuardianClient:
     ) -> tuple[np.ndarray, tuple[str, ...], int]:
         """Run the 2PC for one batch as the evaluator, on the long-lived Compute stream.
 
+        Once the guardian has agreed to compute the batch, the student draws its part z1_s of the threshold
+        noise (one N_Z(0, σ1²) per query, in batch order: the canonical order a seeded source reproduces)
+        and enters it with its share. z1_s lives only in this call: it is never logged or stored, and a
+        batch run again after a failure gets fresh noise (the guardian computes a batch at most once, so
+        no batch is ever revealed twice).
+
         Args:
             batch_id: the open batch.
             attempt: the attempt whose shares these are.
@@ -152,7 +169,10 @@ class GuardianClient:
             if extra:
                 raise ProtocolError(f"guardian agreed on parties the student has no share from: {extra}")
             total = sum_shares([shares[p] for p in agreed], width=self._mpc.width)
-            labels = session.run_batch(batch_id, share_sum=total)
+            z1_student = draw_student_noise(
+                self._noise, batch=total.shape[0], sigma1=self._config.mechanism.sigma1
+            )
+            labels = session.run_batch(batch_id, share_sum=total, z1_student=z1_student)
         except BatchRefused:
             raise
         except CapcError:

@@ -3,25 +3,22 @@
 These are the reference semantics the federation's secure protocol must reproduce bit for bit, and the
 mechanisms of the central (single-machine) research mode.
 
-**Canonical noise order (MUST).** For one batch of ``B`` queries and ``c`` classes, Confident-GNMax draws its
-noise with :func:`draw_confident_noise` in exactly this order from one noise source::
-
-    z1 = noise.discrete_gaussian(sigma=sigma1, shape=(B,))      # threshold noise, one per query
-    z2 = noise.discrete_gaussian(sigma=sigma2, shape=(B, c))    # argmax noise, for every query and class
-
-``z2`` is drawn for every query, answered or not, so the number of draws never depends on the data. The
-guardian calls the same function, so a central run and a federation given the same seeded noise source
-produce the same labels, query by query.
+**Noise.** Confident-GNMax's threshold noise is split between the guardian (z1_g, drawn with z2) and the
+student (z1_s); :mod:`capc_common.aggregation.noise` fixes who draws what, from which source, in which
+(canonical) order. :func:`confident_gnmax` draws both parts, from its two sources, exactly as a federation
+does, so a central run and a federation given the same seeded sources produce the same labels.
 
 **Plaintext rule (MUST)** — :func:`confident_rule`, which the garbled circuit must agree with: for histogram
-row ``H``, ``pass = max_j H_j + z1 ≥ T`` and ``label = argmax_j (H_j + z2_j)`` with ties going to the lowest
-class index; the output is ``label`` if ``pass`` else :data:`UNANSWERED` (−1). Because ``H`` and ``z1`` are
-integers, ``≥ T`` is the same test as ``≥ ceil(T)``.
+row ``H`` and total threshold noise ``z1 = z1_g + z1_s``, ``pass = max_j H_j + z1 ≥ T`` and
+``label = argmax_j (H_j + z2_j)`` with ties going to the lowest class index; the output is ``label`` if
+``pass`` else :data:`UNANSWERED` (−1). Because ``H`` and ``z1`` are integers, ``≥ T`` is the same test as
+``≥ ceil(T)``.
 
-Noise comes from a :class:`~capc_common.privacy.NoiseSource`; the production one draws from a CSPRNG. A
+Noise comes from :class:`~capc_common.privacy.NoiseSource` s; the production ones draw from a CSPRNG. A
 seeded source is only ever *injected* (tests, the differential test against the federation). Privacy
 accounting is not done here: see :mod:`capc_common.privacy` (screening for every query, GNMax for each
-answered one; LNMax with discrete Laplace scale ``b`` is ``2/b``-DP per answer).
+answered one; LNMax with discrete Laplace scale ``b`` is ``2/b``-DP per answer). Splitting z1 leaves the
+screening charge at σ1: each non-colluding party sees the pass bits through the other's N_Z(0, σ1²) part.
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capc_common.aggregation.histogram import check_histograms
+from capc_common.aggregation.noise import draw_confident_noise, draw_student_noise
 from capc_common.errors import InputError
 from capc_common.privacy import NoiseSource, SystemNoise
 
@@ -39,7 +37,6 @@ __all__ = [
     "UNANSWERED",
     "confident_gnmax",
     "confident_rule",
-    "draw_confident_noise",
     "gnmax",
     "lnmax",
     "noisy_argmax",
@@ -94,7 +91,7 @@ def confident_rule(
     Args:
         histograms: vote histograms ``(B, c)`` (checked with :func:`check_histograms`).
         threshold: ``T``; a query passes when ``max_j H_j + z1 ≥ T``.
-        z1: integer threshold noise ``(B,)``.
+        z1: integer threshold noise ``(B,)``, the total of both parties' parts ``z1_g + z1_s``.
         z2: integer argmax noise ``(B, c)``.
 
     Returns:
@@ -120,35 +117,6 @@ def confident_rule(
     return np.where(passed, labels, UNANSWERED).astype(np.int64)
 
 
-def draw_confident_noise(
-    noise: NoiseSource, *, batch: int, classes: int, sigma1: float, sigma2: float
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Draw one batch's Confident-GNMax noise in the canonical order (``z1`` first, then ``z2``).
-
-    Args:
-        noise: where the discrete Gaussian samples come from (a CSPRNG-backed source in production).
-        batch: number of queries ``B`` in the batch.
-        classes: number of classes ``c``.
-        sigma1: standard-deviation parameter of the threshold noise ``N_Z(0, σ1²)``.
-        sigma2: standard-deviation parameter of the argmax noise ``N_Z(0, σ2²)``.
-
-    Returns:
-        ``(z1, z2)`` with shapes ``(B,)`` and ``(B, c)``, ``int64``.
-
-    Raises:
-        InputError: on a non-positive size or σ.
-    """
-    if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
-        raise InputError(f"batch must be an integer >= 1, got {batch!r}")
-    if isinstance(classes, bool) or not isinstance(classes, int | np.integer) or classes < 2:
-        raise InputError(f"classes must be an integer >= 2, got {classes!r}")
-    s1 = _positive("sigma1", sigma1)
-    s2 = _positive("sigma2", sigma2)
-    z1 = np.asarray(noise.discrete_gaussian(sigma=s1, shape=(int(batch),)), dtype=np.int64)
-    z2 = np.asarray(noise.discrete_gaussian(sigma=s2, shape=(int(batch), int(classes))), dtype=np.int64)
-    return z1, z2
-
-
 def confident_gnmax(
     histograms: npt.ArrayLike,
     *,
@@ -156,30 +124,44 @@ def confident_gnmax(
     sigma1: float,
     sigma2: float,
     noise: NoiseSource | None = None,
+    student_noise: NoiseSource | None = None,
     teachers: int | None = None,
 ) -> npt.NDArray[np.int64]:
     """Confident-GNMax (Papernot et al. 2018) on one batch, with exact discrete Gaussian noise.
 
+    The threshold noise is ``z1_g + z1_s`` (each ``N_Z(0, σ1²)``), drawn from the guardian's and the
+    student's sources as a federation draws them (:mod:`capc_common.aggregation.noise`).
+
     Args:
         histograms: vote histograms ``(B, c)``.
         threshold: ``T`` of the screening step.
-        sigma1: σ1 of the screening noise.
+        sigma1: σ1 of each part of the screening noise.
         sigma2: σ2 of the argmax noise.
-        noise: noise source; draws follow :func:`draw_confident_noise`. Default: a fresh
-            :class:`~capc_common.privacy.SystemNoise` (CSPRNG); inject a seeded source only for tests.
+        noise: the guardian's source (z1_g, then z2). Default: a fresh
+            :class:`~capc_common.privacy.SystemNoise` (CSPRNG).
+        student_noise: the student's source (z1_s); default a fresh SystemNoise. Inject both sources or
+            neither: a seeded source beside a CSPRNG one would make a "reproducible" run silently random.
         teachers: if given, every histogram row must sum to it.
 
     Returns:
         ``int64`` labels ``(B,)``, :data:`UNANSWERED` for queries that failed the screening.
 
     Raises:
-        InputError: if the input is not a histogram (e.g. a label array) or a parameter is out of range.
+        InputError: if the input is not a histogram (e.g. a label array), a parameter is out of range, or
+            only one of the two noise sources is given.
     """
     hist = check_histograms(histograms, teachers=teachers)
     _threshold(threshold)
+    if (noise is None) != (student_noise is None):
+        raise InputError(
+            "confident_gnmax draws from two sources (the guardian's and the student's): inject both "
+            "(e.g. capc_common.aggregation.mechanism_noise(seed=...)) or neither"
+        )
+    batch, classes = hist.shape
     z1, z2 = draw_confident_noise(
-        noise or SystemNoise(), batch=hist.shape[0], classes=hist.shape[1], sigma1=sigma1, sigma2=sigma2
+        noise or SystemNoise(), batch=batch, classes=classes, sigma1=sigma1, sigma2=sigma2
     )
+    z1 = z1 + draw_student_noise(student_noise or SystemNoise(), batch=batch, sigma1=sigma1)
     return confident_rule(hist, threshold=threshold, z1=z1, z2=z2)
 
 

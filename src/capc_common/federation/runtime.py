@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from capc_common.federation.config import FederationConfig
-from capc_common.mpc import MpcConfig, ring_width
+from capc_common.mpc import MpcConfig, noise_bound, ring_width
 
 if TYPE_CHECKING:
     from capc_common.models import Backbone
@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 def mpc_config(config: FederationConfig) -> MpcConfig:
     """The 2PC parameters: the smallest ring holding every noisy count (all heads, ±12σ), Confident-GNMax.
 
-    Both the guardian and the student call this, and the MPC handshake checks that they agree.
+    The student's part of the threshold noise is bounded by ±12σ1 like the guardian's. Both the guardian and
+    the student call this, and the MPC handshake checks that they agree.
     """
     mechanism = config.mechanism
     width = ring_width(
@@ -24,7 +25,13 @@ def mpc_config(config: FederationConfig) -> MpcConfig:
         sigma1=mechanism.sigma1,
         threshold=math.ceil(mechanism.threshold),
     )
-    return MpcConfig(classes=config.classes, width=width, teachers=config.total_heads, mode="confident")
+    return MpcConfig(
+        classes=config.classes,
+        width=width,
+        teachers=config.total_heads,
+        mode="confident",
+        student_noise=noise_bound(mechanism.sigma1),
+    )
 
 
 def load_shared_backbone(config: FederationConfig) -> Backbone:

@@ -2,18 +2,20 @@
 
 DESIGN §3 steps 3–6 and §5. Teacher parties additively share their vote counts over Z_{2^w} (the guardian's
 share compressed to a 16-byte AES-CTR seed); the privacy guardian garbles, the student evaluates a Yao circuit
-(free-XOR, point-and-permute, half-gates, TCCR fixed-key-AES hash) that adds the shares and the guardian's
-noise, applies the Confident-GNMax threshold and takes the argmax. The student's input bits enter by IKNP
-OT extension over a P-256 base OT. Everything is vectorised across the batch.
+(free-XOR, point-and-permute, half-gates, TCCR fixed-key-AES hash) that adds the shares and the noise,
+applies the Confident-GNMax threshold and takes the argmax. The threshold noise is split: the guardian draws
+z1_g, the student z1_s, so the pass bits are noisy to each of them. The student's input bits (its share plus
+z1_s) enter by IKNP OT extension over a P-256 base OT. Everything is vectorised across the batch.
 
 API (what the services code against)::
 
-    from capc_common.mpc import (Channel, channel_pair, SocketChannel, MpcConfig, ring_width, share_votes,
-                                 expand_share_seed, sum_shares, GarblerSession, EvaluatorSession)
+    from capc_common.mpc import (Channel, channel_pair, SocketChannel, MpcConfig, noise_bound, ring_width,
+                                 share_votes, expand_share_seed, sum_shares, GarblerSession, EvaluatorSession)
 
     # once per federation: the ring width and the session parameters (both parties, same values)
-    w = ring_width(teachers=250, sigma1=100, sigma2=40, threshold=170)      # → 12
-    config = MpcConfig(classes=10, width=w, teachers=250, mode="confident")  # or mode="gnmax"
+    w = ring_width(teachers=250, sigma1=100, sigma2=40, threshold=170)      # → 13
+    config = MpcConfig(classes=10, width=w, teachers=250, mode="confident",
+                       student_noise=noise_bound(100))                      # or mode="gnmax" (no bound)
 
     # teacher party p, per batch: seed → guardian (16 bytes), share → student
     seed, student_share = share_votes(votes_p, width=w)                      # votes_p: (B, c) ints
@@ -23,12 +25,14 @@ API (what the services code against)::
     garbler = GarblerSession(channel, config)
     pass_bits = garbler.run_batch(batch_id, seeds=[seed_1, ...], shape=(B, c), z2=z2, z1=z1,
                                   threshold=T, commit=ledger_hook)           # (B,) bool
-    #   z2: (B, c) int noise, z1: (B,) int noise (None and threshold=None in "gnmax" mode);
-    #   commit(pass_bits) must make the charge durable and return before labels are revealed.
+    #   z2: (B, c) int noise, z1: (B,) the guardian's part z1_g of the threshold noise (None and
+    #   threshold=None in "gnmax" mode); commit(pass_bits) must make the charge durable and return before
+    #   labels are revealed.
 
-    # student (evaluator)
+    # student (evaluator): z1_student is its own part z1_s of the threshold noise, (B,) ints (None in gnmax)
     evaluator = EvaluatorSession(channel, config)
-    labels = evaluator.run_batch(batch_id, share_sum=sum_shares(shares, width=w))  # (B,) int64, −1 = failed
+    labels = evaluator.run_batch(batch_id, share_sum=sum_shares(shares, width=w),
+                                 z1_student=z1_s)                            # (B,) int64, −1 = failed
 
 ``Channel`` is message-oriented: ``send(bytes)``, ``recv() -> bytes``, ``close()``; frames are at most
 :data:`MAX_FRAME_BYTES` (4 MiB + 64), so a gRPC bidi stream of ``bytes`` messages can carry them 1:1.
@@ -46,7 +50,7 @@ The hazmat layer (AES, TCCR hash, half-gates kernels, base OT, IKNP, transpose) 
 
 from capc_common.mpc.backend import CircuitBackend
 from capc_common.mpc.channel import MAX_FRAME_BYTES, Channel, SocketChannel, channel_pair
-from capc_common.mpc.config import Mode, MpcConfig, ring_width
+from capc_common.mpc.config import Mode, MpcConfig, noise_bound, ring_width
 from capc_common.mpc.evaluator import EvaluatorSession
 from capc_common.mpc.garbler import GarblerSession
 from capc_common.mpc.party import BatchRejected
@@ -69,6 +73,7 @@ __all__ = [
     "channel_pair",
     "circuit_stats",
     "expand_share_seed",
+    "noise_bound",
     "open_session",
     "reduce_shares",
     "reference_noisy_argmax",

@@ -2,9 +2,10 @@
 
 The parent draws synthetic vote histograms (a seeded, non-secret generator: these are benchmark inputs),
 shares them exactly as teacher parties would (``share_votes``, fresh ``os.urandom`` seeds), draws benchmark
-noise (rounded Gaussians from the same seeded generator, *not* a privacy mechanism; the guardian's real noise
+noise (rounded Gaussians from the same seeded generator, *not* a privacy mechanism; the parties' real noise
 comes from the privacy package's discrete Gaussian sampler) and the plaintext answers. The guardian process
-gets the seeds and the noise, the student process the summed shares; each runs the real session code on a
+gets the seeds and its noise (z2 and its part z1_g of the threshold noise), the student process the summed
+shares and its part z1_s; each runs the real session code on a
 ``SocketChannel`` and reports its timings, traffic and peak RSS. Every label is checked against plaintext.
 """
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from capc_common.errors import InputError, UnavailableError
 from capc_common.mpc.channel import SocketChannel
-from capc_common.mpc.config import DEFAULT_TAILS, Mode, MpcConfig, ring_width
+from capc_common.mpc.config import DEFAULT_TAILS, Mode, MpcConfig, noise_bound, ring_width
 from capc_common.mpc.evaluator import EvaluatorSession
 from capc_common.mpc.garbler import GarblerSession
 from capc_common.mpc.plain import circuit_stats, reference_noisy_argmax
@@ -47,6 +48,7 @@ class _GuardianBatch:
 class _StudentBatch:
     batch_id: str
     share_sum: np.ndarray
+    z1_student: np.ndarray | None
 
 
 def _peak_rss_mb() -> float:
@@ -112,7 +114,9 @@ def _evaluator_main(config: MpcConfig, batches: list[_StudentBatch], path: str, 
             labels: list[np.ndarray] = []
             start, cpu0 = time.perf_counter(), _cpu_s()
             for item in batches:
-                labels.append(session.run_batch(item.batch_id, share_sum=item.share_sum))
+                labels.append(
+                    session.run_batch(item.batch_id, share_sum=item.share_sum, z1_student=item.z1_student)
+                )
                 results.put(("progress", len(labels)))
             seconds, cpu = time.perf_counter() - start, _cpu_s() - cpu0
             traffic = channel.bytes_sent + channel.bytes_received - traffic0
@@ -197,18 +201,28 @@ def run_benchmark(
             sigma1=sigma1 if threshold else None,
             threshold=threshold_value if threshold else None,
         )
-    config = MpcConfig(classes, width, teachers=teachers, mode=mode, chunk_queries=chunk_queries)
-    stats = circuit_stats(config)
-    aes_rate = aes_blocks_per_second()
-
-    rng = np.random.default_rng(seed)
     half = 1 << (width - 1)
-    bound2 = half - 1 - teachers  # teachers + z2 must stay below 2^{w−1}
-    bound1 = min(half - threshold_value, half - 1 - teachers + threshold_value)  # so must V + z1 − T
+    # The student's threshold noise gets its usual bound, or half of what a narrower --width leaves.
+    student_bound = min(noise_bound(sigma1), max(0, (half - 1 - teachers) // 2)) if threshold else None
+    room = student_bound or 0
+    bound2 = half - 1 - teachers - room  # V + z2 + z1_s must stay below 2^{w−1}
+    bound1 = min(half - room - threshold_value, half - 1 - teachers - room + threshold_value)  # V + z1 − T
     if bound2 < 0 or (threshold and bound1 < 0):
         raise InputError(
             f"a {width}-bit ring cannot hold {teachers} votes and T = {threshold_value}; widen it."
         )
+    config = MpcConfig(
+        classes,
+        width,
+        teachers=teachers,
+        mode=mode,
+        student_noise=student_bound,
+        chunk_queries=chunk_queries,
+    )
+    stats = circuit_stats(config)
+    aes_rate = aes_blocks_per_second()
+
+    rng = np.random.default_rng(seed)
     party_sizes = [len(g) for g in np.array_split(np.arange(teachers), parties)]
     guardian, student, expected = [], [], []
     for k in range(batches):
@@ -216,10 +230,16 @@ def run_benchmark(
         shares = [share_votes(v, width=width) for v in per_party]
         z2 = _benchmark_noise(rng, sigma2, (batch, classes), bound=bound2)
         z1 = _benchmark_noise(rng, sigma1, (batch,), bound=bound1) if threshold else None
+        z1_student = _benchmark_noise(rng, sigma1, (batch,), bound=room) if threshold else None
         t_value = threshold_value if threshold else None
         guardian.append(_GuardianBatch(f"bench-{k}", [s for s, _ in shares], z2, z1, t_value))
-        student.append(_StudentBatch(f"bench-{k}", sum_shares([x for _, x in shares], width=width)))
-        expected.append(reference_noisy_argmax(np.sum(per_party, axis=0), z2=z2, z1=z1, threshold=t_value))
+        share_sum = sum_shares([x for _, x in shares], width=width)
+        student.append(_StudentBatch(f"bench-{k}", share_sum, z1_student))
+        expected.append(
+            reference_noisy_argmax(
+                np.sum(per_party, axis=0), z2=z2, z1=z1, z1_student=z1_student, threshold=t_value
+            )
+        )
 
     with tempfile.TemporaryDirectory(prefix="capc-bench-mpc-") as tmp:
         reports = _run_parties(config, guardian, student, os.path.join(tmp, "mpc.sock"), progress)

@@ -2,16 +2,20 @@
 
 Per query the circuit computes (DESIGN §3 step 5), in two's complement over Z_{2^w}:
 
-* H + z2 = S + (A + z2): the student's share plus the guardian's label addend, one adder per class;
+* H + z2 = S' + (A + z2): the student's input plus the guardian's label addend, one adder per class;
 * label = argmax_j (H_j + z2_j) as a tournament tree (a right child wins only if strictly larger, so ties
   go to the lowest index, like ``numpy.argmax``);
-* Confident-GNMax: pass = [max_j H_j + z1 − T ≥ 0] = ¬AND_j [S_j + (A_j + z1 − T) < 0], which needs only the
-  carry chain to each sign bit and an AND tree instead of a second maximum, and the label bits are ANDed
-  with pass, so a failed query's output wires carry 0 whatever its argmax.
+* Confident-GNMax: pass = [max_j H_j + z1_g + z1_s − T ≥ 0] = ¬AND_j [S'_j + (A_j + z1_g − T) < 0], which
+  needs only the carry chain to each sign bit and an AND tree instead of a second maximum, and the label bits
+  are ANDed with pass, so a failed query's output wires carry 0 whatever its argmax.
 
-The guardian knows A, z1, z2 and T, so it adds them in the clear (:func:`guardian_inputs`): only the
-student's S enters through oblivious transfer, and the circuit has one adder per class and per margin
-instead of three.
+The threshold noise is split: the guardian draws z1_g, the student z1_s (each N_Z(0, σ1²)), so neither
+party knows the noise of the pass bits it sees. The guardian knows A, z1_g, z2 and T and adds them in the
+clear (:func:`guardian_inputs`); the student knows S and z1_s and enters S' = S + z1_s (one value per class,
+:func:`student_inputs`), the only input that goes through oblivious transfer. Adding z1_s to every class of a
+query shifts all its noisy counts alike, which leaves the argmax unchanged as long as nothing wraps (the ring
+width and both parties' noise bounds guarantee that), so the split costs no gate and no input bit: the
+circuit has one adder per class and per margin, as without it.
 
 All blocks take stacked bit planes: ``x[i]`` is bit i (least significant first) of every value in ``x``.
 """
@@ -178,7 +182,7 @@ def noisy_argmax(
 
     Args:
         b: backend.
-        share: the student's share S as bit planes ``(w, c, ...)``.
+        share: the student's input S' = S + z1_s as bit planes ``(w, c, ...)``.
         addends: the guardian's inputs as bit planes ``(w, k, c, ...)``: ``[:, 0]`` is A + z2 and, for
             Confident-GNMax (k = 2), ``[:, 1]`` is A + z1 − T. The share broadcasts against both, so the
             two additions share one AND layer per bit; only the label sums' bits and the margins' sign
@@ -209,43 +213,94 @@ def guardian_inputs(
     z1: np.ndarray | None,
     threshold: int | None,
 ) -> np.ndarray:
-    """The guardian's clear-text addends A + z2 and A + z1 − T, reduced mod 2^w.
+    """The guardian's clear-text addends A + z2 and A + z1_g − T, reduced mod 2^w.
 
     Also refuses noise that would push a noisy count or margin out of the signed ring for some possible vote
-    count V ∈ [0, teachers]: wrapping around would silently return a wrong label.
+    count V ∈ [0, teachers] and some student noise |z1_s| ≤ ``config.student_noise``: wrapping around would
+    silently return a wrong label.
 
     Args:
         config: session parameters.
         guardian_share: A, ``(B, c)``.
         z2: per-class noise, ``(B, c)`` integers.
-        z1: threshold noise, ``(B,)`` integers (Confident-GNMax), else None.
+        z1: the guardian's part z1_g of the threshold noise, ``(B,)`` integers (Confident-GNMax), else None.
         threshold: the threshold T (Confident-GNMax), else None.
 
     Returns:
-        ``(B, k, c)`` int64: ``[:, 0]`` = A + z2 and, for Confident-GNMax (k = 2), ``[:, 1]`` = A + z1 − T.
+        ``(B, k, c)`` int64: ``[:, 0]`` = A + z2 and, for Confident-GNMax (k = 2), ``[:, 1]`` = A + z1_g − T.
 
     Raises:
         InputError: shapes, dtypes, mode mismatch or noise outside the ring.
     """
     shape = guardian_share.shape
-    half = 1 << (config.width - 1)
+    lo, hi = _noise_room(config)
     z2 = _integer_array(z2, "z2", shape)
-    _check_ring(z2, lo=-half, hi=half - 1 - config.teachers, what="z2 (per-class noise)", config=config)
+    _check_ring(z2, lo=lo, hi=hi, what="z2 (per-class noise)", config=config)
     label_addend = reduce_shares(guardian_share + z2, width=config.width)
     if config.mode == "gnmax":
         if z1 is not None or threshold is not None:
             raise InputError("GNMax mode has no threshold step: pass z1=None and threshold=None.")
         return label_addend[:, None]
     if z1 is None or threshold is None:
-        raise InputError("Confident-GNMax needs the threshold noise z1 (one per query) and the threshold T.")
+        raise InputError(
+            "Confident-GNMax needs the guardian's threshold noise z1 (one per query) and the threshold T."
+        )
     if isinstance(threshold, bool) or not isinstance(threshold, int | np.integer):
         raise InputError(f"the threshold T must be an integer, got {threshold!r}.")
     margin = _integer_array(z1, "z1", shape[:1]) - int(threshold)
-    _check_ring(
-        margin, lo=-half, hi=half - 1 - config.teachers, what="z1 − T (threshold margin)", config=config
-    )
+    _check_ring(margin, lo=lo, hi=hi, what="z1 − T (threshold margin)", config=config)
     pass_addend = reduce_shares(guardian_share + margin[:, None], width=config.width)
     return np.stack([label_addend, pass_addend], axis=1)
+
+
+def student_inputs(config: MpcConfig, *, share_sum: np.ndarray, z1_student: np.ndarray | None) -> np.ndarray:
+    """The student's circuit input S + z1_s (the same z1_s added to every class of a query), reduced mod 2^w.
+
+    Args:
+        config: session parameters.
+        share_sum: S, ``(B, c)`` integers (any representatives mod 2^w).
+        z1_student: the student's part z1_s of the threshold noise, ``(B,)`` integers with
+            |z1_s| ≤ ``config.student_noise`` (Confident-GNMax); None for GNMax.
+
+    Returns:
+        ``(B, c)`` int64 in [0, 2^w).
+
+    Raises:
+        InputError: shapes, dtypes, mode mismatch or noise beyond the configured bound. The message never
+            contains noise values: a refused batch's error may be logged and sent on to the guardian.
+    """
+    share_sum = np.asarray(share_sum)
+    if share_sum.ndim != 2 or share_sum.shape[0] < 1 or share_sum.shape[1] != config.classes:
+        raise InputError(f"share_sum must have shape (queries ≥ 1, {config.classes}), got {share_sum.shape}.")
+    if not np.issubdtype(share_sum.dtype, np.integer):
+        raise InputError(f"share_sum must be an integer array, got {share_sum.dtype}.")
+    share = reduce_shares(share_sum, width=config.width)
+    if config.student_noise is None:
+        if z1_student is not None:
+            raise InputError("GNMax mode has no threshold step: pass z1_student=None.")
+        return share
+    if z1_student is None:
+        raise InputError(
+            "Confident-GNMax needs the student's threshold noise z1_student (one N_Z(0, σ1²) draw per query, "
+            "from the student's own CSPRNG: capc_common.aggregation.draw_student_noise)."
+        )
+    z1 = _integer_array(z1_student, "z1_student", share.shape[:1])
+    bound = config.student_noise
+    if z1.size and int(np.abs(z1).max()) > bound:
+        raise InputError(
+            f"{int((np.abs(z1) > bound).sum())} of {z1.size} values of z1_student lie outside [−{bound}, "
+            f"{bound}], the bound MpcConfig.student_noise that keeps every noisy value inside the signed "
+            f"{config.width}-bit ring; check the noise sampler or derive the config from the same σ1."
+        )
+    return reduce_shares(share + z1[:, None], width=config.width)
+
+
+def _noise_room(config: MpcConfig) -> tuple[int, int]:
+    """Where the guardian's noise (z2 and z1_g − T) must lie so that, with any V ∈ [0, teachers] and any
+    student noise the config allows, every noisy count and margin stays in [−2^{w−1}, 2^{w−1})."""
+    half = 1 << (config.width - 1)
+    room = config.student_noise or 0
+    return -half + room, half - 1 - config.teachers - room
 
 
 def _integer_array(values: np.ndarray, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -261,6 +316,7 @@ def _check_ring(values: np.ndarray, *, lo: int, hi: int, what: str, config: MpcC
     if values.size and (values.min() < lo or values.max() > hi):
         raise InputError(
             f"{what} spans [{values.min()}, {values.max()}] but must lie in [{lo}, {hi}] so that every "
-            f"noisy value with up to {config.teachers} votes fits the signed {config.width}-bit ring; derive "
-            "a wider width with ring_width(tails=...) or check the noise sampler."
+            f"noisy value with up to {config.teachers} votes and student noise up to "
+            f"±{config.student_noise or 0} fits the signed {config.width}-bit ring; derive a wider width "
+            "with ring_width(tails=...) or check the noise sampler."
         )

@@ -18,6 +18,17 @@ DEFAULT_TAILS = 12.0
 _LIVE_LABEL_BUDGET_BYTES = 64 << 20
 
 
+def noise_bound(sigma: float, *, tails: float = DEFAULT_TAILS) -> int:
+    """The largest |noise| a party enters for a discrete Gaussian N_Z(0, σ²): ⌈tails · σ⌉.
+
+    Both the ring width and each party's refusal of out-of-range noise use this one bound, so what a party
+    accepts can never wrap the ring.
+    """
+    if sigma < 0 or tails <= 0:
+        raise InputError(f"noise_bound needs sigma ≥ 0 and tails > 0; got sigma={sigma}, tails={tails}.")
+    return math.ceil(tails * sigma)
+
+
 def ring_width(
     *,
     teachers: int,
@@ -29,14 +40,18 @@ def ring_width(
     """The smallest ring Z_{2^w} in which every noisy quantity of the circuit is exact as a signed integer.
 
     The circuit computes noisy counts V_j + z2_j with V_j ∈ [0, teachers] and (Confident-GNMax) threshold
-    margins V_j + z1 − T; both must lie in [−2^{w−1}, 2^{w−1}) for the signed comparisons to be right. The
-    noise is bounded by ``tails`` standard deviations, and the garbler refuses noise outside the ring rather
-    than wrap around. A smaller ring means fewer AND gates (≈ 4w per class) and fewer OTs (w per class).
+    margins V_j + z1_g + z1_s − T, where the threshold noise is split between the guardian (z1_g) and the
+    student (z1_s), each N_Z(0, σ1²). The student enters its share plus z1_s, so its z1_s also shifts every
+    noisy count of the query (V_j + z2_j + z1_s: the argmax is unchanged by a shift common to all classes).
+    All of these must lie in [−2^{w−1}, 2^{w−1}) for the signed comparisons to be right. Each noise is
+    bounded by :func:`noise_bound` (``tails`` standard deviations), and each party refuses noise of its own
+    outside its bound rather than wrap around; the margins therefore span T ∓ (teachers, 2·⌈tails·σ1⌉). A
+    smaller ring means fewer AND gates (≈ 4w per class) and fewer OTs (w per class).
 
     Args:
         teachers: number of teachers, the largest possible vote count of a class.
         sigma2: standard deviation of the per-class argmax noise z2.
-        sigma1: standard deviation of the threshold noise z1 (Confident-GNMax only).
+        sigma1: standard deviation of each part of the threshold noise, z1_g and z1_s (Confident-GNMax).
         threshold: the threshold T (Confident-GNMax only; the largest one the guardian will use).
         tails: how many standard deviations of noise to cover.
 
@@ -53,14 +68,14 @@ def ring_width(
         )
     if (sigma1 is None) != (threshold is None):
         raise InputError("ring_width: give both sigma1 and threshold (Confident-GNMax) or neither (GNMax).")
-    noise2 = math.ceil(tails * sigma2)
+    noise2 = noise_bound(sigma2, tails=tails)
     lo, hi = -noise2, teachers + noise2
     if sigma1 is not None and threshold is not None:
         if sigma1 < 0:
             raise InputError(f"sigma1 must be ≥ 0, got {sigma1}.")
-        noise1 = math.ceil(tails * sigma1)
-        lo = min(lo, -threshold - noise1)
-        hi = max(hi, teachers - threshold + noise1)
+        noise1 = noise_bound(sigma1, tails=tails)
+        lo = min(lo - noise1, -threshold - 2 * noise1)
+        hi = max(hi + noise1, teachers - threshold + 2 * noise1)
     width = 2
     while not (-(1 << (width - 1)) <= lo and hi < (1 << (width - 1))):
         width += 1
@@ -81,6 +96,9 @@ class MpcConfig:
         mode: ``"confident"`` (Confident-GNMax: threshold test, failed queries get no label) or ``"gnmax"``.
         teachers: the largest possible vote count of a class; the garbler uses it to refuse noise that
             would leave the ring.
+        student_noise: Confident-GNMax only (None for GNMax): the largest |z1_s| the student may enter as
+            its part of the threshold noise, :func:`noise_bound` of σ1. The evaluator refuses anything
+            larger and the garbler keeps its own noise within what the ring leaves after it.
         chunk_queries: queries garbled per chunk (bounds memory); default from c and w.
     """
 
@@ -89,6 +107,7 @@ class MpcConfig:
     _: KW_ONLY
     teachers: int
     mode: Mode = "confident"
+    student_noise: int | None = None
     chunk_queries: int | None = None
 
     def __post_init__(self) -> None:
@@ -104,6 +123,20 @@ class MpcConfig:
             raise InputError(
                 f"MpcConfig.teachers={self.teachers} does not fit a signed {self.width}-bit ring; "
                 "compute the width with ring_width()."
+            )
+        confident = self.mode == "confident"
+        if confident != (self.student_noise is not None):
+            raise InputError(
+                "MpcConfig.student_noise is the bound on the student's threshold noise: give it "
+                f"(noise_bound(sigma1)) for Confident-GNMax and None for GNMax; got mode={self.mode!r}, "
+                f"student_noise={self.student_noise!r}."
+            )
+        room = (1 << (self.width - 1)) - self.teachers
+        if self.student_noise is not None and not 0 <= self.student_noise < room:
+            raise InputError(
+                f"MpcConfig.student_noise={self.student_noise} must be ≥ 0 and leave room for "
+                f"{self.teachers} votes in the signed {self.width}-bit ring; compute the width with "
+                "ring_width()."
             )
         if self.chunk_queries is not None and self.chunk_queries < 1:
             raise InputError(f"MpcConfig.chunk_queries must be ≥ 1, got {self.chunk_queries}.")
@@ -130,7 +163,7 @@ class MpcConfig:
     def digest(self) -> bytes:
         """SHA-256 of the canonical encoding: equal digests mean the parties garble the same circuit."""
         text = (
-            f"capc-mpc/v1|classes={self.classes}|width={self.width}|mode={self.mode}"
-            f"|teachers={self.teachers}|chunk={self.queries_per_chunk}"
+            f"capc-mpc/v2|classes={self.classes}|width={self.width}|mode={self.mode}"
+            f"|teachers={self.teachers}|student_noise={self.student_noise}|chunk={self.queries_per_chunk}"
         )
         return hashlib.sha256(text.encode()).digest()

@@ -2,7 +2,8 @@
 
 Mirror of ``garbler.py``: the same circuit runs on :class:`EvaluatorBackend`, and every ``recv`` here
 matches a ``send`` there, in the same order. The student's input bits enter by IKNP OT extension (it is the
-OT receiver, so the guardian never sees its share); it holds exactly one label per wire, learns the pass bits
+OT receiver, so the guardian never sees its share, nor its part z1_s of the threshold noise, which is added
+to the share before the OTs); it holds exactly one label per wire, learns the pass bits
 and, for passed queries only, the decoding bits of the label outputs.
 """
 
@@ -13,9 +14,9 @@ import struct
 
 import numpy as np
 
-from capc_common.errors import InputError, ProtocolError
+from capc_common.errors import ProtocolError
 from capc_common.mpc.channel import Channel
-from capc_common.mpc.circuit import noisy_argmax
+from capc_common.mpc.circuit import noisy_argmax, student_inputs
 from capc_common.mpc.config import MpcConfig
 from capc_common.mpc.party import (
     HELLO,
@@ -42,7 +43,6 @@ from capc_common.mpc.primitives import (
     from_bit_planes,
     to_bit_planes,
 )
-from capc_common.mpc.sharing import reduce_shares
 
 
 class EvaluatorBackend:
@@ -107,12 +107,18 @@ class EvaluatorSession(Party):
         self._ot: IknpReceiver | None = None
         self._constant = np.zeros(2, dtype=np.uint64)
 
-    def run_batch(self, batch_id: bytes | str, *, share_sum: np.ndarray) -> np.ndarray:
+    def run_batch(
+        self, batch_id: bytes | str, *, share_sum: np.ndarray, z1_student: np.ndarray | None = None
+    ) -> np.ndarray:
         """Evaluate one batch and return its labels.
 
         Args:
             batch_id: the batch's id; the garbler must use the same one.
             share_sum: ``(B, c)`` integer sum of the teacher parties' student shares (reduced mod 2^w here).
+            z1_student: ``(B,)`` the student's part z1_s of the threshold noise, one N_Z(0, σ1²) draw per
+                query from the student's own CSPRNG, |z1_s| ≤ ``config.student_noise`` (Confident-GNMax:
+                required; GNMax: must be None). It enters the circuit added to the share (S + z1_s), by OT
+                like the share, so the guardian never learns it; do not log or keep it.
 
         Returns:
             ``(B,)`` int64 labels in [0, c), −1 for queries that failed the threshold.
@@ -124,12 +130,7 @@ class EvaluatorSession(Party):
         """
         self._require_open()
         raw_id = batch_id_bytes(batch_id)
-        share_sum = np.asarray(share_sum)
-        if share_sum.ndim != 2 or share_sum.shape[0] < 1 or share_sum.shape[1] != self.config.classes:
-            raise InputError(
-                f"share_sum must have shape (queries ≥ 1, {self.config.classes}), got {share_sum.shape}."
-            )
-        share = reduce_shares(share_sum, width=self.config.width)
+        share = student_inputs(self.config, share_sum=share_sum, z1_student=z1_student)
         self.handshake()
         try:
             first_labels = self._open(raw_id, share)

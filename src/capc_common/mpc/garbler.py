@@ -136,9 +136,11 @@ class GarblerSession(Party):
         """Garble one batch; return its pass bits after ``commit`` has accepted them.
 
         The guardian's share A = Σ_p AES-CTR(seed_p) is expanded here; A + z2 and A + z1 − T enter the
-        circuit as the guardian's inputs. The evaluator's output labels of the pass wires tell the guardian
-        which queries passed; ``commit(pass_bits)`` must make the privacy charge durable and return, and only
-        then are the label outputs' decoding bits sent. If ``commit`` raises, nothing is revealed, the
+        circuit as the guardian's inputs. ``z1`` is only the guardian's part z1_g of the threshold noise: the
+        student adds its own z1_s inside the circuit, so the pass bits the guardian decodes are noisy to it.
+        The evaluator's output labels of the pass wires tell the guardian which queries passed;
+        ``commit(pass_bits)`` must make the privacy charge durable and return, and only then are the label
+        outputs' decoding bits sent. If ``commit`` raises, nothing is revealed, the
         session is closed and the exception propagates.
 
         Args:
@@ -146,7 +148,7 @@ class GarblerSession(Party):
             seeds: one 16-byte share seed per teacher party.
             shape: ``(B, c)``.
             z2: ``(B, c)`` integer argmax noise.
-            z1: ``(B,)`` integer threshold noise (Confident-GNMax; None for GNMax).
+            z1: ``(B,)`` integer threshold noise z1_g, the guardian's part (Confident-GNMax; None for GNMax).
             threshold: the threshold T (Confident-GNMax; None for GNMax).
             commit: ledger hook called with the ``(B,)`` bool pass bits before anything is revealed (all
                 True for GNMax).

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from capc_common.mpc.circuit import guardian_inputs, noisy_argmax
+from capc_common.errors import InputError
+from capc_common.mpc.circuit import guardian_inputs, noisy_argmax, student_inputs
 from capc_common.mpc.config import MpcConfig
 from capc_common.mpc.primitives.bits import from_bit_planes, to_bit_planes
-from capc_common.mpc.sharing import reduce_shares
 
 
 class PlainBackend:
@@ -46,14 +46,21 @@ class PlainBackend:
 
 
 def reference_noisy_argmax(
-    votes: np.ndarray, *, z2: np.ndarray, z1: np.ndarray | None = None, threshold: int | None = None
+    votes: np.ndarray,
+    *,
+    z2: np.ndarray,
+    z1: np.ndarray | None = None,
+    z1_student: np.ndarray | None = None,
+    threshold: int | None = None,
 ) -> np.ndarray:
-    """The definition: label = argmax_j (V_j + z2_j) (lowest index on ties), or −1 if max_j V_j + z1 < T.
+    """The definition: label = argmax_j (V_j + z2_j) (ties: lowest index), −1 if max_j V_j + z1_g + z1_s < T.
 
     Args:
         votes: ``(B, c)`` aggregate vote counts.
         z2: ``(B, c)`` per-class noise.
-        z1: ``(B,)`` threshold noise (Confident-GNMax) or None (GNMax: every query answered).
+        z1: ``(B,)`` the guardian's part z1_g of the threshold noise (Confident-GNMax) or None (GNMax: every
+            query answered).
+        z1_student: ``(B,)`` the student's part z1_s, with ``z1``.
         threshold: T, with ``z1``.
 
     Returns:
@@ -61,10 +68,12 @@ def reference_noisy_argmax(
     """
     votes = np.asarray(votes, dtype=np.int64)
     labels = np.argmax(votes + np.asarray(z2, dtype=np.int64), axis=1).astype(np.int64)
-    if z1 is None:
+    if z1 is None and z1_student is None and threshold is None:
         return labels
-    assert threshold is not None
-    passed = votes.max(axis=1) + np.asarray(z1, dtype=np.int64) - threshold >= 0
+    if z1 is None or z1_student is None or threshold is None:
+        raise InputError("Confident-GNMax needs z1 (guardian), z1_student and threshold; GNMax none of them.")
+    noise = np.asarray(z1, dtype=np.int64) + np.asarray(z1_student, dtype=np.int64)
+    passed = votes.max(axis=1) + noise - threshold >= 0
     return np.where(passed, labels, -1)
 
 
@@ -75,6 +84,7 @@ def run_plain(
     guardian_share: np.ndarray,
     z2: np.ndarray,
     z1: np.ndarray | None = None,
+    z1_student: np.ndarray | None = None,
     threshold: int | None = None,
 ) -> np.ndarray:
     """Run one batch through the circuit on plaintext bits, with the parties' exact input encoding.
@@ -83,7 +93,7 @@ def run_plain(
         ``(B,)`` int64 labels, −1 for failed queries, as :meth:`EvaluatorSession.run_batch` would.
     """
     addends = guardian_inputs(config, guardian_share=guardian_share, z2=z2, z1=z1, threshold=threshold)
-    share = reduce_shares(np.asarray(share_sum), width=config.width)
+    share = student_inputs(config, share_sum=share_sum, z1_student=z1_student)
     label_bits, passed = noisy_argmax(
         PlainBackend(),
         share=to_bit_planes(share, width=config.width),
@@ -102,7 +112,7 @@ class CircuitStats:
         xor_gates: XOR gates (free).
         not_gates: NOT gates (free).
         and_layers: AND depth: layers garbled one after the other (one AES pass pair each).
-        evaluator_input_bits: student input bits (one IKNP OT each).
+        evaluator_input_bits: student input bits (one IKNP OT each): S + z1_s, w per class.
         garbler_input_bits: guardian input bits (one 16-byte label each).
         output_bits: label bits (plus the pass bit for Confident-GNMax).
     """
