@@ -42,7 +42,7 @@ import httpx
 import numpy as np
 import psutil
 
-from capc_common.aggregation import confident_rule, draw_confident_noise, vote_histogram
+from capc_common.aggregation import confident_rule, draw_confident_noise, draw_student_noise, vote_histogram
 from capc_common.federation import FederationConfig, batch_plan
 from capc_common.privacy import SystemNoise
 from capc_services.local.federation import down, ensure_provisioned, token, up
@@ -96,7 +96,7 @@ def central_run(layout: Layout, config: FederationConfig, *, batches: int, threa
         ProcessPoolExecutor(1, mp_context=context, initializer=_init_party, initargs=(*args, h, threads))
         for h in heads
     ]
-    noise, m = SystemNoise(), config.mechanism
+    noise, student_noise, m = SystemNoise(), SystemNoise(), config.mechanism
     starts, ends, generation, inference, aggregation = [], [], [], [], []
     try:
         for pool in pools:  # load every party's backbone and heads before timing
@@ -113,7 +113,8 @@ def central_run(layout: Layout, config: FederationConfig, *, batches: int, threa
             z1, z2 = draw_confident_noise(
                 noise, batch=spec.count, classes=config.classes, sigma1=m.sigma1, sigma2=m.sigma2
             )
-            confident_rule(hist, threshold=m.threshold, z1=z1, z2=z2)
+            z1_s = draw_student_noise(student_noise, batch=spec.count, sigma1=m.sigma1)
+            confident_rule(hist, threshold=m.threshold, z1=z1 + z1_s, z2=z2)
             aggregation.append(time.perf_counter() - t0)
             generation.append(max(r[1] for r in results))
             inference.append(max(r[2] for r in results))
