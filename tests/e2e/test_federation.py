@@ -9,10 +9,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import httpx
@@ -81,8 +83,13 @@ def test_ledger_epsilon_equals_the_accountant(differential: Running, central) ->
         central["report"]["queries"],
         central["report"]["answered"],
     )
-    card = differential.progress()["published"]
-    assert card["epsilon"] == pytest.approx(budget["epsilon_spent"], rel=1e-9)
+    progress = differential.progress()
+    published = progress["published"]
+    assert published["epsilon"] == pytest.approx(budget["epsilon_spent"], rel=1e-9)
+    # Seeded noise is never silent: the budget, the progress and the published card all say so.
+    card = json.loads(Path(published["model_card"]).read_text())
+    assert budget["noise"] == "SeededNoise"
+    assert "INSECURE" in progress["noise"] and "INSECURE" in card["mechanism"]["student_noise"]
 
 
 def test_budget_exhaustion_stops_cleanly(differential: Running) -> None:

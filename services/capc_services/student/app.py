@@ -16,7 +16,7 @@ from capc_services.common.party import PartyRuntime, apply_torch_threads
 from capc_services.common.runtime import start_grpc_server
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
-from capc_services.student.publish import publish_student
+from capc_services.student.publish import noise_label, publish_student
 from capc_services.student.scheduler import Scheduler
 from capc_services.student.servicer import POLICY, StudentServicer, add_to_server
 from capc_services.student.settings import StudentSettings
@@ -25,7 +25,7 @@ from capc_services.student.store import LabelStore
 _log = logging.getLogger(__name__)
 
 
-def _progress_router(scheduler: Scheduler, registry: TeacherRegistry) -> APIRouter:
+def _progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: str) -> APIRouter:
     api = api_router()
 
     @api.get("/progress", tags=["student"])
@@ -44,6 +44,7 @@ def _progress_router(scheduler: Scheduler, registry: TeacherRegistry) -> APIRout
             "teachers_connected": sorted(registry.live()),
             "published": p.published,
             "recent_batches": list(p.recent),
+            "noise": noise,
         }
 
     return api
@@ -112,7 +113,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
                 "grpc": (True, {"port": server.port}),
                 "guardian": (guardian_ok["ok"], guardian_ok["detail"]),
             },
-            routers=[_progress_router(scheduler, registry)],
+            routers=[_progress_router(scheduler, registry, noise=noise_label(settings))],
         )
         worker = threading.Thread(target=work, name="scheduler", daemon=True)
         worker.start()

@@ -28,6 +28,14 @@ from capc_services.student.store import LabelStore
 _log = logging.getLogger(__name__)
 
 
+def noise_label(settings: StudentSettings) -> str:
+    """How the model card and ``/api/v1/progress`` name the student's noise source, so a model labelled
+    with the test-only seeded source can never pass for a private one."""
+    if settings.insecure_noise_seed is None:
+        return "SystemNoise"
+    return "SeededNoise (INSECURE: labels are reproducible and not private)"
+
+
 def pick_device(preference: str) -> str:
     """``cuda`` when asked for or when ``auto`` finds a GPU, else ``cpu``.
 
@@ -102,6 +110,8 @@ def publish_student(settings: StudentSettings, *, store: LabelStore, progress: P
             "sigma1": config.mechanism.sigma1,
             "sigma2": config.mechanism.sigma2,
             "noise": "discrete Gaussian",
+            # Only the student's own part is known here; the guardian's /api/v1/budget names its source.
+            "student_noise": noise_label(settings),
         },
         "queries": {
             "asked": counts["queries"],
