@@ -46,6 +46,7 @@ def test_cli_run_writes_report_student_and_plots(cli_run):
     report, out = cli_run["report"], cli_run["out"]
     assert report.keys() >= REPORT_KEYS
     assert report["teachers"] == CLI_OVERRIDES["teachers"] and report["epsilon_budget"] == 30
+    assert report["seed"] == CLI_OVERRIDES["seed"]
     assert 0 < report["answered"] <= report["queries"] <= 128
     assert 0 < report["epsilon"] <= 30 and report["delta"] == 1e-5
     assert 0.0 <= report["student_accuracy"] <= 1.0

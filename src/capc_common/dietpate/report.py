@@ -144,6 +144,7 @@ def finish_report(
     report: dict[str, Any] = {
         "name": cfg.name,
         "method": cfg.method,
+        "seed": cfg.seed,
         "student_accuracy": final,
         "mean_teacher_accuracy": float(per_teacher.mean()),
         "best_teacher_accuracy": float(per_teacher.max()),
