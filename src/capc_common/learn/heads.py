@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 import torch
+from threadpoolctl import threadpool_limits
 
 from capc_common.errors import InputError
 
@@ -412,13 +413,17 @@ def _lbfgs(
         return float(loss.detach()), grad.double().numpy()
 
     start = torch.cat([params[n].detach().reshape(-1) for n in names]).double().numpy()
-    result = minimize(
-        objective,
-        start,
-        jac=True,
-        method="L-BFGS-B",
-        options={"maxiter": max_iter, "gtol": tolerance, "ftol": 1e-15, "maxcor": 20},
-    )
+    # L-BFGS-B's own vector work goes through SciPy's OpenBLAS, whose threads spin against torch's OpenMP
+    # pool: with both loaded, a 20,000-parameter problem took 140 ms per iteration instead of 3 ms (measured
+    # here). One BLAS thread for the optimiser's bookkeeping; torch's products keep their own threads.
+    with threadpool_limits(limits=1, user_api="blas"):
+        result = minimize(
+            objective,
+            start,
+            jac=True,
+            method="L-BFGS-B",
+            options={"maxiter": max_iter, "gtol": tolerance, "ftol": 1e-15, "maxcor": 20},
+        )
     final = unpack(np.asarray(result.x, dtype=dtype))
     for n in names:
         params[n] = final[n].detach()
