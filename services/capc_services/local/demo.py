@@ -17,13 +17,13 @@ from capc_services.local.provision import LocalOptions
 
 DEMO_OPTIONS = LocalOptions(
     parties=3,
-    teachers_per_party=20,
+    teachers_per_party=40,
     dataset="fashion-mnist",
     epsilon=8.0,
-    queries=2048,
-    batch_size=128,
+    queries=4096,
+    batch_size=256,
     bn_batch=32,
-    train_limit=2000,
+    train_limit=6000,
 )
 
 
