@@ -205,7 +205,7 @@ def write_table(path: Path, table: list[dict[str, Any]], *, dataset: str, comman
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def plot(path: Path, table: list[dict[str, Any]]) -> None:
+def plot(path: Path, table: list[dict[str, Any]], *, dataset: str) -> None:
     """Accuracy against ε, one panel per teacher count, one line per method/generator."""
     import matplotlib
 
@@ -234,8 +234,8 @@ def plot(path: Path, table: list[dict[str, Any]]) -> None:
                 capsize=3,
                 label=name,
             )
-        ax.set_title(f"Fashion-MNIST, {n} teachers")
-        ax.set_xlabel("rigorous ε (δ = 1e-5)")
+        ax.set_title(f"{dataset}, {n} teachers")
+        ax.set_xlabel("rigorous ε budget (δ = 1e-5)")
         ax.set_ylabel("student test accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     table = summarise(read_rows(csv_path))
     command = " ".join(["python benchmarks/utility.py", *(argv if argv is not None else sys.argv[1:])])
     write_table(args.out / "utility.md", table, dataset=base.dataset.name, command=command)
-    plot(args.out / "utility.png", table)
+    plot(args.out / "utility.png", table, dataset=base.dataset.name)
     files = [str(csv_path), str(args.out / "utility.md"), str(args.out / "utility.png")]
     if args.format == "json":
         print(json.dumps({"runs": len(runs), "ran": len(todo), "table": table, "files": files}))
