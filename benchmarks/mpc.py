@@ -2,13 +2,16 @@
 
 Usage: ``.venv/bin/python benchmarks/mpc.py [--format text|json]``. Text output is the Markdown table of
 docs/mpc.md; JSON output is one object ``{"rows": [...]}`` with every figure of every run. Each cell is one
-``run_benchmark`` call: garbler and evaluator in two processes over a Unix socket, every label checked.
+``run_benchmark`` call: garbler and evaluator in two processes over a Unix socket, every label checked. Every
+figure of every cell also goes to ``benchmarks/results/mpc.csv`` (``--csv`` to change).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -16,6 +19,7 @@ from capc_common.mpc.benchmark import run_benchmark
 
 CLASSES = (2, 10, 100)
 BATCHES = (64, 1024, 8192)
+DEFAULT_CSV = Path(__file__).resolve().parent / "results" / "mpc.csv"
 
 
 def _batches_for(batch: int) -> int:
@@ -42,17 +46,27 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _write_csv(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 @click.command()
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @click.option("--classes", "classes", type=int, multiple=True, help="Subset of classes to run.")
 @click.option("--batch", "batches", type=int, multiple=True, help="Subset of batch sizes to run.")
-def main(fmt: str, classes: tuple[int, ...], batches: tuple[int, ...]) -> None:
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_CSV)
+def main(fmt: str, classes: tuple[int, ...], batches: tuple[int, ...], csv_path: Path) -> None:
     """Run the grid and print the table (text) or one JSON object (json)."""
     rows = []
     for c in classes or CLASSES:
         for b in batches or BATCHES:
             rows.append(run_benchmark(classes=c, batch=b, batches=_batches_for(b), threshold=True))
             click.echo(f"c={c} B={b}: {rows[-1]['labels_per_s']:,.0f} labels/s", err=True)
+    _write_csv(rows, csv_path)
     if fmt == "json":
         click.echo(json.dumps({"rows": rows}))
     else:
