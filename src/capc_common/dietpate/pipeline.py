@@ -365,12 +365,14 @@ class CurvePoint:
     Attributes:
         target: the budget ε of the replayed run.
         epsilon: rigorous ε it spent (at its own filter order).
+        order: that filter's order.
         queries: how many queries (a prefix of the logged stream) it asked.
         epsilon_data_dependent: PATE-2018 data-dependent ε of that prefix (UNSANITISED), if tracked.
     """
 
     target: float
     epsilon: float
+    order: float
     queries: int
     epsilon_data_dependent: float | None
 
@@ -417,6 +419,7 @@ def curve_prefixes(prep: Prepared, log_: QueryLog, *, log: Log = _quiet) -> list
             CurvePoint(
                 target=target,
                 epsilon=budget.epsilon,
+                order=budget.filter.order,
                 queries=first,
                 epsilon_data_dependent=finite(budget.epsilon_data_dependent(cfg.budget.delta)),
             )

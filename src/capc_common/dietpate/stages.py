@@ -138,6 +138,7 @@ def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) ->
                 "epsilon_target": point.target,
                 "epsilon": point.epsilon,
                 "epsilon_data_dependent": point.epsilon_data_dependent,
+                "order": point.order,
                 "queries": point.queries,
                 "answered": answered,
                 "student_accuracy": acc,
