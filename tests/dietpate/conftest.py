@@ -87,4 +87,5 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    return {"config": config, "report": json.loads(proc.stdout), "out": out, "cache": cache}
+    report = json.loads(proc.stdout)
+    return {"config": config, "report": report, "out": out, "cache": cache, "overrides": CLI_OVERRIDES}

@@ -11,7 +11,6 @@ import json
 
 import numpy as np
 import pytest
-from conftest import CLI_OVERRIDES
 
 from capc_cli.main import main
 from capc_common.aggregation import confident_rule, draw_confident_noise, draw_student_noise, mechanism_noise
@@ -35,7 +34,7 @@ REPORT_KEYS = {
 
 def _config(cli_run, **overrides):
     """The shared run's config with the same command-line overrides (and any others)."""
-    base = load_config(cli_run["config"]).with_overrides(**CLI_OVERRIDES)
+    base = load_config(cli_run["config"]).with_overrides(**cli_run["overrides"])
     data = base.model_dump()
     for key, value in overrides.items():
         data[key] = {**data[key], **value} if isinstance(value, dict) else value
@@ -45,8 +44,8 @@ def _config(cli_run, **overrides):
 def test_cli_run_writes_report_student_and_plots(cli_run):
     report, out = cli_run["report"], cli_run["out"]
     assert report.keys() >= REPORT_KEYS
-    assert report["teachers"] == CLI_OVERRIDES["teachers"] and report["epsilon_budget"] == 30
-    assert report["seed"] == CLI_OVERRIDES["seed"]
+    assert report["teachers"] == cli_run["overrides"]["teachers"] and report["epsilon_budget"] == 30
+    assert report["seed"] == cli_run["overrides"]["seed"]
     assert 0 < report["answered"] <= report["queries"] <= 128
     assert 0 < report["epsilon"] <= 30 and report["delta"] == 1e-5
     assert 0.0 <= report["student_accuracy"] <= 1.0
