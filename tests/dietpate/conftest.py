@@ -19,12 +19,12 @@ def tiny_config(out: Path, **overrides: Any) -> dict[str, Any]:
         "name": "digits-tiny",
         "seed": 0,
         "dataset": {"name": "digits"},
-        "teachers": {"count": 10, "l2": 0.01, "max_iter": 50},
+        "teachers": {"count": 10},
         "backbone": {"bn_batch": 16},
         "queries": {"generator": "dead_leaves", "batch_size": 32, "max_queries": 128},
         "mechanism": {"threshold": 6, "sigma1": 3, "sigma2": 2, "noise_seed": "tiny-run"},
         "budget": {"epsilon": 40},
-        "student": {"eval_bn_batch": 16, "curve_points": 1, "l2_grid": [0.01, 0.1], "max_iter": 50},
+        "student": {"eval_bn_batch": 16, "curve_points": 1},
         "output": str(out),
     }
     for key, value in overrides.items():

@@ -134,8 +134,7 @@ def test_labels_are_reproducible_and_match_the_federation_rule(cli_run, tmp_path
         classes=10,
         backbone_sha256=prep.featurizer.sha256,
         bn_batch=16,
-        l2=t.l2,
-        max_iter=t.max_iter,
+        recipe=t.recipe.recipe(),
         seed=config.seed,
     )
     noise = mechanism_noise(seed="tiny-run")  # the guardian's and the student's seeded sources

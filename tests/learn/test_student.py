@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from capc_common.errors import InputError
-from capc_common.learn.student import accuracy, load_student, save_student, train_student
+from capc_common.learn.heads import HeadRecipe
+from capc_common.learn.student import STUDENT_CANDIDATES, accuracy, load_student, save_student, train_student
 
 
 def _problem(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -18,10 +19,13 @@ def _problem(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
 def test_selection_uses_a_holdout_of_labelled_queries_and_refits():
     rng = np.random.default_rng(0)
     x, y = _problem(rng, 400)
-    fit = train_student(x[:100], y[:100], classes=3, unlabelled=x[100:], l2_grid=(1e-3, 1e-1, 10.0), seed=1)
+    candidates = (HeadRecipe(steps=200, lr=1e-2, l2=10.0), *STUDENT_CANDIDATES)
+    fit = train_student(x[:100], y[:100], classes=3, unlabelled=x[100:], candidates=candidates, seed=1)
     assert fit.selection["holdout"] == 20
-    assert set(fit.selection["l2"]) == {"0.001", "0.1", "10"}
-    assert fit.l2 == max((1e-3, 1e-1, 10.0), key=lambda c: (fit.selection["l2"][f"{c:g}"], c))
+    scores = [c["holdout_agreement"] for c in fit.selection["candidates"]]
+    assert len(scores) == len(candidates)
+    assert fit.recipe == candidates[int(np.argmax(scores))]
+    assert fit.recipe.l2 != 10.0  # a crushing weight decay loses on the hold-out
     assert fit.selection["pseudo"]["rows"] > 0  # confident unanswered queries were tried
     assert fit.pseudo_labelled in (0, *range(1, 301))
     assert accuracy(fit.predict(x[100:]), y[100:]) > 0.85

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from capc_common.aggregation import vote_histogram
-from capc_common.data import load_dataset
+from capc_common.data import load_dataset, partition
 from capc_common.errors import InputError, IntegrityError
 from capc_common.learn.featurizers import BackboneFeaturizer, PixelFeaturizer
-from capc_common.learn.teachers import TeacherEnsemble, shard_features, train_teachers
+from capc_common.learn.teachers import TeacherEnsemble, fit_teachers, shard_features, train_teachers
 from capc_common.models import bn_stats, load_backbone, to_tensor
 
 
@@ -86,7 +86,6 @@ def test_votes_save_and_backbone_pinning(digits, featurizer, tmp_path):
         classes=10,
         backbone_sha256=featurizer.sha256,
         bn_batch=16,
-        max_iter=50,
     )
     queries = featurizer.extract(digits.images[300:364], bn_batch=16, mode="current")
     votes = ensemble.votes(queries)
@@ -99,3 +98,31 @@ def test_votes_save_and_backbone_pinning(digits, featurizer, tmp_path):
     assert back.bn_batch == 16 and back.teachers == 5
     with pytest.raises(IntegrityError, match="trained on backbone"):
         TeacherEnsemble.load(tmp_path / "t.safetensors", backbone_sha256="0" * 64)
+
+
+def test_central_path_one_removed_example_moves_one_teacher(digits, featurizer):
+    """Issue 10.1 on the central path (the federation's is in tests/services/test_teacher_train.py)."""
+    images, labels = digits.images[:400], digits.labels[:400]
+    queries = featurizer.extract(digits.images[400:464], bn_batch=16, mode="current")
+
+    def teachers(keep: np.ndarray) -> TeacherEnsemble:
+        shards = partition(labels[keep], shards=5, scheme="hash", seed=3, images=images[keep])
+        return fit_teachers(featurizer, images[keep], labels[keep], shards, classes=10, bn_batch=16)
+
+    everyone = np.ones(len(labels), bool)
+    base = teachers(everyone)
+    victim = 123
+    owner = next(
+        t
+        for t, s in enumerate(partition(labels, shards=5, scheme="hash", seed=3, images=images))
+        if victim in s
+    )
+    without = everyone.copy()
+    without[victim] = False
+    other = teachers(without)
+    changed = [
+        t for t in range(5) if not torch.equal(base.heads.params["w_out"][t], other.heads.params["w_out"][t])
+    ]
+    assert changed == [owner]
+    moved = np.flatnonzero((base.predict(queries) != other.predict(queries)).any(axis=1)).tolist()
+    assert set(moved) <= {owner}

@@ -69,7 +69,7 @@ def trained_heads():
     images = generate("dead_leaves", seed=3, start=0, count=160, height=28, width=28, channels=1)
     features = extract_features(backbone, images, bn_batch=16, mode="current")
     labels = (images.reshape(160, -1).mean(axis=1) > images.mean()).astype(np.int64) * 3 + np.arange(160) % 2
-    heads = train_heads(features, labels, owners=np.arange(160) % 5, heads=5, classes=10, max_iter=30)
+    heads = train_heads(features, labels, owners=np.arange(160) % 5, heads=5, classes=10)
     split = {
         "hospital-a": type(heads)(heads.kind, {k: v[:2] for k, v in heads.params.items()}, 10),
         "hospital-b": type(heads)(heads.kind, {k: v[2:] for k, v in heads.params.items()}, 10),

@@ -29,7 +29,7 @@ def heads_and_backbone(tmp_path_factory):
     images = generate("dead_leaves", seed=3, start=0, count=64, height=28, width=28, channels=1)
     features = extract_features(backbone, images, bn_batch=32, mode="current")
     labels = np.arange(64) % 10
-    heads = train_heads(features, labels, owners=np.arange(64) % 2, heads=2, classes=10, max_iter=20)
+    heads = train_heads(features, labels, owners=np.arange(64) % 2, heads=2, classes=10)
     return heads, backbone
 
 

@@ -122,7 +122,11 @@ def publish_student(settings: StudentSettings, *, store: LabelStore, progress: P
         "backbone": {"name": config.backbone.name, "sha256": config.backbone.sha256},
         "bn": {"mode": "current", "min_batch": 16, "bn_batch": config.queries.bn_batch},
         "parties": {"guardian": config.guardian, "student": config.student, "teachers": parties},
-        "training": {"l2": fit.l2, "pseudo_labelled": fit.pseudo_labelled, "device": device},
+        "training": {
+            "recipe": fit.recipe.describe(),
+            "pseudo_labelled": fit.pseudo_labelled,
+            "device": device,
+        },
         "evaluation": evaluation,
         "stopped_reason": progress.stopped_reason,
     }

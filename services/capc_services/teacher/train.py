@@ -2,9 +2,12 @@
 
 The party's examples (its ``data:`` section: a named dataset, or its own ``npz:``/``folder:``/``idx:``
 files, optionally one shard of a shared dataset when several sites are simulated) are split into as many
-disjoint shards as the party has teacher heads in federation.yaml. Features come from the shared backbone in
-current-statistics mode over chunks of ``bn_batch`` images, the same setting the party answers queries in,
-and all heads are trained at once as one batched problem. Nothing leaves the site.
+disjoint shards as the party has teacher heads in federation.yaml, each example by a keyed hash of its own
+content (so adding or removing one example changes one shard). Then the library's one training path
+(:func:`capc_common.learn.teachers.fit_teachers`, the same as the central pipeline's) featurises every shard
+on its own — current statistics over chunks of ``bn_batch`` of that shard's images, the setting the party
+answers queries in — and trains each head on its own shard, so one example can move one vote only. Nothing
+leaves the site.
 """
 
 from __future__ import annotations
@@ -17,8 +20,7 @@ import numpy as np
 from capc_common.data import load_dataset, partition
 from capc_common.errors import InputError
 from capc_common.federation import load_shared_backbone
-from capc_common.learn.heads import train_heads
-from capc_common.models import extract_features
+from capc_common.learn import BackboneFeaturizer, fit_teachers, shard_features
 from capc_services.common.party import apply_torch_threads
 from capc_services.teacher.settings import TeacherSettings
 
@@ -66,16 +68,24 @@ def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
         raise InputError(
             f"{name} has labels up to {int(labels.max())}, but the federation has {config.classes} classes"
         )
-    backbone = load_shared_backbone(config)
-    features = extract_features(backbone, images, bn_batch=config.queries.bn_batch, mode="current")
-    shards = partition(labels, shards=heads, scheme="iid", seed=config.queries.seed)
-    owners = np.empty(len(labels), dtype=np.int64)
-    for head, rows in enumerate(shards):
-        owners[rows] = head
-    ensemble = train_heads(features, labels, owners=owners, heads=heads, classes=config.classes)
+    shards = partition(labels, shards=heads, scheme="hash", seed=config.queries.seed, images=images)
+    featurizer = BackboneFeaturizer(load_shared_backbone(config))
+    bn_batch = config.queries.bn_batch
+    features, owners, index = shard_features(featurizer, images, shards, bn_batch=bn_batch, mode="current")
+    ensemble = fit_teachers(
+        featurizer,
+        images,
+        labels,
+        shards,
+        classes=config.classes,
+        bn_batch=bn_batch,
+        features=lambda: features,
+    )
     settings.heads.parent.mkdir(parents=True, exist_ok=True)
     ensemble.save(settings.heads)
-    train_accuracy = float((ensemble.predict(features)[owners, np.arange(len(labels))] == labels).mean())
+    # Each head on its own shard: a sanity figure for the operator (it stays on site).
+    own = ensemble.predict(features)[owners, np.arange(len(owners))]
+    train_accuracy = float((own == labels[index]).mean())
     seconds = time.perf_counter() - start
     return {
         "party": settings.party,

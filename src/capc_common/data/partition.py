@@ -1,7 +1,13 @@
 """Split a dataset's indices into disjoint shards: one per teacher (DIET-PATE) or per party (CaPC).
 
 Schemes:
-    ``iid``: a seeded permutation cut into shards whose sizes differ by at most one.
+    ``hash``: each example goes to the shard named by a keyed hash of its own content (label and image
+        bytes), ``SHA-256(seed ‖ label ‖ image) mod shards``. Adding or removing one example changes exactly
+        one shard and leaves every other shard untouched, so a guarantee stated for neighbouring datasets
+        that differ by *adding or removing* one example holds end to end (one example moves one teacher).
+        Shard sizes vary (multinomial); identical examples land in the same shard. The default for teachers.
+    ``iid``: a seeded permutation cut into shards whose sizes differ by at most one. Adding or removing an
+        example re-deals every shard, so with this scheme ε holds for the *replace-one* relation only.
     ``imbalanced``: every shard is class-imbalanced with the given ratio. Shard ``k`` favours class
         ``k mod C`` and its class weights fall geometrically, ``w_{k,c} = ratio^(-((c - k) mod C)/(C - 1))``,
         so its most and least frequent classes differ by ``ratio``; each class's examples are dealt to shards
@@ -12,20 +18,30 @@ Schemes:
         (seeded) until no shard is empty.
 
 Every scheme is disjoint and covering (each index in exactly one shard) and a pure function of
-``(labels, shards, scheme, seed, parameters)``: the randomness is a seeded ``numpy.random.Generator``, as
-shard assignment is public, non-secret randomness.
+``(labels, shards, scheme, seed, parameters)`` (``hash`` also of the images): the randomness is a seeded
+``numpy.random.Generator`` or a seeded hash, as shard assignment is public, non-secret randomness.
+:data:`NEIGHBOURING` names the neighbouring relation each scheme supports (reports and model cards state it).
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 import numpy.typing as npt
 
 from capc_common.errors import InputError
 
-__all__ = ["PARTITION_SCHEMES", "partition"]
+__all__ = ["NEIGHBOURING", "PARTITION_SCHEMES", "partition"]
 
-PARTITION_SCHEMES = ("iid", "imbalanced", "dirichlet")
+PARTITION_SCHEMES = ("hash", "iid", "imbalanced", "dirichlet")
+#: The neighbouring relation under which one example moves one shard, per scheme.
+NEIGHBOURING = {
+    "hash": "add/remove one example",
+    "iid": "replace one example",
+    "imbalanced": "replace one example",
+    "dirichlet": "replace one example",
+}
 _DIRICHLET_TRIES = 1000
 
 
@@ -38,6 +54,34 @@ def _apportion(total: int, weights: npt.NDArray[np.float64]) -> npt.NDArray[np.i
         order = np.argsort(-(exact - counts), kind="stable")
         counts[order[:short]] += 1
     return counts
+
+
+def _hash_shards(
+    images: npt.NDArray[np.generic], labels: npt.NDArray[np.int64], *, shards: int, seed: int
+) -> list[npt.NDArray[np.int64]]:
+    """Shard of each example: ``SHA-256(seed ‖ label ‖ image) mod shards`` (first 8 bytes, big-endian)."""
+    if images.shape[:1] != labels.shape:
+        raise InputError(
+            f"hash partition needs one image per label, got {images.shape[0]} images for {len(labels)}"
+        )
+    prefix = int(seed).to_bytes(8, "big", signed=False)
+    rows = np.ascontiguousarray(images).reshape(len(labels), -1)
+    owner = np.fromiter(
+        (
+            int.from_bytes(
+                hashlib.sha256(prefix + int(lab).to_bytes(8, "big") + row.tobytes()).digest()[:8], "big"
+            )
+            % shards
+            for lab, row in zip(labels, rows, strict=True)
+        ),
+        dtype=np.int64,
+        count=len(labels),
+    )
+    order = np.argsort(owner, kind="stable")
+    return [
+        np.asarray(p, dtype=np.int64)
+        for p in np.split(order, np.cumsum(np.bincount(owner, minlength=shards))[:-1])
+    ]
 
 
 def _deal_by_class(
@@ -64,16 +108,18 @@ def partition(
     seed: int,
     imbalance_ratio: float | None = None,
     alpha: float | None = None,
+    images: npt.ArrayLike | None = None,
 ) -> list[npt.NDArray[np.int64]]:
     """Split ``range(len(labels))`` into ``shards`` disjoint, covering, sorted index arrays.
 
     Args:
         labels: 1-D integer class labels (only their values matter).
         shards: number of shards (teachers); at most the number of examples.
-        scheme: ``iid``, ``imbalanced`` or ``dirichlet`` (see the module docstring).
+        scheme: ``hash``, ``iid``, ``imbalanced`` or ``dirichlet`` (see the module docstring).
         seed: seed of the (public) shuffling randomness; the same seed gives the same shards.
         imbalance_ratio: for ``imbalanced``: most/least frequent class size within a shard, ≥ 1.
         alpha: for ``dirichlet``: concentration > 0 (0.1 very skewed, 100 nearly iid).
+        images: for ``hash``: the examples' images ``(N, ...)`` (any dtype; their bytes are hashed).
 
     Returns:
         One int64 index array per shard.
@@ -97,6 +143,18 @@ def partition(
         raise InputError(
             f"unknown partition scheme {scheme!r}; expected one of {', '.join(PARTITION_SCHEMES)}"
         )
+    if scheme == "hash":
+        if imbalance_ratio is not None or alpha is not None:
+            raise InputError("scheme 'hash' takes neither imbalance_ratio nor alpha")
+        if images is None:
+            raise InputError("scheme 'hash' needs the images (each example's shard is a hash of its content)")
+        parts = _hash_shards(np.asarray(images), y, shards=shards, seed=seed)
+        if min(len(p) for p in parts) == 0:
+            raise InputError(
+                f"scheme 'hash' left a shard empty for {len(y)} examples and {shards} shards; "
+                "use fewer shards"
+            )
+        return parts
     rng = np.random.default_rng(seed)
     if scheme == "iid":
         if imbalance_ratio is not None or alpha is not None:

@@ -16,6 +16,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from capc_common.errors import InputError
+from capc_common.learn.heads import HeadRecipe
+from capc_common.learn.student import STUDENT_CANDIDATES
 
 __all__ = [
     "BackboneSection",
@@ -24,6 +26,7 @@ __all__ = [
     "DatasetSection",
     "MechanismSection",
     "QueriesSection",
+    "RecipeSection",
     "RunConfig",
     "StudentSection",
     "TeachersSection",
@@ -57,17 +60,36 @@ class DatasetSection(_Section):
         return self
 
 
+class RecipeSection(_Section):
+    """How a head is fitted (:class:`capc_common.learn.HeadRecipe`); the defaults are the library's."""
+
+    kind: Literal["linear", "mlp"] = "linear"
+    hidden: int = Field(default=256, ge=1)
+    optimizer: Literal["adam", "lbfgs"] = "adam"
+    steps: int = Field(default=HeadRecipe.steps, ge=1)
+    lr: float = Field(default=HeadRecipe.lr, gt=0)
+    l2: float = Field(default=HeadRecipe.l2, ge=0)
+    label_smoothing: float = Field(default=HeadRecipe.label_smoothing, ge=0, lt=1)
+    tolerance: float = Field(default=HeadRecipe.tolerance, gt=0)
+
+    def recipe(self) -> HeadRecipe:
+        """The library recipe."""
+        return HeadRecipe(**self.model_dump())
+
+
 class TeachersSection(_Section):
-    """The teachers: how many, how the training data is split, and their head."""
+    """The teachers: how many, how the training data is split, and how each head is fitted.
+
+    ``partition: hash`` (the default) assigns each example by a hash of its content, so ε holds for adding
+    or removing one example; ``iid``/``imbalanced``/``dirichlet`` re-deal every shard when the data
+    changes and hold for replacing one example (reports state which).
+    """
 
     count: int = Field(default=200, ge=1)
-    partition: Literal["iid", "imbalanced", "dirichlet"] = "iid"
+    partition: Literal["hash", "iid", "imbalanced", "dirichlet"] = "hash"
     imbalance_ratio: float | None = Field(default=None, ge=1)
     alpha: float | None = Field(default=None, gt=0)
-    head: Literal["linear", "mlp"] = "linear"
-    hidden: int = Field(default=256, ge=1)
-    l2: float = Field(default=1e-2, gt=0)
-    max_iter: int = Field(default=200, ge=1)
+    recipe: RecipeSection = RecipeSection()
 
 
 class BackboneSection(_Section):
@@ -132,17 +154,18 @@ class BudgetSection(_Section):
         return self
 
 
-class StudentSection(_Section):
-    """The student head, its model selection (on answered queries only) and evaluation."""
+def _sections(recipes: tuple[HeadRecipe, ...]) -> tuple[RecipeSection, ...]:
+    return tuple(RecipeSection(**r.describe()) for r in recipes)  # type: ignore[arg-type]
 
-    head: Literal["linear", "mlp"] = "linear"
-    hidden: int = Field(default=256, ge=1)
-    l2_grid: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1)
+
+class StudentSection(_Section):
+    """The student: candidate recipes chosen among on answered queries only, pseudo-labels, evaluation."""
+
+    candidates: tuple[RecipeSection, ...] = _sections(STUDENT_CANDIDATES)
     holdout: float = Field(default=0.2, ge=0, lt=1)
     pseudo_labels: bool = True
     pseudo_confidence: float = Field(default=0.9, gt=0, le=1)
     pseudo_weight: float = Field(default=0.5, gt=0, le=1)
-    max_iter: int = Field(default=300, ge=1)
     eval_bn_batch: int = Field(default=64, ge=16)
     eval_running: bool = False
     curve_points: int = Field(default=4, ge=1)
@@ -150,8 +173,8 @@ class StudentSection(_Section):
 
     @model_validator(mode="after")
     def _grid(self) -> Self:
-        if not self.l2_grid or min(self.l2_grid) <= 0:
-            raise ValueError(f"l2_grid must be a non-empty list of numbers > 0, got {list(self.l2_grid)}")
+        if not self.candidates:
+            raise ValueError("student.candidates must list at least one recipe")
         if self.curve_epsilons is not None and (not self.curve_epsilons or min(self.curve_epsilons) <= 0):
             raise ValueError(
                 f"curve_epsilons must be a non-empty list of budgets > 0, got {list(self.curve_epsilons)}"
@@ -163,9 +186,8 @@ class BaselineSection(_Section):
     """PATE without public data: no pretrained backbone; teachers and student are MLPs on raw pixels,
     randomly initialised and trained from scratch (the student on the answered synthetic queries)."""
 
-    hidden: int = Field(default=256, ge=1)
-    l2: float = Field(default=1e-3, gt=0)
-    max_iter: int = Field(default=300, ge=1)
+    recipe: RecipeSection = RecipeSection(kind="mlp", hidden=128, steps=100, lr=1e-3)
+    student: tuple[RecipeSection, ...] = (RecipeSection(kind="mlp", hidden=128, steps=200, lr=1e-3, l2=1e-4),)
 
 
 class RunConfig(_Section):

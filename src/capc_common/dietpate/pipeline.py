@@ -156,6 +156,7 @@ def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
         seed=config.seed,
         imbalance_ratio=t.imbalance_ratio,
         alpha=t.alpha,
+        images=train.images if t.partition == "hash" else None,
     )
     smallest = min(len(s) for s in shards)
     if smallest < config.backbone.bn_batch:

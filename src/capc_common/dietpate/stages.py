@@ -26,39 +26,33 @@ from capc_common.dietpate.pipeline import (
 )
 from capc_common.dietpate.report import finish_report
 from capc_common.learn.featurizers import Featurizer
-from capc_common.learn.heads import HeadKind
+from capc_common.learn.heads import HeadRecipe
 from capc_common.learn.student import StudentFit, accuracy, save_student, train_student
-from capc_common.learn.teachers import TeacherEnsemble, shard_features, train_teachers
+from capc_common.learn.teachers import TeacherEnsemble, fit_teachers, shard_features
 
 __all__ = ["execute"]
 
 
-def _heads(prep: Prepared) -> tuple[tuple[HeadKind, int, float, int], tuple[HeadKind, int]]:
-    """``((kind, hidden, l2, max_iter) of the teachers, (kind, hidden) of the student)``."""
+def _recipes(prep: Prepared) -> tuple[HeadRecipe, tuple[HeadRecipe, ...]]:
+    """``(the teachers' recipe, the student's candidate recipes)`` of the run's method."""
     cfg = prep.config
     if cfg.method == "pate-scratch":
-        b = cfg.baseline
-        return ("mlp", b.hidden, b.l2, b.max_iter), ("mlp", b.hidden)
-    t, s = cfg.teachers, cfg.student
-    return (t.head, t.hidden, t.l2, t.max_iter), (s.head, s.hidden)
+        return cfg.baseline.recipe.recipe(), tuple(r.recipe() for r in cfg.baseline.student)
+    return cfg.teachers.recipe.recipe(), tuple(r.recipe() for r in cfg.student.candidates)
 
 
 def _student(prep: Prepared, qlog: QueryLog, upto: int) -> StudentFit:
     s = prep.config.student
     answered, unanswered, labels = split_answered(qlog, upto)
-    kind, hidden = _heads(prep)[1]
     return train_student(
         qlog.features[answered],
         labels,
         classes=prep.classes,
         unlabelled=qlog.features[unanswered] if s.pseudo_labels else None,
-        l2_grid=s.l2_grid,
+        candidates=_recipes(prep)[1],
         holdout=s.holdout,
         pseudo_confidence=s.pseudo_confidence if s.pseudo_labels else None,
         pseudo_weight=s.pseudo_weight,
-        kind=kind,
-        hidden=hidden,
-        max_iter=s.max_iter,
         seed=prep.config.seed,
     )
 
@@ -79,44 +73,42 @@ def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) ->
         )
 
     start = time.perf_counter()
-    (kind, hidden, l2, max_iter), _ = _heads(prep)
+    recipe = _recipes(prep)[0]
     shards = {"map": fz.sha256, "shards": shard_digest(prep), "bn_batch": bn, "mode": mode, **data}
-    teachers_key = {"kind": "teachers", "head": [kind, hidden, l2, max_iter], **shards}
+    teachers_key = {"kind": "teachers", "recipe": recipe.describe(), **shards}
     teacher_eval = eval_features(fz, mode)
     ensemble = cache.load_teachers(teachers_key)
     timings["features"] = time.perf_counter() - start
     if ensemble is None:
         start = time.perf_counter()
-        teacher_x = cache.get_or_compute(
-            {"kind": "shards", **shards},
-            lambda: shard_features(fz, prep.train.images, prep.shards, bn_batch=bn, mode=mode)[0],
-        )
-        timings["features"] += time.perf_counter() - start
-        log(f"features: {teacher_x.shape[0]} shard rows × {teacher_x.shape[1]} dims ({fz.name})")
-        start = time.perf_counter()
-        ensemble = train_teachers(
-            teacher_x,
-            prep.train.labels[np.concatenate(prep.shards)],
-            np.repeat(np.arange(len(prep.shards)), [len(s) for s in prep.shards]),
-            teachers=cfg.teachers.count,
+
+        def shard_rows() -> npt.NDArray[np.float32]:
+            return cache.get_or_compute(
+                {"kind": "shards", **shards},
+                lambda: shard_features(fz, prep.train.images, prep.shards, bn_batch=bn, mode=mode)[0],
+            )
+
+        ensemble = fit_teachers(
+            fz,
+            prep.train.images,
+            prep.train.labels,
+            prep.shards,
             classes=prep.classes,
-            backbone_sha256=fz.sha256,
             bn_batch=bn,
             bn_mode=mode,
-            kind=kind,
-            l2=l2,
-            hidden=hidden,
-            max_iter=max_iter,
+            recipe=recipe,
             seed=cfg.seed,
+            features=shard_rows,
         )
-        del teacher_x
+        timings["teachers"] = time.perf_counter() - start
+        log(f"teachers: {len(prep.shards)} heads trained ({fz.name} features, {recipe.optimizer})")
         cache.store_teachers(teachers_key, ensemble)
     else:
-        start = time.perf_counter()
         log("teachers: reused from the cache")
+    start = time.perf_counter()
     eval_hist = ensemble.votes(teacher_eval)
     per_teacher = (ensemble.predict(teacher_eval) == prep.evaluation.labels[None, :]).mean(axis=1)
-    timings["teachers"] = time.perf_counter() - start
+    timings["teachers"] = timings.get("teachers", 0.0) + time.perf_counter() - start
     log(f"teachers: mean accuracy {per_teacher.mean():.4f}, best {per_teacher.max():.4f}")
 
     start = time.perf_counter()
@@ -164,7 +156,7 @@ def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) ->
             "featurizer": {"name": fz.name, "sha256": fz.sha256, "bn_mode": mode, "bn_batch": bn},
             "student_selection": None
             if fit is None
-            else {"l2": fit.l2, "pseudo_labelled": fit.pseudo_labelled, **fit.selection},
+            else {"recipe": fit.recipe.describe(), "pseudo_labelled": fit.pseudo_labelled, **fit.selection},
         },
     )
 
@@ -222,7 +214,7 @@ def _queries(
 
 def _saver(prep: Prepared, fit: StudentFit, ensemble: TeacherEnsemble) -> Any:
     def save(out: Path, card: dict[str, Any]) -> list[str]:
-        card["student_selection"] = {"l2": fit.l2, "pseudo_labelled": fit.pseudo_labelled}
+        card["student_selection"] = {"recipe": fit.recipe.describe(), "pseudo_labelled": fit.pseudo_labelled}
         card["featurizer"] = {"name": prep.student_featurizer.name, "sha256": prep.student_featurizer.sha256}
         target = out / "student.safetensors"
         paths = [str(target), str(save_student(target, fit, card=card))]

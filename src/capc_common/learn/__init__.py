@@ -2,7 +2,7 @@
 
 from capc_common.learn.augment import AugmentConfig, augment
 from capc_common.learn.featurizers import BackboneFeaturizer, Featurizer, PixelFeaturizer
-from capc_common.learn.heads import HeadEnsemble, train_heads
+from capc_common.learn.heads import HeadEnsemble, HeadRecipe, train_heads
 from capc_common.learn.pretrain import (
     PretrainConfig,
     PretrainResult,
@@ -11,13 +11,14 @@ from capc_common.learn.pretrain import (
     pretrain,
 )
 from capc_common.learn.student import StudentFit, accuracy, load_student, save_student, train_student
-from capc_common.learn.teachers import TeacherEnsemble, shard_features, train_teachers
+from capc_common.learn.teachers import TeacherEnsemble, fit_teachers, shard_features, train_teachers
 
 __all__ = [
     "AugmentConfig",
     "BackboneFeaturizer",
     "Featurizer",
     "HeadEnsemble",
+    "HeadRecipe",
     "PixelFeaturizer",
     "PretrainConfig",
     "PretrainResult",
@@ -26,6 +27,7 @@ __all__ = [
     "accuracy",
     "augment",
     "calibrate_training_free",
+    "fit_teachers",
     "load_student",
     "nt_xent",
     "pretrain",

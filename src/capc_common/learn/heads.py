@@ -1,22 +1,21 @@
-"""Batched classification heads over frozen features: many heads trained as one problem.
+"""Classification heads over frozen features: many independent heads in one parameter stack.
 
-Every DIET-PATE teacher, and the student, is a small head on the shared frozen backbone's features. Training
-250 heads one after another wastes time in Python; here all heads are stacked into one parameter tensor
-(``(heads, classes, dim)`` for linear heads) and trained together on padded per-head data with a mask, with
-full-batch L-BFGS. The joint objective is the *sum* of the heads' own objectives and the heads share no
-parameter, so each head converges to exactly what it would reach alone (for the convex linear head the
-optimum is unique; tests pin this).
+Every DIET-PATE teacher, and the student, is a small head on the shared frozen backbone's features. All of a
+party's heads live in one stacked parameter tensor (``(heads, classes, dim)`` for linear heads) so that
+answering queries is one matrix product for every head at once (:meth:`HeadEnsemble.predict`). Training
+is per head: each head has its own parameters, gradients and optimiser moments and takes the same fixed
+number of steps (:mod:`capc_common.learn._optim`), so each head is a function of its own shard only — the
+PATE sensitivity argument (one example moves one vote) needs exactly that, and tests pin it bit for bit.
 
-Per-head objective: weighted mean cross-entropy over the head's own examples plus ``l2/2 · ||W||²`` on the
-weights (biases are not penalised).
+Per-head objective: weighted mean cross-entropy over the head's own examples (optionally label-smoothed)
+plus ``l2/2 · ||W||²`` on the weights (biases are not penalised). How a head is fitted is a
+:class:`HeadRecipe`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -24,15 +23,14 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 import torch
-from threadpoolctl import threadpool_limits
 
 from capc_common.errors import InputError
+from capc_common.learn import _optim
 
-__all__ = ["HeadEnsemble", "HeadKind", "train_heads"]
+__all__ = ["HeadEnsemble", "HeadKind", "HeadRecipe", "train_heads"]
 
 HeadKind = Literal["linear", "mlp"]
 _FORMAT = "capc-heads-v1"
-_SMALL_FLOPS = 4_000_000_000
 _FLOAT64_ELEMENTS = 16_000_000
 
 
@@ -157,13 +155,6 @@ def _as_features(features: npt.ArrayLike | torch.Tensor, *, dim: int) -> torch.T
     return x.to(torch.float32)
 
 
-def _forward(kind: HeadKind, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """Logits ``(heads, m, classes)`` for per-head inputs ``x`` of shape ``(heads, m, dim)``."""
-    if kind == "mlp":
-        x = torch.relu(torch.baddbmm(params["b_in"].unsqueeze(1), x, params["w_in"].transpose(1, 2)))
-    return torch.baddbmm(params["b_out"].unsqueeze(1), x, params["w_out"].transpose(1, 2))
-
-
 def _shared_forward(kind: HeadKind, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """Logits ``(heads, N, classes)`` of every head on the *same* inputs ``x`` ``(N, dim)``.
 
@@ -180,11 +171,62 @@ def _shared_forward(kind: HeadKind, params: dict[str, torch.Tensor], x: torch.Te
     return torch.baddbmm(params["b_out"].unsqueeze(1), torch.relu(h), params["w_out"].transpose(1, 2))
 
 
+@dataclass(frozen=True)
+class HeadRecipe:
+    """How a head is fitted: its shape, its objective and its optimiser.
+
+    The default is the paper's recipe for DIET-PATE teachers — the last layer trained by full-batch Adam
+    for a *fixed* number of steps from zero. What matters for PATE is how a head votes on synthetic
+    queries, off the real data, and a head trained to convergence votes worse there (measured: −23 points
+    for a student on the noiseless votes, docs/dietpate.md); a fixed step count also keeps every head a
+    function of its own shard only (no joint stopping rule).
+
+    Attributes:
+        kind: ``"linear"`` (``x @ W.T + b``) or ``"mlp"`` (one ReLU hidden layer).
+        hidden: hidden width of MLP heads.
+        optimizer: ``"adam"`` (fixed ``steps``) or ``"lbfgs"`` (to convergence, at most ``steps``
+            iterations, one head at a time; for convex probes such as the linear probe).
+        steps: Adam steps, or the L-BFGS iteration cap.
+        lr: Adam's learning rate.
+        l2: coefficient of ``l2/2 · ||W||²`` (weights only); L-BFGS needs it > 0 (a unique optimum).
+        label_smoothing: weight of the uniform distribution mixed into the one-hot targets.
+        tolerance: L-BFGS stops when the gradient's largest entry falls below this.
+    """
+
+    kind: HeadKind = "linear"
+    hidden: int = 256
+    optimizer: Literal["adam", "lbfgs"] = "adam"
+    steps: int = 50
+    lr: float = 1e-3
+    l2: float = 0.0
+    label_smoothing: float = 0.0
+    tolerance: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("linear", "mlp"):
+            raise InputError(f"unknown head kind {self.kind!r}; choose 'linear' or 'mlp'")
+        if self.optimizer not in ("adam", "lbfgs"):
+            raise InputError(f"unknown optimizer {self.optimizer!r}; choose 'adam' or 'lbfgs'")
+        if self.steps < 1 or self.hidden < 1:
+            raise InputError(f"steps and hidden must be >= 1, got steps={self.steps}, hidden={self.hidden}")
+        if not (self.lr > 0 and self.l2 >= 0 and 0 <= self.label_smoothing < 1):
+            raise InputError(
+                f"need lr > 0, l2 >= 0 and 0 <= label_smoothing < 1, got lr={self.lr}, l2={self.l2}, "
+                f"label_smoothing={self.label_smoothing}"
+            )
+        if self.optimizer == "lbfgs" and not self.l2 > 0:
+            raise InputError(f"the lbfgs optimizer needs l2 > 0 (it makes the optimum unique), got {self.l2}")
+
+    def describe(self) -> dict[str, str | int | float]:
+        """The recipe as plain values (for metadata, cache keys and reports)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
 def _init_params(
     kind: HeadKind, *, heads: int, dim: int, classes: int, hidden: int, seed: int
 ) -> dict[str, torch.Tensor]:
     if kind == "linear":
-        # The linear objective is strictly convex: a zero start is as good as any and needs no randomness.
+        # Zero is the paper's start and needs no randomness; it keeps the convex problem's path canonical.
         return {"w_out": torch.zeros(heads, classes, dim), "b_out": torch.zeros(heads, classes)}
     gen = torch.Generator().manual_seed(seed)
     # One draw shaped (1, ...) shared by all heads: "same initialisation" for every teacher, as in the paper.
@@ -198,66 +240,15 @@ def _init_params(
     }
 
 
-def _pad(
-    features: npt.NDArray[np.float32],
-    labels: npt.NDArray[np.int64],
-    owners: npt.NDArray[np.int64],
-    weights: npt.NDArray[np.float32],
-    heads: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stack each head's rows into ``(heads, m_max, dim)`` with zero weight on the padding."""
-    counts = np.bincount(owners, minlength=heads)
-    m_max = int(counts.max())
-    order = np.argsort(owners, kind="stable")
-    slot = np.arange(owners.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    x = torch.zeros(heads, m_max, features.shape[1])
-    y = torch.zeros(heads, m_max, dtype=torch.int64)
-    w = torch.zeros(heads, m_max)
-    rows, cols = torch.from_numpy(owners[order]), torch.from_numpy(slot)
-    x[rows, cols] = torch.from_numpy(np.ascontiguousarray(features[order], dtype=np.float32))
-    y[rows, cols] = torch.from_numpy(labels[order])
-    w[rows, cols] = torch.from_numpy(weights[order])
-    return x, y, w / w.sum(dim=1, keepdim=True)
-
-
-def train_heads(
+def _check(
     features: npt.ArrayLike,
     labels: npt.ArrayLike,
-    *,
     owners: npt.ArrayLike,
+    weights: npt.ArrayLike | None,
+    *,
     heads: int,
     classes: int,
-    kind: HeadKind = "linear",
-    l2: float = 1e-3,
-    hidden: int = 256,
-    max_iter: int = 200,
-    tolerance: float = 1e-6,
-    weights: npt.ArrayLike | None = None,
-    seed: int = 0,
-) -> HeadEnsemble:
-    """Train ``heads`` heads at once, head ``t`` on the rows whose owner is ``t``.
-
-    Args:
-        features: float array ``(M, dim)``: all heads' training features, concatenated.
-        labels: ``(M,)`` class labels in ``[0, classes)``.
-        owners: ``(M,)`` head index of each row (the teacher whose shard it belongs to).
-        heads: number of heads; every head must own at least one row.
-        classes: number of classes.
-        kind: ``"linear"`` or ``"mlp"``.
-        l2: weight-decay coefficient (per head, on the weights only); > 0 keeps the linear problem strictly
-            convex so batched and one-by-one training agree.
-        hidden: hidden width of ``"mlp"`` heads.
-        max_iter: L-BFGS iterations on the joint problem.
-        tolerance: stop when the gradient's largest entry falls below this.
-        weights: optional non-negative per-row weights (e.g. to down-weight pseudo-labels).
-        seed: seeds the MLP initialisation (linear heads start at zero).
-
-    Returns:
-        The trained :class:`HeadEnsemble`.
-
-    Raises:
-        InputError: on inconsistent shapes, labels out of range, or a head with no data.
-    """
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32]]:
     x = np.asarray(features, dtype=np.float32)
     y = np.asarray(labels)
     own = np.asarray(owners)
@@ -282,37 +273,113 @@ def train_heads(
         )
     if not np.all(np.isfinite(x)):
         raise InputError("features contain NaN or infinity; check the backbone's output")
-    w_rows = np.ones(x.shape[0], np.float32) if weights is None else np.asarray(weights, dtype=np.float32)
-    if w_rows.shape != (x.shape[0],) or np.any(w_rows < 0):
-        raise InputError(f"weights must be non-negative with shape ({x.shape[0]},), got {w_rows.shape}")
-    if kind not in ("linear", "mlp"):
-        raise InputError(f"unknown head kind {kind!r}; choose 'linear' or 'mlp'")
-    if not l2 > 0:
-        raise InputError(f"l2 must be > 0 (it makes each head's optimum unique), got {l2}")
-
-    xs, ys, ws = _pad(x, y.astype(np.int64), own.astype(np.int64), w_rows, heads)
-    if torch.any(ws.sum(dim=1) == 0) or torch.any(torch.isnan(ws)):
+    w = np.ones(x.shape[0], np.float32) if weights is None else np.asarray(weights, dtype=np.float32)
+    if w.shape != (x.shape[0],) or np.any(w < 0) or not np.all(np.isfinite(w)):
+        raise InputError(f"weights must be finite and non-negative with shape ({x.shape[0]},), got {w.shape}")
+    totals = np.bincount(own.astype(np.int64), weights=w, minlength=heads)
+    if np.any(totals <= 0):
         raise InputError("every head needs a positive total example weight")
-    params = _init_params(kind, heads=heads, dim=x.shape[1], classes=classes, hidden=hidden, seed=seed)
-    first = "w_in" if kind == "mlp" else "w_out"
+    return x, y.astype(np.int64), own.astype(np.int64), w
+
+
+def train_heads(
+    features: npt.ArrayLike,
+    labels: npt.ArrayLike,
+    *,
+    owners: npt.ArrayLike,
+    heads: int,
+    classes: int,
+    recipe: HeadRecipe | None = None,
+    weights: npt.ArrayLike | None = None,
+    seed: int = 0,
+) -> HeadEnsemble:
+    """Train ``heads`` heads, head ``t`` on the rows whose owner is ``t`` and on nothing else.
+
+    Each head is fitted on its own: its own tensors, parameters, gradients and Adam moments, the same fixed
+    number of steps for every head. So a head's result depends on its own rows only — tests add, remove or
+    replace one example of one shard and check that every other head is bit-identical. (Stacking
+    equally-sized heads into one batched product was tried and rejected: BLAS picks kernels by batch
+    shape, so a head's last bits moved when another shard's size changed.) Rows keep their order.
+
+    Args:
+        features: float array ``(M, dim)``: all heads' training features, concatenated.
+        labels: ``(M,)`` class labels in ``[0, classes)``.
+        owners: ``(M,)`` head index of each row (the teacher whose shard it belongs to).
+        heads: number of heads; every head must own at least one row.
+        classes: number of classes.
+        recipe: how to fit each head (default: :class:`HeadRecipe`'s, the paper's teacher recipe).
+        weights: optional non-negative per-row weights (e.g. to down-weight pseudo-labels); each head's loss
+            is the weighted *mean* over its rows.
+        seed: seeds the MLP initialisation (shared by all heads; linear heads start at zero).
+
+    Returns:
+        The trained :class:`HeadEnsemble` (its metadata records the recipe).
+
+    Raises:
+        InputError: on inconsistent shapes, labels out of range, or a head with no data.
+    """
+    recipe = recipe or HeadRecipe()
+    x, y, own, w = _check(features, labels, owners, weights, heads=heads, classes=classes)
+    params = _init_params(
+        recipe.kind, heads=heads, dim=x.shape[1], classes=classes, hidden=recipe.hidden, seed=seed
+    )
+    order = np.argsort(own, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(own, minlength=heads))])
+    for t in range(heads):
+        rows = order[starts[t] : starts[t + 1]]
+        xs = torch.from_numpy(np.ascontiguousarray(x[rows])).unsqueeze(0)
+        ys = torch.from_numpy(y[rows]).unsqueeze(0)
+        ws = torch.from_numpy(w[rows] / w[rows].sum()).unsqueeze(0)
+        head = {k: v[t : t + 1].clone() for k, v in params.items()}
+        _fit_head(recipe, head, xs, ys, ws, classes=classes)
+        for k, v in head.items():
+            params[k][t] = v[0].float()
+    return HeadEnsemble(
+        recipe.kind, params, classes, {"recipe": json.dumps(recipe.describe(), sort_keys=True)}
+    )
+
+
+def _fit_head(
+    recipe: HeadRecipe,
+    params: dict[str, torch.Tensor],
+    xs: torch.Tensor,
+    ys: torch.Tensor,
+    ws: torch.Tensor,
+    *,
+    classes: int,
+) -> None:
+    """Fit one head in place (its tensors carry a leading head axis of length 1)."""
+    if recipe.optimizer == "adam":
+        target = _optim.targets(ys, classes, smoothing=recipe.label_smoothing, dtype=xs.dtype)
+        _optim.adam(recipe.kind, params, xs, target, ws, l2=recipe.l2, steps=recipe.steps, lr=recipe.lr)
+        return
+    first = "w_in" if recipe.kind == "mlp" else "w_out"
     basis = _row_space(xs) if xs.shape[1] < xs.shape[2] else None
+    rows = xs
     if basis is not None:
-        # Train in coordinates of each head's own row space: same optimum, far smaller problem.
-        coords, back = basis
-        params[first] = torch.bmm(torch.bmm(params[first], xs.transpose(1, 2)), back)
-        xs, rows = coords, xs
-    # Small (e.g. compressed) problems are solved in float64, so batched and one-by-one optima agree to many
-    # digits. Large ones (a student on many queries: more rows than dimensions) are memory-bound, and
-    # float32 halves the traffic.
+        # Train in coordinates of the head's own row space: same optimum, far smaller problem.
+        xs = basis[0]
+        params[first] = torch.bmm(torch.bmm(params[first], rows.transpose(1, 2)), basis[1])
+    # Small (e.g. compressed) problems are solved in float64 so the optimum is reached to many digits; large
+    # ones (a probe on many rows) are memory-bound, and float32 halves the traffic.
     dtype = torch.float64 if xs.numel() <= _FLOAT64_ELEMENTS else torch.float32
-    params = {k: v.to(dtype) for k, v in params.items()}
-    flops = 6 * xs.numel() * (hidden if kind == "mlp" else classes)  # forward + backward, per evaluation
-    with _threads_for(flops):
-        _lbfgs(kind, params, xs.to(dtype), ys, ws.to(dtype), l2=l2, max_iter=max_iter, tolerance=tolerance)
-    trained = {k: v.detach().float() for k, v in params.items()}
+    for k in params:
+        params[k] = params[k].to(dtype)
+    target = _optim.targets(ys, classes, smoothing=recipe.label_smoothing, dtype=dtype)
+    flops = 6 * xs.numel() * (recipe.hidden if recipe.kind == "mlp" else classes)
+    with _optim.threads_for(flops):
+        _optim.lbfgs(
+            recipe.kind,
+            params,
+            xs.to(dtype),
+            target,
+            ws.to(dtype),
+            l2=recipe.l2,
+            max_iter=recipe.steps,
+            tolerance=recipe.tolerance,
+        )
     if basis is not None:
-        trained[first] = torch.bmm(torch.bmm(trained[first], basis[1].transpose(1, 2)), rows)
-    return HeadEnsemble(kind, trained, classes)
+        params[first] = torch.bmm(torch.bmm(params[first].float(), basis[1].transpose(1, 2)), rows)
 
 
 def _row_space(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -321,8 +388,8 @@ def _row_space(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     With ``m`` rows in ``dim > m`` dimensions, an L2-penalised head's optimal first-layer weights lie in the
     row space of its data (the part orthogonal to it only adds penalty), so the problem can be solved on the
     ``m``-dimensional coordinates ``Z_t`` and mapped back exactly. From the Gram matrix
-    ``X_t X_tᵀ = U S Uᵀ``: ``Z_t = U S^½`` and ``P_t = U S^-½`` (directions with negligible eigenvalues,
-    e.g. padding rows, are dropped).
+    ``X_t X_tᵀ = U S Uᵀ``: ``Z_t = U S^½`` and ``P_t = U S^-½`` (directions with negligible eigenvalues
+    are dropped).
 
     Returns:
         ``(Z, P)``, both ``(heads, m, m)``: ``Z`` in float64 (it is trained on), ``P`` in float32.
@@ -333,97 +400,3 @@ def _row_space(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     root = torch.where(keep, evals.clamp_min(1e-300).sqrt(), torch.zeros_like(evals))
     inv_root = torch.where(keep, 1.0 / root.clamp_min(1e-300), torch.zeros_like(evals))
     return evecs * root.unsqueeze(1), (evecs * inv_root.unsqueeze(1)).float()
-
-
-@contextmanager
-def _threads_for(flops: int) -> Iterator[None]:
-    """Run small problems on one intra-op thread.
-
-    L-BFGS issues thousands of small tensor operations (dot products, axpys); with several OpenMP threads
-    each one pays a synchronisation, which on a busy machine costs milliseconds — far more than the
-    arithmetic. Below ``_SMALL_FLOPS`` per objective evaluation one thread is faster; the previous thread
-    count is restored afterwards (note: ``torch.set_num_threads`` is process-wide).
-    """
-    before = torch.get_num_threads()
-    if flops < _SMALL_FLOPS and before > 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _linear_objective(
-    p: dict[str, torch.Tensor], xs: torch.Tensor, onehot: torch.Tensor, ws: torch.Tensor, *, l2: float
-) -> tuple[float, dict[str, torch.Tensor]]:
-    """Loss and gradients of the linear heads, in closed form.
-
-    Autograd would form ``∂L/∂W`` as ``xᵀ·G``, a transposed tall-skinny product that BLAS runs several
-    times slower than the equivalent ``Gᵀ·x`` used here (measured: 0.36 s against 0.02 s for a
-    5000 × 3969 student).
-    """
-    with torch.no_grad():
-        w, b = p["w_out"], p["b_out"]
-        logits = torch.baddbmm(b.unsqueeze(1), xs, w.transpose(1, 2))
-        logp = torch.log_softmax(logits, dim=2)
-        loss = -(logp * onehot).sum(dim=2).mul(ws).sum() + 0.5 * l2 * (w * w).sum()
-        g = (logp.exp() - onehot) * ws.unsqueeze(2)  # ∂L/∂logits, (heads, m, classes)
-        grad_w = torch.bmm(g.transpose(1, 2).contiguous(), xs) + l2 * w
-    return float(loss), {"w_out": grad_w, "b_out": g.sum(dim=1)}
-
-
-def _lbfgs(
-    kind: HeadKind,
-    params: dict[str, torch.Tensor],
-    xs: torch.Tensor,
-    ys: torch.Tensor,
-    ws: torch.Tensor,
-    *,
-    l2: float,
-    max_iter: int,
-    tolerance: float,
-) -> None:
-    """Minimise the joint objective in place with SciPy's L-BFGS-B (torch computes the gradients)."""
-    from scipy.optimize import minimize
-
-    dtype = np.float64 if xs.dtype == torch.float64 else np.float32
-    names = list(params)
-    shapes = [params[n].shape for n in names]
-    sizes = [params[n].numel() for n in names]
-    offsets = np.cumsum([0, *sizes])
-
-    def unpack(theta: npt.NDArray[np.float64]) -> dict[str, torch.Tensor]:
-        return {
-            n: torch.from_numpy(theta[offsets[i] : offsets[i + 1]]).view(shapes[i]).requires_grad_(True)
-            for i, n in enumerate(names)
-        }
-
-    onehot = torch.nn.functional.one_hot(ys, params["b_out"].shape[1]).to(xs.dtype)
-
-    def objective(theta: npt.NDArray[np.float64]) -> tuple[float, npt.NDArray[np.float64]]:
-        p = unpack(np.array(theta, dtype=dtype))
-        if kind == "linear":
-            value, grads = _linear_objective(p, xs, onehot, ws, l2=l2)
-            return value, torch.cat([grads[n].reshape(-1) for n in names]).double().numpy()
-        logits = _forward(kind, p, xs)
-        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ys, reduction="none")
-        loss = (ce * ws).sum() + 0.5 * l2 * sum((v * v).sum() for k, v in p.items() if k.startswith("w_"))
-        loss.backward()
-        grad = torch.cat([p[n].grad.reshape(-1) for n in names])  # type: ignore[union-attr]
-        return float(loss.detach()), grad.double().numpy()
-
-    start = torch.cat([params[n].detach().reshape(-1) for n in names]).double().numpy()
-    # L-BFGS-B's own vector work goes through SciPy's OpenBLAS, whose threads spin against torch's OpenMP
-    # pool: with both loaded, a 20,000-parameter problem took 140 ms per iteration instead of 3 ms (measured
-    # here). One BLAS thread for the optimiser's bookkeeping; torch's products keep their own threads.
-    with threadpool_limits(limits=1, user_api="blas"):
-        result = minimize(
-            objective,
-            start,
-            jac=True,
-            method="L-BFGS-B",
-            options={"maxiter": max_iter, "gtol": tolerance, "ftol": 1e-15, "maxcor": 20},
-        )
-    final = unpack(np.asarray(result.x, dtype=dtype))
-    for n in names:
-        params[n] = final[n].detach()

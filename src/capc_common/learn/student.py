@@ -5,15 +5,17 @@ choice made here — model selection, pseudo-labels on *unanswered* queries — 
 privacy. Model selection never touches real data: a seeded hold-out part of the *answered* queries scores each
 candidate by agreement with the released labels.
 
-Semi-supervised step (optional): after fitting on the labelled queries, the unanswered queries on which the
-student is confident (softmax probability ≥ ``pseudo_confidence``) are added with their predicted label and a
-smaller weight, and the head is refitted. Whether that helps is measured on the same hold-out, and the
-variant with the better hold-out agreement is kept.
+Each candidate :class:`~capc_common.learn.heads.HeadRecipe` (:data:`STUDENT_CANDIDATES` by default) is
+fitted on the rest of the answered queries and the one agreeing best with the held-out released labels is
+refitted on all of them. Semi-supervised step (optional): the unanswered queries on which the student is
+confident (softmax probability ≥ ``pseudo_confidence``) are added with their predicted label and a smaller
+weight, and the head is refitted; whether that helps is measured on the same hold-out.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -24,9 +26,19 @@ import numpy.typing as npt
 import torch
 
 from capc_common.errors import InputError
-from capc_common.learn.heads import HeadEnsemble, HeadKind, train_heads
+from capc_common.learn.heads import HeadEnsemble, HeadRecipe, train_heads
 
-__all__ = ["StudentFit", "accuracy", "load_student", "save_student", "train_student"]
+__all__ = ["STUDENT_CANDIDATES", "StudentFit", "accuracy", "load_student", "save_student", "train_student"]
+
+
+#: The student's candidate recipes, chosen on a validation split of the training data (docs/dietpate.md):
+#: full-batch Adam on the answered queries with a range of weight decays; the hold-out of answered queries
+#: picks one per run.
+STUDENT_CANDIDATES: tuple[HeadRecipe, ...] = (
+    HeadRecipe(steps=200, lr=1e-2, l2=1e-4),
+    HeadRecipe(steps=200, lr=1e-2, l2=1e-3),
+    HeadRecipe(steps=200, lr=1e-2, l2=1e-2),
+)
 
 
 @dataclass(frozen=True)
@@ -35,13 +47,13 @@ class StudentFit:
 
     Attributes:
         head: a single-head :class:`HeadEnsemble`.
-        l2: the selected weight decay.
+        recipe: the selected recipe.
         pseudo_labelled: number of unanswered queries added with pseudo-labels (0 if that did not help).
         selection: hold-out agreement of every candidate, for the report.
     """
 
     head: HeadEnsemble
-    l2: float
+    recipe: HeadRecipe
     pseudo_labelled: int
     selection: dict[str, Any] = field(default_factory=dict)
 
@@ -64,25 +76,11 @@ def _fit(
     w: npt.NDArray[np.float32] | None,
     *,
     classes: int,
-    l2: float,
-    kind: HeadKind,
-    hidden: int,
-    max_iter: int,
+    recipe: HeadRecipe,
     seed: int,
 ) -> HeadEnsemble:
-    return train_heads(
-        x,
-        y,
-        owners=np.zeros(len(y), np.int64),
-        heads=1,
-        classes=classes,
-        kind=kind,
-        l2=l2,
-        hidden=hidden,
-        max_iter=max_iter,
-        weights=w,
-        seed=seed,
-    )
+    owners = np.zeros(len(y), np.int64)
+    return train_heads(x, y, owners=owners, heads=1, classes=classes, recipe=recipe, weights=w, seed=seed)
 
 
 def _pseudo(
@@ -95,44 +93,56 @@ def _pseudo(
     return keep, label.numpy()[keep].astype(np.int64)
 
 
+def _with_pseudo(
+    head: HeadEnsemble,
+    x: npt.NDArray[np.float32],
+    y: npt.NDArray[np.int64],
+    u: npt.NDArray[np.float32],
+    *,
+    confidence: float,
+    weight: float,
+    fit: Callable[..., HeadEnsemble],
+) -> tuple[HeadEnsemble, int]:
+    """Refit with the confident unanswered rows added at ``weight`` (returns the head and how many)."""
+    idx, lab = _pseudo(head, u, confidence=confidence)
+    if not len(idx):
+        return head, 0
+    weights = np.concatenate([np.ones(len(y)), np.full(len(idx), weight)]).astype(np.float32)
+    return fit(np.concatenate([x, u[idx]]), np.concatenate([y, lab]), weights), len(idx)
+
+
 def train_student(
     features: npt.ArrayLike,
     labels: npt.ArrayLike,
     *,
     classes: int,
     unlabelled: npt.ArrayLike | None = None,
-    l2_grid: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1),
+    candidates: Sequence[HeadRecipe] = STUDENT_CANDIDATES,
     holdout: float = 0.2,
     pseudo_confidence: float | None = 0.9,
     pseudo_weight: float = 0.5,
-    kind: HeadKind = "linear",
-    hidden: int = 256,
-    max_iter: int = 300,
     seed: int = 0,
 ) -> StudentFit:
-    """Fit the student on labelled query features, choosing hyper-parameters on a hold-out of them.
+    """Fit the student on labelled query features, choosing among ``candidates`` on a hold-out of them.
 
     Args:
         features: float ``(n, dim)`` features of the answered queries.
         labels: ``(n,)`` their released labels (hard labels).
         classes: number of classes.
         unlabelled: float ``(u, dim)`` features of unanswered queries, for pseudo-labels (optional).
-        l2_grid: candidate weight decays.
-        holdout: fraction of the answered queries held out for selection (0: take the middle of the grid
-            and skip pseudo-label selection).
+        candidates: recipes to choose from (the first wins ties).
+        holdout: fraction of the answered queries held out for selection (0: take the first candidate and
+            skip pseudo-label selection).
         pseudo_confidence: probability above which an unanswered query gets a pseudo-label; ``None``
             disables pseudo-labels.
         pseudo_weight: weight of a pseudo-labelled row relative to an answered one.
-        kind: ``"linear"`` or ``"mlp"`` head.
-        hidden: hidden width of an MLP head.
-        max_iter: L-BFGS iterations per fit.
         seed: seeds the hold-out split and the MLP initialisation (public randomness).
 
     Returns:
         The refitted :class:`StudentFit` (trained on all answered queries with the chosen settings).
 
     Raises:
-        InputError: no labelled queries, mismatched shapes, or labels out of range.
+        InputError: no labelled queries, no candidates, mismatched shapes, or labels out of range.
     """
     x = np.asarray(features, dtype=np.float32)
     y = np.asarray(labels, dtype=np.int64)
@@ -143,53 +153,43 @@ def train_student(
             "no answered queries to train the student on: raise the budget, lower the threshold T, or ask "
             "more queries"
         )
+    if not candidates:
+        raise InputError("train_student needs at least one candidate recipe")
     if y.min() < 0 or y.max() >= classes:
         raise InputError(f"student labels must lie in [0, {classes}), got [{y.min()}, {y.max()}]")
     u = np.zeros((0, x.shape[1]), np.float32) if unlabelled is None else np.asarray(unlabelled, np.float32)
     if u.ndim != 2 or u.shape[1] != x.shape[1]:
         raise InputError(f"unlabelled features must be (u, {x.shape[1]}), got {u.shape}")
-    fit = partial(_fit, classes=classes, kind=kind, hidden=hidden, max_iter=max_iter, seed=seed)
+    fit_with = {r: partial(_fit, classes=classes, recipe=r, seed=seed) for r in candidates}
+    want_pseudo = pseudo_confidence is not None and len(u) > 0
+    pseudo = partial(_with_pseudo, confidence=pseudo_confidence or 1.0, weight=pseudo_weight)
 
-    rng = np.random.default_rng(seed)
     n_hold = round(holdout * len(y))
-    selection: dict[str, Any] = {"holdout": n_hold, "l2": {}, "pseudo": {}}
-    if n_hold < 1 or n_hold >= len(y):
-        l2 = sorted(l2_grid)[len(l2_grid) // 2]
-        use_pseudo = pseudo_confidence is not None and len(u) > 0
-    else:
-        perm = rng.permutation(len(y))
+    selection: dict[str, Any] = {"holdout": n_hold, "candidates": [], "pseudo": {}}
+    recipe, use_pseudo = candidates[0], want_pseudo
+    if 1 <= n_hold < len(y):
+        perm = np.random.default_rng(seed).permutation(len(y))
         hold, keep = perm[:n_hold], perm[n_hold:]
-        scores = {}
+        scores = []
         heads = {}
-        for c in l2_grid:
-            heads[c] = fit(x[keep], y[keep], None, l2=c)
-            scores[c] = accuracy(heads[c].predict(x[hold])[0], y[hold])
-        selection["l2"] = {f"{c:g}": s for c, s in scores.items()}
-        l2 = max(l2_grid, key=lambda c: (scores[c], c))  # ties → stronger regularisation
+        for r in candidates:
+            heads[r] = fit_with[r](x[keep], y[keep], None)
+            scores.append(accuracy(heads[r].predict(x[hold])[0], y[hold]))
+            selection["candidates"].append({**r.describe(), "holdout_agreement": scores[-1]})
+        recipe = candidates[int(np.argmax(scores))]  # first best: the list is ordered by preference
         use_pseudo = False
-        if pseudo_confidence is not None and len(u) > 0:
-            idx, lab = _pseudo(heads[l2], u, confidence=pseudo_confidence)
-            if len(idx):
-                weights = np.concatenate([np.ones(len(keep)), np.full(len(idx), pseudo_weight)])
-                head = fit(
-                    np.concatenate([x[keep], u[idx]]),
-                    np.concatenate([y[keep], lab]),
-                    weights.astype(np.float32),
-                    l2=l2,
-                )
+        if want_pseudo:
+            head, rows = pseudo(heads[recipe], x[keep], y[keep], u, fit=fit_with[recipe])
+            if rows:
                 with_pseudo = accuracy(head.predict(x[hold])[0], y[hold])
-                selection["pseudo"] = {"without": scores[l2], "with": with_pseudo, "rows": len(idx)}
-                use_pseudo = with_pseudo > scores[l2]
+                selection["pseudo"] = {"without": max(scores), "with": with_pseudo, "rows": rows}
+                use_pseudo = with_pseudo > max(scores)
 
-    head = fit(x, y, None, l2=l2)
+    head = fit_with[recipe](x, y, None)
     added = 0
     if use_pseudo:
-        idx, lab = _pseudo(head, u, confidence=float(pseudo_confidence or 1.0))
-        if len(idx):
-            weights = np.concatenate([np.ones(len(y)), np.full(len(idx), pseudo_weight)]).astype(np.float32)
-            head = fit(np.concatenate([x, u[idx]]), np.concatenate([y, lab]), weights, l2=l2)
-            added = len(idx)
-    return StudentFit(head=head, l2=float(l2), pseudo_labelled=added, selection=selection)
+        head, added = pseudo(head, x, y, u, fit=fit_with[recipe])
+    return StudentFit(head=head, recipe=recipe, pseudo_labelled=added, selection=selection)
 
 
 def save_student(path: str | Path, fit: StudentFit, *, card: dict[str, Any]) -> Path:

@@ -3,8 +3,9 @@
 A teacher party holds one or more teachers. Training computes the backbone's features **once** — each shard
 on its own, in chunks of exactly ``bn_batch`` images with current statistics, so a teacher's features depend
 only on its own data (a teacher whose statistics mixed in another shard's images would break the PATE
-sensitivity argument) — and trains all heads together as one batched problem
-(:func:`capc_common.learn.heads.train_heads`).
+sensitivity argument) — and trains all heads at once, each on its own shard only
+(:func:`capc_common.learn.heads.train_heads`). :func:`fit_teachers` is the one path from images to
+teachers, used by the central pipeline and by a federation's teacher party alike.
 
 Answering queries (what ``capc teacher serve`` does): featurise the query batch in chunks of exactly
 ``bn_batch`` with current statistics (:func:`capc_common.models.extract_features`), then
@@ -15,7 +16,7 @@ per-query vote histogram, which is what gets secret-shared.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,12 +26,12 @@ import numpy.typing as npt
 
 from capc_common.aggregation import vote_histogram
 from capc_common.errors import InputError, IntegrityError
-from capc_common.learn.heads import HeadEnsemble, HeadKind, train_heads
+from capc_common.learn.heads import HeadEnsemble, HeadRecipe, train_heads
 
 if TYPE_CHECKING:
     from capc_common.learn.featurizers import Featurizer
 
-__all__ = ["TeacherEnsemble", "shard_features", "train_teachers"]
+__all__ = ["TeacherEnsemble", "fit_teachers", "shard_features", "train_teachers"]
 
 
 @dataclass(frozen=True)
@@ -160,13 +161,10 @@ def train_teachers(
     backbone_sha256: str,
     bn_batch: int,
     bn_mode: str = "current",
-    kind: HeadKind = "linear",
-    l2: float = 1e-2,
-    hidden: int = 256,
-    max_iter: int = 200,
+    recipe: HeadRecipe | None = None,
     seed: int = 0,
 ) -> TeacherEnsemble:
-    """Train every teacher's head at once on features from :func:`shard_features`.
+    """Train every teacher's head on features from :func:`shard_features` (each head on its own rows only).
 
     Args:
         features: ``(M, dim)`` shard features.
@@ -177,25 +175,72 @@ def train_teachers(
         backbone_sha256: hash of the backbone (featurizer) the features came from, recorded with the heads.
         bn_batch: chunk size the features were computed with.
         bn_mode: statistics mode the features were computed with.
-        kind: ``"linear"`` (the paper: last layer only) or ``"mlp"`` (the "more layers" ablation).
-        l2: weight decay of each head.
-        hidden: hidden width of MLP heads.
-        max_iter: L-BFGS iterations.
+        recipe: how each head is fitted (default: the paper's fixed-step Adam on the last layer).
         seed: MLP initialisation seed (shared by all teachers: same initialisation).
 
     Returns:
         The :class:`TeacherEnsemble`.
     """
     heads = train_heads(
-        features,
-        labels,
-        owners=owners,
-        heads=teachers,
-        classes=classes,
-        kind=kind,
-        l2=l2,
-        hidden=hidden,
-        max_iter=max_iter,
-        seed=seed,
+        features, labels, owners=owners, heads=teachers, classes=classes, recipe=recipe, seed=seed
     )
     return TeacherEnsemble(heads, backbone_sha256.lower(), int(bn_batch), bn_mode)
+
+
+def fit_teachers(
+    featurizer: Featurizer,
+    images: npt.NDArray[np.uint8],
+    labels: npt.NDArray[np.int64],
+    shards: Sequence[npt.NDArray[np.int64]],
+    *,
+    classes: int,
+    bn_batch: int,
+    bn_mode: str = "current",
+    recipe: HeadRecipe | None = None,
+    seed: int = 0,
+    features: Callable[[], npt.NDArray[np.float32]] | None = None,
+) -> TeacherEnsemble:
+    """A party's (or a central run's) teachers from its images: the one training path of both.
+
+    Each shard is featurised on its own (:func:`shard_features`) and each head trained on its own shard
+    (:func:`train_teachers`), so one training example can change one teacher only.
+
+    Args:
+        featurizer: the shared frozen map.
+        images: uint8 ``(N, H, W, C)`` training images.
+        labels: ``(N,)`` their labels.
+        shards: disjoint index arrays into ``images``, one per teacher.
+        classes: number of classes.
+        bn_batch: BatchNorm chunk size.
+        bn_mode: ``"current"`` or ``"running"``.
+        recipe: how each head is fitted.
+        seed: MLP initialisation seed.
+        features: optional loader of the rows :func:`shard_features` would return for these shards (a
+            cache); called instead of featurising.
+
+    Raises:
+        InputError: a shard smaller than ``bn_batch``, or bad labels.
+    """
+    rows = (
+        features()
+        if features is not None
+        else shard_features(featurizer, images, shards, bn_batch=bn_batch, mode=bn_mode)[0]
+    )
+    index = np.concatenate([np.asarray(s, np.int64) for s in shards])
+    owners = np.repeat(np.arange(len(shards), dtype=np.int64), [len(s) for s in shards])
+    if rows.shape[0] != len(index):
+        raise InputError(
+            f"cached shard features have {rows.shape[0]} rows for {len(index)} shard images; clear the cache"
+        )
+    return train_teachers(
+        rows,
+        np.asarray(labels)[index],
+        owners,
+        teachers=len(shards),
+        classes=classes,
+        backbone_sha256=featurizer.sha256,
+        bn_batch=bn_batch,
+        bn_mode=bn_mode,
+        recipe=recipe,
+        seed=seed,
+    )

@@ -1,0 +1,134 @@
+"""``capc teacher train``'s path: one hospital example can change one teacher only (issue 10.1, 10.9).
+
+This runs the federation's own training entry point (:func:`train_party_heads`) on an ``npz:`` site file
+with the real shipped backbone, edits one private example, retrains, and compares every teacher's shard
+features, parameters and votes on synthetic queries — for a replaced, a removed and an added example.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from capc_common.data import load_dataset, partition
+from capc_common.federation import FederationConfig
+from capc_common.learn import BackboneFeaturizer, TeacherEnsemble, shard_features
+from capc_common.models import load_backbone
+from capc_common.synth import generate
+from capc_services.teacher.settings import TeacherSettings
+from capc_services.teacher.train import train_party_heads
+
+HEADS = 4
+BN = 16
+BACKBONE = "hybrid-28x28x1"
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    return load_backbone(BACKBONE)
+
+
+@pytest.fixture(scope="module")
+def site_data():
+    data = load_dataset("fashion-mnist", split="train")
+    return data.images[:240].copy(), data.labels[:240].copy()
+
+
+def _train(
+    tmp: Path, backbone, images: np.ndarray, labels: np.ndarray, federation_dict
+) -> tuple[TeacherEnsemble, dict]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    np.savez(tmp / "site.npz", images=images, labels=labels)
+    fed = federation_dict(
+        teachers=[{"name": "hospital-a", "heads": HEADS}, {"name": "hospital-b", "heads": 3}],
+        backbone={"name": BACKBONE, "sha256": backbone.sha256},
+    )
+    fed["queries"] = {**fed["queries"], "bn_batch": BN}  # type: ignore[dict-item]
+    FederationConfig.from_dict(fed).save(tmp / "federation.yaml")
+    settings = TeacherSettings(
+        party="hospital-a",
+        federation=tmp / "federation.yaml",
+        tls={"ca": tmp / "ca.pem", "cert": tmp / "a.pem", "key": tmp / "a.key"},
+        admin={"token_file": tmp / "token"},
+        student_address="127.0.0.1:1",
+        guardian_address="127.0.0.1:2",
+        heads=tmp / "heads.safetensors",
+        cap={"epsilon": 10.0, "record": tmp / "cap.jsonl"},
+        data={"dataset": f"npz:{tmp / 'site.npz'}"},
+        torch_threads=1,
+    )
+    summary = train_party_heads(settings)
+    return TeacherEnsemble.load(settings.heads, backbone_sha256=backbone.sha256), summary
+
+
+def _differs(a: TeacherEnsemble, b: TeacherEnsemble, queries: np.ndarray) -> tuple[list[int], list[int]]:
+    """(teachers whose parameters differ in any bit, teachers whose vote on some query differs)."""
+    params = [
+        t
+        for t in range(a.teachers)
+        if not all(torch.equal(a.heads.params[k][t], b.heads.params[k][t]) for k in a.heads.params)
+    ]
+    votes = np.flatnonzero((a.predict(queries) != b.predict(queries)).any(axis=1)).tolist()
+    return params, votes
+
+
+def test_one_edited_example_moves_one_teacher_on_the_federation_path(
+    tmp_path, backbone, site_data, federation_dict
+):
+    images, labels = site_data
+    featurizer = BackboneFeaturizer(backbone)
+    queries = featurizer.extract(
+        generate("dead_leaves", seed=7, start=0, count=256, height=28, width=28, channels=1),
+        bn_batch=BN,
+        mode="current",
+    )
+    base, summary = _train(tmp_path / "base", backbone, images, labels, federation_dict)
+    assert base.teachers == HEADS and summary["train_accuracy"] > 0.5
+    shards = partition(labels, shards=HEADS, scheme="hash", seed=7, images=images)
+    base_feats, owners, _ = shard_features(featurizer, images, shards, bn_batch=BN)
+
+    # Replace one example (its pixels and its label).
+    victim = 37
+    owner = next(t for t, s in enumerate(shards) if victim in s)
+    edited, edited_labels = images.copy(), labels.copy()
+    edited[victim] = 255 - edited[victim]
+    edited_labels[victim] = (edited_labels[victim] + 3) % 10
+    new_shards = partition(edited_labels, shards=HEADS, scheme="hash", seed=7, images=edited)
+    moved = next(t for t, s in enumerate(new_shards) if victim in s)  # its content hash may name another
+    # Features: only the teachers holding the old or the new example see other numbers.
+    new_feats, new_owners, _ = shard_features(featurizer, edited, new_shards, bn_batch=BN)
+    for t in set(range(HEADS)) - {owner, moved}:
+        np.testing.assert_array_equal(new_shards[t], shards[t])
+        np.testing.assert_array_equal(new_feats[new_owners == t], base_feats[owners == t])
+    replaced, _ = _train(tmp_path / "replaced", backbone, edited, edited_labels, federation_dict)
+    changed_params, changed_votes = _differs(base, replaced, queries)
+    # Replacing = removing one example and adding another: at most the two teachers they belong to.
+    assert owner in changed_params and set(changed_params) <= {owner, moved}
+    assert set(changed_votes) <= set(changed_params)
+
+    # Remove one example: exactly its teacher changes.
+    keep = np.ones(len(labels), bool)
+    keep[victim] = False
+    removed, _ = _train(tmp_path / "removed", backbone, images[keep], labels[keep], federation_dict)
+    changed_params, changed_votes = _differs(base, removed, queries)
+    assert changed_params == [owner]
+    assert set(changed_votes) <= {owner}
+
+    # Add one example (a test image): exactly the teacher its hash names changes.
+    extra = load_dataset("fashion-mnist", split="test")
+    added_images = np.concatenate([images, extra.images[:1]])
+    added_labels = np.concatenate([labels, extra.labels[:1]])
+    added, _ = _train(tmp_path / "added", backbone, added_images, added_labels, federation_dict)
+    target = next(
+        t
+        for t, s in enumerate(
+            partition(added_labels, shards=HEADS, scheme="hash", seed=7, images=added_images)
+        )
+        if len(labels) in s
+    )
+    changed_params, changed_votes = _differs(base, added, queries)
+    assert changed_params == [target]
+    assert set(changed_votes) <= {target}
