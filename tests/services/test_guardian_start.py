@@ -9,23 +9,8 @@ from pathlib import Path
 import pytest
 
 from capc_common.errors import IntegrityError
-from capc_common.federation import FederationConfig
 from capc_services.guardian.app import open_ledger, serve
 from capc_services.guardian.settings import GuardianSettings
-
-
-@pytest.fixture
-def federation(tmp_path: Path, federation_dict) -> Path:
-    """A federation whose budget pays for its batches (so only the ledger can stop the guardian)."""
-    config = FederationConfig.from_dict(
-        federation_dict(
-            mechanism={"threshold": 3, "sigma1": 2.0, "sigma2": 1.5},
-            budget={"epsilon": 300.0, "delta": 1e-5, "order": 10},
-        )
-    )
-    path = tmp_path / "federation.yaml"
-    config.save(path)
-    return path
 
 
 def _settings(pki: Path, tmp_path: Path, token_file: Path, federation: Path) -> GuardianSettings:
@@ -40,10 +25,10 @@ def _settings(pki: Path, tmp_path: Path, token_file: Path, federation: Path) -> 
 
 
 def test_a_ledger_with_edited_totals_is_refused_at_start(
-    pki: Path, tmp_path: Path, token_file: Path, federation: Path
+    pki: Path, tmp_path: Path, token_file: Path, funded_federation: Path
 ) -> None:
     """The campaign's attack: `UPDATE state SET spent_units=0` on the guardian's ledger, then a restart."""
-    settings = _settings(pki, tmp_path, token_file, federation)
+    settings = _settings(pki, tmp_path, token_file, funded_federation)
     with open_ledger(settings) as ledger:
         ledger.reserve(
             "b1", queries=16, parties=["hospital-a"], mechanism="confident-gnmax", params={},
