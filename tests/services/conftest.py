@@ -55,6 +55,20 @@ def federation(tmp_path: Path) -> tuple[FederationConfig, Path]:
     return config, path
 
 
+@pytest.fixture
+def funded_federation(tmp_path: Path) -> Path:
+    """The saved federation.yaml of a federation whose budget pays for its batches (party start-up tests)."""
+    config = FederationConfig.from_dict(
+        federation_dict(
+            mechanism={"threshold": 3, "sigma1": 2.0, "sigma2": 1.5},
+            budget={"epsilon": 300.0, "delta": 1e-5, "order": 10},
+        )
+    )
+    path = tmp_path / "federation.yaml"
+    config.save(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA and certificates for every test party, plus 'intruder' from a foreign CA."""
