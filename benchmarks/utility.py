@@ -1,7 +1,7 @@
 """Utility benchmark: student accuracy against rigorous ε for DIET-PATE (every generator) and PATE without
 public data, on Fashion-MNIST.
 
-Grid (the issue's): teachers ∈ {100, 250}, rigorous ε ∈ {1, 2, 4, 6, 10} at δ = 1e-5, seeds {0, 1, 2};
+Grid (the issue's): teachers ∈ {100, 250, 600}, rigorous ε ∈ {1, 2, 3, 4, 6, 10} at δ = 1e-5, seeds {0, 1, 2};
 DIET-PATE with each synthetic generator, and the PATE-without-public-data baseline (``pate-scratch``).
 Each (method, generator, teachers, seed) is ONE ``capc dietpate run`` of the base config at the largest ε
 with ``student.curve_epsilons`` set to the grid: every smaller ε is the run that budget would have made,
@@ -247,8 +247,8 @@ def plot(path: Path, table: list[dict[str, Any]], *, dataset: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="base run config")
-    parser.add_argument("--teachers", default="100,250", help="comma-separated teacher counts")
-    parser.add_argument("--epsilons", default="1,2,4,6,10", help="comma-separated rigorous ε targets")
+    parser.add_argument("--teachers", default="100,250,600", help="comma-separated teacher counts")
+    parser.add_argument("--epsilons", default="1,2,3,4,6,10", help="comma-separated rigorous ε targets")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated run seeds (shards, init)")
     parser.add_argument("--generators", default=",".join(GENERATORS), help="DIET-PATE query generators")
     parser.add_argument("--no-baseline", action="store_true", help="skip PATE without public data")

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capc_common.data import partition
+from capc_common.data.partition import NEIGHBOURING
 from capc_common.errors import InputError
 
 LABELS = np.repeat(np.arange(10), 300)
@@ -87,3 +88,44 @@ def test_bad_labels():
         partition(np.zeros((3, 2), int), shards=2, seed=0)
     with pytest.raises(InputError, match="non-negative"):
         partition(np.array([0, -1, 2]), shards=2, seed=0)
+
+
+def test_hash_shards_move_one_shard_when_one_example_is_added_or_removed():
+    """Issue 10.9: the neighbouring relation is add/remove — each example's shard depends on it alone."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(2000, 6, 6, 1), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=2000)
+    shards = partition(labels, shards=20, scheme="hash", seed=5, images=images)
+    every = np.sort(np.concatenate(shards))
+    np.testing.assert_array_equal(every, np.arange(2000))  # disjoint and covering
+    assert min(map(len, shards)) > 50  # about 100 each: a multinomial split
+    again = partition(labels, shards=20, scheme="hash", seed=5, images=images)
+    assert all(np.array_equal(a, b) for a, b in zip(shards, again, strict=True))
+    assert not all(
+        np.array_equal(a, b)
+        for a, b in zip(
+            shards, partition(labels, shards=20, scheme="hash", seed=6, images=images), strict=True
+        )
+    )
+
+    def content(parts, imgs, labs):
+        return [{(imgs[i].tobytes(), int(labs[i])) for i in p} for p in parts]
+
+    base = content(shards, images, labels)
+    removed = content(
+        partition(labels[1:], shards=20, scheme="hash", seed=5, images=images[1:]), images[1:], labels[1:]
+    )
+    assert sum(a != b for a, b in zip(base, removed, strict=True)) == 1
+    extra = rng.integers(0, 256, size=(1, 6, 6, 1), dtype=np.uint8)
+    more_images, more_labels = np.concatenate([images, extra]), np.append(labels, 3)
+    added = content(
+        partition(more_labels, shards=20, scheme="hash", seed=5, images=more_images), more_images, more_labels
+    )
+    assert sum(a != b for a, b in zip(base, added, strict=True)) == 1
+    # A permutation split (iid) re-deals everything when one example is removed: replace-one only.
+    iid = content(partition(labels, shards=20, scheme="iid", seed=5), images, labels)
+    iid_removed = content(partition(labels[1:], shards=20, scheme="iid", seed=5), images[1:], labels[1:])
+    assert sum(a != b for a, b in zip(iid, iid_removed, strict=True)) > 1
+    assert NEIGHBOURING["hash"] == "add/remove one example" and NEIGHBOURING["iid"] == "replace one example"
+    with pytest.raises(InputError, match="needs the images"):
+        partition(labels, shards=20, scheme="hash", seed=5)

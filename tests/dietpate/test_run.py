@@ -55,6 +55,8 @@ def test_cli_run_writes_report_student_and_plots(cli_run):
         assert (out / name).stat().st_size > 0
     head, card = load_student(out / "student.safetensors")
     assert card["privacy"]["epsilon"] == report["epsilon"] and head.heads == 1
+    # Hash-assigned shards: ε holds for adding or removing one example, and the report says so.
+    assert report["neighbouring"] == card["privacy"]["neighbouring"] == "add/remove one example"
 
 
 def test_curve_points_are_runs_at_smaller_budgets(cli_run):

@@ -15,15 +15,18 @@ from capc_services.local.layout import Layout
 from capc_services.local.processes import probe, read_state
 from capc_services.local.provision import LocalOptions
 
+# Three hospitals sharing Fashion-MNIST's 60,000 training images, 189 teachers each (about 106 images per
+# teacher, what `capc federation plan --examples 20000 --examples 20000 --examples 20000 --classes 10
+# --epsilon 6` proposes); the budget, not the stream, ends the run.
 DEMO_OPTIONS = LocalOptions(
     parties=3,
-    teachers_per_party=40,
+    teachers_per_party=189,
     dataset="fashion-mnist",
-    epsilon=8.0,
-    queries=4096,
-    batch_size=256,
-    bn_batch=32,
-    train_limit=6000,
+    epsilon=6.0,
+    queries=16896,
+    batch_size=512,
+    bn_batch=64,
+    train_limit=None,
 )
 
 

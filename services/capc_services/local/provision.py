@@ -15,7 +15,9 @@ from typing import Any
 import yaml
 
 from capc_common.errors import InputError
-from capc_common.federation import FederationConfig, check_batch_fits
+from capc_common.federation import FederationConfig, check_batch_fits, scaled_mechanism
+from capc_common.federation.sizing import ANSWER_RATE
+from capc_common.privacy import plan
 from capc_services.local.layout import Layout
 from capc_services.tls import init_ca, issue_certificate, write_admin_token
 
@@ -28,9 +30,10 @@ class LocalOptions:
         parties: teacher parties.
         teachers_per_party: teacher heads per party.
         dataset: the teachers' private data (split disjointly between parties).
-        epsilon / delta / order: the federation's budget.
+        epsilon / delta / order: the federation's budget (order None: planned for the mechanism).
         queries / batch_size / bn_batch: the synthetic query stream.
-        threshold / sigma1 / sigma2: Confident-GNMax parameters (None: scaled to the number of heads).
+        threshold / sigma1 / sigma2: Confident-GNMax parameters (None: scaled to the number of heads by
+            :data:`capc_common.federation.MECHANISM_RATIOS`).
         min_parties: quorum (None: all but one party, at least one).
         train_limit: training examples per party (None: the party's whole shard).
         teacher_cap: each party's local worst-case ε cap (None: 3 × epsilon, since it counts every
@@ -51,7 +54,7 @@ class LocalOptions:
     dataset: str = "fashion-mnist"
     epsilon: float = 10.0
     delta: float = 1e-5
-    order: float = 10.0
+    order: float | None = None
     queries: int = 2048
     batch_size: int = 64
     bn_batch: int = 64
@@ -70,6 +73,37 @@ class LocalOptions:
     pipeline_depth: int = 1
     vote_deadline_s: float = 60.0
     share_deadline_s: float = 30.0
+
+
+#: Ledger order when the budget cannot pay for a single query at any order (the run is refused anyway).
+_FALLBACK_ORDER = 10.0
+
+
+def _mechanism(options: LocalOptions, heads: int) -> dict[str, float]:
+    """The options' Confident-GNMax parameters; unset ones scaled to the heads (the library's ratios)."""
+    scaled = scaled_mechanism(heads)
+    return {
+        k: v if (v := getattr(options, k)) is not None else scaled[k]
+        for k in ("threshold", "sigma1", "sigma2")
+    }
+
+
+def _order(options: LocalOptions, heads: int) -> float:
+    """The ledger's Rényi order: the options', or the one ``capc budget plan`` picks for this mechanism."""
+    if options.order is not None:
+        return options.order
+    try:
+        planned = plan(
+            teachers=heads,
+            classes=10,
+            epsilon=options.epsilon,
+            delta=options.delta,
+            answer_rate=ANSWER_RATE,
+            **_mechanism(options, heads),
+        )
+    except InputError:
+        return _FALLBACK_ORDER  # the budget buys nothing: the batch check below says how to fix it
+    return float(planned["order"])
 
 
 def free_port() -> int:
@@ -104,13 +138,8 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
         "teachers": [
             {"name": n, "heads": options.teachers_per_party} for n in teacher_names(options.parties)
         ],
-        "mechanism": {
-            # Paper-like proportions (MNIST: 200 teachers, T 150, σ1 120, σ2 40), scaled to the heads here.
-            "threshold": options.threshold if options.threshold is not None else round(0.75 * heads, 1),
-            "sigma1": options.sigma1 if options.sigma1 is not None else round(0.6 * heads, 2),
-            "sigma2": options.sigma2 if options.sigma2 is not None else round(0.25 * heads, 2),
-        },
-        "budget": {"epsilon": options.epsilon, "delta": options.delta, "order": options.order},
+        "mechanism": _mechanism(options, heads),
+        "budget": {"epsilon": options.epsilon, "delta": options.delta, "order": _order(options, heads)},
         "queries": {
             "generator": options.generator or DEFAULT_GENERATOR,
             "seed": options.seed,

@@ -49,13 +49,18 @@ def _up_text(result: dict[str, Any]) -> str:
 @click.option(
     "--delta", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=1e-5, show_default=True
 )
-@click.option("--order", type=click.FloatRange(min=1, min_open=True), default=10.0, show_default=True)
+@click.option(
+    "--order",
+    type=click.FloatRange(min=1, min_open=True),
+    default=None,
+    help="Rényi order of the ledger [default: the order capc budget plan picks for the mechanism].",
+)
 @click.option("--queries", type=click.IntRange(min=1), default=2048, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=16), default=64, show_default=True)
 @click.option("--bn-batch", type=click.IntRange(min=16), default=64, show_default=True)
-@click.option("--threshold", type=float, default=None, help="T [default: 0.75 × heads].")
-@click.option("--sigma1", type=float, default=None, help="σ1 [default: 0.6 × heads].")
-@click.option("--sigma2", type=float, default=None, help="σ2 [default: 0.25 × heads].")
+@click.option("--threshold", type=float, default=None, help="T [default: 0.6 × heads].")
+@click.option("--sigma1", type=float, default=None, help="σ1 [default: 0.7 × heads].")
+@click.option("--sigma2", type=float, default=None, help="σ2 [default: 0.16 × heads].")
 @click.option(
     "--min-parties", type=click.IntRange(min=1), default=None, help="Quorum [default: parties − 1]."
 )

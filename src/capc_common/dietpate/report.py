@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capc_common.aggregation import UNANSWERED
+from capc_common.data.partition import NEIGHBOURING
 
 if TYPE_CHECKING:
     from capc_common.dietpate.pipeline import Prepared, QueryLog
@@ -153,6 +154,7 @@ def finish_report(
         "answered": int(answered.sum()),
         "epsilon": budget.epsilon,
         "delta": cfg.budget.delta,
+        "neighbouring": NEIGHBOURING[cfg.teachers.partition],
         "epsilon_budget": cfg.budget.epsilon,
         "epsilon_data_dependent": finite(eps_dd),
         "epsilon_data_dependent_note": UNSANITISED,
@@ -188,6 +190,7 @@ def finish_report(
                 "epsilon": budget.epsilon,
                 "delta": cfg.budget.delta,
                 "accounting": "data-independent Rényi filter (exact screening + GNMax), improved conversion",
+                "neighbouring": report["neighbouring"],
                 "order": budget.filter.order,
                 "noise": noise_kind,
             },

@@ -22,8 +22,10 @@ from capc_common.federation.costs import (
 )
 from capc_common.federation.plan import BatchPlan, batch_plan, usable_queries
 from capc_common.federation.runtime import load_shared_backbone, mpc_config
+from capc_common.federation.sizing import MECHANISM_RATIOS, propose, scaled_mechanism
 
 __all__ = [
+    "MECHANISM_RATIOS",
     "Backbone",
     "BatchCosts",
     "BatchPlan",
@@ -41,6 +43,8 @@ __all__ = [
     "check_party_name",
     "load_shared_backbone",
     "mpc_config",
+    "propose",
+    "scaled_mechanism",
     "serial_hex",
     "smallest_quorum_heads",
     "usable_queries",
