@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI
 
 from capc_common.errors import InputError
 from capc_services.common.admin import Readiness, build_admin_app
@@ -67,21 +67,27 @@ class PartyRuntime:
         """The identity/config-hash interceptor for this party's gRPC server."""
         return AuthInterceptor(config=self.config, policy=policy, on_reject=self.metrics.reject)
 
-    def start_admin(
+    def admin_app(
         self, *, readiness: Callable[[], dict[str, tuple[bool, Any]]], routers: Sequence[APIRouter]
-    ) -> int:
-        """Serve the admin REST app (probes, metrics, the role's API); returns its port."""
+    ) -> FastAPI:
+        """The admin REST app (probes, metrics, the role's API) this party serves."""
 
         def ready() -> Readiness:
             return Readiness({"certificate": self.certificate_check(), **readiness()})
 
-        app = build_admin_app(
+        return build_admin_app(
             title=f"capc {self.role} {self.settings.party}",
             token=self.token,
             readiness=ready,
             registry=self.metrics.registry,
             routers=routers,
         )
+
+    def start_admin(
+        self, *, readiness: Callable[[], dict[str, tuple[bool, Any]]], routers: Sequence[APIRouter]
+    ) -> int:
+        """Serve :meth:`admin_app` on the site's admin address; returns its port."""
+        app = self.admin_app(readiness=readiness, routers=routers)
         self._admin = AdminServer(app, bind=self.settings.admin.bind)
         self.admin_port = self._admin.start()
         return self.admin_port

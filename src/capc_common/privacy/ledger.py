@@ -48,10 +48,12 @@ from capc_common.privacy.analysis._checks import count, non_negative, positive, 
 from capc_common.privacy.filter import RenyiFilter, refusal_message
 from capc_common.privacy.planning import plan
 
-__all__ = ["BatchRecord", "BudgetLedger", "Entry", "VerificationReport"]
+__all__ = ["MAX_SEQ", "BatchRecord", "BudgetLedger", "Entry", "VerificationReport"]
 
 FORMAT = 1
 UNITS_PER_NAT = 2**48
+#: The largest sequence number SQLite can store (a signed 64-bit integer).
+MAX_SEQ = 2**63 - 1
 _MAX_BUDGET_RDP = 2.0**14  # keeps every total far inside SQLite's signed 64-bit integers
 _HASH_ZERO = "0" * 64
 
@@ -798,14 +800,14 @@ class BudgetLedger:
     ) -> list[Entry]:
         """Rows in chain order (or newest first), optionally for one batch and after a sequence number."""
         query = f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE seq > ?"
-        args: list[Any] = [count("after", after)]
+        args: list[Any] = [count("after", after, maximum=MAX_SEQ)]
         if batch_id is not None:
             query += " AND batch_id = ?"
             args.append(batch_id)
         query += " ORDER BY seq DESC" if newest else " ORDER BY seq"
         if limit is not None:
             query += " LIMIT ?"
-            args.append(count("limit", limit))
+            args.append(count("limit", limit, maximum=MAX_SEQ))
         with self._lock, _readable(self.path):
             return [_row_entry(r) for r in self._db.execute(query, args)]
 
