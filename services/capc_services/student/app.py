@@ -14,6 +14,7 @@ from capc_common.wire import rpc
 from capc_services.common.admin import api_router
 from capc_services.common.party import PartyRuntime, apply_torch_threads
 from capc_services.common.runtime import start_grpc_server
+from capc_services.student.accounting import epsilon_figures
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
 from capc_services.student.publish import noise_label, publish_student
@@ -39,6 +40,7 @@ def _progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: 
             "error": p.error,
             "queries_planned": p.queries_planned,
             **scheduler.store.counts(),
+            **epsilon_figures(scheduler.config, scheduler.store),
             "labels_per_s": p.labels_per_s,
             "last_batch": p.last_batch,
             "teachers_connected": sorted(registry.live()),
