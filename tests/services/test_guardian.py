@@ -182,6 +182,10 @@ def test_open_is_idempotent_and_bound_to_its_query(setup: Setup) -> None:
     assert setup.student.abort_batch("b", reason="test") == "released"
     reopened = setup.student.open_batch("b", count=16, digest=_digest("b"))
     assert reopened.state == pb.BatchState.Value("BATCH_STATE_RELEASED")
+    # A finished id with another query is refused too (it used to answer with the old batch's state).
+    for count, digest in ((16, _digest("other")), (32, _digest("b"))):
+        with pytest.raises(InputError, match="already used for another query"):
+            setup.student.open_batch("b", count=count, digest=digest)
 
 
 def test_budget_exhaustion_names_requested_remaining_and_difference(setup: Setup, federation_dict) -> None:

@@ -170,6 +170,12 @@ class Guardian:
                 return BatchStatus(state="open"), worst
         finished = self.status(batch_id)
         if finished.state in ("settled", "released"):
+            record = self.ledger.batch(batch_id)
+            if record is None or (record.queries, record.params.get("query_digest")) != (count, digest.hex()):
+                raise InputError(
+                    f"batch id {batch_id} was already used for another query (now {finished.state}); a batch "
+                    "id names one query for good: use a fresh id"
+                )
             return finished, 0.0
         try:
             with self.metrics.stage("ledger"):

@@ -7,6 +7,7 @@ The files are the same a real deployment uses (see deploy/ and docs/operations.m
 
 from __future__ import annotations
 
+import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,38 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
         raise InputError(f"{layout.root} already holds a federation; `capc local down --purge` it first")
     config = FederationConfig.from_dict(federation_dict(options), source="local federation options")
     check_batch_fits(config)
+    existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
+    try:
+        endpoints = _write_federation(layout, config, options)
+        _load_sites(layout, config)
+    except BaseException:
+        # Leave the directory as it was: a half-provisioned federation would block the next `up`.
+        if existing is None:
+            shutil.rmtree(layout.root, ignore_errors=True)
+        else:
+            for path in set(layout.root.iterdir()) - existing:
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+        raise
+    return layout, config, endpoints
+
+
+def _load_sites(layout: Layout, config: FederationConfig) -> None:
+    """Read every site file back as its party will (so invalid options fail here, not at start-up)."""
+    from capc_services.guardian.settings import GuardianSettings
+    from capc_services.student.settings import StudentSettings
+    from capc_services.teacher.settings import TeacherSettings
+
+    GuardianSettings.load(layout.site(config.guardian))
+    StudentSettings.load(layout.site(config.student))
+    for name in config.teacher_names:
+        TeacherSettings.load(layout.site(name))
+
+
+def _write_federation(layout: Layout, config: FederationConfig, options: LocalOptions) -> Endpoints:
+    """Write the CA, certificates, token, federation.yaml and site files; returns the chosen ports."""
     layout.root.mkdir(parents=True, exist_ok=True)
     config.save(layout.federation)
     init_ca(layout.certs, name=config.name)
@@ -241,4 +274,4 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
     for party in parties:
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
     layout.logs.mkdir(parents=True, exist_ok=True)
-    return layout, config, endpoints
+    return endpoints

@@ -62,7 +62,12 @@ def _up_text(result: dict[str, Any]) -> str:
 @click.option(
     "--train-limit", type=click.IntRange(min=1), default=3000, show_default=True, help="Examples/party."
 )
-@click.option("--teacher-cap", type=float, default=None, help="Each party's local ε cap [default: 3 × ε].")
+@click.option(
+    "--teacher-cap",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Each party's local ε cap [default: 3 × ε].",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--insecure-noise-seed",
