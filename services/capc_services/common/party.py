@@ -13,7 +13,7 @@ from capc_services.common.admin import Readiness, build_admin_app
 from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import AdminServer
-from capc_services.common.settings import SiteSettings
+from capc_services.common.settings import SiteSettings, is_loopback
 from capc_services.tls import certificate_info
 
 _log = logging.getLogger(__name__)
@@ -88,7 +88,14 @@ class PartyRuntime:
     ) -> int:
         """Serve :meth:`admin_app` on the site's admin address; returns its port."""
         app = self.admin_app(readiness=readiness, routers=routers)
-        self._admin = AdminServer(app, bind=self.settings.admin.bind)
+        bind = self.settings.admin.bind
+        if not is_loopback(bind):  # allowed by admin.allow_remote (the settings refuse it otherwise)
+            _log.warning(
+                "the admin API listens on a non-loopback address over plain HTTP (admin.allow_remote); keep "
+                "it on an internal network or behind a TLS-terminating proxy",
+                extra={"bind": bind},
+            )
+        self._admin = AdminServer(app, bind=bind)
         self.admin_port = self._admin.start()
         return self.admin_port
 
