@@ -145,12 +145,11 @@ def test_a_non_loopback_admin_bind_needs_an_explicit_opt_in(
 
 
 def test_an_allowed_remote_admin_bind_is_announced_at_start(
-    pki: Path, tmp_path: Path, token_file: Path, federation, caplog: pytest.LogCaptureFixture
+    pki: Path, token_file: Path, funded_federation: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _, fed_path = federation
     settings = SiteSettings(
         party="guardian",
-        federation=fed_path,
+        federation=funded_federation,
         tls={"ca": pki / "ca.crt", "cert": pki / "guardian.crt", "key": pki / "guardian.key"},
         admin={"bind": "0.0.0.0:0", "token_file": token_file, "allow_remote": True},
     )

@@ -173,6 +173,10 @@ class SiteSettings(BaseSettings):
     def check_role(self) -> None:
         """Hook for subclasses: refuse a site file whose party plays another role."""
 
+    def listen_addresses(self) -> dict[str, str]:
+        """Every address this party listens on, by setting name (subclasses add their gRPC bind)."""
+        return {"admin.bind": self.admin.bind}
+
     @cached_property
     def federation_config(self) -> FederationConfig:
         """The shared federation.yaml this site points at."""

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from capc_common.errors import InputError
-from capc_common.federation import FederationConfig, check_batch_fits
+from capc_common.federation import FederationConfig, check_runnable
 from capc_services.local.layout import Layout
 from capc_services.tls import init_ca, issue_certificate, write_admin_token
 
@@ -38,9 +38,10 @@ class LocalOptions:
             query as answered).
         generator / backbone: query generator and shared backbone (None: the library defaults).
         seed: seed of the query stream and of the data partition.
-        insecure_noise_seed: seeded (non-private) guardian and student noise (each party derives its own
-            stream from it, as ``capc dietpate run`` does from ``mechanism.noise_seed``), for comparisons
-            with the central run.
+        insecure_noise_seed: seeded (non-private) guardian and student noise (federation.yaml's
+            ``mechanism.insecure_noise_seed``; each party derives its own stream from it, as
+            ``capc dietpate run`` does from ``mechanism.noise_seed``), for comparisons with the central run.
+            The teacher sites opt in (``allow_insecure_noise: true``).
         torch_threads: CPU threads per party process.
         evaluation_images: held-out test images the student is evaluated on (None: no evaluation).
         pipeline_depth: the student's pipelining (0: one batch at a time).
@@ -110,6 +111,7 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
             "threshold": options.threshold if options.threshold is not None else round(0.75 * heads, 1),
             "sigma1": options.sigma1 if options.sigma1 is not None else round(0.6 * heads, 2),
             "sigma2": options.sigma2 if options.sigma2 is not None else round(0.25 * heads, 2),
+            "insecure_noise_seed": options.insecure_noise_seed,
         },
         "budget": {"epsilon": options.epsilon, "delta": options.delta, "order": options.order},
         "queries": {
@@ -171,7 +173,7 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
     if layout.federation.exists():
         raise InputError(f"{layout.root} already holds a federation; `capc local down --purge` it first")
     config = FederationConfig.from_dict(federation_dict(options), source="local federation options")
-    check_batch_fits(config)
+    check_runnable(config)
     existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
     try:
         endpoints = _write_federation(layout, config, options)
@@ -230,8 +232,6 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         "grpc": {"bind": guardian_address},
         "ledger": f"../parties/{config.guardian}/ledger.sqlite",
     }
-    if options.insecure_noise_seed is not None:
-        guardian_site["insecure_noise_seed"] = options.insecure_noise_seed
     _write_yaml(layout.site(config.guardian), guardian_site)
     student_site: dict[str, Any] = {
         **common(config.student),
@@ -248,8 +248,6 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
             else {"dataset": options.dataset, "limit": options.evaluation_images},
         },
     }
-    if options.insecure_noise_seed is not None:
-        student_site["insecure_noise_seed"] = options.insecure_noise_seed
     _write_yaml(layout.site(config.student), student_site)
     cap = options.teacher_cap if options.teacher_cap is not None else 3 * options.epsilon
     for index, name in enumerate(config.teacher_names):
@@ -261,6 +259,8 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
                 "guardian_address": guardian_address,
                 "heads": f"../parties/{name}/heads.safetensors",
                 "cap": {"epsilon": cap, "record": f"../parties/{name}/cap.jsonl"},
+                # The simulated hospitals opt in to what the options asked for (a real site decides itself).
+                "allow_insecure_noise": config.insecure_noise,
                 "torch_threads": options.torch_threads,
                 "data": {
                     "dataset": options.dataset,

@@ -58,17 +58,11 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
     apply_torch_threads(settings.torch_threads)
     store = LabelStore(settings.store, config_hash=party.config_hash)
     registry = TeacherRegistry()
-    if settings.insecure_noise_seed is not None:
-        # As on the guardian: the seed is never logged (it would strip the student's part of the noise).
-        _log.warning(
-            "INSECURE: the student's threshold noise comes from a seeded generator; labels are "
-            "reproducible and NOT private. Use only to compare with the central reference."
-        )
     guardian = GuardianClient(
         config=party.config,
         tls=party.tls,
         address=settings.guardian_address,
-        noise=party_noise("student", seed=settings.insecure_noise_seed),
+        noise=party_noise("student", seed=party.config.mechanism.insecure_noise_seed),
     )
     scheduler = Scheduler(
         config=party.config,
@@ -115,7 +109,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
                 "grpc": (True, {"port": server.port}),
                 "guardian": (guardian_ok["ok"], guardian_ok["detail"]),
             },
-            routers=[_progress_router(scheduler, registry, noise=noise_label(settings))],
+            routers=[_progress_router(scheduler, registry, noise=noise_label(party.config))],
         )
         worker = threading.Thread(target=work, name="scheduler", daemon=True)
         worker.start()
