@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from live_parties import LiveParties
+from live_parties import start as start_live_parties
 from sites_harness import federation_dict, funded_config
 
 from capc_common.federation import FederationConfig
@@ -55,3 +58,11 @@ def token_file(tmp_path: Path) -> Path:
     path.write_text(secrets.token_urlsafe(32))
     path.chmod(0o600)
     return path
+
+
+@pytest.fixture(scope="session")
+def live_parties(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveParties]:
+    """A real guardian and student process (see ``live_parties.py``), shared by the modules that need them."""
+    running = start_live_parties(tmp_path_factory.mktemp("live") / "federation")
+    yield running
+    running.close()

@@ -34,7 +34,7 @@ def open_ledger(settings: GuardianSettings) -> BudgetLedger:
         epsilon_limit=config.budget.epsilon,
         delta=config.budget.delta,
         order=config.budget.order,
-        config=config.model_dump(mode="json"),
+        config=config.parameters(),
     )
     report = ledger.verify()
     if not report.ok:
