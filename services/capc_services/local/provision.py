@@ -95,13 +95,16 @@ def _order(options: LocalOptions, heads: int) -> float:
     if options.order is not None:
         return options.order
     try:
+        mechanism = _mechanism(options, heads)
         planned = plan(
             teachers=heads,
             classes=10,
+            threshold=mechanism["threshold"],
+            sigma1=mechanism["sigma1"],
+            sigma2=mechanism["sigma2"],
             epsilon=options.epsilon,
             delta=options.delta,
             answer_rate=ANSWER_RATE,
-            **_mechanism(options, heads),
         )
     except InputError:
         return _FALLBACK_ORDER  # the budget buys nothing: the batch check below says how to fix it

@@ -100,7 +100,14 @@ def propose(
     teachers = sum(heads)
     mechanism = scaled_mechanism(teachers)
     budget = plan(
-        teachers=teachers, classes=classes, epsilon=epsilon, delta=delta, answer_rate=ANSWER_RATE, **mechanism
+        teachers=teachers,
+        classes=classes,
+        threshold=mechanism["threshold"],
+        sigma1=mechanism["sigma1"],
+        sigma2=mechanism["sigma2"],
+        epsilon=epsilon,
+        delta=delta,
+        answer_rate=ANSWER_RATE,
     )
     # At most an eighth of the expected stream per batch, so the budget's end wastes little of it.
     batch = max(bn_batch, min(batch_size, budget["queries"] // 8) // bn_batch * bn_batch)
