@@ -27,6 +27,7 @@ DEMO_OPTIONS = LocalOptions(
     batch_size=512,
     bn_batch=64,
     train_limit=None,
+    order=None,  # the order capc budget plan picks for this mechanism and budget
 )
 
 

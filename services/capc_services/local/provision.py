@@ -31,7 +31,8 @@ class LocalOptions:
         parties: teacher parties.
         teachers_per_party: teacher heads per party.
         dataset: the teachers' private data (split disjointly between parties).
-        epsilon / delta / order: the federation's budget (order None: planned for the mechanism).
+        epsilon / delta / order: the federation's budget (order None: the order ``capc budget plan`` picks
+            for the mechanism; the fixed default 10 lets teachers set local caps well below ε).
         queries / batch_size / bn_batch: the synthetic query stream.
         threshold / sigma1 / sigma2: Confident-GNMax parameters (None: scaled to the number of heads by
             :data:`capc_common.federation.MECHANISM_RATIOS`).
@@ -56,7 +57,7 @@ class LocalOptions:
     dataset: str = "fashion-mnist"
     epsilon: float = 10.0
     delta: float = 1e-5
-    order: float | None = None
+    order: float | None = 10.0
     queries: int = 2048
     batch_size: int = 64
     bn_batch: int = 64

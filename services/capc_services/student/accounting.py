@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from capc_common.data.partition import NEIGHBOURING
 from capc_common.federation import FederationConfig, batch_costs
 from capc_services.student.store import LabelStore
 
@@ -50,4 +51,6 @@ def privacy_of(config: FederationConfig, store: LabelStore) -> dict[str, Any]:
         "rdp": spent_rdp(config, store),
         "epsilon_limit": config.budget.epsilon,
         "accountant": ACCOUNTANT,
+        # Teacher parties assign examples to heads by a content hash (capc teacher train).
+        "neighbouring": NEIGHBOURING["hash"],
     }

@@ -99,7 +99,7 @@ def publish_student(settings: StudentSettings, *, store: LabelStore, progress: P
         }
     parties = sorted({p for record in done for p in record.parties})
     counts = store.counts()
-    card = {
+    card: dict[str, Any] = {
         "model": "student head on the shared backbone (DIET-CaPC)",
         "federation": config.name,
         "config_hash": config.config_hash(),

@@ -52,8 +52,9 @@ def _up_text(result: dict[str, Any]) -> str:
 @click.option(
     "--order",
     type=click.FloatRange(min=1, min_open=True),
-    default=None,
-    help="Rényi order of the ledger [default: the order capc budget plan picks for the mechanism].",
+    default=10.0,
+    show_default=True,
+    help="Rényi order of the ledger (capc federation plan proposes one for the budget).",
 )
 @click.option("--queries", type=click.IntRange(min=1), default=2048, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=16), default=64, show_default=True)

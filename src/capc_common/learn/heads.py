@@ -324,16 +324,22 @@ def train_heads(
         recipe.kind, heads=heads, dim=x.shape[1], classes=classes, hidden=recipe.hidden, seed=seed
     )
     order = np.argsort(own, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(np.bincount(own, minlength=heads))])
-    for t in range(heads):
-        rows = order[starts[t] : starts[t + 1]]
-        xs = torch.from_numpy(np.ascontiguousarray(x[rows])).unsqueeze(0)
-        ys = torch.from_numpy(y[rows]).unsqueeze(0)
-        ws = torch.from_numpy(w[rows] / w[rows].sum()).unsqueeze(0)
-        head = {k: v[t : t + 1].clone() for k, v in params.items()}
-        _fit_head(recipe, head, xs, ys, ws, classes=classes)
-        for k, v in head.items():
-            params[k][t] = v[0].float()
+    counts = np.bincount(own, minlength=heads)
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    width = recipe.hidden if recipe.kind == "mlp" else classes
+    # Several heads (teachers) are fitted on one thread: a fixed order of arithmetic. Threaded BLAS may
+    # split its reductions differently when the machine is busy (seen here: an MLP head's last bits moved
+    # under load), and then a head's bits would depend on more than its own rows.
+    with _optim.threads_for(0 if heads > 1 else 6 * int(counts.max()) * x.shape[1] * width):
+        for t in range(heads):
+            rows = order[starts[t] : starts[t + 1]]
+            xs = torch.from_numpy(np.ascontiguousarray(x[rows])).unsqueeze(0)
+            ys = torch.from_numpy(y[rows]).unsqueeze(0)
+            ws = torch.from_numpy(w[rows] / w[rows].sum()).unsqueeze(0)
+            head = {k: v[t : t + 1].clone() for k, v in params.items()}
+            _fit_head(recipe, head, xs, ys, ws, classes=classes)
+            for k, v in head.items():
+                params[k][t] = v[0].float()
     return HeadEnsemble(
         recipe.kind, params, classes, {"recipe": json.dumps(recipe.describe(), sort_keys=True)}
     )
