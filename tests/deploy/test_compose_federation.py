@@ -149,8 +149,8 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
     # ---- hospital-c: docs/operations.md, executed --------------------------------------------------------
     blocks = doc_blocks()
     languages = [lang for lang, _ in blocks]
-    assert languages == ["bash", "bash", "yaml", "bash", "bash", "bash"], languages
-    build, request, site, install, train, serve = (text for _, text in blocks)
+    assert languages == ["bash", "bash", "yaml", "bash", "bash", "bash", "bash"], languages
+    build, request, site, install, train, preflight, serve = (text for _, text in blocks)
     assert commands(build) == [
         "docker build -f deploy/Dockerfile -t diet-capc:latest ."
     ]  # the fixture's build
@@ -195,6 +195,8 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
         shell(command)
     trained = shell(commands(adapt(train))[0], timeout=900)
     assert f"{examples} examples" in trained.stdout, trained.stdout
+    checked = shell(commands(adapt(preflight))[0], timeout=600, check=False)
+    assert checked.returncode == 0, f"preflight found a failure:\n{checked.stdout}\n{checked.stderr}"
     first, curl = commands(adapt(serve))
     shell(first)
     wait_for("hospital-c's admin port", lambda: shell(curl, check=False).returncode == 0, timeout=300,
