@@ -1,4 +1,4 @@
-"""``capc demo`` (the README's `make demo`) as a user runs it: a real local federation to a published student."""
+"""``capc demo`` (the README's `make demo`) as a user runs it: a local federation to a published student."""
 
 from __future__ import annotations
 
@@ -25,5 +25,6 @@ def test_demo_spends_the_budget_and_publishes_a_student(capc, capc_json, tmp_pat
     # The demo stops its parties and leaves their state: the guardian's ledger verifies and agrees.
     status = capc("local", "status", "--state-dir", str(state), "--format", "json")
     assert status.returncode != 0 or '"running": true' not in status.stdout, status.stdout
-    verified = capc_json("budget", "verify", "--ledger", str(state / "parties" / "guardian" / "ledger.sqlite"))
+    ledger = state / "parties" / "guardian" / "ledger.sqlite"
+    verified = capc_json("budget", "verify", "--ledger", str(ledger))
     assert verified["ok"] and verified["totals"]["epsilon_spent"] == pytest.approx(budget["epsilon_spent"])

@@ -56,6 +56,18 @@ def test_only_state_is_a_volume_so_a_bind_mount_of_etc_capc_is_what_the_containe
     assert user.startswith(f"uid={UID}(capc) gid={UID}(capc)"), user
 
 
+def test_no_private_key_or_token_is_baked_into_the_image(engine: Engine, image: dict[str, Any]) -> None:
+    # Keys and tokens are made at run time into volumes; none may come with the build context.
+    places = "/etc /var /home /tmp /opt/capc/venv/lib/python3.11/site-packages/capc_*"
+    pem = r"^-----BEGIN ([A-Z]+ )?PRIVATE KEY-----$"
+    found = engine.docker(
+        "run", "--rm", "--entrypoint", "sh", IMAGE, "-c",
+        f"grep -rlIE '{pem}' {places} 2>/dev/null; find {places} -name '*.token' -o -name '*.key' 2>&-",
+        check=False,
+    )  # fmt: skip
+    assert found.stdout.strip() == "", found.stdout
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="making host files owned by another uid needs root")
 def test_host_files_the_container_uid_cannot_read_give_a_clear_error(
     engine: Engine, image: dict[str, Any], tmp_path: Path
