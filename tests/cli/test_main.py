@@ -71,7 +71,8 @@ def test_a_file_this_user_cannot_read_is_bad_input_without_a_traceback(tmp_path)
     federation.chmod(0)
     site = tmp_path / "sites" / "hospital-a.yaml"  # names ../federation.yaml
     site.parent.mkdir()
-    site.write_text((REPO / "deploy" / "compose" / "sites" / "hospital-a.yaml").read_text())
+    compose_site = (REPO / "deploy" / "compose" / "sites" / "hospital-a.yaml").read_text()
+    site.write_text(compose_site.replace("0.0.0.0", "127.0.0.1"))
     # root reads any file unless it lacks the capabilities that override file modes
     drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
     if drop and shutil.which("setpriv") is None:
