@@ -13,9 +13,9 @@ from capc_common.federation.config import (
 )
 from capc_common.federation.costs import (
     BatchCosts,
-    accountant,
     batch_costs,
     check_batch_fits,
+    mechanism_of,
     smallest_quorum_heads,
 )
 from capc_common.federation.plan import BatchPlan, batch_plan, usable_queries
@@ -31,12 +31,12 @@ __all__ = [
     "Queries",
     "Quorum",
     "TeacherParty",
-    "accountant",
     "batch_costs",
     "batch_plan",
     "check_batch_fits",
     "check_party_name",
     "load_shared_backbone",
+    "mechanism_of",
     "mpc_config",
     "smallest_quorum_heads",
     "usable_queries",

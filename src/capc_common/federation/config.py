@@ -12,12 +12,15 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from capc_common.errors import InputError
+
+if TYPE_CHECKING:
+    from capc_common.mechanisms import SelectionMechanism
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
@@ -56,6 +59,19 @@ class Mechanism(_Frozen):
     threshold: float = Field(ge=0)
     sigma1: float = Field(gt=0)
     sigma2: float = Field(gt=0)
+
+    def build(self, *, classes: int, teachers: int, min_teachers: int | None) -> SelectionMechanism:
+        """The mechanism object every party of the federation plugs into the engine."""
+        from capc_common.mechanisms import ConfidentGNMax
+
+        return ConfidentGNMax(
+            classes=classes,
+            teachers=teachers,
+            threshold=self.threshold,
+            sigma1=self.sigma1,
+            sigma2=self.sigma2,
+            min_teachers=min_teachers,
+        )
 
 
 class Budget(_Frozen):
