@@ -11,7 +11,7 @@ import pytest
 
 from capc_common.aggregation import confident_gnmax, gnmax, lnmax, mechanism_noise, vote_histogram
 from capc_common.errors import InputError
-from capc_common.mechanisms import ConfidentGNMax, GNMax, LNMax, SelectionMechanism
+from capc_common.mechanisms import ConfidentGNMax, GNMax, LNMax, PrivateKNN, SelectionMechanism
 from capc_common.mpc import EvaluatorSession, GarblerSession, channel_pair, share_votes, sum_shares
 from capc_common.privacy import ConfidentGNMaxAccountant
 
@@ -129,6 +129,7 @@ def _secure(mechanism: SelectionMechanism, hist: np.ndarray, *, teachers: int, s
     [
         ConfidentGNMax(classes=4, teachers=20, threshold=14, sigma1=4, sigma2=2),
         GNMax(classes=4, sigma=3),
+        PrivateKNN(classes=4, sigma=3, neighbours=5, sampling_rate=0.5),
     ],
     ids=lambda m: m.name,
 )

@@ -174,13 +174,12 @@ class GNMax(SelectionMechanism):
         lam = as_orders(orders)
         return np.zeros_like(lam), rdp_gnmax_data_independent(lam, sigma=self.sigma)
 
-    def data_dependent(self) -> DataDependentPATEAccountant:
+    def data_dependent(self) -> DataDependentPATEAccountant | None:
         """PATE-2018 data-dependent analysis of GNMax (UNSANITISED)."""
         return DataDependentPATEAccountant(threshold=None, sigma1=None, sigma2=self.sigma, noise="discrete")
 
     def guardian_noise(self, source: NoiseSource, *, batch: int) -> BatchNoise:
-        """``z2``: ``(B, c)`` draws of ``N_Z(0, σ²)``, the same stream position as Confident-GNMax's ``z2``
-        would take without the threshold noise before it."""
+        """``z2``: ``(B, c)`` draws of ``N_Z(0, σ²)``, as :func:`~capc_common.aggregation.gnmax` draws."""
         b = count("batch", batch, minimum=1)
         z2 = np.asarray(source.discrete_gaussian(sigma=self.sigma, shape=(b, self.classes)), dtype=np.int64)
         return BatchNoise({"z2": z2})
