@@ -8,8 +8,10 @@ from capc_common.federation.config import (
     Mechanism,
     Queries,
     Quorum,
+    Revocation,
     TeacherParty,
     check_party_name,
+    serial_hex,
 )
 from capc_common.federation.costs import (
     BatchCosts,
@@ -30,6 +32,7 @@ __all__ = [
     "Mechanism",
     "Queries",
     "Quorum",
+    "Revocation",
     "TeacherParty",
     "batch_costs",
     "batch_plan",
@@ -38,6 +41,7 @@ __all__ = [
     "load_shared_backbone",
     "mechanism_of",
     "mpc_config",
+    "serial_hex",
     "smallest_quorum_heads",
     "usable_queries",
 ]
