@@ -66,7 +66,7 @@ DELTA = 1e-5
 ORDERS = DEFAULT_ORDERS[DEFAULT_ORDERS <= 256]
 #: Chosen on the validation split (see the module docstring and docs/mechanisms.md).
 HYPER = {
-    "dpsgd": {"clip": 1.0, "batch": 1024, "epochs": 10, "learning_rate": 2.0, "momentum": 0.9},
+    "dpsgd": {"clip": 1.0, "batch": 1024, "epochs": 10, "learning_rate": 8.0, "momentum": 0.9},
     "dppl": {"count_share": 0.1, "metric": "euclidean"},
     "knn": {"queries": 500, "neighbours": 50, "sampling_rate": 0.2, "generator": "dead_leaves"},
     "local": {"l2": 1e-3},
