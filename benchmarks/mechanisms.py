@@ -69,7 +69,7 @@ HYPER = {
     "dpsgd": {"clip": 1.0, "batch": 1024, "epochs": 10, "learning_rate": 8.0, "momentum": 0.9},
     "dppl": {"count_share": 0.1, "metric": "euclidean"},
     "knn": {"queries": 500, "neighbours": 50, "sampling_rate": 0.2, "generator": "dead_leaves"},
-    "local": {"l2": 1e-3},
+    "local": {"l2": 1e-3, "max_iter": 50},
 }
 FIELDS = (
     "method",
@@ -136,7 +136,10 @@ def local_only(parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, **_: An
     x = np.concatenate([p.features for p in parties])
     y = np.concatenate([p.labels for p in parties])
     owners = np.repeat(np.arange(len(parties)), [len(p.labels) for p in parties])
-    heads = train_heads(x, y, owners=owners, heads=len(parties), classes=10, l2=HYPER["local"]["l2"])
+    h = HYPER["local"]
+    heads = train_heads(
+        x, y, owners=owners, heads=len(parties), classes=10, l2=h["l2"], max_iter=h["max_iter"]
+    )
     per_party = (heads.predict(ex) == ey[None, :]).mean(axis=1)
     return {"accuracy": float(per_party.mean()), "epsilon": math.inf, "released": 0, "noise": "none"}
 

@@ -129,8 +129,7 @@ class DPPrototypes(ReleaseMechanism):
         if y.size and (y.min() < 0 or y.max() >= self.classes):
             raise InputError(f"labels must be class indices in [0, {self.classes})")
         encoded = self.fixed_point.encode(normalise(x) * self.radius)
-        sums = np.zeros((self.classes, self.dim), dtype=np.int64)
-        np.add.at(sums, y, encoded)
+        sums = np.stack([encoded[y == c].sum(axis=0) for c in range(self.classes)])
         counts = np.bincount(y, minlength=self.classes).astype(np.int64)
         return np.concatenate([sums.ravel(), counts])
 
