@@ -400,14 +400,15 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
             m = np.array([100 * t["accuracy_mean"] for t in pts])
             s = np.array([100 * t["accuracy_std"] for t in pts])
             style = "--" if method == "local-only" else "-o"
-            ax.plot(e, m, style, label=method)
-            ax.fill_between(e, m - s, m + s, alpha=0.2)
+            colour = f"C{METHODS.index(method)}"
+            ax.plot(e, m, style, label=method, color=colour)
+            ax.fill_between(e, m - s, m + s, alpha=0.2, color=colour)
         ax.set_xscale("log")
         ax.set_xlabel("ε (δ = 1e-5)")
         ax.set_title(f"partition: {part}")
         ax.grid(alpha=0.3)
+        ax.legend()
     axes[0][0].set_ylabel("test accuracy (%)")
-    axes[0][-1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
