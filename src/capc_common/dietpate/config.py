@@ -10,7 +10,7 @@ that names the offending key, its value and what is allowed. Checks that need th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from capc_common.errors import InputError
 from capc_common.learn.heads import HeadRecipe
 from capc_common.learn.student import STUDENT_CANDIDATES
+
+if TYPE_CHECKING:
+    from capc_common.mechanisms import SelectionMechanism
 
 __all__ = [
     "BackboneSection",
@@ -137,6 +140,25 @@ class MechanismSection(_Section):
         if missing:
             raise ValueError(f"mechanism {self.name} needs {', '.join(missing)}")
         return self
+
+    def build(self, *, teachers: int, classes: int) -> SelectionMechanism:
+        """The mechanism object these parameters describe, for ``teachers`` heads over ``classes``."""
+        from capc_common.mechanisms import ConfidentGNMax, GNMax, LNMax
+
+        if self.name == "confident-gnmax":
+            assert self.threshold is not None and self.sigma1 is not None and self.sigma2 is not None
+            return ConfidentGNMax(
+                classes=classes,
+                teachers=teachers,
+                threshold=self.threshold,
+                sigma1=self.sigma1,
+                sigma2=self.sigma2,
+            )
+        if self.name == "gnmax":
+            assert self.sigma2 is not None
+            return GNMax(classes=classes, sigma=self.sigma2)
+        assert self.scale is not None
+        return LNMax(classes=classes, scale=self.scale)
 
 
 class BudgetSection(_Section):
