@@ -124,7 +124,11 @@ class Federation:
                 config=config,
                 backbone=backbone,
                 heads=ensemble,
-                cap=LocalCap(tmp / f"{party}.cap", config=config, epsilon_cap=(caps or {}).get(party, 1e6)),
+                cap=LocalCap(
+                    LocalCap.init(tmp / f"{party}.cap", config=config),
+                    config=config,
+                    epsilon_cap=(caps or {}).get(party, 1e6),
+                ),
                 metrics=_metrics(pki, party, config),
             )
             links = TeacherLinks(

@@ -18,6 +18,7 @@ import yaml
 from capc_common.errors import InputError
 from capc_common.federation import FederationConfig, check_runnable
 from capc_services.local.layout import Layout
+from capc_services.teacher.cap import LocalCap
 from capc_services.tls import init_ca, issue_certificate, write_admin_token
 
 
@@ -273,5 +274,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         )
     for party in parties:
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
+    for name in config.teacher_names:  # the explicit init a real site makes with `capc teacher init-cap`
+        LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config)
     layout.logs.mkdir(parents=True, exist_ok=True)
     return endpoints
