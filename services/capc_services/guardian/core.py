@@ -31,7 +31,7 @@ import numpy as np
 
 from capc_common.aggregation import draw_confident_noise
 from capc_common.errors import CapcError, InputError, IntegrityError, ProtocolError, UnavailableError
-from capc_common.federation import FederationConfig, batch_costs, check_batch_fits, mpc_config
+from capc_common.federation import FederationConfig, batch_costs, check_batch_fits, mpc_config, sampler_delta
 from capc_common.mpc import Channel, GarblerSession
 from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_services.common.metrics import PartyMetrics
@@ -96,6 +96,7 @@ class Guardian:
         check_batch_fits(config)
         self._mpc = mpc_config(config)
         self._costs = batch_costs(config)
+        self._sampler_delta = sampler_delta(config)
         metrics.registry.register(BudgetCollector(self.budget))
         self._lock = threading.Condition()
         self._open: dict[str, _OpenBatch] = {}
@@ -387,8 +388,11 @@ class Guardian:
 
     # ---------------------------------------------------------------- reporting
     def budget(self) -> dict[str, Any]:
-        """The ledger summary plus the kind of noise this guardian draws."""
+        """The ledger summary, the kind of noise this guardian draws, and the δ the guarantee holds at once
+        the samplers' statistical distance is added (``delta_total`` = ``delta`` + ``delta_sampler``)."""
         summary = dict(self.ledger.summary())
         summary["noise"] = type(self.noise).__name__
         summary["noise_secure"] = bool(getattr(self.noise, "secure", True))
+        summary["delta_sampler"] = self._sampler_delta
+        summary["delta_total"] = summary["delta"] + self._sampler_delta
         return summary

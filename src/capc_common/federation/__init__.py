@@ -18,6 +18,7 @@ from capc_common.federation.costs import (
     accountant,
     batch_costs,
     check_batch_fits,
+    sampler_delta,
     smallest_quorum_heads,
 )
 from capc_common.federation.plan import BatchPlan, batch_plan, usable_queries
@@ -42,6 +43,7 @@ __all__ = [
     "check_runnable",
     "load_shared_backbone",
     "mpc_config",
+    "sampler_delta",
     "serial_hex",
     "smallest_quorum_heads",
     "usable_queries",
