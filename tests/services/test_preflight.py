@@ -299,7 +299,7 @@ CASES: dict[str, tuple[Callable[[Broken], None], str, str, str]] = {
         "not even one more batch fits",
     ),
     "local ε cap below the federation's plan": (
-        lambda b: b.data["cap"].update(epsilon=120.0),
+        lambda b: b.data["cap"].update(epsilon=150.0),
         "local_cap",
         "warn",
         "stops this party after 2 of 4 batches",
