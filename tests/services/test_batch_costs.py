@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capc_common.federation import BatchCosts, FederationConfig, batch_costs
+from capc_common.federation import BatchCosts, FederationConfig, batch_costs, sampler_delta, usable_queries
 from capc_common.privacy import BudgetLedger
+from capc_common.privacy.noise import discrete_gaussian_table
 
 _RDP = st.floats(min_value=1e-9, max_value=50.0, allow_nan=False, allow_infinity=False)
 
@@ -53,3 +56,14 @@ def test_a_batch_whose_queries_all_pass_settles_within_its_reservation(
         ledger.settle(f"b{count}", answered=count, actual_rdp=costs.actual(count, count), actor="guardian")
     assert ledger.verify().ok
     ledger.close()
+
+
+def test_a_federation_adds_its_samplers_distance_over_every_draw(federation_dict) -> None:
+    config = FederationConfig.from_dict(
+        federation_dict(mechanism={"threshold": 90, "sigma1": 72, "sigma2": 30}, classes=10)
+    )
+    eta = max(discrete_gaussian_table(sigma=s).distance_bound for s in (72.0, 30.0))
+    draws = usable_queries(config) * (config.classes + 2)  # z1_g, z1_s and c values of z2 per query
+    want = (1 + math.exp(config.budget.epsilon)) * draws * eta
+    assert sampler_delta(config) == pytest.approx(want, rel=1e-12)
+    assert 0 < sampler_delta(config) < 1e-15 * config.budget.delta  # 1.4e-24 here

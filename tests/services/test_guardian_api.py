@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sites_harness import funded_config
 
+from capc_common.federation import sampler_delta
 from capc_common.privacy import SeededNoise
 from capc_services.common.party import PartyRuntime
 from capc_services.guardian.api import router
@@ -62,3 +64,9 @@ def test_a_missing_token_is_a_401_problem(client: TestClient) -> None:
     assert reply.headers["content-type"] == "application/problem+json"
     assert reply.headers["www-authenticate"] == "Bearer"
     assert "bearer token" in reply.json()["detail"]
+
+
+def test_the_budget_adds_the_samplers_distance_to_delta(client: TestClient) -> None:
+    budget = client.get("/api/v1/budget").json()  # ε = 300 here: the (1 + e^ε) factor makes it large
+    assert budget["delta_sampler"] == sampler_delta(funded_config()) > 0
+    assert budget["delta_total"] == budget["delta"] + budget["delta_sampler"]

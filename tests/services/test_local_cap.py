@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from capc_common.errors import BudgetExhaustedError, IntegrityError
+from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError
 from capc_common.federation import FederationConfig, batch_costs, mechanism_of
 from capc_services.teacher.cap import LocalCap
 
@@ -24,6 +24,7 @@ def test_cap_counts_worst_cases_durably_and_refuses_past_the_cap(
     # Prepare: a cap that fits exactly two batches of 16
     costs = batch_costs(config)
     cap_eps = costs.epsilon(costs.worst_case(16) * 2.5)
+    LocalCap.init(tmp_path / "cap.jsonl", config=config)
     cap = LocalCap(tmp_path / "cap.jsonl", config=config, epsilon_cap=cap_eps)
     # Execute
     cap.charge(batch_id="b0", attempt=1, count=16)
@@ -42,6 +43,7 @@ def test_cap_counts_worst_cases_durably_and_refuses_past_the_cap(
 
 
 def test_record_of_another_federation_or_corrupt_is_refused(tmp_path: Path, config, federation_dict) -> None:
+    LocalCap.init(tmp_path / "cap.jsonl", config=config)
     LocalCap(tmp_path / "cap.jsonl", config=config, epsilon_cap=100).charge(batch_id="b", attempt=1, count=16)
     other = FederationConfig.from_dict(federation_dict(name="other"))
     with pytest.raises(IntegrityError, match="another federation config"):
@@ -51,11 +53,29 @@ def test_record_of_another_federation_or_corrupt_is_refused(tmp_path: Path, conf
         LocalCap(tmp_path / "bad.jsonl", config=config, epsilon_cap=100)
 
 
+def test_a_missing_record_refuses_to_start_and_is_created_only_by_init(
+    tmp_path: Path, config: FederationConfig
+) -> None:
+    """The campaign's finding: a deleted cap.jsonl silently restarted the hospital at ε 0."""
+    record = tmp_path / "site" / "cap.jsonl"
+    with pytest.raises(IntegrityError, match=r"does not exist.*restore the record.*capc teacher init-cap"):
+        LocalCap(record, config=config, epsilon_cap=100)
+    assert not record.parent.exists()  # opening creates nothing
+    LocalCap.init(record, config=config)
+    LocalCap(record, config=config, epsilon_cap=100).charge(batch_id="b0", attempt=1, count=16)
+    with pytest.raises(InputError, match="never re-created"):
+        LocalCap.init(record, config=config)
+    assert LocalCap(record, config=config, epsilon_cap=100).batches == 1
+    record.unlink()
+    with pytest.raises(IntegrityError, match="does not exist"):
+        LocalCap(record, config=config, epsilon_cap=100)
+
+
 def test_a_new_record_is_made_durable_with_its_directory_entry(
     tmp_path: Path, config: FederationConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # fsync of the file alone does not make a freshly created file survive a power cut: its directory
-    # entry must be synced too, or the party restarts with an empty record (an under-counted cap).
+    # entry must be synced too, or the party restarts without its record.
     import os
     import stat
 
@@ -66,10 +86,10 @@ def test_a_new_record_is_made_durable_with_its_directory_entry(
         synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
         real_fsync(fd)
 
-    cap = LocalCap(tmp_path / "site" / "cap.jsonl", config=config, epsilon_cap=100)
     monkeypatch.setattr(os, "fsync", recording_fsync)
-    cap.charge(batch_id="b0", attempt=1, count=16)
-    assert synced.count(False) == 1 and synced.count(True) == 1
+    LocalCap.init(tmp_path / "site" / "cap.jsonl", config=config)
+    assert synced == [False, True]
     synced.clear()
-    cap.charge(batch_id="b1", attempt=1, count=16)  # the file exists now: only its contents need syncing
+    cap = LocalCap(tmp_path / "site" / "cap.jsonl", config=config, epsilon_cap=100)
+    cap.charge(batch_id="b0", attempt=1, count=16)  # the file exists: only its contents need syncing
     assert synced == [False]

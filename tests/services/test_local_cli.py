@@ -57,5 +57,19 @@ def test_provisioning_that_fails_leaves_the_directory_as_it_was(tmp_path: Path) 
             provision(root, LocalOptions(teacher_cap=-1.0))
     assert not fresh.exists()
     assert [p.name for p in existing.iterdir()] == ["precious.txt"]
-    layout, _, _ = provision(fresh, LocalOptions())
+    layout, config, _ = provision(fresh, LocalOptions())
     assert layout.federation.exists()
+    for name in config.teacher_names:  # capc local makes the explicit init a real site makes itself
+        assert (layout.party_dir(name) / "cap.jsonl").is_file()
+
+
+def test_init_cap_creates_the_record_once(capc, tmp_path: Path) -> None:
+    layout, config, _ = provision(tmp_path / "fed", LocalOptions())
+    name = config.teacher_names[0]
+    record = layout.party_dir(name) / "cap.jsonl"
+    record.unlink()
+    created = capc("teacher", "init-cap", "--site", str(layout.site(name)), "--format", "json")
+    assert created.returncode == 0, created.stderr
+    assert record.is_file() and str(record) in created.stdout
+    again = capc("teacher", "init-cap", "--site", str(layout.site(name)))
+    assert again.returncode == 2 and "never re-created" in again.stderr

@@ -54,7 +54,7 @@ class Broken:
         self.live, self.tmp, self.party = live, tmp, party
         settings = TeacherSettings.load(live.layout.site(party))
         self.data: dict[str, Any] = json.loads(settings.model_dump_json())
-        self.data["cap"]["record"] = str(tmp / "cap.jsonl")
+        self.data["cap"]["record"] = str(shutil.copy(settings.cap.record, tmp / "cap.jsonl"))
         self.data["data"] = {"dataset": f"npz:{live.root / 'hospital-1.npz'}"}
 
     def federation(self, change: Callable[[dict[str, Any]], None]) -> None:
@@ -299,7 +299,7 @@ CASES: dict[str, tuple[Callable[[Broken], None], str, str, str]] = {
         "not even one more batch fits",
     ),
     "local ε cap below the federation's plan": (
-        lambda b: b.data["cap"].update(epsilon=120.0),
+        lambda b: b.data["cap"].update(epsilon=150.0),
         "local_cap",
         "warn",
         "stops this party after 2 of 4 batches",
@@ -309,6 +309,12 @@ CASES: dict[str, tuple[Callable[[Broken], None], str, str, str]] = {
         "local_cap",
         "fail",
         "written under another federation config",
+    ),
+    "no cap record": (
+        lambda b: Path(b.data["cap"]["record"]).unlink(),
+        "local_cap",
+        "fail",
+        "does not exist",
     ),
 }
 

@@ -124,7 +124,11 @@ class Federation:
                 config=config,
                 backbone=backbone,
                 heads=ensemble,
-                cap=LocalCap(tmp / f"{party}.cap", config=config, epsilon_cap=(caps or {}).get(party, 1e6)),
+                cap=LocalCap(
+                    LocalCap.init(tmp / f"{party}.cap", config=config),
+                    config=config,
+                    epsilon_cap=(caps or {}).get(party, 1e6),
+                ),
                 metrics=_metrics(pki, party, config),
             )
             links = TeacherLinks(
@@ -245,6 +249,7 @@ def test_pipelined_run_labels_like_the_plaintext_rule_and_the_ledger_agrees(
     for key in ("epsilon_spent", "epsilon_settled", "epsilon_reserved"):
         assert privacy[key] == pytest.approx(summary[key], rel=1e-9, abs=1e-12)
     assert privacy["epsilon"] == privacy["epsilon_spent"]
+    assert privacy["delta_total"] == privacy["delta"] + privacy["delta_sampler"] > privacy["delta"]
 
 
 def test_budget_exhaustion_shrinks_the_tail_then_stops_cleanly(

@@ -46,7 +46,7 @@ def _worker(
         config=config,
         backbone=load_shared_backbone(config),
         heads=heads,
-        cap=LocalCap(tmp_path / "cap.jsonl", config=config, epsilon_cap=cap),
+        cap=LocalCap(LocalCap.init(tmp_path / "cap.jsonl", config=config), config=config, epsilon_cap=cap),
         metrics=metrics,
         allow_raw_queries=raw,
     )

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -134,14 +134,28 @@ def build_admin_app(
         """Liveness: the process answers."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["probes"])
+    readiness_body = {"application/json": {"schema": {"type": "object"}}}
+
+    @app.get(
+        "/readyz",
+        tags=["probes"],
+        responses={
+            200: {"description": "Every check passed.", "content": readiness_body},
+            503: {"description": "A check failed (its detail says which).", "content": readiness_body},
+        },
+    )
     def readyz() -> JSONResponse:
         """Readiness: every check passes (503 otherwise, with the failing checks)."""
         report = readiness()
         code = status.HTTP_200_OK if report.ready else status.HTTP_503_SERVICE_UNAVAILABLE
         return JSONResponse(report.to_dict(), status_code=code)
 
-    @app.get("/metrics", tags=["probes"])
+    @app.get(
+        "/metrics",
+        tags=["probes"],
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     def metrics() -> Response:
         """Prometheus exposition of this party's metrics."""
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -29,7 +29,14 @@ from typing import Any
 import numpy as np
 
 from capc_common.errors import CapcError, InputError, IntegrityError, ProtocolError, UnavailableError
-from capc_common.federation import FederationConfig, batch_costs, check_batch_fits, mechanism_of, mpc_config
+from capc_common.federation import (
+    FederationConfig,
+    batch_costs,
+    check_batch_fits,
+    mechanism_of,
+    mpc_config,
+    sampler_delta,
+)
 from capc_common.mpc import Channel, GarblerSession
 from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_services.common.metrics import PartyMetrics
@@ -94,6 +101,7 @@ class Guardian:
         self.mechanism = mechanism_of(config)
         self._mpc = mpc_config(config)
         self._costs = batch_costs(config)
+        self._sampler_delta = sampler_delta(config)
         metrics.registry.register(BudgetCollector(self.budget))
         self._lock = threading.Condition()
         self._open: dict[str, _OpenBatch] = {}
@@ -378,8 +386,11 @@ class Guardian:
 
     # ---------------------------------------------------------------- reporting
     def budget(self) -> dict[str, Any]:
-        """The ledger summary plus the kind of noise this guardian draws."""
+        """The ledger summary, the kind of noise this guardian draws, and the δ the guarantee holds at once
+        the samplers' statistical distance is added (``delta_total`` = ``delta`` + ``delta_sampler``)."""
         summary = dict(self.ledger.summary())
         summary["noise"] = type(self.noise).__name__
         summary["noise_secure"] = bool(getattr(self.noise, "secure", True))
+        summary["delta_sampler"] = self._sampler_delta
+        summary["delta_total"] = summary["delta"] + self._sampler_delta
         return summary

@@ -20,6 +20,7 @@ from capc_common.federation import FederationConfig, check_runnable, scaled_mech
 from capc_common.federation.sizing import ANSWER_RATE
 from capc_common.privacy import plan
 from capc_services.local.layout import Layout
+from capc_services.teacher.cap import LocalCap
 from capc_services.tls import init_ca, issue_certificate, write_admin_token
 
 
@@ -305,5 +306,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         )
     for party in parties:
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
+    for name in config.teacher_names:  # the explicit init a real site makes with `capc teacher init-cap`
+        LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config)
     layout.logs.mkdir(parents=True, exist_ok=True)
     return endpoints

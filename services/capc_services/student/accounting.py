@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from capc_common.data.partition import NEIGHBOURING
-from capc_common.federation import FederationConfig, batch_costs
+from capc_common.federation import FederationConfig, batch_costs, sampler_delta
 from capc_services.student.store import LabelStore
 
 ACCOUNTANT = (
@@ -47,6 +47,9 @@ def privacy_of(config: FederationConfig, store: LabelStore) -> dict[str, Any]:
         "epsilon": figures["epsilon_spent"],
         **figures,
         "delta": config.budget.delta,
+        # The table samplers are 2^-90-close to the exact noise, not equal: the guarantee holds at δ + this.
+        "delta_sampler": sampler_delta(config),
+        "delta_total": config.budget.delta + sampler_delta(config),
         "order": config.budget.order,
         "rdp": spent_rdp(config, store),
         "epsilon_limit": config.budget.epsilon,

@@ -26,7 +26,8 @@ from capc_services.student.store import LabelStore
 _log = logging.getLogger(__name__)
 
 
-def _progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: str) -> APIRouter:
+def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: str) -> APIRouter:
+    """``/api/v1/progress`` over the student's scheduler and teacher links."""
     api = api_router()
 
     @api.get("/progress", tags=["student"])
@@ -109,7 +110,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
                 "grpc": (True, {"port": server.port}),
                 "guardian": (guardian_ok["ok"], guardian_ok["detail"]),
             },
-            routers=[_progress_router(scheduler, registry, noise=noise_label(party.config))],
+            routers=[progress_router(scheduler, registry, noise=noise_label(party.config))],
         )
         worker = threading.Thread(target=work, name="scheduler", daemon=True)
         worker.start()

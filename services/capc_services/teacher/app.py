@@ -38,7 +38,8 @@ def load_heads(settings: TeacherSettings) -> HeadEnsemble:
     return heads
 
 
-def _status_router(worker: TeacherWorker, links: TeacherLinks, cap: LocalCap) -> APIRouter:
+def status_router(worker: TeacherWorker, links: TeacherLinks, cap: LocalCap) -> APIRouter:
+    """``/api/v1/status`` over the party's worker, links and local cap."""
     api = api_router()
 
     @api.get("/status", tags=["teacher"])
@@ -104,7 +105,7 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
             "student": (links.connected, links.last_error or "connected"),
             "guardian": (links.guardian_reachable(timeout=0.5), settings.guardian_address),
         },
-        routers=[_status_router(worker, links, cap)],
+        routers=[status_router(worker, links, cap)],
     )
     runner = threading.Thread(target=links.run, args=(stop,), name="work-stream", daemon=True)
     runner.start()

@@ -4,6 +4,11 @@ A hospital does not have to trust the guardian's ledger to bound its exposure: b
 it charges, on a durable record of its own, the worst case the batch could cost (every query screened and
 answered) at the federation's public parameters, and refuses once the cap would be crossed. Every set of
 shares it hands out is counted — a re-collected batch counts again — so the record only ever over-counts.
+
+The record is created once, by an explicit :meth:`LocalCap.init` (``capc teacher init-cap``, or
+``capc teacher serve --train-missing`` setting up a new site, or ``capc local up`` for its simulated
+hospitals), never on the fly: a record that went missing would otherwise restart the party at ε 0 and
+silently forget what it already released. Opening a missing record is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from capc_common.durable import fsync_dir
 from capc_common.errors import InputError, IntegrityError
 from capc_common.federation import FederationConfig, batch_costs
 from capc_common.privacy import RenyiFilter
@@ -29,7 +35,8 @@ class LocalCap:
 
     Raises:
         InputError: a non-positive cap.
-        IntegrityError: the record belongs to another federation config or is corrupt.
+        IntegrityError: the record is missing (see :meth:`init`), belongs to another federation config or
+            is corrupt.
     """
 
     def __init__(self, path: str | Path, *, config: FederationConfig, epsilon_cap: float) -> None:
@@ -47,10 +54,36 @@ class LocalCap:
         self.queries = 0
         self._load()
 
+    @classmethod
+    def init(cls, path: str | Path, *, config: FederationConfig) -> Path:
+        """Create the empty record of a new site (its first line names the federation); once only.
+
+        Raises:
+            InputError: a record already exists there (it is never re-created: it holds what was spent).
+        """
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        header = {"kind": "init", "config_hash": config.config_hash(), "time": time.time()}
+        try:
+            with target.open("x") as handle:
+                handle.write(json.dumps(header, sort_keys=True) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+        except FileExistsError:
+            raise InputError(
+                f"the cap record {target} already exists; it is never re-created (it holds the ε this party "
+                "has released)"
+            ) from None
+        fsync_dir(target.parent)  # a new file survives a power cut only once its directory entry does
+        return target
+
     def _load(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():
-            return
+        if not self.path.is_file():
+            raise IntegrityError(
+                f"the cap record {self.path} does not exist. If this party has answered queries before, "
+                "restore the record from a backup: starting afresh would forget the ε it already released. "
+                "For a new site, create it once with `capc teacher init-cap --site FILE`"
+            )
         for number, line in enumerate(self.path.read_text().splitlines(), start=1):
             if not line.strip():
                 continue
@@ -61,9 +94,11 @@ class LocalCap:
                         f"{self.path} line {number} was written under another federation config "
                         f"({entry['config_hash'][:16]}); give this federation its own record"
                     )
+                if entry.get("kind") == "init":
+                    continue
                 self._filter.charges.append(float(entry["rdp"]))  # admitted when it was written
                 self.queries += int(entry["count"])
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise IntegrityError(
                     f"{self.path} line {number} is corrupt ({exc}); restore it from backup"
                 ) from None
@@ -99,17 +134,10 @@ class LocalCap:
                 "time": time.time(),
                 "config_hash": self._hash,
             }
-            created = not self.path.exists()
             with self.path.open("a") as handle:
                 handle.write(json.dumps(entry, sort_keys=True) + "\n")
                 handle.flush()
                 os.fsync(handle.fileno())
-            if created:  # a new file survives a power cut only once its directory entry is synced too
-                directory = os.open(self.path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(directory)
-                finally:
-                    os.close(directory)
             self.batches += 1
             self.queries += count
             return self.epsilon

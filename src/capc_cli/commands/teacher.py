@@ -26,13 +26,16 @@ def command() -> None:
 @click.option(
     "--train-missing",
     is_flag=True,
-    help="Train the heads from the site's data first if the heads file does not exist (containers).",
+    help="Set up a new site first (containers): when the heads file does not exist, train the heads from "
+    "the site's data and, if there is none yet, create the cap record. Never creates a record next to "
+    "existing heads.",
 )
 def serve(site: Path, train_missing: bool) -> None:
     """Dial the student and the guardian (no inbound port) and answer work until SIGTERM/SIGINT."""
     from capc_services.common.logging import configure_logging
     from capc_services.common.runtime import stop_event_on_signals
     from capc_services.teacher.app import serve as run_teacher
+    from capc_services.teacher.cap import LocalCap
     from capc_services.teacher.settings import TeacherSettings
     from capc_services.teacher.train import train_party_heads
 
@@ -41,7 +44,22 @@ def serve(site: Path, train_missing: bool) -> None:
     stop = stop_event_on_signals()
     if train_missing and not settings.heads.exists():
         train_party_heads(settings)
+        if not settings.cap.record.exists():
+            LocalCap.init(settings.cap.record, config=settings.federation_config)
     run_teacher(settings, stop=stop)
+
+
+@command.command("init-cap")
+@_SITE
+@format_option
+def init_cap(site: Path, fmt: str) -> None:
+    """Create this party's local ε cap record (once, when the site is set up; `serve` refuses without it)."""
+    from capc_services.teacher.cap import LocalCap
+    from capc_services.teacher.settings import TeacherSettings
+
+    settings = TeacherSettings.load(site)
+    record = LocalCap.init(settings.cap.record, config=settings.federation_config)
+    emit({"record": str(record), "epsilon_cap": settings.cap.epsilon}, fmt)
 
 
 @command.command("train")

@@ -18,6 +18,7 @@ from capc_common.federation.costs import (
     batch_costs,
     check_batch_fits,
     mechanism_of,
+    sampler_delta,
     smallest_quorum_heads,
 )
 from capc_common.federation.plan import BatchPlan, batch_plan, usable_queries
@@ -45,6 +46,7 @@ __all__ = [
     "mechanism_of",
     "mpc_config",
     "propose",
+    "sampler_delta",
     "scaled_mechanism",
     "serial_hex",
     "smallest_quorum_heads",

@@ -80,7 +80,10 @@ class ConfidentGNMaxAccountant(Accountant):
 
     This is what the federation charges: the guardian never sees a histogram, so each query costs the exact
     screening supremum (:func:`~capc_common.privacy.analysis.rdp_screening_exact`) and each answered query
-    adds ``λ/σ2²``.
+    adds ``λ/σ2²``. With ``noise="discrete"`` (as deployed) the threshold noise is split between the guardian
+    and the student, each of whom knows its own integer part, so the supremum also runs over every known
+    shift of the threshold (``known_shift=True``); ``"continuous"`` is the reference analysis of one party's
+    noise at a fixed threshold.
 
     Args:
         teachers: votes per query (total teacher heads).
@@ -146,6 +149,7 @@ class ConfidentGNMaxAccountant(Accountant):
                 sigma1=self.sigma1,
                 noise=self.noise,
                 min_teachers=self.min_teachers,
+                known_shift=self.noise == "discrete",
             )
         return self._screening_cache[key]
 

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from capc_common.durable import fsync_dir
 from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError, UnavailableError
 from capc_common.privacy.accountant import ConfidentGNMaxAccountant
 from capc_common.privacy.analysis import rdp_budget_at_order
@@ -468,7 +469,7 @@ class BudgetLedger:
                 os.link(tmp, target)
             except FileExistsError as exc:
                 raise InputError(f"{target} was created by someone else meanwhile; open it instead") from exc
-            _fsync_dir(target.parent)
+            fsync_dir(target.parent)
         finally:
             for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
                 leftover.unlink(missing_ok=True)
@@ -989,12 +990,3 @@ def _row_entry(row: tuple[Any, ...]) -> Entry:
         prev_hash=prev_hash,
         hash=digest,
     )
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a new directory entry durable (the rename/link of a freshly created file)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

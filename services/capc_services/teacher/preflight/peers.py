@@ -103,7 +103,8 @@ def cap_check(settings: TeacherSettings, config: FederationConfig) -> Check:
         return Check.fail(
             "local_cap",
             str(exc),
-            fix="give this federation its own cap.record (or restore the file from backup)",
+            fix="create the record once with `capc teacher init-cap` (a new site), restore it from backup, "
+            "or give this federation its own cap.record",
         )
     costs = batch_costs(config)
     total, size = usable_queries(config), config.queries.batch_size

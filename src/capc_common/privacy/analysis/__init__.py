@@ -6,6 +6,7 @@ state; accountants, the filter and the ledger build on them.
 
 from capc_common.privacy.analysis.conversion import (
     delta_from_rdp,
+    delta_with_sampler_distance,
     epsilon_at_order,
     epsilon_from_rdp,
     epsilon_from_zcdp,
@@ -41,6 +42,7 @@ __all__ = [
     "DEFAULT_ORDERS",
     "as_orders",
     "delta_from_rdp",
+    "delta_with_sampler_distance",
     "discrete_gaussian_delta",
     "discrete_gaussian_log_sf",
     "discrete_gaussian_log_sf_difference",

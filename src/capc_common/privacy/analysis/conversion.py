@@ -22,11 +22,12 @@ import numpy as np
 import numpy.typing as npt
 
 from capc_common.errors import InputError
-from capc_common.privacy.analysis._checks import non_negative, probability
+from capc_common.privacy.analysis._checks import count, non_negative, probability
 from capc_common.privacy.analysis.orders import as_orders
 
 __all__ = [
     "delta_from_rdp",
+    "delta_with_sampler_distance",
     "epsilon_at_order",
     "epsilon_from_rdp",
     "epsilon_from_zcdp",
@@ -183,3 +184,32 @@ def epsilon_from_zcdp(rho: float, *, delta: float, method: str = "improved") -> 
     order = hi
     eps = float(epsilon_at_order(order, r * order, delta=d))
     return max(0.0, eps), float(order)
+
+
+def delta_with_sampler_distance(*, epsilon: float, draws: int, distance: float) -> float:
+    """What sampling the noise only approximately adds to δ.
+
+    If each of ``draws`` independent noise values comes from a distribution within total-variation distance
+    ``η`` of the exact one, every output of the mechanism is within ``N·η`` of the exact mechanism's output
+    (total variation is subadditive over independent draws). An (ε, δ)-DP guarantee of the exact mechanism
+    then holds for the real one with ``δ + (1 + e^ε)·N·η``: for every event S and neighbours,
+    ``P(S) ≤ P*(S) + Nη ≤ e^ε·P*'(S) + δ + Nη ≤ e^ε·P'(S) + δ + (1 + e^ε)·Nη``.
+
+    Args:
+        epsilon: the ε of the guarantee.
+        draws: the most noise values the released outputs can depend on.
+        distance: the per-draw total-variation bound ``η``
+            (:attr:`~capc_common.privacy.noise.SamplerTable.distance_bound`).
+
+    Returns:
+        The amount to add to δ (``inf`` when ``e^ε`` overflows).
+
+    Raises:
+        InputError: a negative ``draws`` or ``distance``, or a non-finite ε.
+    """
+    eps = non_negative("epsilon", epsilon)
+    n = count("draws", draws)
+    eta = non_negative("distance", distance)
+    if eps > 700:  # e^ε overflows float64: no useful bound
+        return math.inf
+    return (1 + math.exp(eps)) * n * eta
