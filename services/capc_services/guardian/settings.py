@@ -23,6 +23,14 @@ class GrpcSettings(BaseModel):
         return value
 
 
+class StudentAdminSettings(BaseModel):
+    """Where the guardian reads the student's admin API (progress, model card) for its dashboard."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(pattern=r"^https?://")
+    token_file: Path
+
+
 class GuardianSettings(SiteSettings):
     """``capc guardian serve --site FILE``.
 
@@ -33,11 +41,14 @@ class GuardianSettings(SiteSettings):
             Only for tests that compare the federation with the central reference (the student's site
             takes the same seed for its part of the threshold noise); the guardian logs a warning and
             reports it on ``/api/v1/budget``.
+        student_admin: the student's admin API, relayed on ``/api/v1/student`` for the dashboard and
+            ``capc budget watch`` (optional: without it they show the student as not reachable).
     """
 
     grpc: GrpcSettings = GrpcSettings()
     ledger: Path
     insecure_noise_seed: str | None = None
+    student_admin: StudentAdminSettings | None = None
 
     def check_role(self) -> None:
         self._require_role("guardian")

@@ -196,6 +196,11 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
         **common(config.guardian),
         "grpc": {"bind": guardian_address},
         "ledger": f"../parties/{config.guardian}/ledger.sqlite",
+        # the dashboard and `capc budget watch` relay the student's progress from its admin API
+        "student_admin": {
+            "url": f"http://127.0.0.1:{endpoints.admin[config.student]}",
+            "token_file": "../admin.token",
+        },
     }
     if options.insecure_noise_seed is not None:
         guardian_site["insecure_noise_seed"] = options.insecure_noise_seed
