@@ -306,17 +306,20 @@ def _bad_token(federation: Federation) -> Path:
 
 
 def test_seeded_noise_is_announced_loudly(federation: Federation, browser: Any, tmp_path: Path) -> None:
-    """A guardian on the test-only seeded noise: the page says, in red, that nothing it labels is private."""
+    """A guardian of a federation on the test-only seeded noise: the page says, in red, that nothing it
+    labels is private."""
+    seeded = yaml.safe_load(federation.layout.federation.read_text())
+    seeded["mechanism"]["insecure_noise_seed"] = "dashboard-test"
+    (tmp_path / "federation.yaml").write_text(yaml.safe_dump(seeded))
     site = yaml.safe_load(federation.layout.site("guardian").read_text())
     base = federation.layout.sites
     admin = free_port()
     site.update(
-        federation=str((base / site["federation"]).resolve()),
+        federation=str(tmp_path / "federation.yaml"),
         tls={k: str((base / v).resolve()) for k, v in site["tls"].items()},
         admin={"bind": f"127.0.0.1:{admin}", "token_file": str(federation.layout.token)},
         grpc={"bind": f"127.0.0.1:{free_port()}"},
         ledger=str(tmp_path / "ledger.sqlite"),
-        insecure_noise_seed="dashboard-test",
     )
     site.pop("student_admin", None)
     path = tmp_path / "guardian-seeded.yaml"

@@ -35,6 +35,7 @@ from capc_common.federation import FederationConfig, batch_costs, check_batch_fi
 from capc_common.mpc import Channel, GarblerSession
 from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_services.common.metrics import PartyMetrics
+from capc_services.guardian.metrics import BudgetCollector
 
 _log = logging.getLogger(__name__)
 SEED_BYTES = 16
@@ -100,6 +101,7 @@ class Guardian:
         check_batch_fits(config)
         self._mpc = mpc_config(config)
         self._costs = batch_costs(config)
+        metrics.registry.register(BudgetCollector(self.budget))
         self._lock = threading.Condition()
         self._open: dict[str, _OpenBatch] = {}
         self._compute_lock = threading.Lock()
@@ -174,6 +176,12 @@ class Guardian:
                 return BatchStatus(state="open"), worst
         finished = self.status(batch_id)
         if finished.state in ("settled", "released"):
+            record = self.ledger.batch(batch_id)
+            if record is None or (record.queries, record.params.get("query_digest")) != (count, digest.hex()):
+                raise InputError(
+                    f"batch id {batch_id} was already used for another query (now {finished.state}); a batch "
+                    "id names one query for good: use a fresh id"
+                )
             return finished, 0.0
         try:
             with self.metrics.stage("ledger"):
@@ -315,13 +323,13 @@ class Guardian:
             batch.started = True
             seeds = [batch.seeds[attempt][p] for p in agreed]
             count = batch.count
-        settled: dict[str, int] = {}
+        settled: dict[str, Any] = {}
 
         def commit(pass_bits: np.ndarray) -> None:
             answered = int(np.count_nonzero(pass_bits))
             try:
                 with self.metrics.stage("ledger"):
-                    self.ledger.settle(
+                    entry = self.ledger.settle(
                         batch_id,
                         answered=answered,
                         actual_rdp=self._costs.actual(count, answered),
@@ -336,7 +344,7 @@ class Guardian:
                     f"batch {batch_id} could not be charged on the ledger (it was released or settled "
                     "meanwhile); nothing was revealed"
                 ) from None
-            settled["answered"] = answered
+            settled.update(answered=answered, entry=entry.seq, head=entry.hash)
 
         try:
             # Noise is drawn in batch order under one lock: the canonical order a seeded source reproduces.
@@ -377,9 +385,12 @@ class Guardian:
                 "parties": list(agreed),
                 "answered": settled["answered"],
                 "count": count,
+                # Pin it elsewhere: `capc budget verify --expect-head` then detects a tail cut later.
+                "ledger_entry": settled["entry"],
+                "ledger_head": settled["head"],
             },
         )
-        return settled["answered"]
+        return int(settled["answered"])
 
     # ---------------------------------------------------------------- reporting
     def budget(self) -> dict[str, Any]:

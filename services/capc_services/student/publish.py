@@ -17,7 +17,7 @@ import numpy as np
 
 from capc_common.data import load_dataset
 from capc_common.errors import InputError
-from capc_common.federation import batch_plan, load_shared_backbone
+from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone
 from capc_common.learn.student import accuracy, save_student, train_student
 from capc_common.models import extract_features
 from capc_services.student.accounting import privacy_of
@@ -28,10 +28,10 @@ from capc_services.student.store import LabelStore
 _log = logging.getLogger(__name__)
 
 
-def noise_label(settings: StudentSettings) -> str:
+def noise_label(config: FederationConfig) -> str:
     """How the model card and ``/api/v1/progress`` name the student's noise source, so a model labelled
     with the test-only seeded source can never pass for a private one."""
-    if settings.insecure_noise_seed is None:
+    if not config.insecure_noise:
         return "SystemNoise"
     return "SeededNoise (INSECURE: labels are reproducible and not private)"
 
@@ -111,7 +111,7 @@ def publish_student(settings: StudentSettings, *, store: LabelStore, progress: P
             "sigma2": config.mechanism.sigma2,
             "noise": "discrete Gaussian",
             # Only the student's own part is known here; the guardian's /api/v1/budget names its source.
-            "student_noise": noise_label(settings),
+            "student_noise": noise_label(config),
         },
         "queries": {
             "asked": counts["queries"],
