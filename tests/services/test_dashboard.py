@@ -261,12 +261,12 @@ def test_with_the_token_it_shows_the_rest_numbers_and_updates_after_batches(
     assert history["points"][-1]["epsilon_settled"] == after["epsilon_settled"]
     bars = browser.find_elements("css selector", "#chart-batches rect.answered")
     assert len(bars) == len(history["batches"])
+    verified = browser.find_element("id", "verify-result")
+    assert verified.get_attribute("data-head") == after["head"], "the verification is of the current head"
+    assert verified.get_attribute("data-ok") == "true" and f"ok: {after['entries']} entries" in verified.text
+    browser.execute_script("document.getElementById('verify-result').dataset.head = ''")
     browser.find_element("id", "verify-now").click()
-    _until(
-        "the ledger verification",
-        lambda: browser.find_element("id", "verify-result").get_attribute("data-ok"),
-    )
-    assert browser.find_element("id", "verify-result").get_attribute("data-ok") == "true"
+    _until("the ledger verification", lambda: verified.get_attribute("data-head") == after["head"])
     banner = browser.find_element("id", "noise-banner")
     assert banner.get_attribute("data-secure") == "true" and "SystemNoise" in banner.text
     OUTPUT.mkdir(parents=True, exist_ok=True)

@@ -6,12 +6,12 @@
 const TOKEN_KEY = "capc-admin-token";
 const params = new URLSearchParams(location.search);
 const REFRESH_MS = Math.max(0.5, Number(params.get("refresh") || 2)) * 1000;
-const VERIFY_EVERY = 10; // refreshes between automatic ledger verifications (verify reads every entry)
 const SVG = "http://www.w3.org/2000/svg";
 
 let token = null;
 let refreshes = 0;
 let timer = null;
+let verifiedHead = null; // the ledger head the shown verification is about
 
 class AuthError extends Error {}
 
@@ -180,8 +180,10 @@ function renderNoise(budget) {
 
 function renderVerify(report) {
   const out = document.getElementById("verify-result");
+  verifiedHead = report.head;
   out.className = report.ok ? "ok" : "bad";
   out.dataset.ok = String(report.ok);
+  out.dataset.head = report.head;
   out.textContent = report.ok
     ? `ok: ${report.entries} entries, head ${report.head.slice(0, 16)}…`
     : `FAILED: ${report.problems.join("; ")}`;
@@ -210,7 +212,8 @@ async function refresh() {
     drawBatches(document.getElementById("chart-batches"), history.batches);
     renderParties(parties);
     renderStudent(student);
-    if (refreshes % VERIFY_EVERY === 0) await verify();
+    // verify reads every entry: once per new ledger head, and on demand
+    if (budget.head !== verifiedHead) await verify();
     refreshes += 1;
     document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
     document.getElementById("refreshes").textContent = `(every ${REFRESH_MS / 1000} s, ${refreshes} refreshes)`;
