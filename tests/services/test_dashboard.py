@@ -246,17 +246,24 @@ def test_with_the_token_it_shows_the_rest_numbers_and_updates_after_batches(
     )
     assert browser.execute_script("return window.__sameDocument") == "marker"
     card = student["model_card"]
+    # Each refresh re-renders these parts: read them in one script call, not element by element.
     shown = {
-        e.get_attribute("data-student"): json.loads(e.get_attribute("data-value"))
-        for e in browser.find_elements("css selector", "[data-student][data-value]")
+        k: json.loads(v)
+        for k, v in browser.execute_script(
+            "return Object.fromEntries([...document.querySelectorAll('[data-student][data-value]')]"
+            ".map(e => [e.dataset.student, e.dataset.value]))"
+        ).items()
     }
     assert shown["card_epsilon"] == card["privacy"]["epsilon"]
     assert shown["queries"] == student["progress"]["queries"] and shown["state"] == "published"
     parties = federation.rest("parties")["parties"]
+    rows = browser.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#parties tr[data-party]')].map(r => "
+        "[r.dataset.party, Object.fromEntries([...r.cells].map(c => [c.dataset.col, c.textContent]))]))"
+    )
     for name in ("hospital-1", "hospital-2"):
-        row = browser.find_element("css selector", f'tr[data-party="{name}"]')
-        cells = {c.get_attribute("data-col"): c.text for c in row.find_elements("tag name", "td")}
-        assert cells["batches"] == str(parties[name]["batches"]) and parties[name]["batches"] >= 1
+        assert rows[name]["batches"] == str(parties[name]["batches"]) and parties[name]["batches"] >= 1
+        assert rows[name]["queries"] == str(parties[name]["queries"])
     history = federation.rest("budget/history")
     assert history["points"][-1]["epsilon_settled"] == after["epsilon_settled"]
     bars = browser.find_elements("css selector", "#chart-batches rect.answered")
