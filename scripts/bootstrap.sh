@@ -55,4 +55,19 @@ if [ ! -f "$FMNIST/train-images-idx3-ubyte.gz" ] && [ ! -f "$FMNIST/train-images
     echo "      Anything that needs it will say so; point CAPC_FASHION_MNIST at another IDX directory instead." >&2
   fi
 fi
+# The dashboard's browser test drives Debian's chromium through chromium-driver (no browser download).
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  CHROMIUM="apt-get install -y -qq chromium chromium-driver"
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    echo "==> installing Debian's chromium and chromium-driver (for the dashboard's browser test)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive $CHROMIUM) >/dev/null 2>&1 || true
+  elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1; then
+    echo "==> installing Debian's chromium and chromium-driver (sudo; for the dashboard's browser test)"
+    (sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive $CHROMIUM) >/dev/null 2>&1 || true
+  fi
+  if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    echo "note: chromium/chromedriver are not installed ('$CHROMIUM' needs apt-get);" >&2
+    echo "      the dashboard's browser test will be skipped and say so." >&2
+  fi
+fi
 echo "==> environment ready: $VENV"

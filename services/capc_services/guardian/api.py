@@ -1,4 +1,7 @@
-"""The guardian's admin API: the budget, the ledger and the parties it has seen."""
+"""The guardian's admin API: the budget and its history, the ledger, the parties it has seen, the student.
+
+Everything the dashboard (``/dashboard``) and ``capc budget watch`` show comes from these routes.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +9,45 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from capc_common.federation import batch_costs
 from capc_common.privacy.ledger import MAX_SEQ
 from capc_services.common.admin import api_router
 from capc_services.guardian.core import Guardian
+from capc_services.guardian.student_view import StudentView
 
 
-def router(guardian: Guardian) -> APIRouter:
-    """``/api/v1/budget``, ``/api/v1/ledger`` and ``/api/v1/parties`` over one :class:`Guardian`."""
+def router(guardian: Guardian, *, student: StudentView | None = None) -> APIRouter:
+    """``/api/v1/budget[/history]``, ``/api/v1/ledger[/verify]``, ``/api/v1/parties`` and
+    ``/api/v1/student`` over one :class:`Guardian`."""
     api = api_router()
+    costs = batch_costs(guardian.config)
+    student = student or StudentView(None)
 
     @api.get("/budget", tags=["guardian"])
     def budget() -> dict[str, Any]:
         """Privacy budget: ε spent and limit, δ, the Rényi order, queries asked and answered."""
         return guardian.budget()
+
+    @api.get("/budget/history", tags=["guardian"])
+    def history(
+        points: Annotated[int, Query(ge=1, le=2000)] = 300, batches: Annotated[int, Query(ge=1, le=500)] = 60
+    ) -> dict[str, Any]:
+        """The budget figures after each ledger entry (at most ``points``, evenly spaced, always the last),
+        and the latest finished batches: queries and answered (settled), or released (nothing revealed)."""
+        closed = [e for e in guardian.ledger.entries(newest=True, limit=4 * batches) if e.kind != "reserve"]
+        return {
+            "points": guardian.ledger.history(points=points),
+            "batches": [
+                {
+                    "batch_id": e.batch_id,
+                    "time": e.time,
+                    "kind": e.kind,
+                    "queries": e.queries,
+                    "answered": e.answered,
+                }
+                for e in reversed(closed[:batches])
+            ],
+        }
 
     @api.get("/ledger", tags=["guardian"])
     def ledger(
@@ -30,16 +59,32 @@ def router(guardian: Guardian) -> APIRouter:
         total = guardian.ledger.summary()["entries"]
         return {"total": total, "offset": offset, "entries": [e.to_dict() for e in page]}
 
+    @api.get("/ledger/verify", tags=["guardian"])
+    def verify() -> dict[str, Any]:
+        """Recompute the hash chain and every total from the entries (what ``capc budget verify`` does)."""
+        return guardian.ledger.verify().to_dict()
+
     @api.get("/parties", tags=["guardian"])
     def parties() -> dict[str, Any]:
-        """Parties of the federation, their roles and when the guardian last heard from them."""
+        """Parties of the federation, their roles, when the guardian last heard from them and, for each
+        teacher party, the worst-case ε its own cap charged for the share sets this guardian received."""
+
+        def seen_by_guardian(seen: Any) -> dict[str, Any]:
+            row = {"role": seen.role, "last_seen": seen.last_seen, "batches": seen.batches}
+            if seen.role == "teacher":
+                rdp = costs.worst_case(seen.queries)
+                row |= {"queries": seen.queries, "epsilon_worst_case": costs.epsilon(rdp) if rdp else 0.0}
+            return row
+
         return {
             "federation": guardian.config.name,
             "config_hash": guardian.config.config_hash(),
-            "parties": {
-                name: {"role": seen.role, "last_seen": seen.last_seen, "batches": seen.batches}
-                for name, seen in guardian.parties.items()
-            },
+            "parties": {name: seen_by_guardian(seen) for name, seen in guardian.parties.items()},
         }
+
+    @api.get("/student", tags=["guardian"])
+    def student_status() -> dict[str, Any]:
+        """The student's progress and published model card, relayed from its admin API when reachable."""
+        return student.read()
 
     return api

@@ -13,8 +13,10 @@ from capc_services.common.party import PartyRuntime
 from capc_services.common.runtime import start_grpc_server
 from capc_services.guardian.api import router
 from capc_services.guardian.core import Guardian
+from capc_services.guardian.dashboard import dashboard_router
 from capc_services.guardian.servicer import POLICY, GuardianServicer, add_to_server
 from capc_services.guardian.settings import GuardianSettings
+from capc_services.guardian.student_view import StudentView
 
 _log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
     try:
         party.start_admin(
             readiness=lambda: {"grpc": (True, {"port": server.port}), "ledger": (True, str(settings.ledger))},
-            routers=[router(guardian)],
+            routers=[router(guardian, student=StudentView(settings.student_admin)), dashboard_router()],
         )
         _log.info("guardian ready", extra={"grpc_port": server.port, "admin_port": party.admin_port})
         stop.wait()

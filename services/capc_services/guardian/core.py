@@ -73,11 +73,16 @@ class BatchStatus:
 
 @dataclass
 class PartySeen:
-    """What the guardian knows about one party's activity (for ``/api/v1/parties``)."""
+    """What the guardian knows about one party's activity (for ``/api/v1/parties``).
+
+    ``queries`` counts the queries of every share set the party submitted (each attempt again): what the
+    party's own cap charged at the worst case, as far as this guardian process has seen.
+    """
 
     role: str
     last_seen: float | None = None
     batches: int = 0
+    queries: int = 0
 
 
 class Guardian:
@@ -112,11 +117,12 @@ class Guardian:
         }
 
     # ---------------------------------------------------------------- helpers
-    def _seen(self, party: str, *, batch: bool = False) -> None:
+    def _seen(self, party: str, *, queries: int = 0) -> None:
         seen = self.parties.get(party)
         if seen is not None:
             seen.last_seen = time.time()
-            seen.batches += int(batch)
+            seen.batches += int(queries > 0)
+            seen.queries += queries
 
     def _get_open(self, batch_id: str) -> _OpenBatch:
         batch = self._open.get(batch_id)
@@ -248,7 +254,8 @@ class Guardian:
             seeds[party] = bytes(seed)
             self._lock.notify_all()
             received = len(seeds)
-        self._seen(party, batch=True)
+            queries = batch.count
+        self._seen(party, queries=queries)
         return received
 
     def agree(self, *, batch_id: str, attempt: int, parties: Sequence[str], actor: str) -> tuple[str, ...]:

@@ -23,16 +23,27 @@ class GrpcSettings(BaseModel):
         return value
 
 
+class StudentAdminSettings(BaseModel):
+    """Where the guardian reads the student's admin API (progress, model card) for its dashboard."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(pattern=r"^https?://")
+    token_file: Path
+
+
 class GuardianSettings(SiteSettings):
     """``capc guardian serve --site FILE``.
 
     Attributes:
         grpc: the gRPC listener (student and teachers connect here).
         ledger: the budget ledger's file (durable; back it up).
+        student_admin: the student's admin API, relayed on ``/api/v1/student`` for the dashboard and
+            ``capc budget watch`` (optional: without it they show the student as not reachable).
     """
 
     grpc: GrpcSettings = GrpcSettings()
     ledger: Path
+    student_admin: StudentAdminSettings | None = None
 
     def check_role(self) -> None:
         self._require_role("guardian")

@@ -129,6 +129,9 @@ def summary(layout: Layout) -> dict[str, Any]:
             "budget": f"{by_party[config.guardian].admin_url}/api/v1/budget"
             if config.guardian in by_party
             else None,
+            "dashboard": f"{by_party[config.guardian].admin_url}/dashboard"
+            if config.guardian in by_party
+            else None,
         },
         "student": {
             "grpc": f"127.0.0.1:{endpoints['student_grpc']}",

@@ -264,6 +264,11 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         **common(config.guardian),
         "grpc": {"bind": guardian_address},
         "ledger": f"../parties/{config.guardian}/ledger.sqlite",
+        # the dashboard and `capc budget watch` relay the student's progress from its admin API
+        "student_admin": {
+            "url": f"http://127.0.0.1:{endpoints.admin[config.student]}",
+            "token_file": "../admin.token",
+        },
     }
     _write_yaml(layout.site(config.guardian), guardian_site)
     student_site: dict[str, Any] = {

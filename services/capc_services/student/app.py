@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 
 from capc_common.aggregation import party_noise
 from capc_common.errors import CapcError
@@ -49,6 +51,15 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
             "recent_batches": list(p.recent),
             "noise": noise,
         }
+
+    @api.get("/model-card", tags=["student"])
+    def model_card() -> dict[str, Any]:
+        """The published model card (404 until the student has published)."""
+        published = scheduler.progress.published
+        if not published:
+            raise HTTPException(status_code=404, detail="the student has not published a model yet")
+        card: dict[str, Any] = json.loads(Path(published["model_card"]).read_text())
+        return card
 
     return api
 

@@ -1,5 +1,5 @@
-"""``capc budget``: what a run costs (``estimate``), what a budget buys (``plan``), and the ledger
-(``show``, ``verify``).
+"""``capc budget``: what a run costs (``estimate``), what a budget buys (``plan``), the ledger (``show``,
+``verify``), and a running guardian's budget live (``watch``).
 
 All figures are data-independent (what the federation charges): exact screening for every query and
 ``λ/σ2²`` per answered query, converted to (ε, δ) with the improved RDP conversion. Every subcommand takes
@@ -296,3 +296,67 @@ def verify_command(ledger: Path, expect_head: str | None, fmt: str) -> None:
     emit(report.to_dict(), fmt, _verify_text)
     if not report.ok:
         raise IntegrityError(f"ledger {ledger} failed verification: {len(report.problems)} problem(s)")
+
+
+@command.command(name="watch")
+@click.option("--url", default=None, help="The guardian's admin API, e.g. http://127.0.0.1:8080.")
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The guardian's admin token file (admin.token_file of its site).",
+)
+@click.option(
+    "--local",
+    "local_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Instead of --url/--token-file: the state directory of a `capc local up` federation.",
+)
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True, help="Seconds.")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Stop after this many refreshes.")
+@format_option
+def watch_command(
+    url: str | None,
+    token_file: Path | None,
+    local_dir: Path | None,
+    interval: float,
+    count: int | None,
+    fmt: str,
+) -> None:
+    """The dashboard's figures, live, in the terminal (for servers without a browser).
+
+    Reads the guardian's admin REST API like the dashboard at /dashboard does: ε settled and reserved
+    against the limit, queries, the ledger head, the noise source, each party, the student. With
+    --format json, one JSON object per refresh (one per line)."""
+    import itertools
+    import json
+    import sys
+    import time
+
+    from capc_cli.budget_watch import render, snapshot
+    from capc_common.errors import InputError
+    from capc_services.common.settings import load_admin_token
+
+    if local_dir is not None:
+        from capc_services.local.federation import summary, token
+        from capc_services.local.layout import Layout
+
+        layout = Layout(local_dir.resolve())
+        url, secret = summary(layout)["guardian"]["admin"], token(layout)
+    elif url is not None and token_file is not None:
+        secret = load_admin_token(token_file)
+    else:
+        raise InputError("give --url and --token-file of the guardian's admin API, or --local STATE_DIR")
+    if url is None:
+        raise InputError(f"the federation in {local_dir} has no running guardian; `capc local up` it first")
+    clear = fmt == "text" and sys.stdout.isatty()
+    for tick in itertools.count(1):
+        snap = snapshot(url, secret)
+        if fmt == "json":
+            click.echo(json.dumps(snap))
+        else:
+            click.echo(("\x1b[H\x1b[2J" if clear else "") + render(snap, interval=interval))
+        if count is not None and tick >= count:
+            return
+        time.sleep(interval)

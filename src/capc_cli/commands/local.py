@@ -28,6 +28,8 @@ def _up_text(result: dict[str, Any]) -> str:
         f"federation {result['federation']} is up ({result['state_dir']})",
         f"  guardian  grpc {result['guardian']['grpc']}  admin {result['guardian']['admin']}",
         f"            budget {result['guardian']['budget']}",
+        f"            dashboard {result['guardian']['dashboard']}#token=<admin token>",
+        f"            in a terminal: capc budget watch --local {result['state_dir']}",
         f"  student   grpc {result['student']['grpc']}  admin {result['student']['admin']}",
         f"            progress {result['student']['progress']}",
     ]

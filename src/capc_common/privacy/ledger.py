@@ -847,6 +847,33 @@ class BudgetLedger:
             "released_batches": totals["released"],
         }
 
+    def history(self, *, points: int = 200) -> list[dict[str, Any]]:
+        """The budget figures after each entry, for charts of ε over time.
+
+        Replays the chain from the first entry with the same arithmetic as :meth:`summary` (so the last
+        point equals it) and keeps at most ``points`` of them, evenly spaced, always the last.
+
+        Returns:
+            ``[{"seq", "time", "kind", "batch_id", **figures}]`` oldest first (figures as in the summary).
+        """
+        rows = self.entries()
+        step = max(1, math.ceil(len(rows) / count("points", points, minimum=1)))
+        chain = _Chain(self.genesis, self.budget_units)
+        kept: list[dict[str, Any]] = []
+        for index, entry in enumerate(rows):
+            chain.apply(entry)
+            if (len(rows) - 1 - index) % step == 0:
+                kept.append(
+                    {
+                        "seq": entry.seq,
+                        "time": entry.time,
+                        "kind": entry.kind,
+                        "batch_id": entry.batch_id,
+                        **self._figures(chain.totals),
+                    }
+                )
+        return kept
+
     def summary(self) -> dict[str, Any]:
         """Budget figures, recomputed from the entries.
 
