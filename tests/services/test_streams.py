@@ -56,7 +56,7 @@ class _Garbler(rpc.GuardianServiceServicer):
                     z2=batch["z2"],
                     z1=batch["z1"],
                     threshold=12,
-                    commit=self.committed.append,
+                    commit=lambda reveal: self.committed.append(reveal.pass_bits),
                 )
             channel.close()
 

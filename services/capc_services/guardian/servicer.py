@@ -23,6 +23,7 @@ _STATE = {
     "settled": pb.BatchState.Value("BATCH_STATE_SETTLED"),
     "released": pb.BatchState.Value("BATCH_STATE_RELEASED"),
     "unknown": pb.BatchState.Value("BATCH_STATE_UNKNOWN"),
+    "charged": pb.BatchState.Value("BATCH_STATE_CHARGED"),
 }
 
 # Who may call what (checked by the AuthInterceptor before any method runs).
@@ -30,6 +31,7 @@ POLICY = {
     f"/{rpc.GUARDIAN_SERVICE}/OpenBatch": frozenset({"student"}),
     f"/{rpc.GUARDIAN_SERVICE}/AbortBatch": frozenset({"student"}),
     f"/{rpc.GUARDIAN_SERVICE}/BatchStatus": frozenset({"student"}),
+    f"/{rpc.GUARDIAN_SERVICE}/Reveal": frozenset({"student"}),
     f"/{rpc.GUARDIAN_SERVICE}/Compute": frozenset({"student"}),
     f"/{rpc.GUARDIAN_SERVICE}/SubmitShares": frozenset({"teacher"}),
 }
@@ -75,6 +77,13 @@ class GuardianServicer(rpc.GuardianServiceServicer):
     ) -> pb.BatchStatusReply:
         status = self._g.status(request.batch_id)
         return pb.BatchStatusReply(state=_STATE[status.state], answered=status.answered, detail=status.detail)
+
+    def Reveal(self, request: pb.RevealRequest, context: grpc.ServicerContext) -> pb.RevealReply:
+        try:
+            computation, count, reveal = self._g.reveal(request.batch_id, actor=peer_name(context))
+        except CapcError as exc:
+            _abort(context, exc)
+        return pb.RevealReply(computation=computation, count=count, reveal=reveal)
 
     def SubmitShares(
         self, request: pb.SubmitSharesRequest, context: grpc.ServicerContext
@@ -133,11 +142,14 @@ class GuardianServicer(rpc.GuardianServiceServicer):
                             )
                         )
                         continue
-                    channel.send_message(pb.ComputeMessage(agreed=pb.ComputeAgreed(parties=list(agreed))))
+                    agreed_message = pb.ComputeAgreed(
+                        parties=list(agreed.parties), computation=agreed.computation
+                    )
+                    channel.send_message(pb.ComputeMessage(agreed=agreed_message))
                     self._g.compute(
                         batch_id=start.batch_id,
                         attempt=start.attempt,
-                        agreed=agreed,
+                        agreement=agreed,
                         session=session,
                         actor=actor,
                     )

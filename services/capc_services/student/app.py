@@ -17,7 +17,7 @@ from capc_services.common.runtime import start_grpc_server
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
 from capc_services.student.publish import noise_label, publish_student
-from capc_services.student.scheduler import Scheduler
+from capc_services.student.scheduler import Progress, Scheduler
 from capc_services.student.servicer import POLICY, StudentServicer, add_to_server
 from capc_services.student.settings import StudentSettings
 from capc_services.student.store import LabelStore
@@ -40,6 +40,8 @@ def _progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: 
             "queries_planned": p.queries_planned,
             **scheduler.store.counts(),
             "labels_per_s": p.labels_per_s,
+            "reconnects": p.reconnects,
+            "recovered_batches": p.recovered_batches,
             "last_batch": p.last_batch,
             "teachers_connected": sorted(registry.live()),
             "published": p.published,
@@ -48,6 +50,14 @@ def _progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: 
         }
 
     return api
+
+
+def _labelling_check(progress: Progress, *, guardian: str) -> tuple[bool, dict[str, Any]]:
+    """Readiness of the labelling loop: not ready while it reconnects to the guardian, nor once it failed."""
+    detail: dict[str, Any] = {"state": progress.state, "guardian": guardian}
+    if progress.error:
+        detail["error"] = progress.error
+    return progress.state not in ("failed", "reconnecting"), detail
 
 
 def run(settings: StudentSettings, *, stop: threading.Event) -> None:
@@ -85,13 +95,10 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
         interceptors=[party.interceptor(POLICY)],
         max_workers=max(settings.grpc.max_workers, 2 * len(party.config.teachers) + 8),
     )
-    guardian_ok: dict[str, Any] = {"ok": False, "detail": "not connected yet"}
     worker: threading.Thread | None = None
 
     def work() -> None:
         try:
-            guardian.wait_ready(timeout=settings.connect_timeout_s)
-            guardian_ok.update(ok=True, detail=settings.guardian_address)
             scheduler.run()
             if stop.is_set():
                 return
@@ -111,7 +118,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
         party.start_admin(
             readiness=lambda: {
                 "grpc": (True, {"port": server.port}),
-                "guardian": (guardian_ok["ok"], guardian_ok["detail"]),
+                "labelling": _labelling_check(scheduler.progress, guardian=settings.guardian_address),
             },
             routers=[_progress_router(scheduler, registry, noise=noise_label(settings))],
         )
