@@ -44,6 +44,7 @@ class Setup:
         config: FederationConfig,
         *,
         ledger_class: type[BudgetLedger] = BudgetLedger,
+        frame_deadline_s: float = 60.0,
     ) -> None:
         self.pki, self.config = pki, config
         self.ledger = ledger_class.open_or_create(
@@ -64,7 +65,7 @@ class Setup:
         self.server: GrpcServer = start_grpc_server(
             bind="127.0.0.1:0",
             tls=tls_files(pki, "guardian"),
-            register=[add_to_server(GuardianServicer(self.guardian))],
+            register=[add_to_server(GuardianServicer(self.guardian, frame_deadline_s=frame_deadline_s))],
             services=[rpc.GUARDIAN_SERVICE],
             interceptors=[AuthInterceptor(config=config, policy=POLICY)],
             max_workers=8,
@@ -79,10 +80,15 @@ class Setup:
         )
 
     def teacher_stub(self, party: str):
+        """A raw stub of the guardian's service with ``party``'s certificate."""
         interceptor = ConfigHashClientInterceptor(self.config.config_hash(), peer="guardian")
         return rpc.GuardianServiceStub(
             tls_files(self.pki, party).channel(self.address, peer="guardian", interceptors=(interceptor,))
         )
+
+    def student_stub(self):
+        """A raw stub with the student's certificate (to play a misbehaving student)."""
+        return self.teacher_stub("student")
 
     def share(
         self, batch_id: str, votes: dict[str, np.ndarray], *, attempt: int = 1

@@ -14,7 +14,7 @@ from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import status_for
 from capc_services.common.interceptors import peer_name
-from capc_services.common.streams import FrameChannel
+from capc_services.common.streams import FRAME_DEADLINE_S, FrameChannel
 from capc_services.guardian.core import Guardian
 
 _log = logging.getLogger(__name__)
@@ -42,10 +42,18 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
 
 
 class GuardianServicer(rpc.GuardianServiceServicer):
-    """Implements ``capc.v1.GuardianService`` over a :class:`Guardian`."""
+    """Implements ``capc.v1.GuardianService`` over a :class:`Guardian`.
 
-    def __init__(self, guardian: Guardian) -> None:
+    Args:
+        guardian: the guardian's state.
+        frame_deadline_s: how long, within a batch, the garbler waits for the student's next frame or for
+            it to read what was sent (a stalled student then fails its batch instead of holding the
+            guardian's computation lock).
+    """
+
+    def __init__(self, guardian: Guardian, *, frame_deadline_s: float = FRAME_DEADLINE_S) -> None:
         self._g = guardian
+        self._deadline = frame_deadline_s
 
     def OpenBatch(self, request: pb.OpenBatchRequest, context: grpc.ServicerContext) -> pb.OpenBatchReply:
         try:
@@ -110,7 +118,7 @@ class GuardianServicer(rpc.GuardianServiceServicer):
         self, request_iterator: Iterator[pb.ComputeMessage], context: grpc.ServicerContext
     ) -> Iterator[pb.ComputeMessage]:
         actor = peer_name(context)
-        channel = FrameChannel(request_iterator, peer=actor)
+        channel = FrameChannel(request_iterator, peer=actor, deadline=self._deadline)
         failure: list[BaseException] = []
 
         def serve_batches() -> None:

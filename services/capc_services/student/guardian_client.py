@@ -17,7 +17,7 @@ from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor, check_peer_hash
-from capc_services.common.streams import FrameChannel
+from capc_services.common.streams import FRAME_DEADLINE_S, FrameChannel
 from capc_services.tls import TlsFiles
 
 _log = logging.getLogger(__name__)
@@ -148,7 +148,11 @@ class GuardianClient:
         """The open Compute stream and its MPC session, opening them if needed (base OT on first use)."""
         if self._stream is None:
             channel = FrameChannel(
-                None, peer=self._peer, on_error=lambda e: _link_error(error_from_rpc(e, peer=self._peer))
+                None,
+                peer=self._peer,
+                on_error=lambda e: _link_error(error_from_rpc(e, peer=self._peer)),
+                # The guardian answers ComputeStart only once the seeds arrived (up to the share deadline).
+                deadline=self._config.quorum.share_deadline_s + FRAME_DEADLINE_S,
             )
             call = self._stub.Compute(channel.outgoing())
             channel.attach(call)
