@@ -220,7 +220,8 @@ def test_rows_are_append_only(ledger: BudgetLedger) -> None:
 def _tamper(path: Path, *statements: str) -> None:
     """What an attacker with file access would do: drop the guards and edit."""
     raw = sqlite3.connect(path, isolation_level=None)
-    for trigger in ("entries_no_update", "entries_no_delete", "meta_no_update", "meta_no_delete"):
+    for trigger in ("entries_no_update", "entries_no_delete", "meta_no_update", "meta_no_delete",
+                    "state_follows_entries", "state_no_delete"):  # fmt: skip
         raw.execute(f"DROP TRIGGER {trigger}")
     for statement in statements:
         raw.execute(statement)

@@ -116,21 +116,18 @@ def test_the_receipt_is_stored_with_the_settle_and_never_rewritten(ledger: Budge
 def test_verify_flags_a_release_after_a_computation_began(ledger: BudgetLedger) -> None:
     # A writer that bypasses the checks (a bug, or an edited program) and appends a well-chained release of a
     # begun batch: the chain is intact, but the protocol was broken, and verify says so.
-    opening = _reserve(ledger, "b")
+    _reserve(ledger, "b")
     ledger.begin("b", computation="n1", actor="g")
     with ledger._write() as db:
-        state = ledger._state(db)
-        state["reserved_units"] -= opening.units
-        state["queries"] -= opening.queries
-        state["open"] -= 1
-        state["released"] += 1
         ledger._append(
-            db, state, now=0.0, batch_id="b", kind="release", queries=16, answered=0, parties=("h1", "h2"),
+            db, now=0.0, batch_id="b", kind="release", queries=16, answered=0, parties=("h1", "h2"),
             mechanism="confident-gnmax", params={}, rdp=0.0, units=0, detail="forged", actor="g",
         )  # fmt: skip
     report = ledger.verify()
     assert not report.ok
     assert any("released after its computation began" in p for p in report.problems), report.problems
+    with pytest.raises(IntegrityError, match="failed verification"):  # and the ledger charges nothing more
+        _reserve(ledger, "c")
 
 
 def test_a_ledger_from_before_computations_is_upgraded_in_place(tmp_path: Path) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from live_parties import LiveParties
+from live_parties import start as start_live_parties
 
 from capc_common.federation import FederationConfig
 from capc_services.tls import init_ca, issue_certificate
@@ -52,6 +55,20 @@ def federation(tmp_path: Path) -> tuple[FederationConfig, Path]:
     return config, path
 
 
+@pytest.fixture
+def funded_federation(tmp_path: Path) -> Path:
+    """The saved federation.yaml of a federation whose budget pays for its batches (party start-up tests)."""
+    config = FederationConfig.from_dict(
+        federation_dict(
+            mechanism={"threshold": 3, "sigma1": 2.0, "sigma2": 1.5},
+            budget={"epsilon": 300.0, "delta": 1e-5, "order": 10},
+        )
+    )
+    path = tmp_path / "federation.yaml"
+    config.save(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA and certificates for every test party, plus 'intruder' from a foreign CA."""
@@ -71,3 +88,11 @@ def token_file(tmp_path: Path) -> Path:
     path.write_text(secrets.token_urlsafe(32))
     path.chmod(0o600)
     return path
+
+
+@pytest.fixture(scope="session")
+def live_parties(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveParties]:
+    """A real guardian and student process (see ``live_parties.py``), shared by the modules that need them."""
+    running = start_live_parties(tmp_path_factory.mktemp("live") / "federation")
+    yield running
+    running.close()

@@ -75,3 +75,23 @@ def test_batch_size_must_be_a_multiple_of_bn_batch(federation_dict) -> None:
 def test_missing_file_is_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="does not exist"):
         FederationConfig.load(tmp_path / "nope.yaml")
+
+
+def test_revocations_are_normalised_and_leave_the_hash_alone(tmp_path: Path, federation_dict) -> None:
+    """Revoking a certificate changes who may connect, not what is computed: the ledger, label store and
+    cap records (all pinned to the hash) carry on. A federation without the section hashes as before."""
+    base = FederationConfig.from_dict(federation_dict())
+    revoked = [{"serial": "0x00:5F:A3", "party": "hospital-a"}, {"serial": "abc"}]
+    config = FederationConfig.from_dict(federation_dict(revoked=revoked))
+    assert config.revoked_serials == {"5fa3", "abc"}
+    assert config.config_hash() == base.config_hash()
+    assert "revoked" not in config.canonical_json()
+    config.save(tmp_path / "f.yaml")
+    assert FederationConfig.load(tmp_path / "f.yaml").revoked == config.revoked
+    assert config.party_names == ("guardian", "student", "hospital-a", "hospital-b")
+
+
+@pytest.mark.parametrize("serial", ["xyz", "1" * 41, ""])
+def test_a_revoked_serial_must_be_hex(federation_dict, serial: str) -> None:
+    with pytest.raises(InputError, match=r"revoked\.0\.serial.*serial number in hex"):
+        FederationConfig.from_dict(federation_dict(revoked=[{"serial": serial}]))

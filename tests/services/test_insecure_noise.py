@@ -10,24 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from capc_common.federation import FederationConfig
 from capc_services.guardian.app import serve
 from capc_services.guardian.settings import GuardianSettings
 from capc_services.student.app import run
 from capc_services.student.settings import StudentSettings
-
-
-@pytest.fixture
-def federation(tmp_path: Path, federation_dict) -> Path:
-    config = FederationConfig.from_dict(
-        federation_dict(
-            mechanism={"threshold": 3, "sigma1": 2.0, "sigma2": 1.5},
-            budget={"epsilon": 300.0, "delta": 1e-5, "order": 10},
-        )
-    )
-    path = tmp_path / "federation.yaml"
-    config.save(path)
-    return path
 
 
 def _start_and_stop(entry: Callable[..., None], settings: object, caplog: pytest.LogCaptureFixture) -> None:
@@ -44,12 +30,12 @@ def _assert_announced_not_logged(caplog: pytest.LogCaptureFixture, seed: str) ->
 
 
 def test_guardian(
-    pki: Path, tmp_path: Path, token_file: Path, federation: Path, caplog: pytest.LogCaptureFixture
+    pki: Path, tmp_path: Path, token_file: Path, funded_federation: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     seed = "do-not-log-this-seed-7f3a"
     settings = GuardianSettings(
         party="guardian",
-        federation=federation,
+        federation=funded_federation,
         tls={"ca": pki / "ca.crt", "cert": pki / "guardian.crt", "key": pki / "guardian.key"},
         admin={"bind": "127.0.0.1:0", "token_file": token_file},
         grpc={"bind": "127.0.0.1:0"},
@@ -61,12 +47,12 @@ def test_guardian(
 
 
 def test_student(
-    pki: Path, tmp_path: Path, token_file: Path, federation: Path, caplog: pytest.LogCaptureFixture
+    pki: Path, tmp_path: Path, token_file: Path, funded_federation: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     seed = "do-not-log-this-student-seed-41c9"
     settings = StudentSettings(
         party="student",
-        federation=federation,
+        federation=funded_federation,
         tls={"ca": pki / "ca.crt", "cert": pki / "student.crt", "key": pki / "student.key"},
         admin={"bind": "127.0.0.1:0", "token_file": token_file},
         grpc={"bind": "127.0.0.1:0"},

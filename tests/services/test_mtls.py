@@ -14,7 +14,7 @@ from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.interceptors import HASH_HEADER, AuthInterceptor, ConfigHashClientInterceptor
 from capc_services.common.runtime import GrpcServer, start_grpc_server
-from capc_services.tls import TlsFiles
+from capc_services.tls import TlsFiles, certificate_info, issue_certificate
 
 STATUS = f"/{rpc.GUARDIAN_SERVICE}/BatchStatus"
 
@@ -137,3 +137,59 @@ def test_private_key_readable_by_others_is_refused(tmp_path: Path, pki: Path) ->
     files = TlsFiles(ca=pki / "ca.crt", cert=pki / "student.crt", key=key)
     with pytest.raises(Exception, match="chmod 600"):
         files.channel("127.0.0.1:1", peer="guardian")
+
+
+def _revoking(config: FederationConfig, *serials: str) -> FederationConfig:
+    revoked = [{"serial": s, "party": "student", "reason": "laptop lost"} for s in serials]
+    return FederationConfig.from_dict({**config.model_dump(mode="json"), "revoked": revoked})
+
+
+def _server_for(pki: Path, config: FederationConfig) -> GrpcServer:
+    return start_grpc_server(
+        bind="127.0.0.1:0",
+        tls=_files(pki, "guardian"),
+        register=[lambda s: rpc.add_GuardianServiceServicer_to_server(_StatusOnly(), s)],
+        services=[rpc.GUARDIAN_SERVICE],
+        interceptors=[AuthInterceptor(config=config, policy={STATUS: frozenset({"student"})})],
+        max_workers=4,
+    )
+
+
+def test_a_revoked_certificate_is_refused_even_for_health(pki, server) -> None:
+    # Prepare: the federation revokes the student's certificate by serial (upper case, colons: normalised)
+    _, config = server
+    serial = certificate_info(pki / "student.crt").serial
+    spelled = ":".join(serial.upper().zfill(40)[i : i + 2] for i in range(0, 40, 2))
+    revoking = _revoking(config, spelled)
+    srv = _server_for(pki, revoking)
+    stub, channel = _stub(_files(pki, "student"), srv.port, config_hash=revoking.config_hash())
+    health = health_pb2_grpc.HealthStub(channel)
+    try:
+        # Execute / Assert
+        for call in (
+            lambda: stub.BatchStatus(pb.BatchStatusRequest(batch_id="b1"), timeout=10),
+            lambda: health.Check(health_pb2.HealthCheckRequest(), timeout=10),
+        ):
+            with pytest.raises(grpc.RpcError) as info:
+                call()
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert f"serial {serial} of 'student' is revoked in federation.yaml (laptop lost)" in (
+                info.value.details()
+            )
+    finally:
+        channel.close()
+        srv.stop(0)
+    # the revocation list is not a parameter: the config hash (ledger, label store, caps) stays the same
+    assert revoking.config_hash() == config.config_hash()
+
+
+def test_a_student_certificate_naming_the_guardian_is_refused(pki, server, tmp_path: Path) -> None:
+    srv, config = server
+    issue_certificate(pki, "student", out_dir=tmp_path, dns_names=("GUARDIAN",))
+    files = TlsFiles(ca=pki / "ca.crt", cert=tmp_path / "student.crt", key=tmp_path / "student.key")
+    stub, channel = _stub(files, srv.port, config_hash=config.config_hash())
+    with pytest.raises(grpc.RpcError) as info:
+        stub.BatchStatus(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "carries the name(s) ['GUARDIAN'] of another party" in info.value.details()
+    channel.close()

@@ -1,7 +1,8 @@
 """Authentication and federation-config checks for every gRPC call.
 
-Identity is the peer certificate's CN (TLS has already verified the chain against the federation CA); the
-policy says which roles may call which method. Both directions carry the federation-config hash as
+Identity is the peer certificate's CN (TLS has already verified the chain against the federation CA); a
+certificate ``federation.yaml`` revokes, or one that names another party, is refused before anything else;
+the policy says which roles may call which method. Both directions carry the federation-config hash as
 metadata, and a peer with another hash is refused: two parties that loaded different ``federation.yaml``
 files must never exchange a single share.
 """
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import Any
 
 import grpc
+from cryptography import x509
 
 from capc_common.errors import ProtocolError
 from capc_common.federation import FederationConfig
+from capc_services.tls import describe_certificate, refusal
 
 HASH_HEADER = "capc-config-hash"
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
@@ -26,6 +30,12 @@ def peer_name(context: grpc.ServicerContext) -> str:
     """The CN of the caller's (verified) client certificate, or '' when there is none."""
     names = context.auth_context().get("x509_common_name", [])
     return names[0].decode() if names else ""
+
+
+def peer_certificate(context: grpc.ServicerContext) -> bytes:
+    """The caller's (verified) client certificate as PEM, or b'' when there is none."""
+    pems = context.auth_context().get("x509_pem_cert", [])
+    return bytes(pems[0]) if pems else b""
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
@@ -50,6 +60,17 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self._hash = config.config_hash()
         self._policy = dict(policy)
         self._on_reject = on_reject
+        # A peer presents the same certificate on every call: parse and judge each one once.
+        self._refusal = lru_cache(maxsize=256)(self._judge)
+
+    def _judge(self, pem: bytes) -> str | None:
+        try:
+            info = describe_certificate(x509.load_pem_x509_certificate(pem))
+        except ValueError as exc:
+            return f"unreadable client certificate: {exc}"
+        return refusal(
+            self._config, common_name=info.common_name, serial=info.serial, dns_names=info.dns_names
+        )
 
     def _reject(self, context: grpc.ServicerContext, method: str, peer: str, code: Any, msg: str) -> None:
         _log.warning("rejected call", extra={"method": method, "peer": peer, "reason": msg})
@@ -61,6 +82,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
         peer = peer_name(context)
         if not peer:
             self._reject(context, method, peer, grpc.StatusCode.UNAUTHENTICATED, "no client certificate")
+        refused = self._refusal(peer_certificate(context))
+        if refused is not None:
+            self._reject(context, method, peer, grpc.StatusCode.PERMISSION_DENIED, refused)
         if method.startswith(HEALTH_PREFIX):
             return
         role = self._config.role_of(peer)

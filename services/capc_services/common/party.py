@@ -14,7 +14,7 @@ from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import AdminServer
 from capc_services.common.settings import SiteSettings
-from capc_services.tls import certificate_info
+from capc_services.tls import certificate_info, refusal
 
 _log = logging.getLogger(__name__)
 
@@ -51,6 +51,14 @@ class PartyRuntime:
                 f"certificate {settings.tls.cert} is for {self.certificate.common_name!r}, but this site is "
                 f"party {settings.party!r}; issue one with `capc cert issue {settings.party}`"
             )
+        refused = refusal(
+            self.config,
+            common_name=self.certificate.common_name,
+            serial=self.certificate.serial,
+            dns_names=self.certificate.dns_names,
+        )
+        if refused is not None:
+            raise InputError(f"{settings.tls.cert}: {refused}")
         self.token = settings.admin_token()
         self.metrics = PartyMetrics(
             party=settings.party, role=role, config_hash=self.config_hash, certificate=self.certificate

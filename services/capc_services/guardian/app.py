@@ -6,6 +6,7 @@ import logging
 import threading
 
 from capc_common.aggregation import party_noise
+from capc_common.errors import IntegrityError
 from capc_common.privacy import BudgetLedger
 from capc_common.wire import rpc
 from capc_services.common.party import PartyRuntime
@@ -19,16 +20,32 @@ _log = logging.getLogger(__name__)
 
 
 def open_ledger(settings: GuardianSettings) -> BudgetLedger:
-    """Open (or create) the guardian's ledger for the federation's budget."""
+    """Open (or create) the guardian's ledger for the federation's budget, refusing one that fails
+    verification (an edited row or total, a broken chain, a damaged file): charging on it could spend
+    budget the true ledger does not have.
+
+    Raises:
+        IntegrityError: the ledger belongs to another federation or failed verification.
+    """
     config = settings.federation_config
     settings.ledger.parent.mkdir(parents=True, exist_ok=True)
-    return BudgetLedger.open_or_create(
+    ledger = BudgetLedger.open_or_create(
         settings.ledger,
         epsilon_limit=config.budget.epsilon,
         delta=config.budget.delta,
         order=config.budget.order,
-        config=config.model_dump(mode="json"),
+        config=config.parameters(),
     )
+    report = ledger.verify()
+    if not report.ok:
+        ledger.close()
+        raise IntegrityError(
+            f"the ledger {settings.ledger} failed verification ({'; '.join(report.problems[:3])}); the "
+            f"guardian will not charge on it. Run `capc budget verify --ledger {settings.ledger}` and "
+            "restore the file from a backup"
+        )
+    _log.info("ledger verified", extra={"entries": report.entries, "head": report.head})
+    return ledger
 
 
 def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:

@@ -19,10 +19,12 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from capc_common.errors import InputError
-from capc_common.federation import check_party_name
+from capc_common.federation import FederationConfig, check_party_name, serial_hex
+from capc_services.tls.names import check_certificate_names
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
@@ -38,9 +40,10 @@ class IssuedCertificate:
     not_after: dt.datetime
     dns_names: tuple[str, ...]
     ip_addresses: tuple[str, ...]
+    serial: str
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
     """Create ``path`` with mode 0600 and write ``data``; refuse to overwrite (a key is never replaced)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -63,7 +66,8 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """A private key as unencrypted PKCS#8 PEM (the file's 0600 mode protects it)."""
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -119,7 +123,7 @@ def init_ca(directory: str | Path, *, name: str, days: int = 3650) -> tuple[Path
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write_private(key_path, _pem_key(key))
+    write_private(key_path, pem_key(key))
     _write_public(cert_path, cert.public_bytes(serialization.Encoding.PEM))
     return cert_path, key_path
 
@@ -135,54 +139,30 @@ def _load_ca(ca_dir: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey
     return cert, key
 
 
-def issue_certificate(
-    ca_dir: str | Path,
-    party: str,
+def party_certificate(
     *,
-    out_dir: str | Path,
-    dns_names: tuple[str, ...] = ("localhost",),
-    ip_addresses: tuple[str, ...] = ("127.0.0.1",),
-    days: int = 365,
-) -> IssuedCertificate:
-    """Generate a key pair for ``party`` and a certificate for it signed by the CA in ``ca_dir``.
-
-    The certificate is good for both TLS server and client authentication (every party is a client on some
-    link and, except teachers, a server on another).
-
-    Args:
-        ca_dir: directory holding ``ca.crt`` and ``ca.key``.
-        party: the party name; becomes the CN and the first DNS SAN.
-        out_dir: where ``PARTY.crt`` and ``PARTY.key`` (0600) are written.
-        dns_names: extra DNS SANs (host names the party is reached at).
-        ip_addresses: IP SANs.
-        days: validity in days.
+    ca_dir: Path,
+    party: str,
+    public_key: CertificatePublicKeyTypes,
+    dns: tuple[str, ...],
+    ips: tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...],
+    days: int,
+) -> x509.Certificate:
+    """A party certificate for ``public_key`` signed by the CA in ``ca_dir`` (client and server use).
 
     Raises:
-        InputError: bad IP address, ``days`` < 1, the CA is missing or the key file already exists.
+        InputError: ``days`` < 1 or no CA in ``ca_dir``.
     """
-    try:
-        check_party_name(party)
-    except ValueError as exc:
-        raise InputError(str(exc)) from None
     if days < 1:
         raise InputError(f"certificate validity must be at least 1 day, got {days}")
-    try:
-        ips = tuple(ipaddress.ip_address(ip) for ip in ip_addresses)
-    except ValueError as exc:
-        raise InputError(f"bad IP SAN: {exc}") from None
-    ca_cert, ca_key = _load_ca(Path(ca_dir))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cert_path, key_path = out / f"{party}.crt", out / f"{party}.key"
-    dns = tuple(dict.fromkeys((party, *dns_names)))
-    key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert, ca_key = _load_ca(ca_dir)
     now = _now()
     not_after = min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc)
-    cert = (
+    return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, party)]))
         .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
+        .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(not_after)
@@ -215,15 +195,78 @@ def issue_certificate(
         )
         .sign(ca_key, hashes.SHA256())
     )
-    _write_private(key_path, _pem_key(key))
-    _write_public(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+
+
+def party_sans(
+    party: str, dns_names: tuple[str, ...], ip_addresses: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...]]:
+    """Validate a party name and its SANs: the DNS SANs (party name first) and the parsed IP SANs."""
+    try:
+        check_party_name(party)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    try:
+        ips = tuple(ipaddress.ip_address(ip) for ip in ip_addresses)
+    except ValueError as exc:
+        raise InputError(f"bad IP SAN: {exc}") from None
+    return tuple(dict.fromkeys((party, *dns_names))), ips
+
+
+def write_certificate(path: Path, cert: x509.Certificate) -> None:
+    """Write a certificate as PEM (mode 0644, atomically)."""
+    _write_public(path, cert.public_bytes(serialization.Encoding.PEM))
+
+
+def issue_certificate(
+    ca_dir: str | Path,
+    party: str,
+    *,
+    out_dir: str | Path,
+    dns_names: tuple[str, ...] = ("localhost",),
+    ip_addresses: tuple[str, ...] = ("127.0.0.1",),
+    days: int = 365,
+    federation: FederationConfig | None = None,
+) -> IssuedCertificate:
+    """Generate a key pair for ``party`` and a certificate for it signed by the CA in ``ca_dir``.
+
+    The local/demo path: the key is made where the CA is. Across organisations a party makes its own key
+    and a request (:func:`~capc_services.tls.csr.request_certificate`) and only the certificate travels.
+    The certificate is good for both TLS server and client authentication (every party is a client on some
+    link and, except teachers, a server on another).
+
+    Args:
+        ca_dir: directory holding ``ca.crt`` and ``ca.key``.
+        party: the party name; becomes the CN and the first DNS SAN.
+        out_dir: where ``PARTY.crt`` and ``PARTY.key`` (0600) are written.
+        dns_names: extra DNS SANs (host names the party is reached at).
+        ip_addresses: IP SANs.
+        days: validity in days.
+        federation: when given, ``party`` must be one of its parties and no SAN may name another one.
+
+    Raises:
+        InputError: bad name or IP address, a SAN naming another party, ``days`` < 1, the CA is missing
+            or the key file already exists.
+    """
+    dns, ips = party_sans(party, dns_names, ip_addresses)
+    if federation is not None:
+        check_certificate_names(federation, party, dns)
+    out = Path(out_dir)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = party_certificate(
+        ca_dir=Path(ca_dir), party=party, public_key=key.public_key(), dns=dns, ips=ips, days=days
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = out / f"{party}.crt", out / f"{party}.key"
+    write_private(key_path, pem_key(key))
+    write_certificate(cert_path, cert)
     return IssuedCertificate(
         party=party,
         cert=cert_path,
         key=key_path,
-        not_after=not_after,
+        not_after=cert.not_valid_after_utc,
         dns_names=dns,
         ip_addresses=tuple(str(i) for i in ips),
+        serial=serial_hex(cert.serial_number),
     )
 
 
@@ -233,6 +276,8 @@ class CertificateInfo:
 
     common_name: str
     not_after: dt.datetime
+    serial: str = ""
+    dns_names: tuple[str, ...] = ()
 
     def seconds_left(self, *, now: dt.datetime | None = None) -> float:
         """Seconds until expiry (negative once expired)."""
@@ -240,7 +285,7 @@ class CertificateInfo:
 
 
 def certificate_info(cert_path: str | Path) -> CertificateInfo:
-    """Read the CN and expiry of a PEM certificate.
+    """Read the CN, expiry, serial and DNS SANs of a PEM certificate.
 
     Raises:
         InputError: the file is missing or not a PEM certificate.
@@ -252,9 +297,24 @@ def certificate_info(cert_path: str | Path) -> CertificateInfo:
         raise InputError(f"certificate {path} does not exist; issue one with `capc cert issue`") from None
     except ValueError as exc:
         raise InputError(f"{path} is not a PEM certificate: {exc}") from None
+    return describe_certificate(cert)
+
+
+def describe_certificate(cert: x509.Certificate) -> CertificateInfo:
+    """CN, expiry, serial and DNS SANs of a parsed certificate."""
     names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     cn = str(names[0].value) if names else ""
-    return CertificateInfo(common_name=cn, not_after=cert.not_valid_after_utc)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        dns = tuple(san.get_values_for_type(x509.DNSName))
+    except x509.ExtensionNotFound:
+        dns = ()
+    return CertificateInfo(
+        common_name=cn,
+        not_after=cert.not_valid_after_utc,
+        serial=serial_hex(cert.serial_number),
+        dns_names=dns,
+    )
 
 
 def write_admin_token(path: str | Path) -> bool:
@@ -267,7 +327,7 @@ def write_admin_token(path: str | Path) -> bool:
     if path.exists():
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_private(path, (secrets.token_urlsafe(32) + "\n").encode())
+    write_private(path, (secrets.token_urlsafe(32) + "\n").encode())
     return True
 
 

@@ -262,10 +262,12 @@ def _verify_text(r: dict[str, Any]) -> str:
     head = "OK" if r["ok"] else "FAILED"
     lines = [f"ledger verification {head}: {r['entries']} entries, head {r['head']}"]
     t = r["totals"]
-    lines.append(
-        f"  recomputed: ε spent {t['epsilon_spent']:.4f}, settled RDP {t['spent_rdp']:.6g}, reserved "
-        f"{t['reserved_rdp']:.6g}, {t['batches']} batches, {t['queries']} queries, {t['answered']} answered"
-    )
+    if t:
+        lines.append(
+            f"  recomputed: ε spent {t['epsilon_spent']:.4f}, settled RDP {t['spent_rdp']:.6g}, reserved "
+            f"{t['reserved_rdp']:.6g}, {t['batches']} batches, {t['queries']} queries, {t['answered']} "
+            "answered"
+        )
     lines += [f"  problem: {p}" for p in r["problems"]]
     return "\n".join(lines)
 

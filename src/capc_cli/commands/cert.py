@@ -1,17 +1,134 @@
-"""``capc cert``: party certificates signed by the federation CA."""
+"""``capc cert``: party certificates signed by the federation CA.
+
+Across organisations (the default): the party runs ``capc cert request`` on its own machine (its key never
+leaves it), the coordinator checks and signs the request with ``capc cert sign``. ``capc cert issue``
+(key made where the CA is) and ``capc cert bootstrap`` are for local and demo federations.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from capc_cli.output import emit, format_option
 
+if TYPE_CHECKING:
+    from capc_common.federation import FederationConfig
+
+
+_FEDERATION = click.option(
+    "--federation",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="federation.yaml: the party must be in it and no SAN may name another party.",
+)
+_DNS = click.option(
+    "--dns", "dns_names", multiple=True, help="DNS name the party is reached at (repeatable)."
+)
+_IP = click.option("--ip", "ips", multiple=True, help="IP address the party is reached at (repeatable).")
+
+
+def _federation(path: Path | None) -> FederationConfig | None:
+    from capc_common.federation import FederationConfig
+
+    return None if path is None else FederationConfig.load(path)
+
 
 @click.group("cert")
 def command() -> None:
-    """Issue and inspect party certificates (CN = party name)."""
+    """Party certificates (CN = party name): request on the party's machine, sign at the coordinator."""
+
+
+@command.command("request")
+@click.argument("party")
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default=True,
+    help="Where PARTY.key (0600, stays here) and PARTY.csr (send it to the coordinator) are written.",
+)
+@_DNS
+@_IP
+@format_option
+def request(party: str, out_dir: Path, dns_names: tuple[str, ...], ips: tuple[str, ...], fmt: str) -> None:
+    """On PARTY's own machine: make its private key and a certificate signing request.
+
+    Send PARTY.csr to the federation coordinator and read them the fingerprint over another channel (a
+    call); the key never leaves this machine."""
+    from capc_services.tls import request_certificate
+
+    made = request_certificate(party, out_dir=out_dir, dns_names=dns_names, ip_addresses=ips)
+    emit(
+        {
+            "party": made.party,
+            "key": str(made.key),
+            "csr": str(made.csr),
+            "fingerprint": made.fingerprint,
+            "dns_names": list(made.dns_names),
+            "ip_addresses": list(made.ip_addresses),
+        },
+        fmt,
+    )
+
+
+@command.command("sign")
+@click.argument("csr", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--ca-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("ca"),
+    show_default=True,
+    help="Directory holding ca.crt and ca.key.",
+)
+@click.option(
+    "--federation",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("federation.yaml"),
+    show_default=True,
+    help="The federation the certificate is for (party names are checked against it).",
+)
+@click.option(
+    "--party",
+    default=None,
+    help="Who sent the request [default: the file name, PARTY.csr]; the request must name this party.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Certificate file [default: PARTY.crt next to the request].",
+)
+@click.option("--days", type=click.IntRange(min=1), default=365, show_default=True, help="Validity in days.")
+@format_option
+def sign(
+    csr: Path, ca_dir: Path, federation: Path, party: str | None, out: Path | None, days: int, fmt: str
+) -> None:
+    """At the coordinator: check a party's request against federation.yaml and sign it.
+
+    Refused (exit 2): a request naming a party other than its sender or a stranger to the federation, a
+    SAN equal to another party's name, a wildcard, a bad signature. Record the printed serial: revoking
+    the certificate later means listing it under `revoked:` in federation.yaml."""
+    from capc_common.federation import FederationConfig
+    from capc_services.tls import sign_request
+
+    signed = sign_request(
+        csr, ca_dir=ca_dir, federation=FederationConfig.load(federation), party=party, out=out, days=days
+    )
+    emit(
+        {
+            "party": signed.party,
+            "cert": str(signed.cert),
+            "serial": signed.serial,
+            "not_after": signed.not_after,
+            "dns_names": list(signed.dns_names),
+            "ip_addresses": list(signed.ip_addresses),
+            "request_fingerprint": signed.request_fingerprint,
+        },
+        fmt,
+    )
 
 
 @command.command("issue")
@@ -32,6 +149,7 @@ def command() -> None:
 @click.option("--dns", "dns_names", multiple=True, help="Extra DNS SAN (repeatable); 'localhost' if none.")
 @click.option("--ip", "ips", multiple=True, help="IP SAN (repeatable); 127.0.0.1 if none.")
 @click.option("--days", type=click.IntRange(min=1), default=365, show_default=True, help="Validity in days.")
+@_FEDERATION
 @format_option
 def issue(
     party: str,
@@ -40,9 +158,12 @@ def issue(
     dns_names: tuple[str, ...],
     ips: tuple[str, ...],
     days: int,
+    federation: Path | None,
     fmt: str,
 ) -> None:
-    """Generate PARTY's key pair and a certificate for it (client and server use; party name is a SAN)."""
+    """Local/demo use: generate PARTY's key where the CA is, and its certificate.
+
+    Across organisations use `capc cert request` on the party's machine and `capc cert sign` here."""
     from capc_services.tls import issue_certificate
 
     issued = issue_certificate(
@@ -52,6 +173,7 @@ def issue(
         dns_names=dns_names or ("localhost",),
         ip_addresses=ips or ("127.0.0.1",),
         days=days,
+        federation=_federation(federation),
     )
     emit(
         {
@@ -61,6 +183,7 @@ def issue(
             "not_after": issued.not_after.isoformat(),
             "dns_names": list(issued.dns_names),
             "ip_addresses": list(issued.ip_addresses),
+            "serial": issued.serial,
         },
         fmt,
     )
@@ -70,7 +193,7 @@ def issue(
 @click.argument("cert", type=click.Path(dir_okay=False, path_type=Path))
 @format_option
 def show(cert: Path, fmt: str) -> None:
-    """Print a certificate's CN and when it expires."""
+    """Print a certificate's CN, serial (what `revoked:` in federation.yaml lists), SANs and expiry."""
     from capc_services.tls import certificate_info
 
     info = certificate_info(cert)
@@ -78,6 +201,8 @@ def show(cert: Path, fmt: str) -> None:
     emit(
         {
             "common_name": info.common_name,
+            "serial": info.serial,
+            "dns_names": list(info.dns_names),
             "not_after": info.not_after.isoformat(),
             "expires_in_days": round(left / 86400, 2),
             "expired": left <= 0,

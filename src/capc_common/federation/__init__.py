@@ -8,8 +8,10 @@ from capc_common.federation.config import (
     Mechanism,
     Queries,
     Quorum,
+    Revocation,
     TeacherParty,
     check_party_name,
+    serial_hex,
 )
 from capc_common.federation.costs import (
     BatchCosts,
@@ -30,6 +32,7 @@ __all__ = [
     "Mechanism",
     "Queries",
     "Quorum",
+    "Revocation",
     "TeacherParty",
     "accountant",
     "batch_costs",
@@ -38,6 +41,7 @@ __all__ = [
     "check_party_name",
     "load_shared_backbone",
     "mpc_config",
+    "serial_hex",
     "smallest_quorum_heads",
     "usable_queries",
 ]

@@ -111,8 +111,44 @@ class Quorum(_Frozen):
     share_deadline_s: float = Field(gt=0)
 
 
+class Revocation(_Frozen):
+    """One revoked party certificate: guardian and student refuse it at the TLS-authenticated call.
+
+    Attributes:
+        serial: the certificate's serial number in hex (``capc cert show`` prints it; colons, a ``0x``
+            prefix and upper case are accepted and normalised).
+        party: whose certificate it was (for the reader; the serial alone decides).
+        reason: why it was revoked (a lost laptop, a key rotated), for the record.
+    """
+
+    serial: str
+    party: str = ""
+    reason: str = Field(default="", max_length=500)
+
+    @field_validator("serial", mode="before")
+    @classmethod
+    def _serial(cls, value: object) -> str:
+        text = str(value).strip().lower().replace(":", "").removeprefix("0x")
+        if not re.fullmatch(r"[0-9a-f]{1,40}", text.lstrip("0") or ("0" if text else "")):
+            raise ValueError(
+                f"revoked serial {value!r} must be the certificate's serial number in hex (at most 20 "
+                "bytes), as `capc cert show` prints it"
+            )
+        return text.lstrip("0") or "0"
+
+
+def serial_hex(serial: int) -> str:
+    """A certificate serial number as ``federation.yaml`` lists it: lowercase hex, no leading zeros."""
+    return format(serial, "x")
+
+
 class FederationConfig(_Frozen):
-    """The parsed, validated ``federation.yaml``."""
+    """The parsed, validated ``federation.yaml``.
+
+    ``revoked`` lists certificates the guardian and the student refuse. It is *not* part of
+    :meth:`config_hash`: revoking a certificate changes who may connect, not what the federation computes,
+    so the ledger, the label store and every party's cap record carry on under the same hash.
+    """
 
     version: Literal[1] = 1
     name: str = Field(min_length=1)
@@ -125,6 +161,7 @@ class FederationConfig(_Frozen):
     queries: Queries
     backbone: Backbone
     quorum: Quorum
+    revoked: tuple[Revocation, ...] = ()
 
     _guardian = field_validator("guardian")(check_party_name)
     _student = field_validator("student")(check_party_name)
@@ -173,9 +210,23 @@ class FederationConfig(_Frozen):
             return "teacher"
         return None
 
+    @property
+    def party_names(self) -> tuple[str, ...]:
+        """Every party of the federation: guardian, student, then the teacher parties."""
+        return (self.guardian, self.student, *self.teacher_names)
+
+    @property
+    def revoked_serials(self) -> frozenset[str]:
+        """Serials (normalised hex) of the revoked certificates."""
+        return frozenset(r.serial for r in self.revoked)
+
+    def parameters(self) -> dict[str, Any]:
+        """Every parameter the federation computes with (all fields but ``revoked``), as JSON values."""
+        return self.model_dump(mode="json", exclude={"revoked"})
+
     def canonical_json(self) -> str:
-        """Deterministic JSON of every parameter: sorted keys, no whitespace, plain ASCII."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """Deterministic JSON of :meth:`parameters`: sorted keys, no whitespace, plain ASCII."""
+        return json.dumps(self.parameters(), sort_keys=True, separators=(",", ":"))
 
     def config_hash(self) -> str:
         """SHA-256 (hex) of :meth:`canonical_json`: equal exactly when every parameter is equal."""

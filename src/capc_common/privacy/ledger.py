@@ -19,6 +19,13 @@ returns). Entries are append-only (triggers reject UPDATE and DELETE) and hash-c
 ``SHA-256(previous hash ‖ canonical JSON of the row)``, starting from the hash of the ledger's parameters, so
 :meth:`BudgetLedger.verify` detects any edited, removed or reordered row and recomputes every total.
 
+**Derived totals are recomputed, never trusted.** The ``state`` table (running totals and the chain head) is
+a cache for other readers: triggers only let it move one entry at a time, to the newest entry's hash, and
+every :class:`BudgetLedger` recomputes the totals itself from the chained entries — all of them when it
+opens, then each new row (from any process) as it appears. A write first checks the stored totals against
+the recomputed ones and refuses (``IntegrityError``, nothing charged) on any difference or broken link, so an
+edited ``state`` row can neither hide spent budget nor make the filter admit a batch the entries refuse.
+
 **Concurrency.** Every write is one ``BEGIN IMMEDIATE`` transaction that reads the totals, checks the
 filter and appends, so several processes (or threads) sharing the file serialise and can never overspend;
 ``kill -9`` at any point leaves either the whole transaction or none of it.
@@ -29,6 +36,7 @@ rounded *up*; the filter compares integers, so sums never drift and verification
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -42,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError
+from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError, UnavailableError
 from capc_common.privacy.accountant import ConfidentGNMaxAccountant
 from capc_common.privacy.analysis import rdp_budget_at_order
 from capc_common.privacy.analysis._checks import count, non_negative, positive, probability
@@ -112,6 +120,13 @@ CREATE TRIGGER meta_no_update BEFORE UPDATE ON meta
     BEGIN SELECT RAISE(ABORT, 'ledger parameters are immutable'); END;
 CREATE TRIGGER meta_no_delete BEFORE DELETE ON meta
     BEGIN SELECT RAISE(ABORT, 'ledger parameters are immutable'); END;
+CREATE TRIGGER state_follows_entries BEFORE UPDATE ON state
+    WHEN NEW.seq != OLD.seq + 1
+      OR NEW.seq != (SELECT MAX(seq) FROM entries)
+      OR NEW.head IS NOT (SELECT hash FROM entries WHERE seq = NEW.seq)
+    BEGIN SELECT RAISE(ABORT, 'ledger totals move only with a new entry'); END;
+CREATE TRIGGER state_no_delete BEFORE DELETE ON state
+    BEGIN SELECT RAISE(ABORT, 'ledger totals are derived from the entries'); END;
 """
 # Receipts of settled batches (see ``settle``); added to ledgers created before they existed by ``_upgrade``.
 _RECEIPTS = """
@@ -258,6 +273,94 @@ class VerificationReport:
         return asdict(self)
 
 
+_TOTALS = ("spent_units", "reserved_units", "queries", "answered", "settled", "open", "released")
+
+
+class _Chain:
+    """The totals and chain head recomputed from the entries, one row at a time, noting every inconsistency.
+
+    The single place that knows what each kind of row does to the totals: :meth:`BudgetLedger.verify` runs
+    it over every row, and each ledger instance keeps one up to date as the rows appear, instead of trusting
+    the stored ``state`` row.
+    """
+
+    def __init__(self, genesis: str, budget_units: int) -> None:
+        self.head = genesis
+        self.seq = 0
+        self.budget_units = budget_units
+        self.totals = dict.fromkeys(_TOTALS, 0)
+        self.open_batches: dict[str, Entry] = {}
+        self.computing: dict[str, str] = {}  # batch -> nonce of the computation that began on it
+        self.closed: set[str] = set()
+        self.problems: list[str] = []
+
+    def apply(self, entry: Entry) -> None:
+        """Account for the next row (appending a problem for each inconsistency it shows)."""
+        problems, totals = self.problems, self.totals
+        where = f"entry {entry.seq} ({entry.kind} {entry.batch_id})"
+        if entry.seq != self.seq + 1:
+            problems.append(f"{where}: sequence gap, expected {self.seq + 1}")
+        if entry.prev_hash != self.head:
+            problems.append(f"{where}: does not link to the previous entry")
+        if _entry_hash(entry) != entry.hash:
+            problems.append(f"{where}: hash mismatch (the row was edited)")
+        self.seq, self.head = self.seq + 1, entry.hash
+        if entry.units != _units(entry.rdp):
+            problems.append(f"{where}: units {entry.units} do not match rdp {entry.rdp!r}")
+        if entry.kind == "reserve":
+            if entry.batch_id in self.open_batches or entry.batch_id in self.closed:
+                problems.append(f"{where}: batch reserved twice")
+            self.open_batches[entry.batch_id] = entry
+            totals["reserved_units"] += entry.units
+            totals["queries"] += entry.queries
+            totals["open"] += 1
+            if totals["spent_units"] + totals["reserved_units"] > self.budget_units:
+                problems.append(f"{where}: the reservation crossed the budget")
+            return
+        if entry.kind == "compute":
+            if entry.batch_id not in self.open_batches:
+                problems.append(f"{where}: computes a batch that is not open")
+            elif entry.batch_id in self.computing:
+                problems.append(f"{where}: a second computation of the batch")
+            if entry.units:
+                problems.append(f"{where}: a computation row must cost nothing")
+            self.computing[entry.batch_id] = entry.detail
+            return
+        opening = self.open_batches.pop(entry.batch_id, None)
+        if opening is None:
+            problems.append(f"{where}: closes a batch that is not open")
+            return
+        self.closed.add(entry.batch_id)
+        totals["reserved_units"] -= opening.units
+        totals["open"] -= 1
+        began = self.computing.pop(entry.batch_id, None)
+        if entry.kind == "settle":
+            if entry.units > opening.units or entry.answered > opening.queries:
+                problems.append(f"{where}: settles above its reservation")
+            if began is not None and entry.detail != began:
+                problems.append(f"{where}: settled by another computation than the one that began")
+            totals["spent_units"] += entry.units
+            totals["answered"] += entry.answered
+            totals["settled"] += 1
+        else:
+            if entry.units:
+                problems.append(f"{where}: a release must cost nothing")
+            if began is not None:
+                problems.append(f"{where}: released after its computation began (it must stay charged)")
+            totals["queries"] -= opening.queries
+            totals["released"] += 1
+
+    def state_problems(self, state: Mapping[str, Any]) -> list[str]:
+        """How the stored ``state`` row differs from these recomputed figures (empty: it agrees)."""
+        problems = []
+        diff = {k: (state[k], self.totals[k]) for k in _TOTALS if state[k] != self.totals[k]}
+        if diff:
+            problems.append(f"stored totals differ from the recomputed ones (stored, recomputed): {diff}")
+        if state["seq"] != self.seq or state["head"] != self.head:
+            problems.append("stored chain head does not match the last entry")
+        return problems
+
+
 def _text(name: str, value: str, *, limit: int = 256) -> str:
     if not isinstance(value, str) or not value or len(value) > limit:
         raise InputError(f"{name} must be a non-empty string of at most {limit} characters, got {value!r}")
@@ -290,6 +393,7 @@ class BudgetLedger:
         ).fetchone()
         if row is None:
             raise IntegrityError(f"{path} has no ledger parameters; it is not a complete budget ledger")
+        row = _typed(row, _META_TYPES, f"{path}'s ledger parameters")
         (fmt, self.created, self.epsilon_limit, self.delta, self.order, self.budget_rdp, self.budget_units,
          config, self.config_hash, self.genesis) = row  # fmt: skip
         if fmt != FORMAT:
@@ -299,6 +403,12 @@ class BudgetLedger:
         self.filter = RenyiFilter(
             order=self.order, epsilon=self.epsilon_limit, delta=self.delta, budget_rdp=self.budget_rdp
         )
+        # Totals recomputed from every entry (the stored ``state`` row is checked against them, never used).
+        self._chain = _Chain(self.genesis, self.budget_units)
+        try:
+            self._catch_up(self._db)
+        except (sqlite3.DatabaseError, IntegrityError) as exc:  # opens for `verify`; refuses every write
+            self._chain.problems.append(f"the entries cannot be read past entry {self._chain.seq}: {exc}")
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -434,14 +544,18 @@ class BudgetLedger:
         try:
             db = cls._connect(target)
             ledger = cls(target, db)
-            ledger._upgrade()
-            return ledger
-        except (sqlite3.DatabaseError, IntegrityError) as exc:
+        except (sqlite3.DatabaseError, IntegrityError, ValueError) as exc:
             if db is not None:
                 db.close()
             if isinstance(exc, IntegrityError):
                 raise
-            raise IntegrityError(f"{target} is not a readable budget ledger: {exc}") from exc
+            raise IntegrityError(
+                f"{target} is not a readable budget ledger ({exc}); the file is damaged or not a ledger: "
+                "restore it from a backup"
+            ) from None
+        with contextlib.suppress(sqlite3.DatabaseError):  # a damaged file stays as it is, for `verify`
+            ledger._upgrade()
+        return ledger
 
     @classmethod
     def open_or_create(
@@ -541,27 +655,48 @@ class BudgetLedger:
     # ------------------------------------------------------------------ transactions
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction: committed (fsynced) on success, rolled back on any error."""
-        with self._lock:
+        """One ``BEGIN IMMEDIATE`` transaction: committed (fsynced) on success, rolled back on any error.
+
+        Before the caller sees the database, the rows other writers appended are folded into the recomputed
+        totals and the stored ``state`` row is checked against them; any inconsistency refuses the write.
+        """
+        with self._lock, _readable(self.path):
             self._db.execute("BEGIN IMMEDIATE")
+            seq: int | None = None
             try:
+                self._catch_up(self._db)
+                problems = self._chain.problems or self._chain.state_problems(self._state(self._db))
+                if problems:
+                    raise IntegrityError(
+                        f"ledger {self.path} failed verification ({'; '.join(problems[:3])}); nothing was "
+                        "charged. Run `capc budget verify` and restore the ledger from a backup"
+                    )
+                seq = self._chain.seq
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
+                if seq is not None and self._chain.seq != seq:  # an appended row was rolled back: recompute
+                    self._chain = _Chain(self.genesis, self.budget_units)
+                    self._catch_up(self._db)
                 raise
-            self._db.execute("COMMIT")
 
-    def _state(self, db: sqlite3.Connection) -> dict[str, Any]:
-        row = db.execute(
-            "SELECT seq, head, spent_units, reserved_units, queries, answered, settled, open, released "
-            "FROM state WHERE id = 1"
-        ).fetchone()
-        keys = ("seq", "head", "spent_units", "reserved_units", "queries", "answered", "settled", "open",
-                "released")  # fmt: skip
-        return dict(zip(keys, row, strict=True))
+    def _catch_up(self, db: sqlite3.Connection) -> None:
+        """Fold the rows appended since the last look (by anyone) into the recomputed totals."""
+        for row in db.execute(
+            f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE seq > ? ORDER BY seq", (self._chain.seq,)
+        ):
+            self._chain.apply(_row_entry(row))
 
-    def _append(self, db: sqlite3.Connection, state: dict[str, Any], *, now: float, **fields: Any) -> Entry:
-        draft = Entry(seq=state["seq"] + 1, time=now, prev_hash=state["head"], hash="", **fields)
+    @staticmethod
+    def _state(db: sqlite3.Connection) -> dict[str, Any]:
+        row = db.execute(f"SELECT seq, head, {', '.join(_TOTALS)} FROM state WHERE id = 1").fetchone()
+        if row is None:
+            return {"seq": None, "head": None, **dict.fromkeys(_TOTALS)}
+        return dict(zip(("seq", "head", *_TOTALS), row, strict=True))
+
+    def _append(self, db: sqlite3.Connection, *, now: float, **fields: Any) -> Entry:
+        draft = Entry(seq=self._chain.seq + 1, time=now, prev_hash=self._chain.head, hash="", **fields)
         entry = Entry(**{**asdict(draft), "parties": draft.parties, "hash": _entry_hash(draft)})
         db.execute(
             f"INSERT INTO entries ({_ENTRY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -571,12 +706,11 @@ class BudgetLedger:
                 entry.rdp, entry.units, entry.detail, entry.actor, entry.time, entry.prev_hash, entry.hash,
             ),
         )  # fmt: skip
-        state["seq"], state["head"] = entry.seq, entry.hash
+        self._chain.apply(entry)
         db.execute(
-            "UPDATE state SET seq = :seq, head = :head, spent_units = :spent_units, reserved_units = "
-            ":reserved_units, queries = :queries, answered = :answered, settled = :settled, open = :open, "
-            "released = :released WHERE id = 1",
-            state,
+            f"UPDATE state SET seq = :seq, head = :head, {', '.join(f'{k} = :{k}' for k in _TOTALS)} "
+            "WHERE id = 1",
+            {"seq": self._chain.seq, "head": self._chain.head, **self._chain.totals},
         )
         return entry
 
@@ -632,8 +766,8 @@ class BudgetLedger:
                         f"mechanism {opening.mechanism}, rdp {opening.rdp:.6g}); use a fresh batch id"
                     )
                 return opening
-            state = self._state(db)
-            charged = state["spent_units"] + state["reserved_units"]
+            totals = self._chain.totals
+            charged = totals["spent_units"] + totals["reserved_units"]
             if charged + units > self.budget_units:
                 raise BudgetExhaustedError(
                     refusal_message(
@@ -645,11 +779,8 @@ class BudgetLedger:
                         delta=self.delta,
                     )
                 )
-            state["reserved_units"] += units
-            state["queries"] += n
-            state["open"] += 1
             return self._append(
-                db, state, now=time.time(), batch_id=bid, kind="reserve", queries=n, answered=0,
+                db, now=time.time(), batch_id=bid, kind="reserve", queries=n, answered=0,
                 parties=names, mechanism=mech, params=json.loads(params_json), rdp=rdp, units=units,
                 detail="", actor=who,
             )  # fmt: skip
@@ -685,9 +816,8 @@ class BudgetLedger:
                     f"batch {bid} is already being computed (computation {computing.detail}, by "
                     f"{computing.actor}); a batch is computed at most once"
                 )
-            state = self._state(db)
             return self._append(
-                db, state, now=time.time(), batch_id=bid, kind="compute", queries=opening.queries, answered=0,
+                db, now=time.time(), batch_id=bid, kind="compute", queries=opening.queries, answered=0,
                 parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=0.0, units=0,
                 detail=nonce, actor=who,
             )  # fmt: skip
@@ -749,14 +879,8 @@ class BudgetLedger:
                     f"batch {bid}: actual rdp {rdp:.6g} exceeds its reserved worst case {opening.rdp:.6g}; "
                     "the reservation must cover every outcome (screening and GNMax for every query)"
                 )
-            state = self._state(db)
-            state["reserved_units"] -= opening.units
-            state["spent_units"] += units
-            state["answered"] += a
-            state["open"] -= 1
-            state["settled"] += 1
             entry = self._append(
-                db, state, now=time.time(), batch_id=bid, kind="settle", queries=opening.queries, answered=a,
+                db, now=time.time(), batch_id=bid, kind="settle", queries=opening.queries, answered=a,
                 parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=rdp,
                 units=units, detail=nonce or "", actor=who,
             )  # fmt: skip
@@ -788,13 +912,8 @@ class BudgetLedger:
                     f"batch {bid} cannot be released: computation {computing.detail} began on it and may "
                     "have decoded outputs, so it stays charged (settled, or held at its worst case)"
                 )
-            state = self._state(db)
-            state["reserved_units"] -= opening.units
-            state["queries"] -= opening.queries
-            state["open"] -= 1
-            state["released"] += 1
             return self._append(
-                db, state, now=time.time(), batch_id=bid, kind="release", queries=opening.queries, answered=0,
+                db, now=time.time(), batch_id=bid, kind="release", queries=opening.queries, answered=0,
                 parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=0.0, units=0,
                 detail=why, actor=who,
             )  # fmt: skip
@@ -802,7 +921,7 @@ class BudgetLedger:
     # ------------------------------------------------------------------ reading
     def batch(self, batch_id: str) -> BatchRecord | None:
         """Where ``batch_id`` stands, or ``None`` if it was never reserved."""
-        with self._lock:
+        with self._lock, _readable(self.path):
             opening, computing, closing = self._rows(self._db, batch_id)
         if opening is None:
             return None
@@ -849,38 +968,47 @@ class BudgetLedger:
         if limit is not None:
             query += " LIMIT ?"
             args.append(count("limit", limit))
-        with self._lock:
+        with self._lock, _readable(self.path):
             return [_row_entry(r) for r in self._db.execute(query, args)]
 
     def epsilon_of(self, rdp: float) -> float:
         """ε at the ledger's δ of an RDP total at its order (see :meth:`RenyiFilter.epsilon_of`)."""
         return self.filter.epsilon_of(rdp)
 
-    def summary(self) -> dict[str, Any]:
-        """Budget figures; ``epsilon_spent`` counts open (or orphaned) reservations at their worst case."""
-        with self._lock:
-            state = self._state(self._db)
-        spent = state["spent_units"] / UNITS_PER_NAT
-        reserved = state["reserved_units"] / UNITS_PER_NAT
-        charged_units = state["spent_units"] + state["reserved_units"]
+    def _figures(self, totals: Mapping[str, int]) -> dict[str, Any]:
+        """What the totals mean: RDP and ε spent (settled + reserved), batch and query counts."""
+        charged_units = totals["spent_units"] + totals["reserved_units"]
         return {
             "epsilon_spent": self.epsilon_of(charged_units / UNITS_PER_NAT),
-            "epsilon_settled": self.epsilon_of(spent),
+            "epsilon_settled": self.epsilon_of(totals["spent_units"] / UNITS_PER_NAT),
+            "spent_rdp": totals["spent_units"] / UNITS_PER_NAT,
+            "reserved_rdp": totals["reserved_units"] / UNITS_PER_NAT,
+            "remaining_rdp": (self.budget_units - charged_units) / UNITS_PER_NAT,
+            "fraction_used": charged_units / self.budget_units,
+            "queries": totals["queries"],
+            "answered": totals["answered"],
+            "batches": totals["settled"],
+            "open_batches": totals["open"],
+            "released_batches": totals["released"],
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """Budget figures, recomputed from the entries; ``epsilon_spent`` counts open (or orphaned)
+        reservations at their worst case. ``chain_ok`` is false once any entry failed its checks (the
+        ledger then refuses every charge)."""
+        with self._lock, _readable(self.path):
+            self._catch_up(self._db)
+            figures = self._figures(self._chain.totals)
+            seq, head, chain_ok = self._chain.seq, self._chain.head, not self._chain.problems
+        return {
+            **figures,
             "epsilon_limit": self.epsilon_limit,
             "delta": self.delta,
             "order": self.order,
             "budget_rdp": self.budget_rdp,
-            "spent_rdp": spent,
-            "reserved_rdp": reserved,
-            "remaining_rdp": (self.budget_units - charged_units) / UNITS_PER_NAT,
-            "fraction_used": charged_units / self.budget_units,
-            "queries": state["queries"],
-            "answered": state["answered"],
-            "batches": state["settled"],
-            "open_batches": state["open"],
-            "released_batches": state["released"],
-            "entries": state["seq"],
-            "head": state["head"],
+            "entries": seq,
+            "head": head,
+            "chain_ok": chain_ok,
             "config_hash": self.config_hash,
             "created": self.created,
             "path": str(self.path),
@@ -888,129 +1016,96 @@ class BudgetLedger:
 
     # ------------------------------------------------------------------ verification
     def verify(self) -> VerificationReport:
-        """Recompute the chain and every total from the rows; report each inconsistency found."""
-        problems: list[str] = []
-        with self._lock:
-            check = self._db.execute("PRAGMA quick_check").fetchone()[0]
-            if check != "ok":
-                problems.append(f"SQLite quick_check: {check}")
-            meta = self._db.execute(
-                "SELECT format, created, epsilon_limit, delta, rdp_order, budget_rdp, budget_units, config, "
-                "config_hash FROM meta WHERE id = 1"
-            ).fetchone()
-            state = self._state(self._db)
-            rows = [
-                _row_entry(r) for r in self._db.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries ORDER BY seq")
-            ]
+        """Recompute the chain and every total from the rows; report each inconsistency found.
+
+        Never raises on a damaged file: what SQLite cannot read (a flipped byte that breaks a page or a
+        text's UTF-8) is reported as a problem like any other.
+        """
+        chain = _Chain(self.genesis, self.budget_units)
+        try:
+            with self._lock:
+                check = self._db.execute("PRAGMA quick_check").fetchone()[0]
+                if check != "ok":
+                    chain.problems.append(f"SQLite quick_check: {check}")
+                meta = self._db.execute(
+                    "SELECT format, created, epsilon_limit, delta, rdp_order, budget_rdp, budget_units, "
+                    "config, config_hash FROM meta WHERE id = 1"
+                ).fetchone()
+                state = self._state(self._db)
+                for row in self._db.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries ORDER BY seq"):
+                    chain.apply(_row_entry(row))
+        except (sqlite3.DatabaseError, IntegrityError) as exc:
+            chain.problems.append(f"the file cannot be read past entry {chain.seq}: {exc}")
+            return VerificationReport(ok=False, entries=chain.seq, problems=chain.problems, head=chain.head)
         keys = ("format", "created", "epsilon_limit", "delta", "rdp_order", "budget_rdp", "budget_units",
                 "config", "config_hash")  # fmt: skip
         meta_dict = dict(zip(keys, meta, strict=True))
         if _sha256(_canonical(meta_dict)) != self.genesis:
-            problems.append(
+            chain.problems.append(
                 "ledger parameters do not match the genesis hash (edited budget, order or config)"
             )
         if _sha256(meta_dict["config"]) != meta_dict["config_hash"]:
-            problems.append("stored config does not match its hash")
-        totals = {"spent_units": 0, "reserved_units": 0, "queries": 0, "answered": 0, "settled": 0, "open": 0,
-                  "released": 0}  # fmt: skip
-        open_batches: dict[str, Entry] = {}
-        computing: dict[str, str] = {}  # batch -> nonce of the computation that began on it
-        closed: set[str] = set()
-        head = self.genesis
-        for expected_seq, entry in enumerate(rows, start=1):
-            where = f"entry {entry.seq} ({entry.kind} {entry.batch_id})"
-            if entry.seq != expected_seq:
-                problems.append(f"{where}: sequence gap, expected {expected_seq}")
-            if entry.prev_hash != head:
-                problems.append(f"{where}: does not link to the previous entry")
-            if _entry_hash(entry) != entry.hash:
-                problems.append(f"{where}: hash mismatch (the row was edited)")
-            head = entry.hash
-            if entry.units != _units(entry.rdp):
-                problems.append(f"{where}: units {entry.units} do not match rdp {entry.rdp!r}")
-            if entry.kind == "reserve":
-                if entry.batch_id in open_batches or entry.batch_id in closed:
-                    problems.append(f"{where}: batch reserved twice")
-                open_batches[entry.batch_id] = entry
-                totals["reserved_units"] += entry.units
-                totals["queries"] += entry.queries
-                totals["open"] += 1
-                if totals["spent_units"] + totals["reserved_units"] > self.budget_units:
-                    problems.append(f"{where}: the reservation crossed the budget")
-                continue
-            if entry.kind == "compute":
-                if entry.batch_id not in open_batches:
-                    problems.append(f"{where}: computes a batch that is not open")
-                elif entry.batch_id in computing:
-                    problems.append(f"{where}: a second computation of the batch")
-                if entry.units:
-                    problems.append(f"{where}: a computation row must cost nothing")
-                computing[entry.batch_id] = entry.detail
-                continue
-            opening = open_batches.pop(entry.batch_id, None)
-            if opening is None:
-                problems.append(f"{where}: closes a batch that is not open")
-                continue
-            closed.add(entry.batch_id)
-            totals["reserved_units"] -= opening.units
-            totals["open"] -= 1
-            began = computing.pop(entry.batch_id, None)
-            if entry.kind == "settle":
-                if entry.units > opening.units or entry.answered > opening.queries:
-                    problems.append(f"{where}: settles above its reservation")
-                if began is not None and entry.detail != began:
-                    problems.append(f"{where}: settled by another computation than the one that began")
-                totals["spent_units"] += entry.units
-                totals["answered"] += entry.answered
-                totals["settled"] += 1
-            else:
-                if entry.units:
-                    problems.append(f"{where}: a release must cost nothing")
-                if began is not None:
-                    problems.append(f"{where}: released after its computation began (it must stay charged)")
-                totals["queries"] -= opening.queries
-                totals["released"] += 1
-        stored = {k: state[k] for k in totals}
-        if stored != totals:
-            diff = {k: (stored[k], totals[k]) for k in totals if stored[k] != totals[k]}
-            problems.append(f"stored totals differ from the recomputed ones (stored, recomputed): {diff}")
-        if state["seq"] != len(rows) or state["head"] != head:
-            problems.append("stored chain head does not match the last entry")
-        charged = (totals["spent_units"] + totals["reserved_units"]) / UNITS_PER_NAT
+            chain.problems.append("stored config does not match its hash")
+        chain.problems += chain.state_problems(state)
+        figures = self._figures(chain.totals)
         return VerificationReport(
-            ok=not problems,
-            entries=len(rows),
-            problems=problems,
-            head=head,
-            totals={
-                "spent_rdp": totals["spent_units"] / UNITS_PER_NAT,
-                "reserved_rdp": totals["reserved_units"] / UNITS_PER_NAT,
-                "epsilon_spent": self.epsilon_of(charged),
-                "queries": totals["queries"],
-                "answered": totals["answered"],
-                "batches": totals["settled"],
-                "open_batches": totals["open"],
-                "released_batches": totals["released"],
-            },
+            ok=not chain.problems,
+            entries=chain.seq,
+            problems=chain.problems,
+            head=chain.head,
+            totals={k: figures[k] for k in _REPORTED},
         )
+
+
+_REPORTED = ("spent_rdp", "reserved_rdp", "epsilon_spent", "queries", "answered", "batches", "open_batches",
+             "released_batches")  # fmt: skip
+
+
+@contextmanager
+def _readable(path: Path) -> Iterator[None]:
+    """Turn SQLite's errors into the library's: a busy file is unavailable, anything else is damage."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise UnavailableError(f"ledger {path} is locked by another writer ({exc}); try again") from None
+        raise IntegrityError(f"ledger {path} could not be read ({exc}); restore it from a backup") from None
+    except sqlite3.DatabaseError as exc:
+        raise IntegrityError(f"ledger {path} is damaged ({exc}); restore it from a backup") from None
 
 
 def _entry_hash(entry: Entry) -> str:
     return _sha256(entry.prev_hash + _canonical(entry.hashed_fields()))
 
 
+_ENTRY_TYPES = (int, str, str, int, int, int, str, str, str, float, int, str, str, float, str, str)
+_META_TYPES = (int, float, float, float, float, float, int, str, str, str)
+
+
+def _typed(row: tuple[Any, ...], types: tuple[type, ...], what: str) -> tuple[Any, ...]:
+    """``row`` if each value has its column's type (SQLite returns whatever a damaged record holds)."""
+    if len(row) != len(types) or not all(type(v) is t for v, t in zip(row, types, strict=True)):
+        found = ", ".join(type(v).__name__ for v in row)
+        raise IntegrityError(f"{what} holds values of the wrong types ({found}): the record is damaged")
+    return row
+
+
 def _row_entry(row: tuple[Any, ...]) -> Entry:
     (seq, batch_id, kind, _phase, queries, answered, parties, mechanism, params, rdp, units, detail, actor,
-     when, prev_hash, digest) = row  # fmt: skip
+     when, prev_hash, digest) = _typed(row, _ENTRY_TYPES, f"ledger entry {row[0]!r}")  # fmt: skip
+    try:
+        parties, params = tuple(json.loads(parties)), json.loads(params)
+    except (TypeError, ValueError) as exc:
+        raise IntegrityError(f"ledger entry {seq} cannot be decoded ({exc})") from None
     return Entry(
         seq=seq,
         batch_id=batch_id,
         kind=kind,
         queries=queries,
         answered=answered,
-        parties=tuple(json.loads(parties)),
+        parties=parties,
         mechanism=mechanism,
-        params=json.loads(params),
+        params=params,
         rdp=rdp,
         units=units,
         detail=detail,
