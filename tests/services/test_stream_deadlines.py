@@ -79,3 +79,31 @@ def test_a_stalled_student_does_not_hold_the_guardians_computation(setup: Setup)
     assert setup.ledger.batch("stalled").state == "released"
     assert "computation failed before decoding" in setup.ledger.batch("stalled").detail
     stalled.cancel()
+
+
+def test_stopping_the_server_ends_an_idle_computation_stream(
+    pki: Path, tmp_path: Path, federation_dict
+) -> None:
+    # A student keeps its Compute stream open between batches; a guardian shutting down must not wait for
+    # it for ever (its garbler thread waits, without a deadline, for the next ComputeStart).
+    config = FederationConfig.from_dict(federation_dict(**GUARDIAN_TEST_FEDERATION))
+    setup = Setup(pki, tmp_path, config)
+    before = {t.ident for t in threading.enumerate()}
+    idle = setup.student_stub().Compute(_silent())
+    assert _until(
+        lambda: [t for t in threading.enumerate() if t.name == "garbler-student" and t.ident not in before]
+    )
+    garbler = next(t for t in threading.enumerate() if t.name == "garbler-student" and t.ident not in before)
+    setup.close()
+    garbler.join(timeout=20)
+    assert not garbler.is_alive()
+    idle.cancel()
+
+
+def _until(condition, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from capc_common.errors import InputError
+from capc_services.common import faults
 from capc_services.common.admin import Readiness, build_admin_app
 from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.metrics import PartyMetrics
@@ -60,6 +61,7 @@ class PartyRuntime:
         if refused is not None:
             raise InputError(f"{settings.tls.cert}: {refused}")
         self.token = settings.admin_token()
+        faults.arm_from_environment()
         self.metrics = PartyMetrics(
             party=settings.party, role=role, config_hash=self.config_hash, certificate=self.certificate
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -141,13 +142,21 @@ class FrameChannel(Channel):
             ProtocolError (or what ``on_error`` maps to): the stream failed.
         """
         self._start_reader()
-        try:
-            kind, value = self._inbox.get(timeout=timeout)
-        except queue.Empty:
-            raise UnavailableError(
-                f"{self._peer} sent nothing for {timeout:.0f} s in the middle of a batch; giving up on the "
-                "stream"
-            ) from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                kind, value = self._inbox.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                assert self._reader is not None
+                if not self._reader.is_alive() and self._inbox.empty():
+                    # The reader stopped without a last word: the channel was closed under it.
+                    raise ProtocolError(f"stream to {self._peer} is closed") from None
+                if deadline is not None and time.monotonic() > deadline:
+                    raise UnavailableError(
+                        f"{self._peer} sent nothing for {timeout:.0f} s in the middle of a batch; giving up "
+                        "on the stream"
+                    ) from None
         if kind == "message":
             message: ComputeMessage = value
             return message

@@ -38,6 +38,7 @@ from capc_common.errors import CapcError, InputError, IntegrityError, ProtocolEr
 from capc_common.federation import FederationConfig, batch_costs, check_batch_fits, mpc_config
 from capc_common.mpc import Channel, GarblerSession, Reveal
 from capc_common.privacy import BudgetLedger, NoiseSource
+from capc_services.common import faults
 from capc_services.common.metrics import PartyMetrics
 
 _log = logging.getLogger(__name__)
@@ -360,6 +361,7 @@ class Guardian:
 
         def commit(reveal: Reveal) -> None:
             answered = reveal.answered
+            faults.reached("guardian.decoded")
             try:
                 with self.metrics.stage("ledger"):
                     self.ledger.settle(
@@ -380,6 +382,7 @@ class Guardian:
                     "case and nothing was revealed"
                 ) from None
             settled["answered"] = answered
+            faults.reached("guardian.settled")
 
         try:
             # Noise is drawn in batch order under one lock: the canonical order a seeded source reproduces.

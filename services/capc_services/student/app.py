@@ -12,17 +12,21 @@ from capc_common.aggregation import party_noise
 from capc_common.errors import CapcError
 from capc_common.wire import rpc
 from capc_services.common.admin import api_router
+from capc_services.common.limits import MessageLimits
 from capc_services.common.party import PartyRuntime, apply_torch_threads
 from capc_services.common.runtime import start_grpc_server
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
-from capc_services.student.publish import noise_label, publish_student
 from capc_services.student.scheduler import Progress, Scheduler
 from capc_services.student.servicer import POLICY, StudentServicer, add_to_server
 from capc_services.student.settings import StudentSettings
 from capc_services.student.store import LabelStore
+from capc_services.student.training import TrainingStopped
 
 _log = logging.getLogger(__name__)
+STOP_GRACE_S = 8.0
+"""How long a stopping student waits for its labelling or training thread (``capc local down`` waits 15 s
+before SIGKILL)."""
 
 
 def _progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: str) -> APIRouter:
@@ -87,6 +91,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
         depth=settings.pipeline_depth,
         connect_timeout=settings.connect_timeout_s,
     )
+    limits = MessageLimits.of(party.config)
     server = start_grpc_server(
         bind=settings.grpc.bind,
         tls=party.tls,
@@ -94,6 +99,8 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
         services=[rpc.STUDENT_SERVICE],
         interceptors=[party.interceptor(POLICY)],
         max_workers=max(settings.grpc.max_workers, 2 * len(party.config.teachers) + 8),
+        max_receive_bytes=limits.share,
+        max_send_bytes=limits.work,
     )
     worker: threading.Thread | None = None
 
@@ -103,9 +110,16 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
             if stop.is_set():
                 return
             scheduler.progress.state = "training"
-            scheduler.progress.published = publish_student(settings, store=store, progress=scheduler.progress)
+            from capc_services.student.publish import publish_student  # torch: only once it trains
+
+            scheduler.progress.published = publish_student(
+                settings, store=store, progress=scheduler.progress, stop=stop
+            )
             scheduler.progress.state = "published"
             _log.info("student published", extra=scheduler.progress.published)
+        except TrainingStopped as exc:
+            scheduler.progress.state = "stopped"
+            _log.info("training interrupted by shutdown", extra={"detail": str(exc)})
         except CapcError as exc:
             scheduler.progress.state = "failed"
             scheduler.progress.error = str(exc)
@@ -120,7 +134,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
                 "grpc": (True, {"port": server.port}),
                 "labelling": _labelling_check(scheduler.progress, guardian=settings.guardian_address),
             },
-            routers=[_progress_router(scheduler, registry, noise=noise_label(settings))],
+            routers=[_progress_router(scheduler, registry, noise=settings.noise_label())],
         )
         worker = threading.Thread(target=work, name="scheduler", daemon=True)
         worker.start()
@@ -129,9 +143,13 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
         scheduler.stop()
         registry.close_all()
         if worker is not None:
-            worker.join(timeout=30)
-        server.stop(grace=5)
+            # Labelling ends at the batch in hand and training between two batches; one chunk's fit cannot
+            # be cut short, so after STOP_GRACE_S the process exits without it (nothing durable is lost:
+            # the labels are in the store and training runs again at the next start).
+            worker.join(timeout=STOP_GRACE_S)
+        server.stop(grace=2)
         guardian.close()
         party.stop_admin()
-        store.close()
+        if worker is None or not worker.is_alive():
+            store.close()
         _log.info("student stopped", extra={"state": scheduler.progress.state})

@@ -17,6 +17,7 @@ from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor, check_peer_hash
+from capc_services.common.limits import MessageLimits
 from capc_services.common.streams import FRAME_DEADLINE_S, FrameChannel
 from capc_services.tls import TlsFiles
 
@@ -68,8 +69,13 @@ class GuardianClient:
         self._config = config
         self._peer = config.guardian
         self._hash = config.config_hash()
+        limit = MessageLimits.of(config).compute
         self._channel = tls.channel(
-            address, peer=self._peer, interceptors=(ConfigHashClientInterceptor(self._hash, peer=self._peer),)
+            address,
+            peer=self._peer,
+            interceptors=(ConfigHashClientInterceptor(self._hash, peer=self._peer),),
+            receive=limit,
+            send=limit,
         )
         self._stub = rpc.GuardianServiceStub(self._channel)
         self._mpc = mpc_config(config)

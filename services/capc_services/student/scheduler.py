@@ -41,6 +41,7 @@ from capc_common.federation import (
 from capc_common.privacy.analysis import rdp_budget_at_order
 from capc_common.privacy.filter import refusal_message
 from capc_common.wire import messages as pb
+from capc_services.common import faults
 from capc_services.common.metrics import PartyMetrics
 from capc_services.student.accounting import spent_rdp
 from capc_services.student.guardian_client import STATE_NAMES, GuardianClient, GuardianUnavailable
@@ -382,6 +383,7 @@ class Scheduler:
                 "batch failed", extra={"batch_id": plan.batch_id, "state": status, "error": str(exc)}
             )
             return
+        faults.reached("student.labelled")
         with self.metrics.stage("store"):
             self.store.complete(plan.batch_id, labels=labels, parties=agreed)
         wall = time.perf_counter() - item.started

@@ -1,0 +1,325 @@
+"""Chaos campaign: kill -9 the parties of a local federation, restart them, and check that nothing is lost.
+
+Usage: ``.venv/bin/python benchmarks/chaos.py --injections 100 --format json [--seed 0] [--csv FILE]``. With
+``--format json`` it prints one object with at least ``injections``, ``resumed``, ``epsilon_double_charged``,
+``epsilon_uncharged``, ``labels_lost`` and ``max_resume_s`` (and writes one CSV row per round with
+``--csv``).
+
+A local federation (3 teacher parties × 2 heads, scatter backbone, batches of 32, a budget large enough
+for every round) runs as real processes (``capc local``). Each round picks a party and a way to kill it:
+
+* **random**: ``kill -9`` after a random 0.2–3 s of normal work;
+* **aimed**: the party is (killed and) restarted with a fault point armed (``CAPC_FAULTS``, see
+  ``capc_services.common.faults``), so it SIGKILLs itself inside a window that matters — the guardian
+  between decoding the pass bits and settling (``guardian.decoded``) or between settling and revealing
+  (``guardian.settled``), the student between the guardian's settle and its label store
+  (``student.labelled``), a teacher between sending its seed and its share (``teacher.shared``).
+
+The party is restarted with the same command (``capc local restart``), nothing else is touched, and after
+every round the campaign checks the invariants on the real files: the guardian's ledger verifies, no batch
+has more than one settle or release, every batch the student stored labels for is settled on the ledger
+with the same answered count (else ``epsilon_uncharged``), no settled batch is recorded as lost by the
+student (``labels_lost``; a batch whose computation began but never settled is held at its worst case and
+recorded as lost with no label revealed: ``charged_unrevealed``, an over-count, not a loss), ε never
+exceeds the limit, and labelling resumes (a new batch labelled) within ``--resume-timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+import numpy as np
+
+from capc_common.privacy import BudgetLedger
+from capc_services.local.federation import down, ensure_provisioned, restart, token, up
+from capc_services.local.processes import pid_alive, processes_of, read_state
+from capc_services.local.provision import LocalOptions
+
+AIMED = {
+    "guardian": ("guardian.decoded", "guardian.settled"),
+    "student": ("student.labelled",),
+    "teacher": ("teacher.shared",),
+}
+
+
+@dataclass
+class Round:
+    """One round of the campaign and what the checks found after it."""
+
+    round: int
+    party: str
+    kind: str  # random | aimed:<point>
+    injections: int
+    resumed: bool
+    resume_s: float
+    ledger_ok: bool
+    double_charged: int
+    uncharged: int
+    lost: int
+    charged_unrevealed: int
+    epsilon_spent: float
+
+
+class Campaign:
+    """A running local federation and the means to kill, restart and inspect its parties."""
+
+    def __init__(
+        self, root: Path, options: LocalOptions, *, rng: np.random.Generator, resume_timeout: float
+    ) -> None:
+        self.root, self.rng, self.resume_timeout = root, rng, resume_timeout
+        self.layout, self.config = ensure_provisioned(root, options)
+        self.endpoints = up(root, options, ready_timeout=600)
+        self.secret = token(self.layout)
+        self.ledger_path = self.layout.party_dir(self.config.guardian) / "ledger.sqlite"
+        self.store_path = self.layout.party_dir(self.config.student) / "labels.sqlite"
+
+    # ------------------------------------------------------------------ processes
+    def pid(self, party: str) -> int:
+        return next(p.pid for p in processes_of(read_state(self.layout)) if p.party == party)
+
+    def kill(self, party: str) -> None:
+        """SIGKILL the party (if it still runs) and reap it."""
+        pid = self.pid(party)
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        self.wait_dead(pid, timeout=30)
+
+    @staticmethod
+    def wait_dead(pid: int, *, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while pid_alive(pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def restart(self, party: str, *, faults: str | None = None) -> None:
+        restart(self.root, party, env={"CAPC_FAULTS": faults} if faults else None)
+
+    # ------------------------------------------------------------------ observation
+    def progress(self) -> dict[str, Any] | None:
+        """The student's progress, or None while it does not answer (down, or starting)."""
+        try:
+            response = httpx.get(
+                self.endpoints["student"]["progress"],
+                headers={"Authorization": f"Bearer {self.secret}"},
+                timeout=5,
+            )
+            return dict(response.json()) if response.status_code == 200 else None
+        except httpx.HTTPError:
+            return None
+
+    def labelled(self) -> int:
+        """Batches the student has labelled (from its own store on disk; works while it is down)."""
+        with sqlite3.connect(f"file:{self.store_path}?mode=ro", uri=True, timeout=30) as db:
+            return int(db.execute("SELECT COUNT(*) FROM batches WHERE state = 'done'").fetchone()[0])
+
+    def wait_resumed(self, since: int) -> float | None:
+        """Seconds until the student labels a batch beyond ``since`` (None: not within the timeout)."""
+        start = time.monotonic()
+        while time.monotonic() - start < self.resume_timeout:
+            if self.labelled() > since:
+                return time.monotonic() - start
+            progress = self.progress()
+            if progress is not None and progress.get("state") in ("labelled", "published", "failed"):
+                return None  # the run ended (or failed for good): nothing more will be labelled
+            time.sleep(0.1)
+        return None
+
+    def check(self) -> dict[str, Any]:
+        """The invariants, on the ledger and label store files as they are now."""
+        with BudgetLedger.open(self.ledger_path) as ledger:
+            report = ledger.verify()
+            summary = ledger.summary()
+            kinds: dict[str, list[str]] = {}
+            answered: dict[str, int] = {}
+            for entry in ledger.entries():
+                kinds.setdefault(entry.batch_id, []).append(entry.kind)
+                if entry.kind == "settle":
+                    answered[entry.batch_id] = entry.answered
+        with sqlite3.connect(f"file:{self.store_path}?mode=ro", uri=True, timeout=30) as db:
+            rows = db.execute("SELECT batch_id, state, answered FROM batches").fetchall()
+        double = sum(
+            1 for k in kinds.values() if k.count("settle") + k.count("release") > 1 or k.count("compute") > 1
+        )
+        uncharged = lost = unrevealed = 0
+        for batch_id, state, stored in rows:
+            ledger_kinds = kinds.get(batch_id, [])
+            settled = "settle" in ledger_kinds
+            if state == "done" and (not settled or answered[batch_id] != stored):
+                uncharged += 1  # labels the ledger did not charge (or charged for fewer answers)
+            if state == "lost":
+                if settled:
+                    lost += 1  # paid for, labels gone
+                elif "compute" in ledger_kinds:
+                    unrevealed += 1  # held at its worst case, no label ever revealed
+        return {
+            "ledger_ok": report.ok,
+            "problems": report.problems,
+            "double_charged": double,
+            "uncharged": uncharged,
+            "lost": lost,
+            "charged_unrevealed": unrevealed,
+            "epsilon_spent": float(summary["epsilon_spent"]),
+            "epsilon_limit": float(summary["epsilon_limit"]),
+            "settled_open_at_student": sum(
+                1 for batch_id, state, _ in rows if state == "open" and "settle" in kinds.get(batch_id, [])
+            ),
+        }
+
+    # ------------------------------------------------------------------ one round
+    def round(self, index: int) -> Round:
+        party = str(self.rng.choice([self.config.guardian, self.config.student, *self.config.teacher_names]))
+        role = "teacher" if party in self.config.teacher_names else party_role(self.config, party)
+        aimed = self.rng.random() < 0.5
+        injections = 1
+        if aimed:
+            point = str(self.rng.choice(AIMED[role]))
+            kind = f"aimed:{point}"
+            self.kill(party)  # a kill at a random moment too: it frees the party to restart armed
+            self.restart(party, faults=f"{point}@{self.rng.integers(1, 3)}")
+            if self.wait_dead(self.pid(party), timeout=self.resume_timeout):
+                injections += 1  # it reached the window and died there
+            else:
+                self.kill(party)  # never reached the window in time: an ordinary kill
+                injections += 1
+        else:
+            kind = "random"
+            time.sleep(self.rng.uniform(0.2, 3.0))
+            self.kill(party)
+        self.restart(party)
+        resume = self.wait_resumed(self.labelled())
+        found = self.check()
+        return Round(
+            round=index,
+            party=party,
+            kind=kind,
+            injections=injections,
+            resumed=resume is not None,
+            resume_s=resume if resume is not None else float("nan"),
+            ledger_ok=found["ledger_ok"],
+            double_charged=found["double_charged"],
+            uncharged=found["uncharged"],
+            lost=found["lost"],
+            charged_unrevealed=found["charged_unrevealed"],
+            epsilon_spent=found["epsilon_spent"],
+        )
+
+    def close(self) -> None:
+        down(self.root)
+
+
+def party_role(config: Any, party: str) -> str:
+    return "guardian" if party == config.guardian else "student"
+
+
+def campaign_options(*, queries: int) -> LocalOptions:
+    """A small, quick federation whose budget outlasts the campaign."""
+    return LocalOptions(
+        parties=3,
+        teachers_per_party=2,
+        dataset="fashion-mnist",
+        epsilon=1000.0,
+        queries=queries,
+        batch_size=32,
+        bn_batch=16,
+        threshold=3.0,
+        sigma1=20.0,
+        sigma2=20.0,
+        min_parties=2,
+        train_limit=200,
+        evaluation_images=None,
+        backbone="scatter-28x28x1",
+        generator="dead_leaves",
+        vote_deadline_s=15.0,
+        share_deadline_s=10.0,
+    )
+
+
+def run(*, injections: int, seed: int, resume_timeout: float, state_dir: Path | None) -> dict[str, Any]:
+    """Run rounds until at least ``injections`` kills were injected; return the campaign's figures."""
+    rng = np.random.default_rng(seed)  # non-secret: only which party dies when
+    root = state_dir or Path(tempfile.mkdtemp(prefix="capc-chaos-")) / "state"
+    started = time.monotonic()
+    campaign = Campaign(
+        root, campaign_options(queries=32 * (40 + 4 * injections)), rng=rng, resume_timeout=resume_timeout
+    )
+    rounds: list[Round] = []
+    try:
+        while sum(r.injections for r in rounds) < injections:
+            rounds.append(campaign.round(len(rounds)))
+        final = campaign.check()
+        verify = subprocess.run(
+            [sys.executable, "-m", "capc_cli", "budget", "verify", "--ledger", str(campaign.ledger_path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    finally:
+        campaign.close()
+    resumes = [r.resume_s for r in rounds if r.resumed]
+    kinds = Counter(r.kind for r in rounds)
+    return {
+        "injections": sum(r.injections for r in rounds),
+        "rounds": len(rounds),
+        "resumed": sum(r.resumed for r in rounds),
+        "epsilon_double_charged": max((r.double_charged for r in rounds), default=0),
+        "epsilon_uncharged": max((r.uncharged for r in rounds), default=0),
+        "labels_lost": max(final["lost"], max((r.lost for r in rounds), default=0)),
+        "charged_unrevealed": final["charged_unrevealed"],
+        "max_resume_s": max(resumes, default=float("nan")),
+        "median_resume_s": sorted(resumes)[len(resumes) // 2] if resumes else float("nan"),
+        "ledger_verified_every_round": all(r.ledger_ok for r in rounds),
+        "budget_verify_exit": verify.returncode,
+        "epsilon_spent": final["epsilon_spent"],
+        "epsilon_limit": final["epsilon_limit"],
+        "epsilon_within_limit": all(r.epsilon_spent <= final["epsilon_limit"] for r in rounds),
+        "batches_labelled": campaign.labelled(),
+        "kinds": dict(sorted(kinds.items())),
+        "seconds": round(time.monotonic() - started, 1),
+        "seed": seed,
+        "per_round": [asdict(r) for r in rounds],
+    }
+
+
+@click.command()
+@click.option("--injections", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Which party dies when (not secret).")
+@click.option("--resume-timeout", type=float, default=120.0, show_default=True, help="Seconds to resume.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def main(
+    injections: int, seed: int, resume_timeout: float, state_dir: Path | None, csv_path: Path | None, fmt: str
+) -> None:
+    """Kill -9 the parties of a local federation and check that nothing paid for is lost."""
+    result = run(injections=injections, seed=seed, resume_timeout=resume_timeout, state_dir=state_dir)
+    if csv_path is not None:
+        with csv_path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(result["per_round"][0]))
+            writer.writeheader()
+            writer.writerows(result["per_round"])
+    if fmt == "json":
+        click.echo(json.dumps(result))
+        return
+    for key, value in result.items():
+        if key != "per_round":
+            click.echo(f"{key:<28} {value}")
+
+
+if __name__ == "__main__":
+    main()
