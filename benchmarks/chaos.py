@@ -45,8 +45,9 @@ import httpx
 import numpy as np
 
 from capc_common.privacy import BudgetLedger
-from capc_services.local.federation import down, ensure_provisioned, restart, token, up
-from capc_services.local.processes import pid_alive, processes_of, read_state
+from capc_services.local.federation import down, ensure_provisioned, restart, summary, token, up
+from capc_services.local.layout import Layout
+from capc_services.local.processes import federation_of, pid_alive, processes_of, read_state
 from capc_services.local.provision import LocalOptions
 
 AIMED = {
@@ -75,14 +76,27 @@ class Round:
 
 
 class Campaign:
-    """A running local federation and the means to kill, restart and inspect its parties."""
+    """A running local federation and the means to kill, restart and inspect its parties.
+
+    Args:
+        root: the federation's state directory.
+        options: how to provision and start it; None attaches to the federation already running there.
+        rng: which party dies when (not secret).
+        resume_timeout: seconds labelling gets to resume after a restart.
+    """
 
     def __init__(
-        self, root: Path, options: LocalOptions, *, rng: np.random.Generator, resume_timeout: float
+        self, root: Path, options: LocalOptions | None, *, rng: np.random.Generator, resume_timeout: float
     ) -> None:
         self.root, self.rng, self.resume_timeout = root, rng, resume_timeout
-        self.layout, self.config = ensure_provisioned(root, options)
-        self.endpoints = up(root, options, ready_timeout=600)
+        self.owned = options is not None
+        if options is not None:
+            self.layout, self.config = ensure_provisioned(root, options)
+            self.endpoints = up(root, options, ready_timeout=600)
+        else:
+            self.layout = Layout(Path(root).resolve())
+            self.config = federation_of(self.layout)
+            self.endpoints = summary(self.layout)
         self.secret = token(self.layout)
         self.ledger_path = self.layout.party_dir(self.config.guardian) / "ledger.sqlite"
         self.store_path = self.layout.party_dir(self.config.student) / "labels.sqlite"
@@ -220,26 +234,29 @@ class Campaign:
         )
 
     def close(self) -> None:
-        down(self.root)
+        """Stop the federation if this campaign started it."""
+        if self.owned:
+            down(self.root)
 
 
 def party_role(config: Any, party: str) -> str:
     return "guardian" if party == config.guardian else "student"
 
 
-def campaign_options(*, queries: int) -> LocalOptions:
-    """A small, quick federation whose budget outlasts the campaign."""
+def campaign_options() -> LocalOptions:
+    """A small, quick federation whose queries and budget outlast any campaign (a batch's worst case is
+    ≈ 0.04 of a budget of ≈ 999 RDP: some 25,000 batches)."""
     return LocalOptions(
         parties=3,
         teachers_per_party=2,
         dataset="fashion-mnist",
         epsilon=1000.0,
-        queries=queries,
+        queries=32 * 50_000,
         batch_size=32,
         bn_batch=16,
         threshold=3.0,
-        sigma1=20.0,
-        sigma2=20.0,
+        sigma1=80.0,
+        sigma2=80.0,
         min_parties=2,
         train_limit=200,
         evaluation_images=None,
@@ -250,14 +267,23 @@ def campaign_options(*, queries: int) -> LocalOptions:
     )
 
 
-def run(*, injections: int, seed: int, resume_timeout: float, state_dir: Path | None) -> dict[str, Any]:
-    """Run rounds until at least ``injections`` kills were injected; return the campaign's figures."""
+def run(
+    *, injections: int, seed: int, resume_timeout: float, state_dir: Path | None, attach: bool = False
+) -> dict[str, Any]:
+    """Run rounds until at least ``injections`` kills were injected; return the campaign's figures.
+
+    Args:
+        injections: kills to inject (at least).
+        seed: which party dies when.
+        resume_timeout: seconds labelling gets to resume after each restart.
+        state_dir: the federation's state directory (default: a fresh temporary one).
+        attach: use the federation already running in ``state_dir`` (and leave it running) instead of
+            starting one.
+    """
     rng = np.random.default_rng(seed)  # non-secret: only which party dies when
     root = state_dir or Path(tempfile.mkdtemp(prefix="capc-chaos-")) / "state"
     started = time.monotonic()
-    campaign = Campaign(
-        root, campaign_options(queries=32 * (40 + 4 * injections)), rng=rng, resume_timeout=resume_timeout
-    )
+    campaign = Campaign(root, None if attach else campaign_options(), rng=rng, resume_timeout=resume_timeout)
     rounds: list[Round] = []
     try:
         while sum(r.injections for r in rounds) < injections:
@@ -301,13 +327,24 @@ def run(*, injections: int, seed: int, resume_timeout: float, state_dir: Path | 
 @click.option("--seed", type=int, default=0, show_default=True, help="Which party dies when (not secret).")
 @click.option("--resume-timeout", type=float, default=120.0, show_default=True, help="Seconds to resume.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option("--attach", is_flag=True, help="Use the federation already running in --state-dir.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def main(
-    injections: int, seed: int, resume_timeout: float, state_dir: Path | None, csv_path: Path | None, fmt: str
+    injections: int,
+    seed: int,
+    resume_timeout: float,
+    state_dir: Path | None,
+    attach: bool,
+    csv_path: Path | None,
+    fmt: str,
 ) -> None:
     """Kill -9 the parties of a local federation and check that nothing paid for is lost."""
-    result = run(injections=injections, seed=seed, resume_timeout=resume_timeout, state_dir=state_dir)
+    if attach and state_dir is None:
+        raise click.UsageError("--attach needs the --state-dir of a running federation")
+    result = run(
+        injections=injections, seed=seed, resume_timeout=resume_timeout, state_dir=state_dir, attach=attach
+    )
     if csv_path is not None:
         with csv_path.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(result["per_round"][0]))

@@ -4,6 +4,8 @@
   the guardian is restarted the student reconnects and resumes by itself.
 * kill -9 of the student 20 times in the window between the guardian's settle and the student's label store:
   every batch the ledger settled ends up with its labels stored — none lost.
+* the chaos campaign's short version (``benchmarks/chaos.py``, 10 injections, random and aimed) on the same
+  federation: nothing charged twice or not at all, nothing lost, every round resumed.
 """
 
 from __future__ import annotations
@@ -25,34 +27,19 @@ import pytest
 from capc_common.privacy import BudgetLedger
 from capc_services.local.federation import down, restart, status, token, up
 from capc_services.local.processes import pid_alive, processes_of, read_state
-from capc_services.local.provision import LocalOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from chaos import campaign_options  # the chaos benchmark's federation
 
 pytestmark = pytest.mark.slow
 KILLS = 20
+CHAOS = Path(__file__).resolve().parents[2] / "benchmarks" / "chaos.py"
 
 
 class Local:
     def __init__(self, root: Path) -> None:
-        options = LocalOptions(
-            parties=2,
-            teachers_per_party=2,
-            epsilon=1000.0,
-            queries=32 * 4000,
-            batch_size=32,
-            bn_batch=16,
-            threshold=2.0,
-            sigma1=60.0,
-            sigma2=60.0,
-            min_parties=2,
-            train_limit=120,
-            evaluation_images=None,
-            backbone="scatter-28x28x1",
-            generator="dead_leaves",
-            vote_deadline_s=20,
-            share_deadline_s=10,
-        )
         self.root = root
-        self.endpoints = up(root, options, ready_timeout=300)
+        self.endpoints = up(root, campaign_options(), ready_timeout=300)
         self.secret = token(_layout(root))
         self.store = root / "parties" / "student" / "labels.sqlite"
         self.ledger = root / "parties" / "guardian" / "ledger.sqlite"
@@ -133,6 +120,7 @@ def test_a_killed_guardian_is_visible_and_the_student_resumes_once_it_is_back(lo
     assert status(local.root)["parties"]["student"]["state"] == "running"
 
 
+@pytest.mark.timeout(1800)
 def test_a_student_killed_20_times_between_settle_and_store_loses_no_label(local: Local) -> None:
     for kill in range(KILLS):
         pid = local.pid("student")
@@ -158,3 +146,33 @@ def test_a_student_killed_20_times_between_settle_and_store_loses_no_label(local
     progress = local.student("/api/v1/progress")[1]
     assert progress["recovered_batches"] >= 1  # this student's own recoveries since its last restart
     print(json.dumps({"kills": KILLS, "settled": len(settled), "lost": len(lost)}))
+
+
+@pytest.mark.timeout(1800)
+def test_the_chaos_campaigns_short_version(local: Local) -> None:
+    args = [
+        "--injections",
+        "10",
+        "--seed",
+        "1",
+        "--format",
+        "json",
+        "--attach",
+        "--state-dir",
+        str(local.root),
+    ]
+    proc = subprocess.run(
+        [sys.executable, str(CHAOS), *args],
+        capture_output=True,
+        text=True,
+        timeout=1700,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["injections"] >= 10
+    assert result["resumed"] == result["rounds"]
+    assert result["epsilon_double_charged"] == result["epsilon_uncharged"] == result["labels_lost"] == 0
+    assert result["ledger_verified_every_round"] and result["budget_verify_exit"] == 0
+    assert result["epsilon_within_limit"]
+    assert result["max_resume_s"] < 120

@@ -306,8 +306,15 @@ class Scheduler:
         costs = batch_costs(self.config)
         try:
             for record in self.store.batches(state="open"):
+                plan = batch_plan(self.config, first_index=record.first_index, count=record.count)
+                reply = self.guardian.status(plan.batch_id)
+                state = STATE_NAMES[reply.state]
+                if state in ("settled", "charged", "released"):  # finished there: no teacher is needed
+                    why = f"{state} on the guardian before a restart"
+                    self._finish_from_guardian(plan, state, answered=reply.answered, why=why)
+                    continue
                 _log.info("resuming batch", extra={"batch_id": record.batch_id})
-                self._feed(batch_plan(self.config, first_index=record.first_index, count=record.count), out)
+                self._feed(plan, out)
             cursor, usable = self.store.next_index(), usable_queries(self.config)
             while cursor < usable and not self._halt.is_set():
                 count = min(q.batch_size, usable - cursor)
