@@ -86,8 +86,11 @@ def test_ledger_epsilon_equals_the_accountant(differential: Running, central) ->
     progress = differential.progress()
     published = progress["published"]
     assert published["epsilon"] == pytest.approx(budget["epsilon_spent"], rel=1e-9)
-    # Seeded noise is never silent: the budget, the progress and the published card all say so.
     card = json.loads(Path(published["model_card"]).read_text())
+    for key in ("epsilon_spent", "epsilon_settled", "epsilon_reserved"):  # CLI, REST, card, /progress agree
+        assert progress[key] == pytest.approx(budget[key], rel=1e-9, abs=1e-12)
+        assert card["privacy"][key] == pytest.approx(budget[key], rel=1e-9, abs=1e-12)
+    # Seeded noise is never silent: the budget, the progress and the published card all say so.
     assert budget["noise"] == "SeededNoise"
     assert "INSECURE" in progress["noise"] and "INSECURE" in card["mechanism"]["student_noise"]
 

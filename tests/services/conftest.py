@@ -9,36 +9,12 @@ from pathlib import Path
 import pytest
 from live_parties import LiveParties
 from live_parties import start as start_live_parties
+from sites_harness import federation_dict, funded_config
 
 from capc_common.federation import FederationConfig
 from capc_services.tls import init_ca, issue_certificate
 
 PARTIES = ("guardian", "student", "hospital-a", "hospital-b")
-
-
-def federation_dict(**overrides: object) -> dict[str, object]:
-    """A small, valid federation.yaml as a mapping."""
-    base: dict[str, object] = {
-        "name": "test",
-        "classes": 10,
-        "teachers": [{"name": "hospital-a", "heads": 2}, {"name": "hospital-b", "heads": 3}],
-        "mechanism": {"threshold": 3, "sigma1": 2.0, "sigma2": 1.0},
-        "budget": {"epsilon": 5.0, "delta": 1e-5, "order": 10},
-        "queries": {
-            "generator": "dead-leaves",
-            "seed": 7,
-            "total": 64,
-            "batch_size": 32,
-            "bn_batch": 16,
-            "height": 28,
-            "width": 28,
-            "channels": 1,
-        },
-        "backbone": {"name": "scatter", "sha256": "0" * 64},
-        "quorum": {"min_parties": 2, "vote_deadline_s": 5, "share_deadline_s": 5},
-    }
-    base.update(overrides)
-    return base
 
 
 @pytest.fixture(name="federation_dict")
@@ -57,15 +33,9 @@ def federation(tmp_path: Path) -> tuple[FederationConfig, Path]:
 
 @pytest.fixture
 def funded_federation(tmp_path: Path) -> Path:
-    """The saved federation.yaml of a federation whose budget pays for its batches (party start-up tests)."""
-    config = FederationConfig.from_dict(
-        federation_dict(
-            mechanism={"threshold": 3, "sigma1": 2.0, "sigma2": 1.5},
-            budget={"epsilon": 300.0, "delta": 1e-5, "order": 10},
-        )
-    )
+    """The saved federation.yaml of :func:`funded_config`."""
     path = tmp_path / "federation.yaml"
-    config.save(path)
+    funded_config().save(path)
     return path
 
 

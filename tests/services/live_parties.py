@@ -46,6 +46,10 @@ class LiveParties:
     processes: list[PartyProcess]
 
     @property
+    def root(self) -> Path:
+        return self.layout.root
+
+    @property
     def guardian_address(self) -> str:
         return f"127.0.0.1:{self.endpoints.guardian_grpc}"
 

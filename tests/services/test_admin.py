@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from fastapi.testclient import TestClient
 from capc_common.errors import InputError
 from capc_services.common.admin import Readiness, api_router, build_admin_app
 from capc_services.common.metrics import PartyMetrics
+from capc_services.common.party import PartyRuntime
 from capc_services.common.settings import SiteSettings, load_admin_token
 from capc_services.tls import certificate_info
 
@@ -98,6 +100,7 @@ def test_site_file_paths_resolve_relative_to_it_and_env_overrides(
         )
     )
     monkeypatch.setenv("CAPC_ADMIN__BIND", "0.0.0.0:9000")
+    monkeypatch.setenv("CAPC_ADMIN__ALLOW_REMOTE", "true")
     settings = SiteSettings.load(site)
     assert settings.tls.ca == (site.parent / "c" / "ca.crt").resolve()
     assert settings.admin.bind == "0.0.0.0:9000"
@@ -112,3 +115,46 @@ def test_invalid_site_file_names_the_field(tmp_path: Path) -> None:
         SiteSettings.load(site)
     assert "tls" in str(info.value)
     assert "admin.bind" in str(info.value) or "host:port" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("bind", "remote"),
+    [("127.0.0.1:8080", False), ("127.8.9.1:1", False), ("[::1]:8080", False), ("localhost:80", False),
+     ("0.0.0.0:8080", True), ("[::]:8080", True), ("10.1.2.3:8080", True), ("guardian:8080", True)],
+)  # fmt: skip
+def test_a_non_loopback_admin_bind_needs_an_explicit_opt_in(
+    tmp_path: Path, federation, monkeypatch: pytest.MonkeyPatch, bind: str, remote: bool
+) -> None:
+    _, fed_path = federation
+    site = tmp_path / "g.yaml"
+    site.write_text(
+        yaml.safe_dump(
+            {
+                "party": "guardian",
+                "federation": str(fed_path),
+                "tls": {"ca": "ca.crt", "cert": "g.crt", "key": "g.key"},
+                "admin": {"bind": bind, "token_file": "tok"},
+            }
+        )
+    )
+    if remote:
+        with pytest.raises(InputError, match=r"not a loopback address.*allow_remote: true"):
+            SiteSettings.load(site)
+        monkeypatch.setenv("CAPC_ADMIN__ALLOW_REMOTE", "true")
+    assert SiteSettings.load(site).admin.bind == bind
+
+
+def test_an_allowed_remote_admin_bind_is_announced_at_start(
+    pki: Path, token_file: Path, funded_federation: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = SiteSettings(
+        party="guardian",
+        federation=funded_federation,
+        tls={"ca": pki / "ca.crt", "cert": pki / "guardian.crt", "key": pki / "guardian.key"},
+        admin={"bind": "0.0.0.0:0", "token_file": token_file, "allow_remote": True},
+    )
+    party = PartyRuntime(settings, role="guardian")
+    with caplog.at_level(logging.WARNING):
+        party.start_admin(readiness=dict, routers=[])
+    party.stop_admin()
+    assert any("non-loopback" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)

@@ -57,8 +57,10 @@ def test_every_command_is_a_valid_capc_invocation(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(n for n in SERVICES if "--site" in SERVICES[n]["command"]))
-def test_site_files_load_for_their_role(name: str) -> None:
+def test_site_files_load_for_their_role(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     service = SERVICES[name]
+    for key, value in service.get("environment", {}).items():  # as the container sees them
+        monkeypatch.setenv(key, str(value))
     command = service["command"]
     role = command[0]
     site = container_path(service, command[command.index("--site") + 1])

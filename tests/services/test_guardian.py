@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 from guardian_harness import GUARDIAN_TEST_FEDERATION, SEED, Setup
 from guardian_harness import digest as _digest
 from guardian_harness import votes as _votes
+from prometheus_client import generate_latest
 
 from capc_common.aggregation import confident_rule, draw_confident_noise, draw_student_noise, party_noise
 from capc_common.errors import BudgetExhaustedError, InputError
@@ -90,6 +93,10 @@ def test_open_is_idempotent_and_bound_to_its_query(setup: Setup) -> None:
     assert setup.student.abort_batch("b", reason="test") == "released"
     reopened = setup.student.open_batch("b", count=16, digest=_digest("b"))
     assert reopened.state == pb.BatchState.Value("BATCH_STATE_RELEASED")
+    # A finished id with another query is refused too (it used to answer with the old batch's state).
+    for count, digest in ((16, _digest("other")), (32, _digest("b"))):
+        with pytest.raises(InputError, match="already used for another query"):
+            setup.student.open_batch("b", count=count, digest=digest)
 
 
 def test_budget_exhaustion_names_requested_remaining_and_difference(setup: Setup, federation_dict) -> None:
@@ -187,3 +194,24 @@ def test_a_batch_is_agreed_and_computed_at_most_once(setup: Setup) -> None:
     assert "already" in str(outcome["second"])
     assert outcome["first"] == int((labels >= 0).sum())
     assert [e.kind for e in setup.ledger.entries(batch_id="once")] == ["reserve", "compute", "settle"]
+
+
+def test_each_settle_logs_and_exports_the_ledger_head(setup: Setup, caplog: pytest.LogCaptureFixture) -> None:
+    """Pinned elsewhere (a log collector, Prometheus), the head lets `capc budget verify --expect-head`
+    detect entries later cut from the ledger's end."""
+    rng = np.random.default_rng(5)
+    setup.student.open_batch("pin", count=16, digest=_digest("pin"))
+    shares = setup.share("pin", {"hospital-a": _votes(rng, 2, 16), "hospital-b": _votes(rng, 3, 16)})
+    with caplog.at_level(logging.INFO, logger="capc_services.guardian.core"):
+        setup.student.compute("pin", attempt=1, shares=shares)
+        deadline = time.monotonic() + 10  # the guardian logs once its side of the 2PC has returned
+        while not (settled := [r for r in caplog.records if r.getMessage() == "batch settled"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    summary = setup.ledger.summary()
+    assert [(r.ledger_entry, r.ledger_head) for r in settled] == [(summary["entries"], summary["head"])]
+    exposition = generate_latest(setup.guardian.metrics.registry).decode()
+    assert f'capc_ledger_head_info{{head="{summary["head"]}"}} 1.0' in exposition
+    assert f"capc_ledger_entries {float(summary['entries'])}" in exposition
+    for key in ("epsilon_settled", "epsilon_reserved", "epsilon_spent"):
+        assert f"capc_{key} {summary[key]!r}" in exposition

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from capc_common.errors import InputError
+from capc_services.local.provision import LocalOptions, provision
+
 
 def test_status_and_down_of_a_directory_without_a_federation(capc, tmp_path: Path) -> None:
     status = capc("local", "status", "--state-dir", str(tmp_path))
@@ -33,3 +38,24 @@ def test_up_refuses_a_budget_that_cannot_pay_for_one_batch(capc, tmp_path: Path)
     assert proc.returncode == 2
     assert "no batch could ever run" in proc.stderr and "raise sigma2" in proc.stderr
     assert not state.exists()
+
+
+def test_up_refuses_a_negative_teacher_cap_and_leaves_nothing(capc, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc = capc("local", "up", "--state-dir", str(state), "--teacher-cap", "-1")
+    assert proc.returncode == 2 and "--teacher-cap" in proc.stderr
+    assert not state.exists()
+
+
+def test_provisioning_that_fails_leaves_the_directory_as_it_was(tmp_path: Path) -> None:
+    """Options only a site file can refuse (the cap is checked when the teacher's site is read back)."""
+    fresh, existing = tmp_path / "fresh", tmp_path / "existing"
+    existing.mkdir()
+    (existing / "precious.txt").write_text("keep me")
+    for root in (fresh, existing):
+        with pytest.raises(InputError, match=r"cap\.epsilon"):
+            provision(root, LocalOptions(teacher_cap=-1.0))
+    assert not fresh.exists()
+    assert [p.name for p in existing.iterdir()] == ["precious.txt"]
+    layout, _, _ = provision(fresh, LocalOptions())
+    assert layout.federation.exists()

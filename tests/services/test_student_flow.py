@@ -241,7 +241,10 @@ def test_pipelined_run_labels_like_the_plaintext_rule_and_the_ledger_agrees(
     assert dict(zip(indices.tolist(), labels.tolist(), strict=True)) == _reference(config, heads, store)
     summary = federation.ledger.summary()
     assert (summary["queries"], summary["answered"]) == (128, store.counts()["answered"])
-    assert privacy_of(config, store)["epsilon"] == pytest.approx(summary["epsilon_spent"], rel=1e-9)
+    privacy = privacy_of(config, store)
+    for key in ("epsilon_spent", "epsilon_settled", "epsilon_reserved"):
+        assert privacy[key] == pytest.approx(summary[key], rel=1e-9, abs=1e-12)
+    assert privacy["epsilon"] == privacy["epsilon_spent"]
 
 
 def test_budget_exhaustion_shrinks_the_tail_then_stops_cleanly(

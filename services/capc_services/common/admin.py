@@ -3,18 +3,61 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from capc_common import __version__
 
 _bearer = HTTPBearer(auto_error=False)
+PROBLEM_JSON = "application/problem+json"
+_PROBLEM_SCHEMA: dict[str, Any] = {
+    "title": "Problem",
+    "description": "An RFC 9457 problem detail: what went wrong, the values involved, the fix.",
+    "type": "object",
+    "required": ["type", "title", "status", "detail"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+    },
+}
+
+
+def problem_response(description: str) -> dict[str, Any]:
+    """An OpenAPI ``responses`` entry for an error answered as problem+JSON."""
+    return {"description": description, "content": {PROBLEM_JSON: {"schema": _PROBLEM_SCHEMA}}}
+
+
+def _problem(status_code: int, detail: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    body = {"type": "about:blank", "title": HTTPStatus(status_code).phrase, "status": status_code,
+            "detail": detail}  # fmt: skip
+    return JSONResponse(body, status_code=status_code, headers=dict(headers or {}), media_type=PROBLEM_JSON)
+
+
+def _http_problem(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    return _problem(exc.status_code, str(exc.detail), exc.headers)
+
+
+def _validation_problem(request: Request, exc: Exception) -> Response:
+    """A 422 naming each bad parameter, its bound and the value sent (all of them non-secret)."""
+    assert isinstance(exc, RequestValidationError)
+    parts = [
+        f"{'.'.join(str(p) for p in err['loc'][1:]) or err['loc'][0]}: {err['msg']}"
+        + (f" (got {err['input']!r})" if "input" in err else "")
+        for err in exc.errors()
+    ]
+    return _problem(422, "; ".join(parts))
 
 
 @dataclass
@@ -54,7 +97,14 @@ TokenDep = Depends(require_token)
 
 def api_router() -> APIRouter:
     """A router for ``/api/v1`` routes, every one of which needs the admin token."""
-    return APIRouter(prefix="/api/v1", dependencies=[TokenDep])
+    return APIRouter(
+        prefix="/api/v1",
+        dependencies=[TokenDep],
+        responses={
+            401: problem_response("Missing or wrong bearer token."),
+            422: problem_response("A parameter is out of range or malformed."),
+        },
+    )
 
 
 def build_admin_app(
@@ -76,6 +126,8 @@ def build_admin_app(
     """
     app = FastAPI(title=title, version=__version__)
     app.state.admin_token = token
+    app.add_exception_handler(StarletteHTTPException, _http_problem)
+    app.add_exception_handler(RequestValidationError, _validation_problem)
 
     @app.get("/livez", tags=["probes"])
     def livez() -> dict[str, str]:

@@ -87,6 +87,9 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if refused is not None:
             self._reject(context, method, peer, grpc.StatusCode.PERMISSION_DENIED, refused)
         if method.startswith(HEALTH_PREFIX):
+            # Any certificate of the federation CA may ask; the reply names this party's config hash so a
+            # party about to go live can check the federations agree (`capc teacher preflight`).
+            context.send_initial_metadata(((HASH_HEADER, self._hash),))
             return
         role = self._config.role_of(peer)
         allowed = self._policy.get(method, frozenset())

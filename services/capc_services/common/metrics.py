@@ -17,8 +17,21 @@ STAGE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 class PartyMetrics:
     """The metrics shared by all roles: identity, certificate expiry, rejected calls and stage timings."""
 
-    def __init__(self, *, party: str, role: str, config_hash: str, certificate: CertificateInfo) -> None:
+    def __init__(
+        self,
+        *,
+        party: str,
+        role: str,
+        config_hash: str,
+        certificate: CertificateInfo,
+        insecure_noise: bool = False,
+    ) -> None:
         self.registry = CollectorRegistry()
+        Gauge(
+            "capc_insecure_noise",
+            "1 when federation.yaml seeds the noise (mechanism.insecure_noise_seed): labels are NOT private.",
+            registry=self.registry,
+        ).set(int(insecure_noise))
         info = Gauge(
             "capc_party_info",
             "Constant 1, labelled with who this party is and the federation config it runs.",

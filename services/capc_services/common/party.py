@@ -6,15 +6,16 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI
 
 from capc_common.errors import InputError
+from capc_common.federation import check_runnable
 from capc_services.common import faults
 from capc_services.common.admin import Readiness, build_admin_app
 from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import AdminServer
-from capc_services.common.settings import SiteSettings
+from capc_services.common.settings import SiteSettings, is_loopback
 from capc_services.tls import certificate_info, refusal
 
 _log = logging.getLogger(__name__)
@@ -37,7 +38,8 @@ class PartyRuntime:
 
     Raises:
         InputError: the certificate's CN is not the site's party, the admin token is unusable, or the
-            federation config cannot be read.
+            federation config cannot be read or could never run (:func:`check_runnable`).
+        IntegrityError: the backbone is not the one federation.yaml pins.
     """
 
     def __init__(self, settings: SiteSettings, *, role: str) -> None:
@@ -45,6 +47,8 @@ class PartyRuntime:
         self.role = role
         self.config = settings.federation_config
         self.config_hash = self.config.config_hash()
+        #: The shared backbone, verified with everything else federation.yaml pins (refused otherwise).
+        self.backbone = check_runnable(self.config)
         self.tls = settings.tls.files()
         self.certificate = certificate_info(settings.tls.cert)
         if self.certificate.common_name != settings.party:
@@ -62,11 +66,39 @@ class PartyRuntime:
             raise InputError(f"{settings.tls.cert}: {refused}")
         self.token = settings.admin_token()
         faults.arm_from_environment()
+        if self.config.insecure_noise:
+            self._check_insecure_noise()
         self.metrics = PartyMetrics(
-            party=settings.party, role=role, config_hash=self.config_hash, certificate=self.certificate
+            party=settings.party,
+            role=role,
+            config_hash=self.config_hash,
+            certificate=self.certificate,
+            insecure_noise=self.config.insecure_noise,
         )
         self._admin: AdminServer | None = None
         self.admin_port = 0
+
+    def _check_insecure_noise(self) -> None:
+        """A federation with seeded noise runs on one machine: refuse any non-loopback listener, then say
+        loudly that nothing it releases is private (never the seed: it would strip the noise)."""
+        remote = {k: v for k, v in self.settings.listen_addresses().items() if not is_loopback(v)}
+        if remote:
+            where = ", ".join(f"{k} {v}" for k, v in remote.items())
+            raise InputError(
+                "federation.yaml seeds the noise (mechanism.insecure_noise_seed: reproducible, NOT "
+                f"private), so every party listens on loopback only, but {where} is not: bind 127.0.0.1, or "
+                "remove the seed for a real federation"
+            )
+        _log.warning(
+            "INSECURE: federation.yaml seeds the noise (mechanism.insecure_noise_seed); labels are "
+            "reproducible and NOT private. Use only to compare with the central reference."
+        )
+
+    def noise_check(self) -> tuple[bool, str]:
+        """Readiness detail: whether this federation's noise is private."""
+        if self.config.insecure_noise:
+            return True, "INSECURE: seeded noise (mechanism.insecure_noise_seed), labels are NOT private"
+        return True, "private: each party's noise from its CSPRNG"
 
     def certificate_check(self) -> tuple[bool, dict[str, Any]]:
         """Readiness check: the certificate has not expired (and when it will)."""
@@ -77,22 +109,36 @@ class PartyRuntime:
         """The identity/config-hash interceptor for this party's gRPC server."""
         return AuthInterceptor(config=self.config, policy=policy, on_reject=self.metrics.reject)
 
-    def start_admin(
+    def admin_app(
         self, *, readiness: Callable[[], dict[str, tuple[bool, Any]]], routers: Sequence[APIRouter]
-    ) -> int:
-        """Serve the admin REST app (probes, metrics, the role's API); returns its port."""
+    ) -> FastAPI:
+        """The admin REST app (probes, metrics, the role's API) this party serves."""
 
         def ready() -> Readiness:
-            return Readiness({"certificate": self.certificate_check(), **readiness()})
+            checks = {"certificate": self.certificate_check(), "noise": self.noise_check()}
+            return Readiness({**checks, **readiness()})
 
-        app = build_admin_app(
+        return build_admin_app(
             title=f"capc {self.role} {self.settings.party}",
             token=self.token,
             readiness=ready,
             registry=self.metrics.registry,
             routers=routers,
         )
-        self._admin = AdminServer(app, bind=self.settings.admin.bind)
+
+    def start_admin(
+        self, *, readiness: Callable[[], dict[str, tuple[bool, Any]]], routers: Sequence[APIRouter]
+    ) -> int:
+        """Serve :meth:`admin_app` on the site's admin address; returns its port."""
+        app = self.admin_app(readiness=readiness, routers=routers)
+        bind = self.settings.admin.bind
+        if not is_loopback(bind):  # allowed by admin.allow_remote (the settings refuse it otherwise)
+            _log.warning(
+                "the admin API listens on a non-loopback address over plain HTTP (admin.allow_remote); keep "
+                "it on an internal network or behind a TLS-terminating proxy",
+                extra={"bind": bind},
+            )
+        self._admin = AdminServer(app, bind=bind)
         self.admin_port = self._admin.start()
         return self.admin_port
 

@@ -7,13 +7,14 @@ into a container as a whole.
 
 from __future__ import annotations
 
+import ipaddress
 import stat
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from capc_common.errors import InputError
@@ -70,18 +71,48 @@ class TlsSettings(BaseModel):
         return TlsFiles(ca=self.ca, cert=self.cert, key=self.key)
 
 
+def is_loopback(bind: str) -> bool:
+    """Whether ``host:port`` listens on this machine only (127.0.0.0/8, ::1 or ``localhost``)."""
+    host, _ = parse_bind(bind)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost may resolve to any interface
+        return False
+
+
 class AdminSettings(BaseModel):
-    """The admin REST endpoint: where it listens and where its bearer token is kept."""
+    """The admin REST endpoint: where it listens and where its bearer token is kept.
+
+    Attributes:
+        bind: ``host:port``; loopback unless ``allow_remote``.
+        token_file: the bearer token (mode 0600).
+        allow_remote: accept a non-loopback ``bind``. The API speaks plain HTTP: only on an internal
+            management network or behind a TLS-terminating proxy (a container publishing its port on the
+            host's loopback is one). The party logs a warning at start.
+    """
 
     model_config = ConfigDict(extra="forbid")
     bind: str = "127.0.0.1:8080"
     token_file: Path
+    allow_remote: bool = False
 
     @field_validator("bind")
     @classmethod
     def _bind(cls, value: str) -> str:
         parse_bind(value)
         return value
+
+    @model_validator(mode="after")
+    def _remote_needs_opt_in(self) -> Self:
+        if not self.allow_remote and not is_loopback(self.bind):
+            raise ValueError(
+                f"admin.bind {self.bind} is not a loopback address, but the admin API speaks plain HTTP with "
+                "a bearer token: bind it to 127.0.0.1, or set admin.allow_remote: true "
+                "(CAPC_ADMIN__ALLOW_REMOTE=true) if it sits on an internal network or behind a TLS proxy"
+            )
+        return self
 
 
 def _resolve(value: Any, base: Path) -> Any:
@@ -141,6 +172,10 @@ class SiteSettings(BaseSettings):
 
     def check_role(self) -> None:
         """Hook for subclasses: refuse a site file whose party plays another role."""
+
+    def listen_addresses(self) -> dict[str, str]:
+        """Every address this party listens on, by setting name (subclasses add their gRPC bind)."""
+        return {"admin.bind": self.admin.bind}
 
     @cached_property
     def federation_config(self) -> FederationConfig:

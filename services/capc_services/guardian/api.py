@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from capc_common.privacy.ledger import MAX_SEQ
 from capc_services.common.admin import api_router
 from capc_services.guardian.core import Guardian
 
@@ -21,7 +22,8 @@ def router(guardian: Guardian) -> APIRouter:
 
     @api.get("/ledger", tags=["guardian"])
     def ledger(
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100, offset: Annotated[int, Query(ge=0)] = 0
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        offset: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
     ) -> dict[str, Any]:
         """Ledger entries (reserve, settle, release) with sequence number > ``offset``, oldest first."""
         page = guardian.ledger.entries(after=offset, limit=limit)

@@ -52,13 +52,7 @@ def open_ledger(settings: GuardianSettings) -> BudgetLedger:
 def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
     """Run the guardian until ``stop`` is set: gRPC (mTLS) for the parties, REST for admins."""
     party = PartyRuntime(settings, role="guardian")
-    if settings.insecure_noise_seed is not None:
-        # The seed itself is never logged: whoever reads it can remove the noise from every label.
-        _log.warning(
-            "INSECURE: noise comes from a seeded generator; labels are reproducible and NOT private. "
-            "Use only to compare with the central reference."
-        )
-    noise = party_noise("guardian", seed=settings.insecure_noise_seed)
+    noise = party_noise("guardian", seed=party.config.mechanism.insecure_noise_seed)
     ledger = open_ledger(settings)
     guardian = Guardian(config=party.config, ledger=ledger, noise=noise, metrics=party.metrics)
     limit = MessageLimits.of(party.config).compute

@@ -40,6 +40,7 @@ from capc_common.mpc import Channel, GarblerSession, Reveal
 from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_services.common import faults
 from capc_services.common.metrics import PartyMetrics
+from capc_services.guardian.metrics import BudgetCollector
 
 _log = logging.getLogger(__name__)
 SEED_BYTES = 16
@@ -109,6 +110,7 @@ class Guardian:
         check_batch_fits(config)
         self._mpc = mpc_config(config)
         self._costs = batch_costs(config)
+        metrics.registry.register(BudgetCollector(self.budget))
         self._lock = threading.Condition()
         self._open: dict[str, _OpenBatch] = {}
         self._compute_lock = threading.Lock()
@@ -196,6 +198,12 @@ class Guardian:
                 return BatchStatus(state="open"), worst
         finished = self.status(batch_id)
         if finished.state in ("settled", "released", "charged"):
+            record = self.ledger.batch(batch_id)
+            if record is None or (record.queries, record.params.get("query_digest")) != (count, digest.hex()):
+                raise InputError(
+                    f"batch id {batch_id} was already used for another query (now {finished.state}); a batch "
+                    "id names one query for good: use a fresh id"
+                )
             return finished, 0.0
         try:
             with self.metrics.stage("ledger"):
@@ -346,7 +354,7 @@ class Guardian:
             count = batch.count
         nonce = agreement.computation
         began: list[bool] = []
-        settled: dict[str, int] = {}
+        settled: dict[str, Any] = {}
 
         def mark() -> None:
             # Durable before the garbler reads a single pass label: from here on the batch is charged.
@@ -364,7 +372,7 @@ class Guardian:
             faults.reached("guardian.decoded")
             try:
                 with self.metrics.stage("ledger"):
-                    self.ledger.settle(
+                    entry = self.ledger.settle(
                         batch_id,
                         answered=answered,
                         actual_rdp=self._costs.actual(count, answered),
@@ -381,7 +389,7 @@ class Guardian:
                     f"batch {batch_id} could not be settled on the ledger; it stays charged at its worst "
                     "case and nothing was revealed"
                 ) from None
-            settled["answered"] = answered
+            settled.update(answered=answered, entry=entry.seq, head=entry.hash)
             faults.reached("guardian.settled")
 
         try:
@@ -432,9 +440,12 @@ class Guardian:
                 "answered": settled["answered"],
                 "count": count,
                 "computation": nonce,
+                # Pin it elsewhere: `capc budget verify --expect-head` then detects a tail cut later.
+                "ledger_entry": settled["entry"],
+                "ledger_head": settled["head"],
             },
         )
-        return settled["answered"]
+        return int(settled["answered"])
 
     def reveal(self, batch_id: str, *, actor: str) -> tuple[str, int, bytes]:
         """What a settled batch revealed, to send the same bits again: ``(computation, count, bytes)``.

@@ -29,15 +29,13 @@ class GuardianSettings(SiteSettings):
     Attributes:
         grpc: the gRPC listener (student and teachers connect here).
         ledger: the budget ledger's file (durable; back it up).
-        insecure_noise_seed: draw noise from a *seeded* generator — reproducible, hence not private.
-            Only for tests that compare the federation with the central reference (the student's site
-            takes the same seed for its part of the threshold noise); the guardian logs a warning and
-            reports it on ``/api/v1/budget``.
     """
 
     grpc: GrpcSettings = GrpcSettings()
     ledger: Path
-    insecure_noise_seed: str | None = None
 
     def check_role(self) -> None:
         self._require_role("guardian")
+
+    def listen_addresses(self) -> dict[str, str]:
+        return {**super().listen_addresses(), "grpc.bind": self.grpc.bind}

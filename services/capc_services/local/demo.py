@@ -27,6 +27,16 @@ DEMO_OPTIONS = LocalOptions(
 )
 
 
+_EPSILONS = ("epsilon_settled", "epsilon_reserved", "epsilon_spent")
+
+
+def budget_line(budget: dict[str, Any]) -> str:
+    """``ε settled S (+ R reserved) of L``: the settled figure only grows, so the line never seems to fall
+    when an open batch's worst-case reservation settles lower."""
+    reserved = f" (+{budget['epsilon_reserved']:.3f} reserved)" if budget["epsilon_reserved"] > 0 else ""
+    return f"ε settled {budget['epsilon_settled']:.3f}{reserved} of {budget['epsilon_limit']:g}"
+
+
 def _admin(layout: Layout, party: str) -> str:
     for proc in read_state(layout)["processes"]:
         if proc["party"] == party:
@@ -62,11 +72,8 @@ def run_demo(
             _, progress = probe(student, token=secret)
             _, budget = probe(budget_url, token=secret)
             if isinstance(progress, dict) and isinstance(budget, dict):
-                line = (
-                    f"{progress['state']}: {progress['queries']} queries asked, "
-                    f"{progress['answered']} answered, "
-                    f"ε {budget['epsilon_spent']:.3f} of {budget['epsilon_limit']:g}"
-                )
+                asked = f"{progress['queries']} queries asked, {progress['answered']} answered"
+                line = f"{progress['state']}: {asked}, {budget_line(budget)}"
                 if line != last:
                     say(line)
                     last = line
@@ -83,15 +90,12 @@ def run_demo(
         if code != 200:
             raise UnavailableError(f"GET {budget_url} answered {code}: {budget}")
         say(f"GET {budget_url} (bearer token from {layout.token}):")
-        say(
-            "  " + ", ".join(f"{k}={budget[k]}" for k in ("epsilon_spent", "epsilon_limit", "delta", "order"))
-        )
+        say("  " + ", ".join(f"{k}={budget[k]}" for k in (*_EPSILONS, "epsilon_limit", "delta", "order")))
         published = progress["published"]
         summary = {
             "state_dir": str(layout.root),
             "budget": {
-                k: budget[k]
-                for k in ("epsilon_spent", "epsilon_limit", "delta", "order", "queries", "answered")
+                k: budget[k] for k in (*_EPSILONS, "epsilon_limit", "delta", "order", "queries", "answered")
             },
             "stopped_reason": progress["stopped_reason"],
             "student": {

@@ -7,6 +7,7 @@ The files are the same a real deployment uses (see deploy/ and docs/operations.m
 
 from __future__ import annotations
 
+import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 
 from capc_common.errors import InputError
-from capc_common.federation import FederationConfig, check_batch_fits
+from capc_common.federation import FederationConfig, check_runnable
 from capc_services.local.layout import Layout
 from capc_services.tls import init_ca, issue_certificate, write_admin_token
 
@@ -37,9 +38,10 @@ class LocalOptions:
             query as answered).
         generator / backbone: query generator and shared backbone (None: the library defaults).
         seed: seed of the query stream and of the data partition.
-        insecure_noise_seed: seeded (non-private) guardian and student noise (each party derives its own
-            stream from it, as ``capc dietpate run`` does from ``mechanism.noise_seed``), for comparisons
-            with the central run.
+        insecure_noise_seed: seeded (non-private) guardian and student noise (federation.yaml's
+            ``mechanism.insecure_noise_seed``; each party derives its own stream from it, as
+            ``capc dietpate run`` does from ``mechanism.noise_seed``), for comparisons with the central run.
+            The teacher sites opt in (``allow_insecure_noise: true``).
         torch_threads: CPU threads per party process.
         evaluation_images: held-out test images the student is evaluated on (None: no evaluation).
         pipeline_depth: the student's pipelining (0: one batch at a time).
@@ -109,6 +111,7 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
             "threshold": options.threshold if options.threshold is not None else round(0.75 * heads, 1),
             "sigma1": options.sigma1 if options.sigma1 is not None else round(0.6 * heads, 2),
             "sigma2": options.sigma2 if options.sigma2 is not None else round(0.25 * heads, 2),
+            "insecure_noise_seed": options.insecure_noise_seed,
         },
         "budget": {"epsilon": options.epsilon, "delta": options.delta, "order": options.order},
         "queries": {
@@ -170,7 +173,39 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
     if layout.federation.exists():
         raise InputError(f"{layout.root} already holds a federation; `capc local down --purge` it first")
     config = FederationConfig.from_dict(federation_dict(options), source="local federation options")
-    check_batch_fits(config)
+    check_runnable(config)
+    existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
+    try:
+        endpoints = _write_federation(layout, config, options)
+        _load_sites(layout, config)
+    except BaseException:
+        # Leave the directory as it was: a half-provisioned federation would block the next `up`.
+        if existing is None:
+            shutil.rmtree(layout.root, ignore_errors=True)
+        else:
+            for path in set(layout.root.iterdir()) - existing:
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+        raise
+    return layout, config, endpoints
+
+
+def _load_sites(layout: Layout, config: FederationConfig) -> None:
+    """Read every site file back as its party will (so invalid options fail here, not at start-up)."""
+    from capc_services.guardian.settings import GuardianSettings
+    from capc_services.student.settings import StudentSettings
+    from capc_services.teacher.settings import TeacherSettings
+
+    GuardianSettings.load(layout.site(config.guardian))
+    StudentSettings.load(layout.site(config.student))
+    for name in config.teacher_names:
+        TeacherSettings.load(layout.site(name))
+
+
+def _write_federation(layout: Layout, config: FederationConfig, options: LocalOptions) -> Endpoints:
+    """Write the CA, certificates, token, federation.yaml and site files; returns the chosen ports."""
     layout.root.mkdir(parents=True, exist_ok=True)
     config.save(layout.federation)
     init_ca(layout.certs, name=config.name)
@@ -197,8 +232,6 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
         "grpc": {"bind": guardian_address},
         "ledger": f"../parties/{config.guardian}/ledger.sqlite",
     }
-    if options.insecure_noise_seed is not None:
-        guardian_site["insecure_noise_seed"] = options.insecure_noise_seed
     _write_yaml(layout.site(config.guardian), guardian_site)
     student_site: dict[str, Any] = {
         **common(config.student),
@@ -215,8 +248,6 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
             else {"dataset": options.dataset, "limit": options.evaluation_images},
         },
     }
-    if options.insecure_noise_seed is not None:
-        student_site["insecure_noise_seed"] = options.insecure_noise_seed
     _write_yaml(layout.site(config.student), student_site)
     cap = options.teacher_cap if options.teacher_cap is not None else 3 * options.epsilon
     for index, name in enumerate(config.teacher_names):
@@ -228,6 +259,8 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
                 "guardian_address": guardian_address,
                 "heads": f"../parties/{name}/heads.safetensors",
                 "cap": {"epsilon": cap, "record": f"../parties/{name}/cap.jsonl"},
+                # The simulated hospitals opt in to what the options asked for (a real site decides itself).
+                "allow_insecure_noise": config.insecure_noise,
                 "torch_threads": options.torch_threads,
                 "data": {
                     "dataset": options.dataset,
@@ -241,4 +274,4 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
     for party in parties:
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
     layout.logs.mkdir(parents=True, exist_ok=True)
-    return layout, config, endpoints
+    return endpoints

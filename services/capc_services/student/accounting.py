@@ -23,14 +23,39 @@ def spent_rdp(config: FederationConfig, store: LabelStore) -> float:
     return math.fsum(costs.actual(b.count, b.answered) for b in charged)
 
 
-def privacy_of(config: FederationConfig, store: LabelStore) -> dict[str, Any]:
-    """The model card's privacy section."""
-    rdp = spent_rdp(config, store)
+def epsilon_figures(config: FederationConfig, store: LabelStore) -> dict[str, float]:
+    """``epsilon_settled`` (charged batches), ``epsilon_reserved`` (what the worst case of the batches still
+    open adds) and ``epsilon_spent`` (their sum), as the guardian's ``/api/v1/budget`` reports them."""
+    costs = batch_costs(config)
+    settled = spent_rdp(config, store)
+    reserved = math.fsum(costs.worst_case(b.count) for b in store.batches(state="open"))
+    epsilon_settled = costs.epsilon(settled) if settled > 0 else 0.0
+    epsilon_spent = costs.epsilon(settled + reserved) if settled + reserved > 0 else 0.0
     return {
-        "epsilon": batch_costs(config).epsilon(rdp) if rdp > 0 else 0.0,
+        "epsilon_spent": epsilon_spent,
+        "epsilon_settled": epsilon_settled,
+        "epsilon_reserved": epsilon_spent - epsilon_settled,
+    }
+
+
+def privacy_of(config: FederationConfig, store: LabelStore) -> dict[str, Any]:
+    """The model card's privacy section (``epsilon`` = ``epsilon_spent``: a crash may over-count, never
+    under-count)."""
+    figures = epsilon_figures(config, store)
+    return {
+        "epsilon": figures["epsilon_spent"],
+        **figures,
         "delta": config.budget.delta,
         "order": config.budget.order,
-        "rdp": rdp,
+        "rdp": spent_rdp(config, store),
         "epsilon_limit": config.budget.epsilon,
         "accountant": ACCOUNTANT,
     }
+
+
+def noise_label(config: FederationConfig) -> str:
+    """How the model card and ``/api/v1/progress`` name the student's noise source, so a model labelled
+    with the test-only seeded source can never pass for a private one."""
+    if not config.insecure_noise:
+        return "SystemNoise"
+    return "SeededNoise (INSECURE: labels are reproducible and not private)"

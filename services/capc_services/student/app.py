@@ -15,6 +15,7 @@ from capc_services.common.admin import api_router
 from capc_services.common.limits import MessageLimits
 from capc_services.common.party import PartyRuntime, apply_torch_threads
 from capc_services.common.runtime import start_grpc_server
+from capc_services.student.accounting import epsilon_figures, noise_label
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
 from capc_services.student.scheduler import Progress, Scheduler
@@ -43,6 +44,7 @@ def _progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: 
             "error": p.error,
             "queries_planned": p.queries_planned,
             **scheduler.store.counts(),
+            **epsilon_figures(scheduler.config, scheduler.store),
             "labels_per_s": p.labels_per_s,
             "reconnects": p.reconnects,
             "recovered_batches": p.recovered_batches,
@@ -70,17 +72,11 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
     apply_torch_threads(settings.torch_threads)
     store = LabelStore(settings.store, config_hash=party.config_hash)
     registry = TeacherRegistry()
-    if settings.insecure_noise_seed is not None:
-        # As on the guardian: the seed is never logged (it would strip the student's part of the noise).
-        _log.warning(
-            "INSECURE: the student's threshold noise comes from a seeded generator; labels are "
-            "reproducible and NOT private. Use only to compare with the central reference."
-        )
     guardian = GuardianClient(
         config=party.config,
         tls=party.tls,
         address=settings.guardian_address,
-        noise=party_noise("student", seed=settings.insecure_noise_seed),
+        noise=party_noise("student", seed=party.config.mechanism.insecure_noise_seed),
     )
     scheduler = Scheduler(
         config=party.config,
@@ -134,7 +130,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
                 "grpc": (True, {"port": server.port}),
                 "labelling": _labelling_check(scheduler.progress, guardian=settings.guardian_address),
             },
-            routers=[_progress_router(scheduler, registry, noise=settings.noise_label())],
+            routers=[_progress_router(scheduler, registry, noise=noise_label(party.config))],
         )
         worker = threading.Thread(target=work, name="scheduler", daemon=True)
         worker.start()

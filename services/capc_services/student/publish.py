@@ -22,7 +22,7 @@ from capc_common.errors import InputError
 from capc_common.federation import batch_plan, load_shared_backbone
 from capc_common.learn.student import StudentFit, accuracy, save_student
 from capc_common.models import extract_features
-from capc_services.student.accounting import privacy_of
+from capc_services.student.accounting import noise_label, privacy_of
 from capc_services.student.scheduler import Progress
 from capc_services.student.settings import StudentSettings
 from capc_services.student.store import LabelStore
@@ -136,7 +136,7 @@ def publish_student(
             "sigma2": config.mechanism.sigma2,
             "noise": "discrete Gaussian",
             # Only the student's own part is known here; the guardian's /api/v1/budget names its source.
-            "student_noise": settings.noise_label(),
+            "student_noise": noise_label(config),
         },
         "queries": {
             "asked": counts["queries"],

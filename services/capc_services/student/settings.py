@@ -48,9 +48,6 @@ class StudentSettings(SiteSettings):
         connect_timeout_s: how long to wait for a quorum of teacher parties before giving up.
         exit_when_done: exit after publishing (a one-shot job) instead of serving the admin API on.
         torch_threads: CPU threads for torch (None: torch's default).
-        insecure_noise_seed: draw the student's part of the threshold noise from a *seeded* generator —
-            reproducible, hence not private. Only for tests that compare the federation with the central
-            reference (give the guardian the same seed); the student logs a warning, never the seed.
     """
 
     grpc: GrpcSettings = GrpcSettings(bind="0.0.0.0:50052")
@@ -61,15 +58,10 @@ class StudentSettings(SiteSettings):
     connect_timeout_s: float = Field(default=600.0, gt=0)
     exit_when_done: bool = False
     torch_threads: int | None = Field(default=None, ge=1)
-    insecure_noise_seed: str | None = None
     train: TrainSettings = TrainSettings()
 
     def check_role(self) -> None:
         self._require_role("student")
 
-    def noise_label(self) -> str:
-        """How the model card and ``/api/v1/progress`` name the student's noise source, so a model labelled
-        with the test-only seeded source can never pass for a private one."""
-        if self.insecure_noise_seed is None:
-            return "SystemNoise"
-        return "SeededNoise (INSECURE: labels are reproducible and not private)"
+    def listen_addresses(self) -> dict[str, str]:
+        return {**super().listen_addresses(), "grpc.bind": self.grpc.bind}

@@ -9,7 +9,6 @@ from typing import Any
 from fastapi import APIRouter
 
 from capc_common.errors import InputError
-from capc_common.federation import load_shared_backbone
 from capc_common.learn.heads import HeadEnsemble
 from capc_services.common.admin import api_router
 from capc_services.common.party import PartyRuntime, apply_torch_threads
@@ -68,10 +67,20 @@ def _status_router(worker: TeacherWorker, links: TeacherLinks, cap: LocalCap) ->
 
 
 def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
-    """Run a teacher party until ``stop`` is set."""
+    """Run a teacher party until ``stop`` is set.
+
+    Raises:
+        InputError: federation.yaml seeds the noise and the site did not opt in (``allow_insecure_noise``).
+    """
+    if settings.federation_config.insecure_noise and not settings.allow_insecure_noise:
+        raise InputError(
+            "federation.yaml seeds the guardian's and student's noise (mechanism.insecure_noise_seed): "
+            "labels would be reproducible and NOT private, so this party refuses to vote. Only for a test "
+            "federation: set allow_insecure_noise: true in this party's site file"
+        )
     party = PartyRuntime(settings, role="teacher")
     apply_torch_threads(settings.torch_threads)
-    backbone = load_shared_backbone(party.config)
+    backbone = party.backbone
     heads = load_heads(settings)
     cap = LocalCap(settings.cap.record, config=party.config, epsilon_cap=settings.cap.epsilon)
     worker = TeacherWorker(

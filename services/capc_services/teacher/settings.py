@@ -44,6 +44,8 @@ class TeacherSettings(SiteSettings):
         heads: the party's teacher heads (written by ``capc teacher train``).
         cap: the local ε cap.
         allow_raw_queries: answer queries shipped as raw images (default: synthetic queries only).
+        allow_insecure_noise: take part in a federation whose ``federation.yaml`` seeds the noise
+            (``mechanism.insecure_noise_seed``: reproducible, NOT private; tests only). Refused by default.
         torch_threads: CPU threads for inference (None: torch's default).
         data: the site's training data.
     """
@@ -53,6 +55,7 @@ class TeacherSettings(SiteSettings):
     heads: Path
     cap: CapSettings
     allow_raw_queries: bool = False
+    allow_insecure_noise: bool = False
     torch_threads: int | None = Field(default=None, ge=1)
     data: DataSettings | None = None
 

@@ -221,7 +221,8 @@ def plan_command(
 def _show_text(r: dict[str, Any]) -> str:
     s = r["summary"]
     lines = [
-        f"ledger {s['path']}: ε spent {s['epsilon_spent']:.4f} of {s['epsilon_limit']:g} "
+        f"ledger {s['path']}: ε spent {s['epsilon_spent']:.4f} of {s['epsilon_limit']:g} = settled "
+        f"{s['epsilon_settled']:.4f} + reserved {s['epsilon_reserved']:.4f} "
         f"(δ = {s['delta']:g}, order {s['order']:g}; {100 * s['fraction_used']:.1f} % of "
         f"{s['budget_rdp']:.6g} RDP)",
         f"  settled RDP {s['spent_rdp']:.6g}, reserved (open or orphaned, counted) {s['reserved_rdp']:.6g}, "
@@ -261,10 +262,13 @@ def show_command(ledger: Path, last: int, fmt: str) -> None:
 def _verify_text(r: dict[str, Any]) -> str:
     head = "OK" if r["ok"] else "FAILED"
     lines = [f"ledger verification {head}: {r['entries']} entries, head {r['head']}"]
+    if r["expected_head_at"] is not None:
+        lines.append(f"  pinned head found at entry {r['expected_head_at']} of {r['entries']}")
     t = r["totals"]
     if t:
         lines.append(
-            f"  recomputed: ε spent {t['epsilon_spent']:.4f}, settled RDP {t['spent_rdp']:.6g}, reserved "
+            f"  recomputed: ε spent {t['epsilon_spent']:.4f} (settled {t['epsilon_settled']:.4f} + reserved "
+            f"{t['epsilon_reserved']:.4f}), settled RDP {t['spent_rdp']:.6g}, reserved "
             f"{t['reserved_rdp']:.6g}, {t['batches']} batches, {t['queries']} queries, {t['answered']} "
             "answered"
         )
@@ -274,14 +278,21 @@ def _verify_text(r: dict[str, Any]) -> str:
 
 @command.command(name="verify")
 @_LEDGER
+@click.option(
+    "--expect-head",
+    metavar="HASH",
+    default=None,
+    help="A head hash pinned earlier (capc budget show, the guardian's log or /metrics): it must still be in "
+    "the chain, so a removed tail or a replaced file fails.",
+)
 @format_option
-def verify_command(ledger: Path, fmt: str) -> None:
+def verify_command(ledger: Path, expect_head: str | None, fmt: str) -> None:
     """Check the hash chain and recompute every total; exit 5 if anything is inconsistent."""
     from capc_common.errors import IntegrityError
     from capc_common.privacy import BudgetLedger
 
     with BudgetLedger.open(ledger) as led:
-        report = led.verify()
+        report = led.verify(expect_head=expect_head)
     emit(report.to_dict(), fmt, _verify_text)
     if not report.ok:
         raise IntegrityError(f"ledger {ledger} failed verification: {len(report.problems)} problem(s)")

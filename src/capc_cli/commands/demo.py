@@ -11,13 +11,15 @@ from capc_cli.output import emit, format_option
 
 
 def _text(result: dict[str, Any]) -> str:
+    from capc_services.local.demo import budget_line
+
     budget, student = result["budget"], result["student"]
     accuracy = "n/a" if student["accuracy"] is None else f"{100 * student['accuracy']:.1f} %"
     return "\n".join(
         [
             f"DIET-CaPC demo: {result['parties']} teacher parties × {result['teachers_per_party']} teachers, "
             f"{result['seconds']:.0f} s",
-            f"  privacy budget   ε = {budget['epsilon_spent']:.3f} of {budget['epsilon_limit']:g} "
+            f"  privacy budget   {budget_line(budget)} "
             f"(δ = {budget['delta']:g}, Rényi order {budget['order']:g})",
             f"  queries          {budget['queries']} asked, {budget['answered']} answered",
             f"  stopped because  {result['stopped_reason']}",

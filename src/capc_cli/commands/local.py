@@ -62,13 +62,19 @@ def _up_text(result: dict[str, Any]) -> str:
 @click.option(
     "--train-limit", type=click.IntRange(min=1), default=3000, show_default=True, help="Examples/party."
 )
-@click.option("--teacher-cap", type=float, default=None, help="Each party's local ε cap [default: 3 × ε].")
+@click.option(
+    "--teacher-cap",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Each party's local ε cap [default: 3 × ε].",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--insecure-noise-seed",
     type=str,
     default=None,
-    help="Seed the guardian's and student's noise (NOT private: only to compare with `capc dietpate run`).",
+    help="Seed the guardian's and student's noise, as federation.yaml's mechanism.insecure_noise_seed (NOT "
+    "private: only to compare with `capc dietpate run`; the teachers opt in, every party stays on loopback).",
 )
 @click.option("--torch-threads", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--ready-timeout", type=float, default=180.0, show_default=True)

@@ -54,3 +54,29 @@ def train(site: Path, fmt: str) -> None:
 
     settings = TeacherSettings.load(site)
     emit(train_party_heads(settings), fmt)
+
+
+@command.command("preflight")
+@_SITE
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the PNG grid of the site's images goes [default: preflight/ next to the heads file].",
+)
+@click.option(
+    "--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds per peer."
+)
+@format_option
+def preflight(site: Path, out_dir: Path | None, timeout: float, fmt: str) -> None:
+    """Before going live: certificate, key, admin token, backbone, data, heads, guardian and student over
+    mTLS, and the local ε cap against the federation's plan. Exit 2 if any check failed; each failure
+    says how to fix it."""
+    from capc_common.errors import InputError
+    from capc_services.teacher.preflight import run_preflight
+
+    report = run_preflight(site, out_dir=out_dir, timeout=timeout)
+    emit(report.to_dict(), fmt, lambda _: report.text())
+    if not report.ok:
+        raise InputError(f"preflight: {len(report.failed)} check(s) failed: {', '.join(report.failed)}")

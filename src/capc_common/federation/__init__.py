@@ -21,7 +21,7 @@ from capc_common.federation.costs import (
     smallest_quorum_heads,
 )
 from capc_common.federation.plan import BatchPlan, batch_plan, usable_queries
-from capc_common.federation.runtime import load_shared_backbone, mpc_config
+from capc_common.federation.runtime import check_runnable, load_shared_backbone, mpc_config
 
 __all__ = [
     "Backbone",
@@ -39,6 +39,7 @@ __all__ = [
     "batch_plan",
     "check_batch_fits",
     "check_party_name",
+    "check_runnable",
     "load_shared_backbone",
     "mpc_config",
     "serial_hex",

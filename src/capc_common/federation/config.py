@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from capc_common.errors import InputError
 
@@ -50,12 +59,29 @@ class TeacherParty(_Frozen):
 
 
 class Mechanism(_Frozen):
-    """Confident-GNMax: pass if max votes + N_Z(0, σ1²) ≥ T, then answer argmax(votes + N_Z(0, σ2²))."""
+    """Confident-GNMax: pass if max votes + N_Z(0, σ1²) ≥ T, then answer argmax(votes + N_Z(0, σ2²)).
+
+    Attributes:
+        insecure_noise_seed: draw the guardian's and the student's noise from streams seeded by this string —
+            reproducible, hence **not private**: only to compare a federation with the central reference.
+            It is part of the config hash, so every party sees it: teachers refuse such a federation unless
+            their site file says ``allow_insecure_noise: true``, and every party refuses non-loopback binds.
+            Left out of the canonical form when unset, so the hash of a private federation is what it was
+            before the field existed.
+    """
 
     name: Literal["confident-gnmax"] = "confident-gnmax"
     threshold: float = Field(ge=0)
     sigma1: float = Field(gt=0)
     sigma2: float = Field(gt=0)
+    insecure_noise_seed: str | None = Field(default=None, min_length=1, max_length=256)
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_seed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("insecure_noise_seed") is None:
+            data.pop("insecure_noise_seed", None)
+        return data
 
 
 class Budget(_Frozen):
@@ -178,6 +204,11 @@ class FederationConfig(_Frozen):
                 "parties: no batch could ever proceed"
             )
         return self
+
+    @property
+    def insecure_noise(self) -> bool:
+        """True when the guardian's and student's noise is seeded (reproducible, NOT private)."""
+        return self.mechanism.insecure_noise_seed is not None
 
     @property
     def total_heads(self) -> int:

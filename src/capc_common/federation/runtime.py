@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from capc_common.errors import CapcError, InputError
 from capc_common.federation.config import FederationConfig
 from capc_common.mpc import MpcConfig, noise_bound, ring_width
 
@@ -32,6 +33,48 @@ def mpc_config(config: FederationConfig) -> MpcConfig:
         mode="confident",
         student_noise=noise_bound(mechanism.sigma1),
     )
+
+
+def check_runnable(config: FederationConfig) -> Backbone:
+    """Refuse a federation that could never run, at start-up, naming the field to fix.
+
+    Pydantic checks each field of ``federation.yaml`` alone; this checks what the parties will do with them:
+    the budget pays for one batch, the query stream makes valid batches (a known generator, a supported
+    image shape, ``bn_batch`` chunks), the backbone exists with the pinned SHA-256, and it takes the queries'
+    image shape. Every party calls it before serving, so none starts (or creates a ledger, a label store or a
+    cap record) on a configuration that can only fail later.
+
+    Returns:
+        The verified shared backbone (parties that run it keep it).
+
+    Raises:
+        InputError: a parameter no party could run with.
+        IntegrityError: the backbone's SHA-256 is not the pinned one.
+    """
+    from capc_common.federation.costs import check_batch_fits
+    from capc_common.federation.plan import batch_plan, usable_queries
+
+    check_batch_fits(config)
+    q = config.queries
+    if usable_queries(config) == 0:
+        raise InputError(
+            f"queries.total {q.total} is below queries.bn_batch {q.bn_batch}: no batch can be made"
+        )
+    try:
+        batch_plan(config, first_index=0, count=min(q.batch_size, usable_queries(config)))
+    except InputError as exc:
+        raise InputError(f"federation.yaml queries cannot make a batch: {exc}") from None
+    try:
+        backbone = load_shared_backbone(config)
+    except CapcError as exc:
+        raise type(exc)(f"federation.yaml backbone: {exc}") from None
+    if backbone.input_shape != (q.height, q.width, q.channels):
+        have = "x".join(map(str, backbone.input_shape))
+        raise InputError(
+            f"federation.yaml backbone {config.backbone.name} takes {have} images, but queries asks for "
+            f"{q.height}x{q.width}x{q.channels}; pin a backbone for that shape or change the query shape"
+        )
+    return backbone
 
 
 def load_shared_backbone(config: FederationConfig) -> Backbone:

@@ -41,6 +41,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -57,12 +58,14 @@ from capc_common.privacy.analysis._checks import count, non_negative, positive, 
 from capc_common.privacy.filter import RenyiFilter, refusal_message
 from capc_common.privacy.planning import plan
 
-__all__ = ["BatchRecord", "BudgetLedger", "Entry", "VerificationReport"]
+__all__ = ["MAX_SEQ", "BatchRecord", "BudgetLedger", "Entry", "VerificationReport"]
 
 FORMAT = 1
 UNITS_PER_NAT = 2**48
+#: The largest sequence number SQLite can store (a signed 64-bit integer).
+MAX_SEQ = 2**63 - 1
 _MAX_BUDGET_RDP = 2.0**14  # keeps every total far inside SQLite's signed 64-bit integers
-_HASH_ZERO = "0" * 64
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 Kind = Literal["reserve", "compute", "settle", "release"]
 _PHASE = {"reserve": 0, "settle": 1, "release": 1, "compute": 2}
@@ -260,6 +263,8 @@ class VerificationReport:
         problems: what is wrong, one line each.
         head: hash of the last row (pin it to detect a rewritten file later).
         totals: totals recomputed from the rows.
+        expected_head_at: where the pinned head given to :meth:`BudgetLedger.verify` was found (0: the
+            genesis; ``None``: not asked, or not found — a problem).
     """
 
     ok: bool
@@ -267,6 +272,7 @@ class VerificationReport:
     problems: list[str] = field(default_factory=list)
     head: str = ""
     totals: dict[str, Any] = field(default_factory=dict)
+    expected_head_at: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the report."""
@@ -284,9 +290,12 @@ class _Chain:
     the stored ``state`` row.
     """
 
-    def __init__(self, genesis: str, budget_units: int) -> None:
+    def __init__(self, genesis: str, budget_units: int, *, watch: str | None = None) -> None:
         self.head = genesis
         self.seq = 0
+        self.watch = watch
+        #: Where the watched hash was found: 0 for the genesis, else its entry's sequence number.
+        self.watched_at: int | None = 0 if watch == genesis else None
         self.budget_units = budget_units
         self.totals = dict.fromkeys(_TOTALS, 0)
         self.open_batches: dict[str, Entry] = {}
@@ -305,6 +314,8 @@ class _Chain:
         if _entry_hash(entry) != entry.hash:
             problems.append(f"{where}: hash mismatch (the row was edited)")
         self.seq, self.head = self.seq + 1, entry.hash
+        if entry.hash == self.watch:
+            self.watched_at = entry.seq
         if entry.units != _units(entry.rdp):
             problems.append(f"{where}: units {entry.units} do not match rdp {entry.rdp!r}")
         if entry.kind == "reserve":
@@ -960,14 +971,14 @@ class BudgetLedger:
     ) -> list[Entry]:
         """Rows in chain order (or newest first), optionally for one batch and after a sequence number."""
         query = f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE seq > ?"
-        args: list[Any] = [count("after", after)]
+        args: list[Any] = [count("after", after, maximum=MAX_SEQ)]
         if batch_id is not None:
             query += " AND batch_id = ?"
             args.append(batch_id)
         query += " ORDER BY seq DESC" if newest else " ORDER BY seq"
         if limit is not None:
             query += " LIMIT ?"
-            args.append(count("limit", limit))
+            args.append(count("limit", limit, maximum=MAX_SEQ))
         with self._lock, _readable(self.path):
             return [_row_entry(r) for r in self._db.execute(query, args)]
 
@@ -978,9 +989,14 @@ class BudgetLedger:
     def _figures(self, totals: Mapping[str, int]) -> dict[str, Any]:
         """What the totals mean: RDP and ε spent (settled + reserved), batch and query counts."""
         charged_units = totals["spent_units"] + totals["reserved_units"]
+        spent = self.epsilon_of(charged_units / UNITS_PER_NAT)
+        settled = self.epsilon_of(totals["spent_units"] / UNITS_PER_NAT)
         return {
-            "epsilon_spent": self.epsilon_of(charged_units / UNITS_PER_NAT),
-            "epsilon_settled": self.epsilon_of(totals["spent_units"] / UNITS_PER_NAT),
+            "epsilon_spent": spent,
+            "epsilon_settled": settled,
+            # What the open (or orphaned) worst-case reservations add on top: ε is not additive, so this is
+            # defined as the difference, keeping epsilon_spent = epsilon_settled + epsilon_reserved.
+            "epsilon_reserved": spent - settled,
             "spent_rdp": totals["spent_units"] / UNITS_PER_NAT,
             "reserved_rdp": totals["reserved_units"] / UNITS_PER_NAT,
             "remaining_rdp": (self.budget_units - charged_units) / UNITS_PER_NAT,
@@ -993,9 +1009,13 @@ class BudgetLedger:
         }
 
     def summary(self) -> dict[str, Any]:
-        """Budget figures, recomputed from the entries; ``epsilon_spent`` counts open (or orphaned)
-        reservations at their worst case. ``chain_ok`` is false once any entry failed its checks (the
-        ledger then refuses every charge)."""
+        """Budget figures, recomputed from the entries.
+
+        ``epsilon_settled`` is what settled batches cost (it only grows); ``epsilon_spent`` also counts open
+        (or orphaned) reservations at their worst case, so it can fall when a batch settles below its
+        reservation; ``epsilon_reserved`` is the difference. ``chain_ok`` is false once any entry failed its
+        checks (the ledger then refuses every charge).
+        """
         with self._lock, _readable(self.path):
             self._catch_up(self._db)
             figures = self._figures(self._chain.totals)
@@ -1015,13 +1035,24 @@ class BudgetLedger:
         }
 
     # ------------------------------------------------------------------ verification
-    def verify(self) -> VerificationReport:
+    def verify(self, *, expect_head: str | None = None) -> VerificationReport:
         """Recompute the chain and every total from the rows; report each inconsistency found.
 
         Never raises on a damaged file: what SQLite cannot read (a flipped byte that breaks a page or a
         text's UTF-8) is reported as a problem like any other.
+
+        Args:
+            expect_head: a head hash pinned earlier (``summary()["head"]``, logged and exported by the
+                guardian after each settle). It must be the genesis or the hash of an entry of this chain —
+                the current head, or an older one if the ledger grew since — otherwise entries were removed
+                (a cleanly cut tail verifies on its own) or the file was replaced.
+
+        Raises:
+            InputError: ``expect_head`` is not 64 lowercase hex digits.
         """
-        chain = _Chain(self.genesis, self.budget_units)
+        if expect_head is not None and not _HEX64.fullmatch(expect_head):
+            raise InputError(f"the expected head must be 64 lowercase hex digits, got {expect_head!r}")
+        chain = _Chain(self.genesis, self.budget_units, watch=expect_head)
         try:
             with self._lock:
                 check = self._db.execute("PRAGMA quick_check").fetchone()[0]
@@ -1047,6 +1078,11 @@ class BudgetLedger:
         if _sha256(meta_dict["config"]) != meta_dict["config_hash"]:
             chain.problems.append("stored config does not match its hash")
         chain.problems += chain.state_problems(state)
+        if expect_head is not None and chain.watched_at is None:
+            chain.problems.append(
+                f"the pinned head {expect_head[:16]}… is not in the chain of {chain.seq} entries: entries "
+                "were removed from its end or the file was replaced by another ledger"
+            )
         figures = self._figures(chain.totals)
         return VerificationReport(
             ok=not chain.problems,
@@ -1054,11 +1090,12 @@ class BudgetLedger:
             problems=chain.problems,
             head=chain.head,
             totals={k: figures[k] for k in _REPORTED},
+            expected_head_at=chain.watched_at,
         )
 
 
-_REPORTED = ("spent_rdp", "reserved_rdp", "epsilon_spent", "queries", "answered", "batches", "open_batches",
-             "released_batches")  # fmt: skip
+_REPORTED = ("spent_rdp", "reserved_rdp", "epsilon_spent", "epsilon_settled", "epsilon_reserved", "queries",
+             "answered", "batches", "open_batches", "released_batches")  # fmt: skip
 
 
 @contextmanager

@@ -32,10 +32,12 @@ def non_negative(name: str, value: float) -> float:
     return number
 
 
-def count(name: str, value: int, *, minimum: int = 0) -> int:
-    """``value`` as an int if it is an integer ≥ ``minimum``."""
+def count(name: str, value: int, *, minimum: int = 0, maximum: int | None = None) -> int:
+    """``value`` as an int if it is an integer ≥ ``minimum`` (and ≤ ``maximum``, if given)."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise InputError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise InputError(f"{name} must be an integer ≤ {maximum}, got {value!r}")
     return int(value)
 
 

@@ -1,0 +1,72 @@
+"""A configuration that could never run is refused at start by every party, with the field to fix, before
+anything is created (the campaign's guardian created a ledger on a backbone sha of all zeros)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sites_harness import SCATTER_28_SHA256, funded_config, guardian_settings
+
+from capc_common.errors import CapcError
+from capc_common.federation import FederationConfig, check_runnable
+from capc_common.models import load_backbone
+from capc_services.guardian.app import serve as serve_guardian
+from capc_services.student.app import run as run_student
+from capc_services.student.settings import StudentSettings
+from capc_services.teacher.app import serve as serve_teacher
+from capc_services.teacher.settings import TeacherSettings
+
+QUERIES = funded_config().queries.model_dump()
+ZEROS = {"name": "scatter-28x28x1", "sha256": "0" * 64}
+BAD = {
+    "backbone sha of all zeros": ({"backbone": ZEROS}, r"backbone.*SHA-256"),
+    "unknown backbone": ({"backbone": {**ZEROS, "name": "resnet-none"}}, r"no backbone 'resnet-none'"),
+    "unknown generator": ({"queries": {**QUERIES, "generator": "fractals"}}, r"unknown generator 'fractals'"),
+    "3 channels for 28x28x1": ({"queries": {**QUERIES, "channels": 3}}, r"takes 28x28x1 images.*28x28x3"),
+    "fewer queries than one chunk": ({"queries": {**QUERIES, "total": 8}}, r"queries\.total 8 is below"),
+}  # fmt: skip
+
+
+def _federation(tmp_path: Path, change: dict[str, Any]) -> Path:
+    data = funded_config().model_dump(mode="json")
+    data.update(change)
+    path = tmp_path / "federation.yaml"
+    FederationConfig.from_dict(data).save(path)  # each field is valid on its own
+    return path
+
+
+def test_the_test_federation_pins_the_shipped_backbone() -> None:
+    assert load_backbone("scatter-28x28x1").sha256 == SCATTER_28_SHA256
+    check_runnable(funded_config())
+
+
+@pytest.mark.parametrize("role", ["guardian", "student", "teacher"])
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_every_party_refuses_a_federation_that_cannot_run(
+    pki: Path, tmp_path: Path, token_file: Path, role: str, case: str
+) -> None:
+    change, message = BAD[case]
+    federation = _federation(tmp_path, change)
+    tls = {"ca": pki / "ca.crt", "cert": pki / f"{role}.crt", "key": pki / f"{role}.key"}
+    admin = {"bind": "127.0.0.1:0", "token_file": token_file}
+    if role == "guardian":
+        entry, settings = serve_guardian, guardian_settings(pki, tmp_path, token_file, federation)
+    elif role == "student":
+        entry, settings = run_student, StudentSettings(
+            party="student", federation=federation, tls=tls, admin=admin, grpc={"bind": "127.0.0.1:0"},
+            guardian_address="127.0.0.1:1", store=tmp_path / "labels.sqlite", output_dir=tmp_path / "out",
+        )  # fmt: skip
+    else:
+        tls = {"ca": pki / "ca.crt", "cert": pki / "hospital-a.crt", "key": pki / "hospital-a.key"}
+        entry, settings = serve_teacher, TeacherSettings(
+            party="hospital-a", federation=federation, tls=tls, admin=admin, student_address="127.0.0.1:1",
+            guardian_address="127.0.0.1:1", heads=tmp_path / "heads.safetensors",
+            cap={"epsilon": 30.0, "record": tmp_path / "cap.jsonl"},
+        )  # fmt: skip
+    with pytest.raises(CapcError, match=message):
+        entry(settings, stop=threading.Event())
+    created = {p.name for p in tmp_path.iterdir()} - {"federation.yaml", token_file.name}
+    assert not created  # no ledger, label store or cap record
