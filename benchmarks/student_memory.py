@@ -69,16 +69,13 @@ def student_command(layout: Layout) -> list[str]:
     return [sys.executable, "-m", "capc_cli", "student", "run", "--site", str(layout.site("student"))]
 
 
-def measure(*, queries: int, chunk_queries: int) -> dict[str, Any]:
+def measure(*, queries: int, chunk_queries: int | None) -> dict[str, Any]:
     """Train the student on ``queries`` labelled queries in a fresh process; its peak memory and time."""
     root = Path(tempfile.mkdtemp(prefix="capc-student-memory-")) / "state"
     layout = labelled_student(root, queries=queries)
-    env = {
-        **os.environ,
-        "CAPC_EXIT_WHEN_DONE": "true",
-        "CAPC_TRAIN__CHUNK_QUERIES": str(chunk_queries),
-        "CAPC_TORCH_THREADS": "1",
-    }
+    env = {**os.environ, "CAPC_EXIT_WHEN_DONE": "true", "CAPC_TORCH_THREADS": "1"}
+    if chunk_queries is not None:
+        env["CAPC_TRAIN__CHUNK_QUERIES"] = str(chunk_queries)
     start = time.perf_counter()
     proc = subprocess.Popen(student_command(layout), env=env, cwd=layout.root, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -90,8 +87,8 @@ def measure(*, queries: int, chunk_queries: int) -> dict[str, Any]:
     return {
         "queries": queries,
         "answered": card["queries"]["answered"],
-        "chunk_queries": chunk_queries,
-        "chunks": card["training"]["chunks"],
+        "chunk_queries": card["training"].get("chunk_queries"),
+        "chunks": card["training"].get("chunks"),
         "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),
         "train_s": round(seconds, 1),
     }
@@ -99,9 +96,14 @@ def measure(*, queries: int, chunk_queries: int) -> dict[str, Any]:
 
 @click.command()
 @click.option("--queries", type=click.IntRange(min=256), default=100_000, show_default=True)
-@click.option("--chunk-queries", type=click.IntRange(min=256), default=16384, show_default=True)
+@click.option(
+    "--chunk-queries",
+    type=click.IntRange(min=256),
+    default=None,
+    help="train.chunk_queries of the student [default: the student's own default].",
+)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def main(queries: int, chunk_queries: int, fmt: str) -> None:
+def main(queries: int, chunk_queries: int | None, fmt: str) -> None:
     """Measure the student's peak memory while it trains on QUERIES labelled queries."""
     result = measure(queries=queries, chunk_queries=chunk_queries)
     if fmt == "json":

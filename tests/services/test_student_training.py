@@ -68,3 +68,15 @@ def test_no_answer_at_all_is_refused() -> None:
     x, _ = _batches(1)[0]
     with pytest.raises(InputError, match="no batch was labelled"):
         fit_streamed([(x, np.full(32, -1))], classes=4, seed=0)
+
+
+@pytest.mark.parametrize("count", [16, 40, 87, 160])
+def test_features_a_few_chunks_at_a_time_equal_one_pass(count: int) -> None:
+    from capc_common.models import extract_features, load_backbone
+    from capc_common.synth import generate
+    from capc_services.student.publish import _features
+
+    backbone = load_backbone("scatter-28x28x1")
+    images = generate("dead_leaves", seed=1, start=0, count=count, height=28, width=28, channels=1)
+    whole = extract_features(backbone, images, bn_batch=16, mode="current")
+    np.testing.assert_array_equal(_features(backbone, images, bn_batch=16, stop=None), whole)

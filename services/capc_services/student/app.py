@@ -25,7 +25,7 @@ from capc_services.student.store import LabelStore
 from capc_services.student.training import TrainingStopped
 
 _log = logging.getLogger(__name__)
-STOP_GRACE_S = 8.0
+STOP_GRACE_S = 5.0
 """How long a stopping student waits for its labelling or training thread (``capc local down`` waits 15 s
 before SIGKILL)."""
 

@@ -20,7 +20,7 @@ import numpy as np
 from capc_common.data import load_dataset
 from capc_common.errors import InputError
 from capc_common.federation import batch_plan, load_shared_backbone
-from capc_common.learn.student import StudentFit, accuracy, save_student
+from capc_common.learn.student import accuracy, save_student
 from capc_common.models import extract_features
 from capc_services.student.accounting import noise_label, privacy_of
 from capc_services.student.scheduler import Progress
@@ -29,7 +29,7 @@ from capc_services.student.store import LabelStore
 from capc_services.student.training import TrainingStopped, fit_streamed
 
 _log = logging.getLogger(__name__)
-_EVAL_BLOCK_CHUNKS = 16  # bn_batch chunks of evaluation images per block
+_BLOCK_CHUNKS = 2  # bn_batch chunks extracted between two looks at the stop request
 
 
 def pick_device(preference: str) -> str:
@@ -46,21 +46,26 @@ def pick_device(preference: str) -> str:
     return "cuda" if preference in ("cuda", "auto") and available else "cpu"
 
 
-def _predict(
-    fit: StudentFit, backbone: Any, images: np.ndarray, *, bn_batch: int, stop: threading.Event | None
+def _features(
+    backbone: Any, images: np.ndarray, *, bn_batch: int, stop: threading.Event | None
 ) -> np.ndarray:
-    """The student's labels of ``images``, a block of whole bn_batch chunks at a time (the last block takes
-    the remainder, so the BatchNorm chunks are exactly those of one pass over all images)."""
-    block = _EVAL_BLOCK_CHUNKS * bn_batch
-    starts = list(range(0, max(len(images) - block, 0) + 1, block)) if len(images) >= block else [0]
+    """Features of ``images``, a few whole bn_batch chunks at a time with a look at ``stop`` in between.
+
+    The last block takes the remainder, so the BatchNorm chunks are exactly those of one pass over all the
+    images (the teachers' chunks): the features are the same, and a shutdown waits for one block at most.
+
+    Raises:
+        TrainingStopped: ``stop`` was set.
+    """
+    block = _BLOCK_CHUNKS * bn_batch
+    starts = list(range(0, len(images) - block + 1, block)) if len(images) >= block else [0]
+    bounds = [*starts[1:], len(images)]
     out = []
-    for k, start in enumerate(starts):
+    for start, stop_at in zip(starts, bounds, strict=True):
         if stop is not None and stop.is_set():
-            raise TrainingStopped("student evaluation was stopped; it runs again at the next start")
-        stop_at = starts[k + 1] if k + 1 < len(starts) else len(images)
-        features = extract_features(backbone, images[start:stop_at], bn_batch=bn_batch, mode="current")
-        out.append(fit.predict(features))
-    return np.concatenate(out)
+            raise TrainingStopped("student training was stopped; it runs again at the next start")
+        out.append(extract_features(backbone, images[start:stop_at], bn_batch=bn_batch, mode="current"))
+    return out[0] if len(out) == 1 else np.concatenate(out)
 
 
 def publish_student(
@@ -96,8 +101,7 @@ def publish_student(
         for record in done:
             spec = batch_plan(config, first_index=record.first_index, count=record.count).spec
             lo, hi = np.searchsorted(indices, [spec.first_index, spec.first_index + spec.count])
-            feats = extract_features(backbone, spec.images(), bn_batch=spec.bn_batch, mode="current")
-            yield feats, labels[lo:hi]
+            yield _features(backbone, spec.images(), bn_batch=spec.bn_batch, stop=stop), labels[lo:hi]
 
     fit, chunks = fit_streamed(
         batches(),
@@ -114,7 +118,8 @@ def publish_student(
         images, truth = test.images, test.labels
         if evaluate.limit is not None:
             images, truth = images[: evaluate.limit], truth[: evaluate.limit]
-        predicted = _predict(fit, backbone, images, bn_batch=config.queries.bn_batch, stop=stop)
+        features = _features(backbone, images, bn_batch=config.queries.bn_batch, stop=stop)
+        predicted = fit.predict(features)
         evaluation = {
             "dataset": f"{evaluate.dataset}/test",
             "examples": len(truth),
