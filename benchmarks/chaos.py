@@ -155,14 +155,19 @@ class Campaign:
             time.sleep(0.1)
         return None
 
+    def store_rows(self) -> list[tuple[str, str, int]]:
+        """(batch id, state, answered) of every batch in the student's store."""
+        with sqlite3.connect(f"file:{self.store_path}?mode=ro", uri=True, timeout=30) as db:
+            return db.execute("SELECT batch_id, state, answered FROM batches").fetchall()
+
     def check(self) -> dict[str, Any]:
         """The invariants, on the ledger and label store files as they are now.
 
-        The store is read first: a batch it holds labels of was settled before (commit before reveal), so
-        the ledger read after it must show that settle.
+        The federation keeps labelling meanwhile, so each invariant reads the two files in the order that
+        makes it exact: labels stored ⇒ charged reads the store *before* the ledger (a batch stored before
+        the first read was settled before it), charged ⇒ labels kept reads the store *after* the ledger.
         """
-        with sqlite3.connect(f"file:{self.store_path}?mode=ro", uri=True, timeout=30) as db:
-            rows = db.execute("SELECT batch_id, state, answered FROM batches").fetchall()
+        rows = self.store_rows()
         with BudgetLedger.open(self.ledger_path) as ledger:
             report = ledger.verify()
             summary = ledger.summary()
@@ -172,15 +177,18 @@ class Campaign:
                 kinds.setdefault(entry.batch_id, []).append(entry.kind)
                 if entry.kind == "settle":
                     answered[entry.batch_id] = entry.answered
+        later = self.store_rows()
         double = sum(
             1 for k in kinds.values() if k.count("settle") + k.count("release") > 1 or k.count("compute") > 1
         )
         uncharged = lost = unrevealed = 0
         for batch_id, state, stored in rows:
-            ledger_kinds = kinds.get(batch_id, [])
-            settled = "settle" in ledger_kinds
+            settled = batch_id in answered
             if state == "done" and (not settled or answered[batch_id] != stored):
                 uncharged += 1  # labels the ledger did not charge (or charged for fewer answers)
+        for batch_id, state, _ in later:
+            ledger_kinds = kinds.get(batch_id, [])
+            settled = "settle" in ledger_kinds
             if state == "lost":
                 if settled:
                     lost += 1  # paid for, labels gone
@@ -195,9 +203,8 @@ class Campaign:
             "charged_unrevealed": unrevealed,
             "epsilon_spent": float(summary["epsilon_spent"]),
             "epsilon_limit": float(summary["epsilon_limit"]),
-            "settled_open_at_student": sum(
-                1 for batch_id, state, _ in rows if state == "open" and "settle" in kinds.get(batch_id, [])
-            ),
+            # Settled, labels not stored yet: the batch in flight, or one the student recovers on resuming.
+            "settled_open_at_student": {b for b, state, _ in later if state == "open" and b in answered},
         }
 
     # ------------------------------------------------------------------ one round
@@ -289,10 +296,14 @@ def run(
     try:
         while sum(r.injections for r in rounds) < injections:
             rounds.append(campaign.round(len(rounds)))
-        # Settled batches the student has not stored yet are recovered once it gets to them; give it time.
+        # Settled batches the student had not stored at the end are recovered once it gets to them (or were
+        # in flight): each must be stored within the resume timeout, or it counts as lost.
+        final = campaign.check()
+        pending = set(final["settled_open_at_student"])
         deadline = time.monotonic() + resume_timeout
-        while (final := campaign.check())["settled_open_at_student"] and time.monotonic() < deadline:
+        while pending and time.monotonic() < deadline:
             time.sleep(0.5)
+            pending &= {b for b, state, _ in campaign.store_rows() if state == "open"}
         verify = subprocess.run(
             [sys.executable, "-m", "capc_cli", "budget", "verify", "--ledger", str(campaign.ledger_path)],
             capture_output=True,
@@ -309,8 +320,7 @@ def run(
         "resumed": sum(r.resumed for r in rounds),
         "epsilon_double_charged": max((r.double_charged for r in rounds), default=0),
         "epsilon_uncharged": max((r.uncharged for r in rounds), default=0),
-        "labels_lost": max(final["lost"], max((r.lost for r in rounds), default=0))
-        + final["settled_open_at_student"],
+        "labels_lost": max(final["lost"], max((r.lost for r in rounds), default=0)) + len(pending),
         "aimed_windows_hit": sum(r.window_hit for r in rounds),
         "charged_unrevealed": final["charged_unrevealed"],
         "max_resume_s": max(resumes, default=float("nan")),
