@@ -12,6 +12,7 @@ Exit codes (documented in ``capc --help`` and docs/cli.md):
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -19,7 +20,7 @@ import click
 
 from capc_cli import commands
 from capc_common import __version__
-from capc_common.errors import CapcError
+from capc_common.errors import CapcError, InputError
 
 EXIT_CODES = """\b
 Exit codes:
@@ -49,6 +50,16 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def _permission_message(exc: PermissionError) -> str:
+    """Which file could not be opened, as whom, and the fix (no traceback)."""
+    uid, gid = os.geteuid(), os.getegid()
+    return (
+        f"permission denied: {exc.filename or exc} (this process runs as uid {uid}, gid {gid}). Make the "
+        f"file and its directories readable (state directories writable) by uid {uid}, e.g. on the host of a "
+        f"container: chown -R {uid}:{gid} DIR (keys and tokens stay mode 600)."
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI, mapping library errors to their documented exit codes and a one-line message."""
     try:
@@ -64,6 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     except CapcError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except PermissionError as exc:
+        # Typically a container (uid 10001) reading host files mounted with the host's owner and mode.
+        click.echo(f"error: {_permission_message(exc)}", err=True)
+        sys.exit(InputError.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import click
 import pytest
 
 from capc_cli import main as cli_main
 from capc_common.errors import BudgetExhaustedError, CapcError, InputError, IntegrityError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_help_lists_exit_codes(capc):
@@ -54,3 +62,28 @@ def test_every_subcommand_has_help(capc):
         proc = capc(name, "--help")
         assert proc.returncode == 0, (name, proc.stderr)
         assert "Usage" in proc.stdout
+
+
+def test_a_file_this_user_cannot_read_is_bad_input_without_a_traceback(tmp_path):
+    # A container (uid 10001) reading host files copied as root with mode 600: say who we are and the fix.
+    federation = tmp_path / "federation.yaml"
+    federation.write_bytes((REPO / "deploy" / "compose" / "federation.yaml").read_bytes())
+    federation.chmod(0)
+    site = tmp_path / "sites" / "hospital-a.yaml"  # names ../federation.yaml
+    site.parent.mkdir()
+    compose_site = (REPO / "deploy" / "compose" / "sites" / "hospital-a.yaml").read_text()
+    site.write_text(compose_site.replace("0.0.0.0", "127.0.0.1"))
+    # root reads any file unless it lacks the capabilities that override file modes
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    if drop and shutil.which("setpriv") is None:
+        pytest.skip("as root this needs setpriv (util-linux) to drop CAP_DAC_OVERRIDE")
+    proc = subprocess.run(
+        [*drop, sys.executable, "-m", "capc_cli", "teacher", "train", "--site", str(site)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    uid = os.geteuid()
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        f"permission denied: {federation} (this process runs as uid {uid}, gid {os.getegid()})" in proc.stderr
+    )
+    assert f"chown -R {uid}:" in proc.stderr and "Traceback" not in proc.stderr

@@ -59,6 +59,25 @@ def test_unknown_names(name, split):
         load_dataset(name, split=split)
 
 
+def test_a_path_ending_in_npz_needs_no_prefix(tmp_path):
+    # The documented site file says `dataset: /data/hospital-a.npz`; it used to be refused as unknown.
+    path = tmp_path / "hospital-a.npz"
+    np.savez(path, images=np.zeros((3, 4, 4, 1), np.uint8), labels=np.array([0, 1, 1]))
+    plain, prefixed = load_dataset(str(path)), load_dataset(f"npz:{path}")
+    np.testing.assert_array_equal(plain.labels, prefixed.labels)
+    assert plain.name == prefixed.name
+    with pytest.raises(InputError, match=r"npz dataset .*missing\.npz does not exist"):
+        load_dataset(str(tmp_path / "missing.npz"))
+
+
+@pytest.mark.parametrize("name", ["/data/site", "/data/site.tar"])
+def test_a_path_without_a_known_format_says_which_prefixes_exist(name):
+    with pytest.raises(
+        InputError, match=rf"unknown dataset '{name}'.*npz:{name}, folder:{name} or idx:{name}"
+    ):
+        load_dataset(name)
+
+
 def test_dataset_validation():
     with pytest.raises(InputError, match="uint8"):
         Dataset(np.zeros((2, 4, 4, 1)), np.zeros(2, np.int64), 2, ("a", "b"), "x")

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from federation_harness import Running, federation_options
 
-from capc_common.federation import accountant
+from capc_common.federation import mechanism_of
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor
@@ -74,7 +74,7 @@ def test_labels_equal_the_central_run(differential: Running, central) -> None:
 
 def test_ledger_epsilon_equals_the_accountant(differential: Running, central) -> None:
     budget = differential.budget()
-    reference = accountant(differential.config)
+    reference = mechanism_of(differential.config).accountant
     reference.step(queries=budget["queries"], answered=budget["answered"])
     epsilon, _ = reference.get_epsilon(delta=budget["delta"], orders=[budget["order"]])
     assert budget["epsilon_spent"] == pytest.approx(epsilon, rel=1e-9)

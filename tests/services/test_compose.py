@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +38,21 @@ def resolve(args: list[str]) -> click.Context:
     return ctx
 
 
+def mounts(service: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(source, target, read-only) of every mount, short (``src:dst[:ro]``) or long syntax."""
+    found = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            found.append((volume["source"], volume["target"], bool(volume.get("read_only"))))
+        else:
+            parts = volume.split(":")
+            found.append((parts[0], parts[1], parts[2:] == ["ro"]))
+    return found
+
+
 def container_path(service: dict[str, Any], path: str) -> Path | None:
     """The repository file a container path comes from through the service's bind mounts (None: a volume)."""
-    for volume in service.get("volumes", []):
-        source, target = volume.split(":")[:2]
+    for source, target, _ in mounts(service):
         if source.startswith("./") and path.startswith(target + "/"):
             return REPO / source / path[len(target) + 1 :]
     return None
@@ -84,15 +97,20 @@ def test_certificate_job_covers_every_party_and_runs_first() -> None:
 def test_volumes_are_declared_and_state_is_persistent() -> None:
     declared = set(COMPOSE["volumes"])
     for name, service in SERVICES.items():
-        for volume in service.get("volumes", []):
-            source = volume.split(":")[0]
-            if not source.startswith(("/", "./")):
+        for source, _, _ in mounts(service):
+            if not source.startswith(("/", "./", "${")):
                 assert source in declared, f"{name} mounts undeclared volume {source}"
         if name != "certs":
-            assert any(v.endswith(":/var/lib/capc") for v in service["volumes"]), (
-                f"{name} has no state volume"
-            )
-            assert any(v.startswith("certs:") and v.endswith(":ro") for v in service["volumes"])
+            assert any(target == "/var/lib/capc" for _, target, _ in mounts(service)), f"{name} has no state"
+            assert ("certs", "/etc/capc/certs", True) in mounts(service)
+
+
+def test_host_directories_are_long_form_bind_mounts_so_a_missing_one_is_refused() -> None:
+    # Short syntax (`/host:/container`) makes Docker create a missing host directory and mount it empty.
+    for name, service in SERVICES.items():
+        for volume in service.get("volumes", []):
+            if isinstance(volume, str) and volume.startswith("/"):
+                raise AssertionError(f"{name}: host path in short syntax: {volume}")
 
 
 def test_image_runs_as_non_root_with_a_healthcheck() -> None:
@@ -110,3 +128,30 @@ def test_compose_federation_pins_the_backbone_the_library_builds() -> None:
 
     federation = FederationConfig.load(REPO / "deploy" / "compose" / "federation.yaml")
     assert load_backbone(federation.backbone.name).sha256 == federation.backbone.sha256
+
+
+def test_the_image_pins_the_bootstrap_torch_and_takes_its_base_as_an_argument() -> None:
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    bootstrap = (REPO / "scripts" / "bootstrap.sh").read_text()
+    pins = set(re.findall(r'"torch==([\d.]+)"', bootstrap))
+    assert len(pins) == 1, pins
+    pin = pins.pop()
+    assert f"ARG TORCH_VERSION={pin}\n" in dockerfile
+    assert f"\nTORCH_VERSION={pin}\n" in (REPO / "deploy" / "docker-here.sh").read_text()
+    assert dockerfile.count("FROM ${BASE_IMAGE}") == 2 and "ARG BASE_IMAGE=python:3.11-slim\n" in dockerfile
+    assert SERVICES["guardian"]["build"]["args"]["BASE_IMAGE"] == "${CAPC_BASE_IMAGE:-python:3.11-slim}"
+
+
+def test_nothing_under_etc_capc_is_a_volume() -> None:
+    # A VOLUME there hides the bind mount of the host's /etc/capc (the teacher then finds no certificates).
+    dockerfile = (REPO / "deploy" / "Dockerfile").read_text()
+    volumes = [v for line in re.findall(r"^VOLUME (.*)$", dockerfile, flags=re.M) for v in json.loads(line)]
+    assert volumes == ["/var/lib/capc"], volumes
+
+
+def test_the_build_context_leaves_out_the_virtualenv_and_git() -> None:
+    ignore = (REPO / ".dockerignore").read_text().split()
+    assert ignore[ignore.index("*") :][:1] == ["*"], "allow-list: ignore everything, then name what is copied"
+    copied = set(re.findall(r"^COPY (?!--from)(.*) \S+$", (REPO / "deploy" / "Dockerfile").read_text(), re.M))
+    sources = {part.rstrip("/") for line in copied for part in line.split()}
+    assert sources <= {entry[1:].rstrip("/") for entry in ignore if entry.startswith("!")}, sources

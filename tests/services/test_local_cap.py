@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from capc_common.errors import BudgetExhaustedError, IntegrityError
-from capc_common.federation import FederationConfig, accountant, batch_costs
+from capc_common.federation import FederationConfig, batch_costs, mechanism_of
 from capc_services.teacher.cap import LocalCap
 
 
@@ -33,7 +33,7 @@ def test_cap_counts_worst_cases_durably_and_refuses_past_the_cap(
     # Assert: the record survives a restart and the refused batch left no trace
     again = LocalCap(tmp_path / "cap.jsonl", config=config, epsilon_cap=cap_eps)
     assert (again.batches, again.queries) == (2, 32)
-    reference = accountant(config)
+    reference = mechanism_of(config).accountant
     reference.step(queries=32, answered=32)
     want, _ = reference.get_epsilon(delta=config.budget.delta, orders=[config.budget.order])
     assert again.epsilon == pytest.approx(want, rel=1e-12)

@@ -25,7 +25,6 @@ batches the federation runs; everything about finished batches lives in the ledg
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 import threading
 import time
@@ -33,9 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from capc_common.aggregation import draw_confident_noise
 from capc_common.errors import CapcError, InputError, IntegrityError, ProtocolError, UnavailableError
-from capc_common.federation import FederationConfig, batch_costs, check_batch_fits, mpc_config
+from capc_common.federation import FederationConfig, batch_costs, check_batch_fits, mechanism_of, mpc_config
 from capc_common.mpc import Channel, GarblerSession, Reveal
 from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_services.common import faults
@@ -44,7 +42,6 @@ from capc_services.guardian.metrics import BudgetCollector
 
 _log = logging.getLogger(__name__)
 SEED_BYTES = 16
-MECHANISM = "confident-gnmax"
 
 
 class QuorumError(UnavailableError):
@@ -108,6 +105,7 @@ class Guardian:
         self.noise = noise
         self.metrics = metrics
         check_batch_fits(config)
+        self.mechanism = mechanism_of(config)
         self._mpc = mpc_config(config)
         self._costs = batch_costs(config)
         metrics.registry.register(BudgetCollector(self.budget))
@@ -211,7 +209,7 @@ class Guardian:
                     batch_id,
                     queries=count,
                     parties=list(self.config.teacher_names),
-                    mechanism=MECHANISM,
+                    mechanism=self.mechanism.name,
                     params={**self._costs.params, "query_digest": digest.hex()},
                     worst_case_rdp=worst,
                     actor=actor,
@@ -395,21 +393,14 @@ class Guardian:
         try:
             # Noise is drawn in batch order under one lock: the canonical order a seeded source reproduces.
             with self._compute_lock:
-                z1, z2 = draw_confident_noise(
-                    self.noise,
-                    batch=count,
-                    classes=self.config.classes,
-                    sigma1=self.config.mechanism.sigma1,
-                    sigma2=self.config.mechanism.sigma2,
-                )
+                noise = self.mechanism.guardian_noise(self.noise, batch=count)
                 with self.metrics.stage("garble"):
-                    session.run_batch(
-                        batch_id,
+                    self.mechanism.garble(
+                        session,
+                        batch_id=batch_id,
                         seeds=seeds,
                         shape=(count, self.config.classes),
-                        z1=z1,
-                        z2=z2,
-                        threshold=math.ceil(self.config.mechanism.threshold),
+                        noise=noise,
                         commit=commit,
                         before_decode=mark,
                     )

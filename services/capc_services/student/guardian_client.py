@@ -8,9 +8,8 @@ from collections.abc import Callable
 import grpc
 import numpy as np
 
-from capc_common.aggregation import draw_student_noise
 from capc_common.errors import CapcError, ProtocolError, UnavailableError
-from capc_common.federation import FederationConfig, mpc_config
+from capc_common.federation import FederationConfig, mechanism_of, mpc_config
 from capc_common.mpc import EvaluatorSession, Reveal, decode_labels, sum_shares
 from capc_common.privacy import NoiseSource
 from capc_common.wire import messages as pb
@@ -79,6 +78,7 @@ class GuardianClient:
         )
         self._stub = rpc.GuardianServiceStub(self._channel)
         self._mpc = mpc_config(config)
+        self._mechanism = mechanism_of(config)
         self._noise = noise
         self._timeout = timeout
         self._stream: tuple[FrameChannel, EvaluatorSession, object] | None = None
@@ -217,9 +217,7 @@ class GuardianClient:
             if extra:
                 raise ProtocolError(f"guardian agreed on parties the student has no share from: {extra}")
             total = sum_shares([shares[p] for p in agreed], width=self._mpc.width)
-            z1_student = draw_student_noise(
-                self._noise, batch=total.shape[0], sigma1=self._config.mechanism.sigma1
-            )
+            z1_student = self._mechanism.student_noise(self._noise, batch=total.shape[0])
             computation = reply.agreed.computation
             keep = None if stash is None else (lambda select: stash(computation, agreed, select))
             labels = session.run_batch(batch_id, share_sum=total, z1_student=z1_student, stash=keep)

@@ -10,6 +10,7 @@ and all heads are trained at once as one batched problem. Nothing leaves the sit
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,24 @@ from capc_common.learn.heads import train_heads
 from capc_common.models import extract_features
 from capc_services.common.party import apply_torch_threads
 from capc_services.teacher.settings import TeacherSettings
+
+
+def _mount_hint(dataset: str) -> str:
+    """Why a site's data may be missing in a container: ``docker run -v`` mounts a missing host directory
+    as an empty one, so the file's directory exists but holds nothing."""
+    kind, sep, location = dataset.partition(":")
+    path = Path(location if sep and kind in ("npz", "folder", "idx") else dataset)
+    if path.exists() or not path.is_absolute():
+        return ""
+    directory = path.parent
+    if directory.is_dir() and any(directory.iterdir()):
+        return ""
+    state = "is empty" if directory.is_dir() else "does not exist"
+    return (
+        f". The directory {directory} {state}: in a container, mount the host directory holding the data "
+        f"there with --mount type=bind,src=HOST_DIR,dst={directory},readonly (which refuses a missing "
+        "HOST_DIR, where -v silently mounts an empty directory)"
+    )
 
 
 def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, str]:
@@ -37,7 +56,10 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
         )
     if not 0 <= data.shard < data.shards:
         raise InputError(f"data.shard {data.shard} is outside [0, {data.shards})")
-    dataset = load_dataset(data.dataset, split="train")
+    try:
+        dataset = load_dataset(data.dataset, split="train")
+    except InputError as exc:
+        raise InputError(f"{exc}{_mount_hint(data.dataset)}") from None
     index = np.arange(len(dataset.labels))
     if data.shards > 1:
         index = partition(dataset.labels, shards=data.shards, scheme="iid", seed=data.seed)[data.shard]

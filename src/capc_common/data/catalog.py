@@ -2,7 +2,8 @@
 
 Names: ``fashion-mnist`` (IDX files; directory from ``root``, else ``$CAPC_FASHION_MNIST``, else the Debian
 package's ``/usr/share/datasets/fashion-mnist``), ``digits`` (scikit-learn's 8×8 digits), ``idx:<dir>`` (any
-MNIST-style IDX directory), ``npz:<path>`` and ``folder:<path>`` (a hospital's own data).
+MNIST-style IDX directory), ``npz:<path>`` (or any path ending in ``.npz``) and ``folder:<path>`` (a
+hospital's own data).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ FASHION_MNIST_CLASSES = (
     "Bag",
     "Ankle boot",
 )
-DATASET_NAMES = ("fashion-mnist", "digits", "idx:<dir>", "npz:<path>", "folder:<path>")
+DATASET_NAMES = ("fashion-mnist", "digits", "idx:<dir>", "npz:<path>", "<path>.npz", "folder:<path>")
 _SPLITS = ("train", "test")
 _IDX_PREFIX = {"train": "train", "test": "t10k"}
 # scikit-learn's digits have no official split: a fixed, seeded 80/20 split keeps every run comparable.
@@ -122,4 +123,12 @@ def load_dataset(name: str, *, split: str = "train", root: str | Path | None = N
             return load_npz(location, split=split)
         if kind == "folder":
             return load_image_folder(location, split=split)
-    raise InputError(f"unknown dataset {name!r}; expected one of {', '.join(DATASET_NAMES)}")
+    if name.endswith(".npz"):
+        return load_npz(name, split=split)
+    hint = ""
+    if "/" in name:
+        hint = (
+            f"; a path names its format with a prefix (npz:{name}, folder:{name} or idx:{name}) unless it "
+            "is a file ending in .npz"
+        )
+    raise InputError(f"unknown dataset {name!r}; expected one of {', '.join(DATASET_NAMES)}{hint}")

@@ -12,14 +12,13 @@ Front door::
 from capc_common.dietpate.accounting import RunBudget, make_budget
 from capc_common.dietpate.cache import FeatureCache
 from capc_common.dietpate.config import RunConfig, load_config
-from capc_common.dietpate.pipeline import Prepared, answer, next_batch, prepare, run
+from capc_common.dietpate.pipeline import Prepared, next_batch, prepare, run
 
 __all__ = [
     "FeatureCache",
     "Prepared",
     "RunBudget",
     "RunConfig",
-    "answer",
     "load_config",
     "make_budget",
     "next_batch",

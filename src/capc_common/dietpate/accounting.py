@@ -23,39 +23,10 @@ import numpy.typing as npt
 
 from capc_common.dietpate.config import BudgetSection, MechanismSection
 from capc_common.errors import InputError
-from capc_common.privacy import ConfidentGNMaxAccountant, DataDependentPATEAccountant, RenyiFilter
-from capc_common.privacy.analysis import (
-    DEFAULT_ORDERS,
-    rdp_budget_curve,
-    rdp_gnmax_data_independent,
-    rdp_pure_dp,
-)
+from capc_common.privacy import DataDependentPATEAccountant, RenyiFilter
+from capc_common.privacy.analysis import DEFAULT_ORDERS, rdp_budget_curve
 
 __all__ = ["RunBudget", "make_budget"]
-
-
-def _costs(
-    mechanism: MechanismSection, *, teachers: int, classes: int, orders: npt.NDArray[np.float64]
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Per-query (screening) and per-answer RDP curves of the mechanism at ``orders``."""
-    if mechanism.name == "confident-gnmax":
-        assert mechanism.threshold is not None and mechanism.sigma1 is not None and mechanism.sigma2
-        acc = ConfidentGNMaxAccountant(
-            teachers=teachers,
-            classes=classes,
-            threshold=mechanism.threshold,
-            sigma1=mechanism.sigma1,
-            sigma2=mechanism.sigma2,
-            noise="discrete",
-        )
-        return acc.query_rdp(orders), acc.answer_rdp(orders)
-    zero = np.zeros_like(orders)
-    if mechanism.name == "gnmax":
-        assert mechanism.sigma2 is not None
-        return zero, rdp_gnmax_data_independent(orders, sigma=mechanism.sigma2)
-    assert mechanism.scale is not None
-    # Neighbouring histograms differ by one vote moved: L1 distance 2, so discrete Laplace(b) is 2/b-DP.
-    return zero, rdp_pure_dp(orders, epsilon=2.0 / mechanism.scale)
 
 
 @dataclass
@@ -154,7 +125,8 @@ def make_budget(
     orders = np.asarray(DEFAULT_ORDERS, dtype=np.float64).ravel()
     if budget.order != "auto":
         orders = np.array([float(budget.order)])
-    per_query, per_answer = _costs(mechanism, teachers=teachers, classes=classes, orders=orders)
+    built = mechanism.build(teachers=teachers, classes=classes)
+    per_query, per_answer = built.costs(orders)
     budgets = rdp_budget_curve(orders, epsilon=budget.epsilon, delta=budget.delta)
     rate = budget.expected_answer_rate
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -169,19 +141,9 @@ def make_budget(
             "lower bn_batch"
         )
     order = float(orders[best])
-    dd: DataDependentPATEAccountant | None = None
-    if mechanism.name != "lnmax":
-        screened = mechanism.name == "confident-gnmax"
-        assert mechanism.sigma2 is not None
-        dd = DataDependentPATEAccountant(
-            threshold=mechanism.threshold if screened else None,
-            sigma1=mechanism.sigma1 if screened else None,
-            sigma2=mechanism.sigma2,
-            noise="discrete",
-        )
     return RunBudget(
         filter=RenyiFilter.for_budget(epsilon=budget.epsilon, delta=budget.delta, order=order),
         query_rdp=float(per_query[best]),
         answer_rdp=float(per_answer[best]),
-        data_dependent=dd,
+        data_dependent=built.data_dependent(),
     )

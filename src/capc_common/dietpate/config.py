@@ -10,12 +10,15 @@ that names the offending key, its value and what is allowed. Checks that need th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from capc_common.errors import InputError
+
+if TYPE_CHECKING:
+    from capc_common.mechanisms import SelectionMechanism
 
 __all__ = [
     "BackboneSection",
@@ -115,6 +118,25 @@ class MechanismSection(_Section):
         if missing:
             raise ValueError(f"mechanism {self.name} needs {', '.join(missing)}")
         return self
+
+    def build(self, *, teachers: int, classes: int) -> SelectionMechanism:
+        """The mechanism object these parameters describe, for ``teachers`` heads over ``classes``."""
+        from capc_common.mechanisms import ConfidentGNMax, GNMax, LNMax
+
+        if self.name == "confident-gnmax":
+            assert self.threshold is not None and self.sigma1 is not None and self.sigma2 is not None
+            return ConfidentGNMax(
+                classes=classes,
+                teachers=teachers,
+                threshold=self.threshold,
+                sigma1=self.sigma1,
+                sigma2=self.sigma2,
+            )
+        if self.name == "gnmax":
+            assert self.sigma2 is not None
+            return GNMax(classes=classes, sigma=self.sigma2)
+        assert self.scale is not None
+        return LNMax(classes=classes, scale=self.scale)
 
 
 class BudgetSection(_Section):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.aggregation import UNANSWERED, MechanismNoise, confident_gnmax, gnmax, lnmax, mechanism_noise
+from capc_common.aggregation import UNANSWERED, MechanismNoise, mechanism_noise
 from capc_common.dietpate.accounting import RunBudget, make_budget
 from capc_common.dietpate.cache import FeatureCache, digest_indices
 from capc_common.dietpate.config import RunConfig
@@ -34,6 +34,7 @@ from capc_common.learn.featurizers import BackboneFeaturizer, Featurizer, PixelF
 
 if TYPE_CHECKING:
     from capc_common.data import Dataset
+    from capc_common.mechanisms import SelectionMechanism
     from capc_common.models import Backbone
 
 __all__ = ["CurvePoint", "Prepared", "curve_prefixes", "curve_targets", "next_batch", "prepare", "run"]
@@ -57,6 +58,7 @@ class Prepared:
         classes: number of classes.
         featurizer: the teachers' frozen map (the shared backbone, or raw pixels for the baseline).
         student_featurizer: the student's map (the same object unless the ablation asks otherwise).
+        mechanism: the aggregation mechanism (its noise, output rule and accounting).
         budget: the run's privacy budget.
     """
 
@@ -67,6 +69,7 @@ class Prepared:
     classes: int
     featurizer: Featurizer
     student_featurizer: Featurizer
+    mechanism: SelectionMechanism
     budget: RunBudget
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -202,6 +205,7 @@ def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
         classes=train.num_classes,
         featurizer=featurizer,
         student_featurizer=student_featurizer,
+        mechanism=config.mechanism.build(teachers=t.count, classes=train.num_classes),
         budget=budget,
         timings={"prepare": time.perf_counter() - start},
     )
@@ -213,28 +217,6 @@ def _noise(config: RunConfig) -> tuple[MechanismNoise, str]:
     if seed is None:
         return noise, "system CSPRNG"
     return noise, "SEEDED (reproducible, not private: research/differential tests only)"
-
-
-def answer(
-    histograms: npt.NDArray[np.int64], config: RunConfig, noise: MechanismNoise
-) -> npt.NDArray[np.int64]:
-    """Apply the configured mechanism to one batch's histograms (labels, −1 where unanswered)."""
-    m = config.mechanism
-    if m.name == "confident-gnmax":
-        assert m.threshold is not None and m.sigma1 is not None and m.sigma2 is not None
-        return confident_gnmax(
-            histograms,
-            threshold=m.threshold,
-            sigma1=m.sigma1,
-            sigma2=m.sigma2,
-            noise=noise.guardian,
-            student_noise=noise.student,
-        )
-    if m.name == "gnmax":
-        assert m.sigma2 is not None
-        return gnmax(histograms, sigma=m.sigma2, noise=noise.guardian)
-    assert m.scale is not None
-    return lnmax(histograms, scale=m.scale, noise=noise.guardian)
 
 
 @dataclass
@@ -328,7 +310,7 @@ def ask_queries(
         )
         f = featurise(images, first)
         hist = vote(images, f, first)
-        lab = answer(hist, cfg, noise)
+        lab = prep.mechanism.answer(hist, noise)
         prep.budget.charge(hist, lab != UNANSWERED)
         feats.append(f)
         hists.append(hist)

@@ -15,9 +15,9 @@ from capc_common.federation.config import (
 )
 from capc_common.federation.costs import (
     BatchCosts,
-    accountant,
     batch_costs,
     check_batch_fits,
+    mechanism_of,
     smallest_quorum_heads,
 )
 from capc_common.federation.plan import BatchPlan, batch_plan, usable_queries
@@ -34,13 +34,13 @@ __all__ = [
     "Quorum",
     "Revocation",
     "TeacherParty",
-    "accountant",
     "batch_costs",
     "batch_plan",
     "check_batch_fits",
     "check_party_name",
     "check_runnable",
     "load_shared_backbone",
+    "mechanism_of",
     "mpc_config",
     "serial_hex",
     "smallest_quorum_heads",

@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import yaml
 from pydantic import (
@@ -27,6 +27,9 @@ from pydantic import (
 )
 
 from capc_common.errors import InputError
+
+if TYPE_CHECKING:
+    from capc_common.mechanisms import SelectionMechanism
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
@@ -82,6 +85,19 @@ class Mechanism(_Frozen):
         if data.get("insecure_noise_seed") is None:
             data.pop("insecure_noise_seed", None)
         return data
+
+    def build(self, *, classes: int, teachers: int, min_teachers: int | None) -> SelectionMechanism:
+        """The mechanism object every party of the federation plugs into the engine."""
+        from capc_common.mechanisms import ConfidentGNMax
+
+        return ConfidentGNMax(
+            classes=classes,
+            teachers=teachers,
+            threshold=self.threshold,
+            sigma1=self.sigma1,
+            sigma2=self.sigma2,
+            min_teachers=min_teachers,
+        )
 
 
 class Budget(_Frozen):

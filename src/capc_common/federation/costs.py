@@ -4,7 +4,7 @@ Data-independent: every query pays the exact screening supremum, every answered 
 ``λ/σ2²``. When a batch may proceed with a partial quorum, the fewest votes a query can receive is the heads
 of the smallest quorum, and the screening supremum is taken over that wider range, so one per-query figure
 is valid whichever parties take part. The guardian's ledger and every teacher party's local cap charge
-exactly these figures; the accountant of :mod:`capc_common.privacy` computes them.
+exactly these figures; the federation's mechanism object (:func:`mechanism_of`) computes them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from capc_common.errors import InputError
 from capc_common.federation.config import FederationConfig
-from capc_common.privacy import ConfidentGNMaxAccountant
+from capc_common.mechanisms import SelectionMechanism
 from capc_common.privacy.analysis import epsilon_at_order, rdp_budget_at_order
 
 
@@ -62,31 +62,26 @@ def smallest_quorum_heads(config: FederationConfig) -> int:
     return sum(heads[: config.quorum.min_parties])
 
 
-def accountant(config: FederationConfig) -> ConfidentGNMaxAccountant:
-    """A fresh accountant with the federation's public parameters (the reference the ledger must match)."""
+def mechanism_of(config: FederationConfig) -> SelectionMechanism:
+    """The federation's mechanism object, with the screening range widened to the smallest quorum."""
     fewest = smallest_quorum_heads(config)
-    m = config.mechanism
-    return ConfidentGNMaxAccountant(
-        teachers=config.total_heads,
+    return config.mechanism.build(
         classes=config.classes,
-        threshold=m.threshold,
-        sigma1=m.sigma1,
-        sigma2=m.sigma2,
-        noise="discrete",
+        teachers=config.total_heads,
         min_teachers=None if fewest == config.total_heads else fewest,
     )
 
 
 def batch_costs(config: FederationConfig) -> BatchCosts:
     """The per-query figures of ``config`` at its fixed order."""
-    acc = accountant(config)
-    order = np.array([config.budget.order], dtype=np.float64)
+    mechanism = mechanism_of(config)
+    per_query, per_answer = mechanism.costs(np.array([config.budget.order], dtype=np.float64))
     return BatchCosts(
         order=config.budget.order,
         delta=config.budget.delta,
-        query_rdp=float(acc.query_rdp(order)[0]),
-        answer_rdp=float(acc.answer_rdp(order)[0]),
-        params={**acc.params(), "order": config.budget.order},
+        query_rdp=float(per_query[0]),
+        answer_rdp=float(per_answer[0]),
+        params={**mechanism.params(), "order": config.budget.order},
     )
 
 

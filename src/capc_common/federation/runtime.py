@@ -2,37 +2,22 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from capc_common.errors import CapcError, InputError
 from capc_common.federation.config import FederationConfig
-from capc_common.mpc import MpcConfig, noise_bound, ring_width
+from capc_common.federation.costs import mechanism_of
+from capc_common.mpc import MpcConfig
 
 if TYPE_CHECKING:
     from capc_common.models import Backbone
 
 
 def mpc_config(config: FederationConfig) -> MpcConfig:
-    """The 2PC parameters: the smallest ring holding every noisy count (all heads, ±12σ), Confident-GNMax.
-
-    The student's part of the threshold noise is bounded by ±12σ1 like the guardian's. Both the guardian and
-    the student call this, and the MPC handshake checks that they agree.
+    """The 2PC parameters of the federation's mechanism for all its heads (the smallest ring holding every
+    noisy count). Both the guardian and the student call this, and the MPC handshake checks that they agree.
     """
-    mechanism = config.mechanism
-    width = ring_width(
-        teachers=config.total_heads,
-        sigma2=mechanism.sigma2,
-        sigma1=mechanism.sigma1,
-        threshold=math.ceil(mechanism.threshold),
-    )
-    return MpcConfig(
-        classes=config.classes,
-        width=width,
-        teachers=config.total_heads,
-        mode="confident",
-        student_noise=noise_bound(mechanism.sigma1),
-    )
+    return mechanism_of(config).mpc_config(teachers=config.total_heads)
 
 
 def check_runnable(config: FederationConfig) -> Backbone:

@@ -33,6 +33,7 @@ from capc_common.privacy.analysis.pate import (
     rdp_gnmax_data_dependent,
     rdp_threshold_data_dependent,
 )
+from capc_common.privacy.analysis.poisson import rdp_poisson_subsampled, rdp_subsampled_discrete_gaussian
 from capc_common.privacy.analysis.screening import rdp_bernoulli, rdp_screening_at, rdp_screening_exact
 from capc_common.privacy.analysis.subsampled import rdp_subsampled_gaussian
 
@@ -56,9 +57,11 @@ __all__ = [
     "rdp_gaussian",
     "rdp_gnmax_data_dependent",
     "rdp_gnmax_data_independent",
+    "rdp_poisson_subsampled",
     "rdp_pure_dp",
     "rdp_screening_at",
     "rdp_screening_exact",
+    "rdp_subsampled_discrete_gaussian",
     "rdp_subsampled_gaussian",
     "rdp_threshold_data_dependent",
     "rdp_threshold_gaussian",

@@ -1,0 +1,527 @@
+"""The mechanisms and the baselines side by side: test accuracy against ε on the same parties' data.
+
+Every method sees the same parties (``--parties`` disjoint shards of the first ``--train-limit`` training
+images, partitioned ``iid`` or ``imbalanced``), the same per-example features (the shared backbone with
+BatchNorm running statistics, each image alone, L2-normalised), the same test images, the same δ, and is
+accounted rigorously:
+
+* ``local-only`` — each party's own logistic head (non-private; the number a hospital compares against),
+  the mean over parties; one value, shown at every ε;
+* ``secagg-dpsgd`` — this engine's secure-aggregation DP-SGD (:class:`~capc_common.mechanisms.SecureDPSGD`):
+  Poisson samples, clipped per-example gradient sums secret-shared in the ring, exact discrete Gaussian
+  noise, Zhu & Wang's general subsampled bound;
+* ``central-dpsgd`` — the central baseline on the pooled features: Opacus with Poisson sampling and its
+  RDP accountant (continuous Gaussian, Mironov et al.'s exact subsampled analysis), same hyper-parameters;
+* ``dppl`` — DP prototypes (:class:`~capc_common.mechanisms.DPPrototypes`): one noisy release of per-class
+  sums and counts, nearest prototype by cosine, zCDP accounting;
+* ``private-knn`` — Private-kNN (:class:`~capc_common.mechanisms.PrivateKNN`) on synthetic (dead-leaves)
+  queries, no public data: every party's Poisson-subsampled records vote by k nearest neighbours, GNMax
+  labels every query, the student is a linear head on the labelled queries (the library's student).
+
+Hyper-parameters are fixed below (``HYPER``); they were chosen on a validation split held out of the
+training images (``--evaluate-on validation``), never on the test set and without spending the reported
+budgets. The test set is read once per reported figure. Noise multipliers are calibrated to each ε from the
+methods' own accountants (δ = 1e-5).
+
+    python benchmarks/mechanisms.py --format json                     # the grid (resumable)
+    python benchmarks/mechanisms.py --epsilons 3 --seeds 0 --methods dppl secagg-dpsgd
+    python benchmarks/mechanisms.py --dataset digits --train-limit 1400   # seconds: the test's short run
+
+Outputs (``--out``, default benchmarks/results): ``mechanisms.csv`` (one row per method, partition, ε,
+seed), ``mechanisms.md`` (mean ± std over seeds), ``mechanisms.png`` (accuracy against ε, one line per
+method, one panel per partition). Features are cached in ``--cache-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.data import partition
+from capc_common.dietpate.cache import FeatureCache
+from capc_common.mechanisms import DPPrototypes, SecureDPSGD, calibrate, nearest_prototype, normalise
+from capc_common.mechanisms.central import PartyData, per_example_features, run_prototypes, run_secure_dpsgd
+from capc_common.privacy.analysis import (
+    DEFAULT_ORDERS,
+    epsilon_from_rdp,
+    epsilon_from_zcdp,
+    rdp_subsampled_discrete_gaussian,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("local-only", "secagg-dpsgd", "central-dpsgd", "dppl", "private-knn")
+EPSILONS = (0.5, 1.0, 2.0, 3.0, 6.0, 10.0)
+DELTA = 1e-5
+#: Rényi orders for calibration (the default grid up to 256: larger orders never win at these budgets).
+ORDERS = DEFAULT_ORDERS[DEFAULT_ORDERS <= 256]
+#: Chosen on the validation split (see the module docstring and docs/mechanisms.md).
+HYPER = {
+    "dpsgd": {"clip": 1.0, "batch": 1024, "epochs": 10, "learning_rate": 8.0, "momentum": 0.9},
+    "dppl": {"count_share": 0.1, "metric": "euclidean"},
+    "knn": {"queries": 500, "neighbours": 50, "sampling_rate": 0.2, "generator": "dead_leaves"},
+    "local": {"l2": 1e-3, "max_iter": 50},
+}
+FIELDS = (
+    "method",
+    "partition",
+    "epsilon_target",
+    "epsilon",
+    "seed",
+    "accuracy",
+    "released",
+    "noise",
+    "seconds",
+)
+
+
+def log(message: str) -> None:
+    """Progress on stderr (stdout carries the JSON)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def load_features(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(train_x, train_y, eval_x, eval_y)``: per-example features, L2-normalised."""
+    if args.dataset == "digits":
+        from capc_common.data import load_dataset
+
+        train, test = load_dataset("digits", split="train"), load_dataset("digits", split="test")
+        tx = train.images.reshape(len(train.labels), -1)[: args.train_limit].astype(np.float32)
+        ty = train.labels[: args.train_limit].astype(np.int64)
+        ex, ey = test.images.reshape(len(test.labels), -1).astype(np.float32), test.labels.astype(np.int64)
+    else:
+        from capc_common.learn.featurizers import BackboneFeaturizer
+        from capc_common.models import default_backbone, load_backbone
+
+        fz = BackboneFeaturizer(load_backbone(default_backbone(28, 28, 1)))
+        cache = FeatureCache(args.cache_dir)
+        tx, ty = per_example_features(
+            fz, dataset=args.dataset, split="train", limit=args.train_limit, cache=cache, log=log
+        )
+        ex, ey = per_example_features(
+            fz, dataset=args.dataset, split="test", limit=args.test_limit, cache=cache, log=log
+        )
+    if args.evaluate_on == "validation":
+        cut = len(ty) - args.validation
+        tx, ty, ex, ey = tx[:cut], ty[:cut], tx[cut:], ty[cut:]
+    return normalise(tx), ty, normalise(ex), ey
+
+
+def parties_of(x: np.ndarray, y: np.ndarray, *, scheme: str, parties: int, seed: int) -> list[PartyData]:
+    """The parties' disjoint shards (public, seeded assignment)."""
+    extra = {"imbalance_ratio": 10.0} if scheme == "imbalanced" else {}
+    shards = partition(y, shards=parties, scheme=scheme, seed=seed, **extra)
+    return [PartyData(f"party-{i}", x[s], y[s]) for i, s in enumerate(shards)]
+
+
+def accuracy(predicted: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+    """Fraction correct."""
+    return float(np.mean(np.asarray(predicted) == np.asarray(labels)))
+
+
+# ---------------------------------------------------------------------------------------------- methods
+def local_only(parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, **_: Any) -> dict[str, Any]:
+    """Each party's own (non-private) logistic head, batched with the library's head trainer."""
+    from capc_common.learn.heads import train_heads
+
+    x = np.concatenate([p.features for p in parties])
+    y = np.concatenate([p.labels for p in parties])
+    owners = np.repeat(np.arange(len(parties)), [len(p.labels) for p in parties])
+    h = HYPER["local"]
+    heads = train_heads(
+        x, y, owners=owners, heads=len(parties), classes=10, l2=h["l2"], max_iter=h["max_iter"]
+    )
+    per_party = (heads.predict(ex) == ey[None, :]).mean(axis=1)
+    return {"accuracy": float(per_party.mean()), "epsilon": math.inf, "released": 0, "noise": "none"}
+
+
+def _dpsgd_plan(records: int) -> tuple[float, int, float]:
+    """``(q, rounds, expected batch)`` of the fixed DP-SGD recipe for ``records`` pooled records."""
+    h = HYPER["dpsgd"]
+    q = min(1.0, h["batch"] / records)
+    return q, max(1, round(h["epochs"] / q)), q * records
+
+
+def secagg_dpsgd(
+    parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, *, epsilon: float, seed: int
+) -> dict[str, Any]:
+    """The engine's secure-aggregation DP-SGD, noise calibrated with its own accountant."""
+    h = HYPER["dpsgd"]
+    records = sum(len(p.labels) for p in parties)
+    q, rounds, batch = _dpsgd_plan(records)
+    dim = parties[0].features.shape[1]
+
+    def eps_of(z: float) -> float:  # SecureDPSGD.release_rdp, without building a head for every z
+        rdp = rdp_subsampled_discrete_gaussian(ORDERS, sampling_rate=q, noise_multiplier=z)
+        return epsilon_from_rdp(ORDERS, rounds * rdp, delta=DELTA)[0]
+
+    z = calibrate(eps_of, target=epsilon)
+    mechanism = SecureDPSGD(classes=10, dim=dim, clip=h["clip"], noise_multiplier=z, sampling_rate=q)
+    result = run_secure_dpsgd(
+        parties,
+        mechanism=mechanism,
+        rounds=rounds,
+        expected_batch=batch,
+        learning_rate=h["learning_rate"],
+        momentum=h["momentum"],
+    )
+    return {
+        "accuracy": accuracy(result.predict(ex), ey),
+        "epsilon": eps_of(z),
+        "released": rounds,
+        "noise": f"z={z:.3f} σ={mechanism.sigma:.0f} ({mechanism.fixed_point.bits} bits)",
+    }
+
+
+def central_dpsgd(
+    parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, *, epsilon: float, seed: int
+) -> dict[str, Any]:
+    """Opacus DP-SGD of the same linear head on the pooled features (Poisson sampling, RDP accountant)."""
+    import torch
+    from opacus import PrivacyEngine
+    from opacus.accountants.utils import get_noise_multiplier
+
+    h = HYPER["dpsgd"]
+    x = torch.from_numpy(np.concatenate([p.features for p in parties]).astype(np.float32))
+    y = torch.from_numpy(np.concatenate([p.labels for p in parties]))
+    q, rounds, batch = _dpsgd_plan(len(y))
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(x.shape[1], 10)
+    torch.nn.init.zeros_(model.weight)
+    torch.nn.init.zeros_(model.bias)
+    optimizer = torch.optim.SGD(model.parameters(), lr=h["learning_rate"], momentum=h["momentum"])
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=round(batch))
+    z = get_noise_multiplier(
+        target_epsilon=epsilon, target_delta=DELTA, sample_rate=q, steps=rounds, accountant="rdp"
+    )
+    engine = PrivacyEngine(accountant="rdp")
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=z, max_grad_norm=h["clip"]
+    )
+    loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")  # Opacus averages by the expected batch
+    steps = 0
+    while steps < rounds:
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            if len(yb):
+                (loss_fn(model(xb), yb) / batch).backward()
+            optimizer.step()
+            steps += 1
+            if steps == rounds:
+                break
+    with torch.no_grad():
+        predicted = model(torch.from_numpy(ex.astype(np.float32))).argmax(dim=1).numpy()
+    return {
+        "accuracy": accuracy(predicted, ey),
+        "epsilon": float(engine.get_epsilon(DELTA)),
+        "released": rounds,
+        "noise": f"z={z:.3f} (continuous)",
+    }
+
+
+def dppl(
+    parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, *, epsilon: float, seed: int
+) -> dict[str, Any]:
+    """DP prototypes: ρ calibrated to ε by the zCDP conversion, one release, nearest prototype."""
+    h = HYPER["dppl"]
+    rho = 1.0 / calibrate(
+        lambda s: epsilon_from_zcdp(1.0 / s, delta=DELTA)[0], target=epsilon, low=1e-3, high=1e6
+    )
+    mechanism = DPPrototypes(
+        classes=10, dim=parties[0].features.shape[1], rho=rho, count_share=h["count_share"]
+    )
+    sums, counts = run_prototypes(parties, mechanism=mechanism)
+    return {
+        "accuracy": accuracy(nearest_prototype(ex, sums, counts, metric=h["metric"]), ey),
+        "epsilon": epsilon_from_zcdp(mechanism.zcdp, delta=DELTA)[0],
+        "released": 1,
+        "noise": f"ρ={mechanism.zcdp:.4g} σ={mechanism.sigma_sum:.0f} ({mechanism.fixed_point.bits} bits)",
+    }
+
+
+def _query_features(args: argparse.Namespace) -> np.ndarray:
+    """Features of the synthetic query stream (per example, like the parties'), cached; raw pixels for
+    the digits proxy."""
+    from capc_common.synth import generate
+
+    h = HYPER["knn"]
+    side = 8 if args.dataset == "digits" else 28
+
+    def images() -> np.ndarray:
+        return generate(
+            h["generator"], seed=1, start=0, count=h["queries"], height=side, width=side, channels=1
+        )
+
+    if args.dataset == "digits":
+        return normalise(images().reshape(h["queries"], -1).astype(np.float32))
+    from capc_common.learn.featurizers import BackboneFeaturizer
+    from capc_common.models import default_backbone, load_backbone
+
+    fz = BackboneFeaturizer(load_backbone(default_backbone(28, 28, 1)))
+    key = {
+        "kind": "per-example-queries",
+        "map": fz.sha256,
+        "generator": h["generator"],
+        "count": h["queries"],
+    }
+    cache = FeatureCache(args.cache_dir)
+    return normalise(cache.get_or_compute(key, lambda: fz.extract(images(), bn_batch=64, mode="running")))
+
+
+def private_knn(
+    parties: list[PartyData],
+    ex: np.ndarray,
+    ey: np.ndarray,
+    *,
+    epsilon: float,
+    seed: int,
+    queries: np.ndarray,
+) -> dict[str, Any]:
+    """Private-kNN labels the query stream (σ calibrated so all queries cost ε); the student learns them."""
+    from capc_common.aggregation import mechanism_noise
+    from capc_common.learn.student import train_student
+    from capc_common.mechanisms import PrivateKNN
+
+    h = HYPER["knn"]
+
+    def eps_of(sigma: float) -> float:
+        m = PrivateKNN(classes=10, sigma=sigma, neighbours=h["neighbours"], sampling_rate=h["sampling_rate"])
+        return epsilon_from_rdp(ORDERS, len(queries) * m.costs(ORDERS)[1], delta=DELTA)[0]
+
+    sigma = calibrate(eps_of, target=epsilon, low=0.5, high=5000.0)
+    knn = PrivateKNN(classes=10, sigma=sigma, neighbours=h["neighbours"], sampling_rate=h["sampling_rate"])
+    from capc_common.privacy import SystemNoise
+
+    hist = sum(knn.votes(p.features, p.labels, queries, source=SystemNoise()) for p in parties)
+    labels = knn.answer(np.asarray(hist), mechanism_noise())
+    fit = train_student(queries, labels, classes=10, pseudo_confidence=None, seed=seed)
+    return {
+        "accuracy": accuracy(fit.predict(ex), ey),
+        "epsilon": eps_of(sigma),
+        "released": len(queries),
+        "noise": f"σ={sigma:.1f} over {len(parties) * h['neighbours']} votes",
+    }
+
+
+RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
+    "local-only": local_only,
+    "secagg-dpsgd": secagg_dpsgd,
+    "central-dpsgd": central_dpsgd,
+    "dppl": dppl,
+    "private-knn": private_knn,
+}
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean ± std of accuracy over seeds for each (method, partition, ε target)."""
+    groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["partition"], float(r["epsilon_target"])), []).append(r)
+    table = []
+    for (method, part, eps), rs in sorted(
+        groups.items(), key=lambda kv: (kv[0][1], METHODS.index(kv[0][0]), kv[0][2])
+    ):
+        acc = np.array([float(r["accuracy"]) for r in rs])
+        table.append(
+            {
+                "method": method,
+                "partition": part,
+                "epsilon_target": eps,
+                "seeds": len(rs),
+                "accuracy_mean": float(acc.mean()),
+                "accuracy_std": float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
+                "released": int(rs[0]["released"]),
+                "seconds_mean": float(np.mean([float(r["seconds"]) for r in rs])),
+            }
+        )
+    return table
+
+
+def write_markdown(table: list[dict[str, Any]], path: Path, epsilons: list[float]) -> None:
+    """One table per partition: methods × ε, accuracy mean ± std (%)."""
+    lines = []
+    for part in sorted({t["partition"] for t in table}):
+        lines += [
+            f"**{part}**",
+            "",
+            "| method | " + " | ".join(f"ε = {e:g}" for e in epsilons) + " | releases | s/run |",
+        ]
+        lines.append("|---" * (len(epsilons) + 3) + "|")
+        for method in METHODS:
+            cells = {
+                t["epsilon_target"]: t for t in table if t["method"] == method and t["partition"] == part
+            }
+            if not cells:
+                continue
+            row = [
+                f"{100 * cells[e]['accuracy_mean']:.1f} ± {100 * cells[e]['accuracy_std']:.1f}"
+                if e in cells
+                else "–"
+                for e in epsilons
+            ]
+            any_cell = next(iter(cells.values()))
+            lines.append(
+                f"| {method} | "
+                + " | ".join(row)
+                + f" | {any_cell['released']} | {any_cell['seconds_mean']:.0f} |"
+            )
+        lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def plot(table: list[dict[str, Any]], path: Path) -> None:
+    """Accuracy against ε, one line per method (mean ± std over seeds), one panel per partition."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = sorted({t["partition"] for t in table})
+    fig, axes = plt.subplots(1, len(parts), figsize=(6 * len(parts), 4.2), squeeze=False, sharey=True)
+    for ax, part in zip(axes[0], parts, strict=True):
+        for method in METHODS:
+            pts = sorted(
+                (t for t in table if t["method"] == method and t["partition"] == part),
+                key=lambda t: t["epsilon_target"],
+            )
+            if not pts:
+                continue
+            e = [t["epsilon_target"] for t in pts]
+            m = np.array([100 * t["accuracy_mean"] for t in pts])
+            s = np.array([100 * t["accuracy_std"] for t in pts])
+            style = "--" if method == "local-only" else "-o"
+            colour = f"C{METHODS.index(method)}"
+            ax.plot(e, m, style, label=method, color=colour)
+            ax.fill_between(e, m - s, m + s, alpha=0.2, color=colour)
+        ax.set_xscale("log")
+        ax.set_xlabel("ε (δ = 1e-5)")
+        ax.set_title(f"partition: {part}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0][0].set_ylabel("test accuracy (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the grid (skipping rows already in the CSV) and write the outputs."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument(
+        "--partitions", nargs="+", choices=("iid", "imbalanced"), default=["iid", "imbalanced"]
+    )
+    parser.add_argument("--parties", type=int, default=10)
+    parser.add_argument("--dataset", choices=("fashion-mnist", "digits"), default="fashion-mnist")
+    parser.add_argument("--train-limit", type=int, default=20_000)
+    parser.add_argument("--test-limit", type=int, default=4_000)
+    parser.add_argument("--evaluate-on", choices=("test", "validation"), default="test")
+    parser.add_argument("--validation", type=int, default=2_000)
+    parser.add_argument("--cache-dir", type=Path, default=ROOT / "runs" / "cache")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--name", default="mechanisms", help="output file stem")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="GROUP.KEY=VALUE",
+        help="override a hyper-parameter (validation sweeps only), e.g. dpsgd.learning_rate=0.5",
+    )
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    args = parser.parse_args(argv)
+    for item in args.set:
+        name, _, value = item.partition("=")
+        group, _, key = name.partition(".")
+        if group not in HYPER or key not in HYPER[group]:
+            parser.error(f"unknown hyper-parameter {name!r}; known: {sorted(HYPER)} with their keys")
+        HYPER[group][key] = type(HYPER[group][key])(value)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv_path = args.out / f"{args.name}.csv"
+    rows: list[dict[str, Any]] = []
+    if csv_path.exists():
+        with csv_path.open() as handle:
+            rows = list(csv.DictReader(handle))
+    done = {(r["method"], r["partition"], float(r["epsilon_target"]), int(r["seed"])) for r in rows}
+    started = time.perf_counter()
+    tx, ty, ex, ey = load_features(args)
+    log(f"features: train {tx.shape}, evaluation {ex.shape} ({args.evaluate_on})")
+    extra: dict[str, dict[str, Any]] = {m: {} for m in METHODS}
+    if "private-knn" in args.methods:
+        extra["private-knn"]["queries"] = _query_features(args)
+    for part in args.partitions:
+        for seed in args.seeds:
+            parties = parties_of(tx, ty, scheme=part, parties=args.parties, seed=seed)
+            for method in args.methods:
+                targets = [max(args.epsilons)] if method == "local-only" else args.epsilons
+                for eps in targets:
+                    key = (method, part, float(eps), seed)
+                    if key in done:
+                        continue
+                    t0 = time.perf_counter()
+                    out = RUNNERS[method](parties, ex, ey, epsilon=eps, seed=seed, **extra[method])
+                    row = {
+                        "method": method,
+                        "partition": part,
+                        "epsilon_target": eps,
+                        "seed": seed,
+                        **out,
+                        "seconds": round(time.perf_counter() - t0, 2),
+                    }
+                    log(
+                        f"{method:14s} {part:10s} ε {eps:<5g} seed {seed}: accuracy {out['accuracy']:.4f} "
+                        f"({row['seconds']} s, {out['noise']})"
+                    )
+                    rows.append(row)
+                    new = not csv_path.exists()
+                    with csv_path.open("a", newline="") as handle:
+                        writer = csv.DictWriter(handle, fieldnames=FIELDS)
+                        if new:
+                            writer.writeheader()
+                        writer.writerow({k: row[k] for k in FIELDS})
+    # local-only is not private: show its one value at every ε.
+    expanded = []
+    for r in rows:
+        if r["method"] == "local-only":
+            expanded += [{**r, "epsilon_target": e} for e in args.epsilons]
+        else:
+            expanded.append(r)
+    table = summarise(expanded)
+    write_markdown(table, args.out / f"{args.name}.md", sorted(args.epsilons))
+    plot(table, args.out / f"{args.name}.png")
+    result = {
+        "setting": {
+            "dataset": args.dataset,
+            "train_images": len(ty),
+            "evaluation_images": len(ey),
+            "evaluate_on": args.evaluate_on,
+            "parties": args.parties,
+            "delta": DELTA,
+            "hyper": HYPER,
+        },
+        "rows": len(rows),
+        "table": table,
+        "seconds": round(time.perf_counter() - started, 1),
+        "outputs": [str(args.out / f"{args.name}.{ext}") for ext in ("csv", "md", "png")],
+    }
+    if args.format == "json":
+        print(json.dumps(result, default=float))
+    else:
+        print((args.out / f"{args.name}.md").read_text())
+    return result
+
+
+if __name__ == "__main__":
+    main()

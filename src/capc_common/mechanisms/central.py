@@ -1,0 +1,197 @@
+"""Central runners of the release mechanisms: the whole federation in one process, shares included.
+
+Each runner plays every party exactly as the services do — a party computes its contribution on its own
+records, secret-shares it with a fresh seed (:func:`~capc_common.mechanisms.release.share_contribution`),
+the guardian adds its noise to the expanded seeds (:func:`~capc_common.mechanisms.release.masked_total`) and
+the student reveals the noisy total (:func:`~capc_common.mechanisms.release.reveal`) — so with seeded
+sources a federation must release the same totals, and the runners are the references of the differential
+tests. The randomness of each party (its Poisson samples) and of the guardian (its noise) comes from its own
+:class:`~capc_common.privacy.NoiseSource`: CSPRNGs unless seeded sources are injected for a test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.errors import InputError
+from capc_common.mechanisms.dpsgd import SecureDPSGD
+from capc_common.mechanisms.prototypes import DPPrototypes, normalise
+from capc_common.mechanisms.release import ReleaseMechanism, masked_total, reveal, share_contribution
+from capc_common.privacy import NoiseSource, SystemNoise
+
+if TYPE_CHECKING:
+    from capc_common.dietpate.cache import FeatureCache
+    from capc_common.learn.featurizers import Featurizer
+
+__all__ = [
+    "DPSGDResult",
+    "PartyData",
+    "per_example_features",
+    "release_once",
+    "run_prototypes",
+    "run_secure_dpsgd",
+]
+
+#: Images featurised (and cached) per chunk, so an interrupted extraction resumes where it stopped.
+FEATURE_CHUNK = 2000
+
+
+@dataclass(frozen=True)
+class PartyData:
+    """One party's private records: per-example features and labels.
+
+    Attributes:
+        name: the party's name (it names its seeded test stream).
+        features: ``(n, dim)`` float features (per-example: BatchNorm running statistics).
+        labels: ``(n,)`` class indices.
+    """
+
+    name: str
+    features: npt.NDArray[np.float32]
+    labels: npt.NDArray[np.int64]
+
+
+def per_example_features(
+    featurizer: Featurizer,
+    *,
+    dataset: str,
+    split: str,
+    limit: int | None,
+    cache: FeatureCache,
+    log: Callable[[str], None] = lambda _: None,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """Features of the first ``limit`` images of a split, each computed alone (BatchNorm running
+    statistics), cached chunk by chunk; and their labels.
+
+    Per-example features are what the release mechanisms' sensitivity arguments need: with current
+    statistics one record would move the features of the others in its chunk.
+    """
+    from capc_common.data import load_dataset
+
+    data = load_dataset(dataset, split=split)
+    n = len(data.labels) if limit is None else min(limit, len(data.labels))
+    parts = []
+    for start in range(0, n, FEATURE_CHUNK):
+        stop = min(start + FEATURE_CHUNK, n)
+        key = {
+            "kind": "per-example",
+            "map": featurizer.sha256,
+            "dataset": dataset,
+            "split": split,
+            "range": [start, stop],
+            "mode": "running",
+        }
+        found = cache.load(key)
+        if found is None:
+            log(f"features: {dataset} {split} [{start}, {stop}) of {n}")
+            found = featurizer.extract(data.images[start:stop], bn_batch=64, mode="running")
+            cache.store(key, found)
+        parts.append(found)
+    return np.concatenate(parts), np.asarray(data.labels[:n], dtype=np.int64)
+
+
+def release_once(
+    mechanism: ReleaseMechanism, contributions: Sequence[npt.NDArray[np.int64]], *, guardian: NoiseSource
+) -> npt.NDArray[np.int64]:
+    """One release through real additive sharing: ``Σ contributions + guardian noise``.
+
+    Raises:
+        InputError: no contribution, or a total that could wrap around the ring.
+    """
+    if not contributions:
+        raise InputError("a release needs at least one party's contribution")
+    shared = [share_contribution(c) for c in contributions]
+    noise = mechanism.guardian_noise(guardian)
+    masked = masked_total([seed for seed, _ in shared], noise=noise)
+    return reveal([share for _, share in shared], masked)
+
+
+def run_prototypes(
+    parties: Sequence[PartyData], *, mechanism: DPPrototypes, guardian: NoiseSource | None = None
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Release the noisy per-class sums and counts of all parties' records (one release, cost ``ρ``).
+
+    Returns:
+        ``(sums (classes, dim), counts (classes,))`` in feature units.
+    """
+    mechanism.check_capacity(records=sum(len(p.labels) for p in parties))
+    total = release_once(
+        mechanism,
+        [mechanism.contribution(p.features, p.labels) for p in parties],
+        guardian=guardian or SystemNoise(),
+    )
+    return mechanism.prototypes(total)
+
+
+@dataclass
+class DPSGDResult:
+    """A trained head and what its training did.
+
+    Attributes:
+        weights: ``(classes, dim + 1)`` head, bias last, over L2-normalised features.
+        rounds: rounds run (each one release).
+        sampled: records sampled per round (the parties' sample sizes summed; public only to the parties).
+    """
+
+    weights: npt.NDArray[np.float64]
+    rounds: int
+    sampled: list[int] = field(default_factory=list)
+
+    def predict(self, features: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Labels of ``features`` (normalised as in training)."""
+        x = normalise(features)
+        return np.argmax(x @ self.weights[:, :-1].T + self.weights[:, -1], axis=1).astype(np.int64)
+
+
+def run_secure_dpsgd(
+    parties: Sequence[PartyData],
+    *,
+    mechanism: SecureDPSGD,
+    rounds: int,
+    expected_batch: float,
+    learning_rate: float,
+    momentum: float = 0.9,
+    guardian: NoiseSource | None = None,
+    party_sources: Callable[[str], NoiseSource] | None = None,
+    on_round: Callable[[int, npt.NDArray[np.float64]], None] | None = None,
+) -> DPSGDResult:
+    """Train the head: per round, every party's clipped gradient sum over its Poisson sample is released
+    noisily; the student takes a momentum-SGD step on ``noisy sum / expected batch`` (post-processing).
+
+    Args:
+        parties: the parties' records (features are L2-normalised here, per example).
+        mechanism: the round mechanism (its ``sampling_rate`` is every record's inclusion probability).
+        rounds: number of rounds ``T`` (the ledger is charged ``T`` releases).
+        expected_batch: ``q · N`` (the normaliser of the noisy sum; public).
+        learning_rate: step size.
+        momentum: heavy-ball momentum.
+        guardian: the guardian's noise source (default: a CSPRNG).
+        party_sources: each party's sampling source by name (default: a fresh CSPRNG each).
+        on_round: called with ``(round, weights)`` after every update (progress, checkpoints).
+    """
+    sources = {p.name: (party_sources or (lambda _: SystemNoise()))(p.name) for p in parties}
+    features = [normalise(p.features) for p in parties]
+    mechanism.check_capacity(records=sum(len(p.labels) for p in parties))
+    guardian = guardian or SystemNoise()
+    weights = np.zeros((mechanism.classes, mechanism.dim + 1))
+    velocity = np.zeros_like(weights)
+    sampled: list[int] = []
+    for t in range(rounds):
+        contributions = []
+        count = 0
+        for party, x in zip(parties, features, strict=True):
+            rows = mechanism.sample(len(party.labels), sources[party.name])
+            count += len(rows)
+            contributions.append(mechanism.contribution(weights, x[rows], party.labels[rows]))
+        total = release_once(mechanism, contributions, guardian=guardian)
+        velocity = momentum * velocity + mechanism.gradient(total) / expected_batch
+        weights = weights - learning_rate * velocity
+        sampled.append(count)
+        if on_round is not None:
+            on_round(t, weights)
+    return DPSGDResult(weights=weights, rounds=rounds, sampled=sampled)

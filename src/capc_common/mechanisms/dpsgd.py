@@ -1,0 +1,206 @@
+"""Secure-aggregation DP-SGD: a linear softmax head on the shared frozen backbone, trained with DP-SGD where
+no one sees a party's gradients.
+
+Every round each party draws a Poisson sample of its own records (rate ``q``, from its own CSPRNG), computes
+the per-example gradients of the cross-entropy of the current head, clips each to L2 norm ``C``, sums them,
+encodes the sum in fixed point and secret-shares it (:mod:`capc_common.mechanisms.release`). The guardian
+adds exact discrete Gaussian noise ``N_Z(0, σ²)`` to the shared total and charges its ledger; only the noisy
+sum is reconstructed, by the student, who updates the head.
+
+**Sensitivity in the ring.** Removing one record changes its party's clipped float sum by at most ``C_eff``
+in L2; the party rounds its sum once, and two roundings differ by at most 1 per coordinate, so the integer
+total changes by at most ``C_eff · 2^bits + √d`` (``d`` coordinates). ``C_eff`` is chosen so that this is
+below ``Δ = ⌊C · 2^bits⌋``: the integer sensitivity is exactly ``Δ`` and ``σ = z · Δ``.
+
+**Accounting** (next to the mechanism): one round is the Poisson-subsampled discrete Gaussian,
+:func:`~capc_common.privacy.analysis.rdp_subsampled_discrete_gaussian` (Zhu & Wang 2019's general bound on
+the discrete Gaussian's RDP ``αΔ²/(2σ²)``); rounds compose by addition. The sampling the code does is
+exactly what is accounted: independent inclusion with probability ``⌊q·2^64⌋/2^64 ≤ q`` from 64-bit CSPRNG
+words.
+
+Features must be *per-example* (BatchNorm running statistics): with current statistics a record would move
+other records' features and the clipping argument would not hold.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.errors import InputError
+from capc_common.mechanisms.release import FixedPoint, ReleaseMechanism
+from capc_common.privacy.analysis import as_orders, rdp_subsampled_discrete_gaussian
+from capc_common.privacy.analysis._checks import count, positive
+from capc_common.privacy.noise.tables import MAX_SIGMA
+
+if TYPE_CHECKING:
+    from capc_common.privacy import NoiseSource
+
+__all__ = ["SecureDPSGD", "fixed_point_for", "poisson_sample"]
+
+
+def fixed_point_for(*, sigma_per_unit: float, coordinates: int, unit: float = 1.0) -> FixedPoint:
+    """The coarsest fixed point that keeps rounding small next to the sensitivity, within the sampler.
+
+    A party's one rounding can move its integer sum by up to ``√d`` between neighbours; the smallest
+    ``bits ≥ 8`` with ``unit · 2^bits ≥ 16 (√d + 1)`` keeps that below 1/16 of the sensitivity, and a coarse
+    encoding keeps σ (in ring units) small, which keeps the exact sampler's table small. Fewer bits are used
+    if ``σ_per_unit · unit · 2^bits`` would exceed the sampler's range (σ ≤ 1e5).
+
+    Args:
+        sigma_per_unit: noise σ per unit of sensitivity (the noise multiplier).
+        coordinates: ``d``, the length of the contribution.
+        unit: the sensitivity in real units (the clipping norm).
+
+    Raises:
+        InputError: the noise is too large for the sampler even at 0 fractional bits.
+    """
+    positive("sigma_per_unit", sigma_per_unit)
+    need = 16 * (math.sqrt(count("coordinates", coordinates, minimum=1)) + 1) / positive("unit", unit)
+    bits = min(max(8, math.ceil(math.log2(need))), 30)
+    while bits > 0 and sigma_per_unit * unit * (1 << bits) > MAX_SIGMA:
+        bits -= 1
+    if sigma_per_unit * unit * (1 << bits) > MAX_SIGMA:
+        raise InputError(f"noise σ {sigma_per_unit * unit:g} per unit exceeds the sampler's {MAX_SIGMA:g}")
+    return FixedPoint(bits)
+
+
+def poisson_sample(records: int, *, rate: float, source: NoiseSource) -> npt.NDArray[np.int64]:
+    """Indices of a Poisson sample: each record independently with probability ``⌊q·2^64⌋/2^64``.
+
+    Args:
+        records: how many records the party holds.
+        rate: ``q ∈ [0, 1]`` (the accounting uses ``q``, never less than the probability realised here).
+        source: the party's own randomness (a CSPRNG in production).
+    """
+    n = count("records", records)
+    if not 0 <= rate <= 1:
+        raise InputError(f"sampling rate must be in [0, 1], got {rate!r}")
+    threshold = np.uint64(min(int(rate * 2.0**64), 2**64 - 1))
+    if rate >= 1:
+        return np.arange(n, dtype=np.int64)
+    return np.flatnonzero(source.uniform_words(n) < threshold).astype(np.int64)
+
+
+class SecureDPSGD(ReleaseMechanism):
+    """DP-SGD of a linear head over secret-shared per-round gradient sums.
+
+    Args:
+        classes: number of classes.
+        dim: feature dimension (the head has ``classes × (dim + 1)`` parameters, bias included).
+        clip: per-example L2 clipping norm ``C``.
+        noise_multiplier: ``z = σ/Δ``.
+        sampling_rate: Poisson rate ``q`` of every record in every round.
+        fixed_point: the encoding (default: :func:`fixed_point_for` the contribution's length).
+    """
+
+    name = "secagg-dpsgd"
+
+    def __init__(
+        self,
+        *,
+        classes: int,
+        dim: int,
+        clip: float,
+        noise_multiplier: float,
+        sampling_rate: float,
+        fixed_point: FixedPoint | None = None,
+    ) -> None:
+        self.classes = count("classes", classes, minimum=2)
+        self.dim = count("dim", dim, minimum=1)
+        self.clip = positive("clip", clip)
+        self.noise_multiplier = positive("noise_multiplier", noise_multiplier)
+        if not 0 < sampling_rate <= 1:
+            raise InputError(f"sampling_rate must be in (0, 1], got {sampling_rate!r}")
+        self.sampling_rate = float(sampling_rate)
+        self.size = self.classes * (self.dim + 1)
+        self.fixed_point = fixed_point or fixed_point_for(
+            sigma_per_unit=self.noise_multiplier, coordinates=self.size, unit=self.clip
+        )
+        self.sensitivity = math.floor(self.clip * self.fixed_point.scale)
+        # Room for the party's one rounding (≤ 1 per coordinate between neighbours) and float error.
+        self.clip_effective = (self.sensitivity - math.sqrt(self.size) - 1) / self.fixed_point.scale
+        if self.clip_effective <= 0:
+            raise InputError(
+                f"clip {self.clip:g} at {self.fixed_point.bits} fractional bits leaves no room for rounding "
+                f"{self.size} coordinates; raise the clip or the fixed-point bits"
+            )
+        self.sigma = self.noise_multiplier * self.sensitivity
+
+    def params(self) -> dict[str, Any]:
+        """Public parameters of one round."""
+        return {
+            "mechanism": self.name,
+            "classes": self.classes,
+            "dim": self.dim,
+            "clip": self.clip,
+            "noise_multiplier": self.noise_multiplier,
+            "sampling_rate": self.sampling_rate,
+            "fixed_point_bits": self.fixed_point.bits,
+            "sensitivity": self.sensitivity,
+            "sigma": self.sigma,
+            "noise": "discrete",
+        }
+
+    def release_rdp(self, orders: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """RDP of one round: the Poisson-subsampled discrete Gaussian (general bound)."""
+        return rdp_subsampled_discrete_gaussian(
+            as_orders(orders), sampling_rate=self.sampling_rate, noise_multiplier=self.noise_multiplier
+        )
+
+    def sigmas(self) -> npt.NDArray[np.float64]:
+        """The same σ on every coordinate."""
+        return np.full(self.size, self.sigma)
+
+    def max_abs_total(self, *, records: int) -> float:
+        """Every record adds at most Δ (plus its party's rounding) to a coordinate."""
+        return float(records) * (self.sensitivity + 1)
+
+    def sample(self, records: int, source: NoiseSource) -> npt.NDArray[np.int64]:
+        """This round's Poisson sample of a party's ``records`` (indices)."""
+        return poisson_sample(records, rate=self.sampling_rate, source=source)
+
+    def contribution(
+        self, weights: npt.ArrayLike, features: npt.ArrayLike, labels: npt.ArrayLike
+    ) -> npt.NDArray[np.int64]:
+        """A party's fixed-point sum of clipped per-example gradients over the records given (its sample).
+
+        Args:
+            weights: the current head ``(classes, dim + 1)``, bias last.
+            features: the sampled records' features ``(n, dim)``.
+            labels: their labels ``(n,)``.
+
+        Returns:
+            int64 vector of length ``classes · (dim + 1)``.
+
+        Raises:
+            InputError: shapes that do not match the head.
+        """
+        w = np.asarray(weights, dtype=np.float64)
+        x = np.asarray(features, dtype=np.float64)
+        y = np.asarray(labels, dtype=np.int64)
+        if w.shape != (self.classes, self.dim + 1) or x.ndim != 2 or x.shape[1] != self.dim:
+            raise InputError(
+                f"head {w.shape} and features {x.shape} do not match ({self.classes}, {self.dim + 1}) and "
+                f"(n, {self.dim})"
+            )
+        if y.shape != (x.shape[0],) or (y.size and (y.min() < 0 or y.max() >= self.classes)):
+            raise InputError(f"labels must be {x.shape[0]} class indices in [0, {self.classes})")
+        xt = np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
+        logits = xt @ w.T
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=1, keepdims=True)
+        p[np.arange(len(y)), y] -= 1.0  # d loss / d logits
+        # The per-example gradient is an outer product: its norm is the product of the two norms.
+        norms = np.linalg.norm(p, axis=1) * np.linalg.norm(xt, axis=1)
+        scale = np.minimum(1.0, self.clip_effective / np.maximum(norms, 1e-300))
+        total = (p * scale[:, None]).T @ xt
+        return self.fixed_point.encode(total).ravel()
+
+    def gradient(self, total: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """The revealed noisy sum decoded into the head's shape ``(classes, dim + 1)``."""
+        return self.fixed_point.decode(total).reshape(self.classes, self.dim + 1)

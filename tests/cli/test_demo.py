@@ -1,0 +1,30 @@
+"""``capc demo`` (the README's `make demo`) as a user runs it: a local federation to a published student."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+def test_demo_spends_the_budget_and_publishes_a_student(capc, capc_json, tmp_path: Path) -> None:
+    state = tmp_path / "demo"
+    result = capc_json("demo", "--state-dir", str(state), timeout=1400)
+    budget, student = result["budget"], result["student"]
+    assert 0 < budget["epsilon_spent"] <= budget["epsilon_limit"], budget
+    assert 0 < budget["answered"] <= budget["queries"], budget
+    assert "budget" in result["stopped_reason"], result["stopped_reason"]
+    card = json.loads(Path(student["model_card"]).read_text())
+    assert card["privacy"]["epsilon"] == pytest.approx(budget["epsilon_spent"])
+    assert card["queries"]["answered"] == budget["answered"] == student["answered"]
+    assert Path(student["model"]).stat().st_size > 0
+    assert student["accuracy"] > 0.2, student  # 10 classes: chance is 0.1
+    # The demo stops its parties and leaves their state: the guardian's ledger verifies and agrees.
+    status = capc("local", "status", "--state-dir", str(state), "--format", "json")
+    assert status.returncode != 0 or '"running": true' not in status.stdout, status.stdout
+    ledger = state / "parties" / "guardian" / "ledger.sqlite"
+    verified = capc_json("budget", "verify", "--ledger", str(ledger))
+    assert verified["ok"] and verified["totals"]["epsilon_spent"] == pytest.approx(budget["epsilon_spent"])

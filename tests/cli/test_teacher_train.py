@@ -1,0 +1,79 @@
+"""``capc teacher train`` as a hospital runs it: its own ``.npz`` file, the federation's shared backbone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from safetensors.numpy import load_file
+
+from capc_common.data import load_dataset
+from capc_common.errors import InputError
+from capc_common.federation import FederationConfig
+from capc_services.teacher.settings import TeacherSettings
+from capc_services.teacher.train import party_examples
+
+REPO = Path(__file__).resolve().parents[2]
+HEADS = 3
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """hospital-a of the compose federation with 3 heads, its data an .npz of 240 Fashion-MNIST images."""
+    config = yaml.safe_load((REPO / "deploy" / "compose" / "federation.yaml").read_text())
+    config["teachers"] = [{"name": name, "heads": HEADS} for name in ("hospital-a", "hospital-b")]
+    FederationConfig.from_dict(config).save(tmp_path / "federation.yaml")
+    data = load_dataset("fashion-mnist", split="train")
+    (tmp_path / "data").mkdir()
+    np.savez(tmp_path / "data" / "hospital-a.npz", images=data.images[:240], labels=data.labels[:240])
+    site = {
+        "party": "hospital-a",
+        "federation": "federation.yaml",
+        "tls": {"ca": "certs/ca.crt", "cert": "certs/hospital-a.crt", "key": "certs/hospital-a.key"},
+        "admin": {"bind": "127.0.0.1:0", "token_file": "certs/admin.token"},
+        "student_address": "127.0.0.1:1",
+        "guardian_address": "127.0.0.1:2",
+        "heads": "state/heads.safetensors",
+        "cap": {"epsilon": 30.0, "record": "state/cap.jsonl"},
+        "data": {"dataset": str(tmp_path / "data" / "hospital-a.npz")},
+    }
+    path = tmp_path / "hospital-a.yaml"
+    path.write_text(yaml.safe_dump(site))
+    return path
+
+
+def with_dataset(site: Path, dataset: str) -> Path:
+    data = yaml.safe_load(site.read_text())
+    data["data"]["dataset"] = dataset
+    site.write_text(yaml.safe_dump(data))
+    return site
+
+
+def test_train_on_the_sites_npz_file(site: Path, capc_json) -> None:
+    # `dataset: /abs/path/hospital-a.npz` (a plain path, as docs/operations.md writes it; npz: works too).
+    result = capc_json("teacher", "train", "--site", str(site))
+    assert result["party"] == "hospital-a" and result["heads"] == HEADS and result["examples"] == 240
+    assert 0.3 < result["train_accuracy"] <= 1.0, result  # 80 images per head, 10 classes
+    heads = load_file(site.parent / "state" / "heads.safetensors")
+    assert any(array.shape[0] == HEADS for array in heads.values()), {k: v.shape for k, v in heads.items()}
+
+
+def test_missing_data_in_an_empty_mount_says_how_to_mount_it(site: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "mounted-empty"
+    empty.mkdir()
+    settings = TeacherSettings.load(with_dataset(site, f"npz:{empty / 'hospital-a.npz'}"))
+    with pytest.raises(InputError, match=rf"The directory {empty} is empty: .*--mount type=bind"):
+        party_examples(settings)
+    settings = TeacherSettings.load(with_dataset(site, str(tmp_path / "not-mounted" / "hospital-a.npz")))
+    with pytest.raises(InputError, match=r"not-mounted does not exist: in a container"):
+        party_examples(settings)
+
+
+def test_a_present_file_gets_no_mount_hint(site: Path, tmp_path: Path) -> None:
+    corrupt = tmp_path / "data" / "corrupt.npz"
+    corrupt.write_bytes(b"not a zip")
+    with pytest.raises(InputError, match="cannot be read") as raised:
+        party_examples(TeacherSettings.load(with_dataset(site, str(corrupt))))
+    assert "--mount" not in str(raised.value)

@@ -1,0 +1,29 @@
+"""Fixtures for the container tests: a Docker engine for the session and the project's image built on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from docker_harness import Engine, build_image, engine_or_skip_reason
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """A running Docker engine; skips the test (with the reason) where none can be started."""
+    found = engine_or_skip_reason(tmp_path_factory.mktemp("dockerd") / "dockerd.log")
+    if isinstance(found, str):
+        pytest.skip(found)
+    yield found
+    found.stop()
+
+
+@pytest.fixture(scope="session")
+def image(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The image built from this checkout (its tag, base image, build seconds and size)."""
+    built = build_image(engine, tmp_path_factory.mktemp("build") / "docker-build.log")
+    print(
+        f"\nimage diet-capc:latest on {built['base']}: built in {built['build_s']} s, {built['size_mb']} MB"
+    )
+    return built

@@ -1,0 +1,63 @@
+"""Private-kNN: the Poisson sampling it does is the sampling it accounts for, its votes, its costs, and its
+secure path (GNMax's circuit) against its plaintext rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from capc_common.aggregation import mechanism_noise
+from capc_common.errors import InputError
+from capc_common.mechanisms import PrivateKNN
+from capc_common.privacy import SeededNoise
+from capc_common.privacy.analysis import rdp_gnmax_data_independent, rdp_subsampled_discrete_gaussian
+
+pytestmark = pytest.mark.filterwarnings("ignore::capc_common.privacy.InsecureNoiseWarning")
+ORDERS = np.array([2.0, 3.0, 8.0, 20.0])
+
+
+def test_cost_is_the_subsampled_discrete_gaussian_with_sensitivity_sqrt2():
+    knn = PrivateKNN(classes=10, sigma=20.0, neighbours=5, sampling_rate=0.1)
+    per_query, per_answer = knn.costs(ORDERS)
+    np.testing.assert_array_equal(per_query, 0)
+    # Sensitivity √2 and σ = 20 is noise multiplier 20/√2 for a unit-sensitivity sum.
+    same = rdp_subsampled_discrete_gaussian(ORDERS, sampling_rate=0.1, noise_multiplier=20 / np.sqrt(2))
+    np.testing.assert_allclose(per_answer, same, rtol=1e-12)
+    assert np.all(per_answer < rdp_gnmax_data_independent(ORDERS, sigma=20.0))  # subsampling helps
+    full = PrivateKNN(classes=10, sigma=20.0, neighbours=5, sampling_rate=1.0).costs(ORDERS)[1]
+    np.testing.assert_allclose(full, rdp_gnmax_data_independent(ORDERS, sigma=20.0))
+    assert knn.data_dependent() is None and knn.params()["sampling_rate"] == 0.1
+
+
+def test_votes_use_a_fresh_poisson_sample_per_query():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1000, 8))
+    y = rng.integers(0, 3, size=1000)
+    queries = x[:50] + 1e-3  # each query sits on one record
+    knn = PrivateKNN(classes=3, sigma=1.0, neighbours=1, sampling_rate=0.5)
+    hist = knn.votes(x, y, queries, source=SeededNoise("s"))
+    assert hist.shape == (50, 3) and np.all(hist.sum(axis=1) == 1)
+    # The record under the query is its nearest neighbour exactly when it was sampled: about half the time.
+    own = hist[np.arange(50), y[:50]] == 1
+    assert 10 < own.sum() < 45
+    # All records sampled: the nearest is the record itself every time.
+    everyone = PrivateKNN(classes=3, sigma=1.0, neighbours=1, sampling_rate=1.0)
+    np.testing.assert_array_equal(everyone.votes(x, y, queries, source=SeededNoise("t")).argmax(1), y[:50])
+    # Removing one record moves at most one vote of one query (the sensitivity the accounting assumes).
+    a = knn.votes(x, y, queries, source=SeededNoise("n"))
+    b = knn.votes(x[:-1], y[:-1], queries, source=SeededNoise("n"))
+    assert np.abs(a - b).sum(axis=1).max() <= 2
+    with pytest.raises(InputError, match="do not fit"):
+        knn.votes(x, y, queries[:, :4], source=SeededNoise("s"))
+
+
+def test_answers_are_gnmax_of_the_summed_votes():
+    rng = np.random.default_rng(1)
+    knn = PrivateKNN(classes=4, sigma=2.0, neighbours=7, sampling_rate=0.3)
+    parts = [(rng.normal(size=(300, 6)), rng.integers(0, 4, size=300)) for _ in range(3)]
+    queries = rng.normal(size=(20, 6))
+    hist = sum(knn.votes(x, y, queries, source=SeededNoise(f"p{i}")) for i, (x, y) in enumerate(parts))
+    labels = knn.answer(hist, mechanism_noise(seed="a"))
+    z2 = np.asarray(mechanism_noise(seed="a").guardian.discrete_gaussian(sigma=2.0, shape=(20, 4)))
+    np.testing.assert_array_equal(labels, np.argmax(hist + z2, axis=1))
+    assert knn.mpc_config(teachers=21).mode == "gnmax"
