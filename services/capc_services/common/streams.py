@@ -114,14 +114,16 @@ class FrameChannel(Channel):
         self._deliver(item)
 
     def _deliver(self, item: tuple[str, Any]) -> bool:
-        """Put ``item`` in the inbox, waiting for room while the channel is open; False once closed."""
-        while not self._closed.is_set():
+        """Put ``item`` in the inbox, waiting for room; False (dropped) when the channel was closed and
+        nobody is making room any more. Closing ends only the outgoing direction: what the peer still sends
+        (its last frames, the end of its stream) keeps arriving."""
+        while True:
             try:
                 self._inbox.put(item, timeout=_POLL_S)
                 return True
             except queue.Full:
-                continue
-        return False
+                if self._closed.is_set():
+                    return False
 
     def _start_reader(self) -> None:
         with self._reader_lock:
