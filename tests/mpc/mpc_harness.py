@@ -14,6 +14,7 @@ from capc_common.mpc import (
     EvaluatorSession,
     GarblerSession,
     MpcConfig,
+    Reveal,
     channel_pair,
     reference_noisy_argmax,
     share_votes,
@@ -89,6 +90,7 @@ class BatchResult:
     labels: np.ndarray | None
     pass_bits: np.ndarray | None
     committed: list[np.ndarray] = field(default_factory=list)
+    reveals: list[Reveal] = field(default_factory=list)
     garbler_error: BaseException | None = None
     evaluator_error: BaseException | None = None
 
@@ -110,14 +112,17 @@ class SessionPair:
         batch_id: str = "batch",
         evaluator_batch_id: str | None = None,
         commit: Callable[[np.ndarray], None] | None = None,
+        before_decode: Callable[[], None] | None = None,
+        stash: Callable[[np.ndarray], None] | None = None,
         timeout: float = 60.0,
     ) -> BatchResult:
         result = BatchResult(labels=None, pass_bits=None)
 
-        def _commit(bits: np.ndarray) -> None:
-            result.committed.append(bits)
+        def _commit(reveal: Reveal) -> None:
+            result.committed.append(reveal.pass_bits)
+            result.reveals.append(reveal)
             if commit is not None:
-                commit(bits)
+                commit(reveal.pass_bits)
 
         def _garble() -> None:
             try:
@@ -129,6 +134,7 @@ class SessionPair:
                     z1=inputs.z1,
                     threshold=inputs.threshold,
                     commit=_commit,
+                    before_decode=before_decode,
                 )
             except BaseException as exc:
                 result.garbler_error = exc
@@ -137,7 +143,10 @@ class SessionPair:
         thread.start()
         try:
             result.labels = self.evaluator.run_batch(
-                evaluator_batch_id or batch_id, share_sum=inputs.share_sum, z1_student=inputs.z1_student
+                evaluator_batch_id or batch_id,
+                share_sum=inputs.share_sum,
+                z1_student=inputs.z1_student,
+                stash=stash,
             )
         except BaseException as exc:
             result.evaluator_error = exc

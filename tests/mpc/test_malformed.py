@@ -188,10 +188,20 @@ def test_bad_local_inputs_send_nothing_and_leave_the_sessions_usable() -> None:
     )  # secret noise is never echoed
     bad_noise = inputs.z2.copy()
     bad_noise[0, 0] = -5000
-    with pytest.raises(InputError, match=r"z2 \(per-class noise\) spans \[-5000"):
+    with pytest.raises(InputError, match=r"1 of 15 values of z2 \(per-class noise\) lie outside") as refused:
         pair.garbler.run_batch(
             "b", seeds=inputs.seeds, shape=(5, 3), z2=bad_noise, z1=inputs.z1, threshold=50, commit=print
         )
+    assert "5000" not in str(refused.value)  # nor the guardian's (its error may reach logs and the student)
+    bad_margin = inputs.z1.copy()
+    bad_margin[2] = 9999
+    with pytest.raises(
+        InputError, match=r"1 of 5 values of z1 − T \(threshold margin\) lie outside"
+    ) as refused:
+        pair.garbler.run_batch(
+            "b", seeds=inputs.seeds, shape=(5, 3), z2=inputs.z2, z1=bad_margin, threshold=50, commit=print
+        )
+    assert "9949" not in str(refused.value) and "9999" not in str(refused.value)
     with pytest.raises(InputError, match="threshold noise z1"):
         pair.garbler.run_batch("b", seeds=inputs.seeds, shape=(5, 3), z2=inputs.z2, commit=print)
     assert not pair.garbler_channel.sent and not pair.evaluator_channel.sent

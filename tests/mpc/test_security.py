@@ -100,20 +100,21 @@ def _keep(store: list[np.ndarray], value: np.ndarray) -> np.ndarray:
 def test_only_output_decoding_bits_reach_the_student_and_only_for_passed_queries(pair, monkeypatch) -> None:
     revealed: list[tuple[np.ndarray, np.ndarray]] = []
     outputs: list[np.ndarray] = []
-    real_reveal, real_decode = (
-        garbler_module.GarblerSession._reveal,
+    real_garble, real_decode = (
+        garbler_module.GarblerSession._garble,
         evaluator_module.EvaluatorSession._decode,
     )
 
-    def reveal(self, pass_bits: np.ndarray, decode: np.ndarray) -> None:
+    def garble(self, *args: object) -> tuple[np.ndarray, np.ndarray]:
+        pass_bits, decode = real_garble(self, *args)  # decode: every query's label decoding bits
         revealed.append((pass_bits.copy(), decode.copy()))
-        real_reveal(self, pass_bits, decode)
+        return pass_bits, decode
 
     def decode(self, out: np.ndarray) -> np.ndarray:
         outputs.append(out.copy())
         return real_decode(self, out)
 
-    monkeypatch.setattr(garbler_module.GarblerSession, "_reveal", reveal)
+    monkeypatch.setattr(garbler_module.GarblerSession, "_garble", garble)
     monkeypatch.setattr(evaluator_module.EvaluatorSession, "_decode", decode)
     inputs = _inputs(pair.config, 64)
     result = pair.run_ok(inputs)

@@ -65,11 +65,13 @@ def test_reserve_settle_release_and_summary(ledger: BudgetLedger) -> None:
     assert ledger.verify().ok
 
 
-def test_operations_are_idempotent(ledger: BudgetLedger) -> None:
+def test_reserve_and_release_are_idempotent_a_settle_is_not(ledger: BudgetLedger) -> None:
     first = _reserve(ledger, "b", 0.1)
     assert _reserve(ledger, "b", 0.1) == first
-    settled = ledger.settle("b", answered=3, actual_rdp=0.05, actor="g")
-    assert ledger.settle("b", answered=3, actual_rdp=0.05, actor="g") == settled
+    ledger.settle("b", answered=3, actual_rdp=0.05, actor="g")
+    # A repeated settle, even with the same figures, is refused: it would be a second reveal for one charge.
+    with pytest.raises(IntegrityError, match="already settled; refusing to settle it again"):
+        ledger.settle("b", answered=3, actual_rdp=0.05, actor="g")
     assert _reserve(ledger, "b", 0.1) == first  # a replayed open after the fact still returns the original
     _reserve(ledger, "c", 0.1)
     released = ledger.release("c", reason="x", actor="g")

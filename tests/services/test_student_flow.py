@@ -339,12 +339,12 @@ def test_restart_resumes_the_open_batch_and_asks_nothing_twice(
     assert len(again.all_labels()[0]) == 128
 
 
-def test_a_batch_charged_but_lost_counts_its_answers_in_the_model_card(
+def test_labels_paid_for_survive_a_link_that_drops_after_the_guardians_commit(
     make, federation_dict, trained_heads, tmp_path: Path, monkeypatch
 ) -> None:
-    # The guardian settles a batch (commit before reveal) and then the link drops before the student has
-    # decoded its labels: the batch is lost, and the student's record — hence the published ε — must count
-    # what the guardian charged for it, answers included.
+    # The guardian settles a batch (commit before reveal) and then the link drops before the student has its
+    # labels. They were paid for, so they must not be lost: the student stashed its select bits before the
+    # guardian could commit, asks for the same reveal again, and decodes the very same labels.
     from capc_common.errors import ProtocolError
     from capc_common.mpc import EvaluatorSession
 
@@ -353,22 +353,26 @@ def test_a_batch_charged_but_lost_counts_its_answers_in_the_model_card(
     config = _config(federation_dict, sha, queries=queries)
     federation = make(config)
     decode = EvaluatorSession._decode
-    dropped: list[str] = []
+    dropped: list[np.ndarray] = []
 
     def decode_then_drop(self, outputs):
         labels = decode(self, outputs)  # the garbler only sends decoding bits after its ledger commit
         if not dropped:
-            dropped.append("first")
+            dropped.append(labels)
             raise ProtocolError("link dropped after the guardian's commit")
         return labels
 
     monkeypatch.setattr(EvaluatorSession, "_decode", decode_then_drop)
     store = LabelStore(tmp_path / "labels.sqlite", config_hash=config.config_hash())
-    federation.scheduler(store).run()
-    lost = store.batches(state="lost")
-    assert len(lost) == 1 and dropped
-    charged = federation.ledger.batch(lost[0].batch_id)
-    assert charged.state == "settled" and charged.answered > 0
-    assert lost[0].answered == charged.answered
+    scheduler = federation.scheduler(store)
+    scheduler.run()
+    assert dropped and not store.batches(state="lost")
+    assert scheduler.progress.recovered_batches == 1
+    first = store.batches(state="done")[0]
+    indices, labels = store.all_labels()
+    np.testing.assert_array_equal(
+        labels[(indices >= first.first_index) & (indices < first.first_index + 32)], dropped[0]
+    )
+    assert federation.ledger.batch(first.batch_id).answered == first.answered == int((dropped[0] >= 0).sum())
     summary = federation.ledger.summary()
     assert privacy_of(config, store)["rdp"] == pytest.approx(summary["spent_rdp"], rel=1e-12)

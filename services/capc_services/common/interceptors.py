@@ -10,12 +10,13 @@ files must never exchange a single share.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from typing import Any
 
 import grpc
 from cryptography import x509
+from google.protobuf.message import DecodeError
 
 from capc_common.errors import ProtocolError
 from capc_common.federation import FederationConfig
@@ -119,29 +120,67 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return None
         method = details.method
         check = self._check
+        parse = _lenient(handler.request_deserializer)
 
-        def wrap(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        def wrap(behavior: Callable[..., Any], *, streaming: bool) -> Callable[..., Any]:
             def guarded(request: Any, context: grpc.ServicerContext) -> Any:
                 check(method, context)
+                if streaming:
+                    return behavior(_well_formed(request, method), context)
+                if isinstance(request, _Malformed):
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: {request}")
                 return behavior(request, context)
 
             return guarded
 
+        serialize = handler.response_serializer
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(
-                wrap(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+                wrap(handler.unary_unary, streaming=False), parse, serialize
             )
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                wrap(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+                wrap(handler.unary_stream, streaming=False), parse, serialize
             )
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
-                wrap(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+                wrap(handler.stream_unary, streaming=True), parse, serialize
             )
         return grpc.stream_stream_rpc_method_handler(
-            wrap(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+            wrap(handler.stream_stream, streaming=True), parse, serialize
         )
+
+
+class _Malformed:
+    """What a request that is not a valid protobuf message becomes (not gRPC's INTERNAL and a traceback)."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+    def __str__(self) -> str:
+        return f"the request is not a well-formed message of this method ({self.error}); check the client"
+
+
+def _lenient(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """A request deserializer that turns undecodable bytes into :class:`_Malformed`, for a precise refusal."""
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except DecodeError as exc:
+            return _Malformed(str(exc) or "undecodable protobuf")
+
+    return parse
+
+
+def _well_formed(requests: Iterator[Any], method: str) -> Iterator[Any]:
+    """A stream's messages; an undecodable one ends the stream with a ProtocolError (a precise status)."""
+    for request in requests:
+        if isinstance(request, _Malformed):
+            raise ProtocolError(f"{method}: {request}")
+        yield request
 
 
 class _Details(grpc.ClientCallDetails):

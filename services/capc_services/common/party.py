@@ -10,6 +10,7 @@ from fastapi import APIRouter, FastAPI
 
 from capc_common.errors import InputError
 from capc_common.federation import check_runnable
+from capc_services.common import faults
 from capc_services.common.admin import Readiness, build_admin_app
 from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.metrics import PartyMetrics
@@ -64,6 +65,7 @@ class PartyRuntime:
         if refused is not None:
             raise InputError(f"{settings.tls.cert}: {refused}")
         self.token = settings.admin_token()
+        faults.arm_from_environment()
         if self.config.insecure_noise:
             self._check_insecure_noise()
         self.metrics = PartyMetrics(

@@ -25,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc_common.errors import InputError, UnavailableError
 from capc_services.common.settings import parse_bind
-from capc_services.tls import SERVER_OPTIONS, TlsFiles
+from capc_services.tls import DEFAULT_MESSAGE_BYTES, TlsFiles, grpc_options
 
 _log = logging.getLogger(__name__)
 
@@ -54,8 +54,14 @@ def start_grpc_server(
     services: Sequence[str],
     interceptors: Sequence[grpc.ServerInterceptor],
     max_workers: int = 32,
+    max_receive_bytes: int = DEFAULT_MESSAGE_BYTES,
+    max_send_bytes: int = DEFAULT_MESSAGE_BYTES,
 ) -> GrpcServer:
     """Start a mutual-TLS gRPC server with the standard health service reporting SERVING.
+
+    ``max_receive_bytes`` is the largest message a caller may send (size it to what the server's callers
+    legitimately send): gRPC reads a call's request before the identity check of the interceptor runs, so
+    it is also the most any certified party can make this server read before its role is checked.
 
     Raises:
         InputError: the address cannot be bound.
@@ -63,7 +69,7 @@ def start_grpc_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         interceptors=list(interceptors),
-        options=list(SERVER_OPTIONS),
+        options=list(grpc_options(receive=max_receive_bytes, send=max_send_bytes, server=True)),
         maximum_concurrent_rpcs=max_workers * 4,
     )
     for add in register:

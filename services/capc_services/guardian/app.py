@@ -9,6 +9,7 @@ from capc_common.aggregation import party_noise
 from capc_common.errors import IntegrityError
 from capc_common.privacy import BudgetLedger
 from capc_common.wire import rpc
+from capc_services.common.limits import MessageLimits
 from capc_services.common.party import PartyRuntime
 from capc_services.common.runtime import start_grpc_server
 from capc_services.guardian.api import router
@@ -56,6 +57,7 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
     noise = party_noise("guardian", seed=party.config.mechanism.insecure_noise_seed)
     ledger = open_ledger(settings)
     guardian = Guardian(config=party.config, ledger=ledger, noise=noise, metrics=party.metrics)
+    limit = MessageLimits.of(party.config).compute
     server = start_grpc_server(
         bind=settings.grpc.bind,
         tls=party.tls,
@@ -63,6 +65,10 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
         services=[rpc.GUARDIAN_SERVICE],
         interceptors=[party.interceptor(POLICY)],
         max_workers=settings.grpc.max_workers,
+        # Only the student's Compute frames are large; a teacher's call is read whole before its role is
+        # checked, so this bounds what any certified party can make the guardian buffer.
+        max_receive_bytes=limit,
+        max_send_bytes=limit,
     )
     try:
         party.start_admin(

@@ -9,9 +9,14 @@ Lifecycle of one batch (DESIGN §3):
   before the share deadline). Fewer than the quorum: the reservation is released — the batch costs nothing.
 * ``compute`` draws the guardian's discrete Gaussian noise (z2 and its part z1_g of the threshold noise; the
   student adds its own part z1_s inside the 2PC, so the pass bits are noisy to the guardian too) and garbles.
-  The MPC driver calls the commit hook with the pass bits *before* it sends the label decoding bits; the hook
-  settles the ledger (durably), so a crash can over-count spend, never under-count it. Any failure before
-  the commit releases the reservation.
+  Before the garbler decodes the first pass bit, the ledger records the computation's nonce (``begin``,
+  durable): from then on the batch is charged — settled by that nonce, or held at its worst case — and can
+  never be released or computed again, by this process or another one on the same ledger. The MPC driver
+  calls the commit hook with the pass bits *before* it sends the label decoding bits; the hook settles the
+  ledger (durably) and keeps those decoding bits with the charge, so a student that crashed before storing
+  its labels can ask for the same bits again (``reveal``). A crash can over-count spend, never under-count
+  it. A failure before the ``begin`` row releases the reservation (nothing was decoded); a failure after it
+  leaves the batch charged at its worst case.
 
 Only open batches are held in memory and each is dropped when it ends, so memory stays flat however many
 batches the federation runs; everything about finished batches lives in the ledger on disk.
@@ -20,13 +25,12 @@ batches the federation runs; everything about finished batches lives in the ledg
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from capc_common.errors import CapcError, InputError, IntegrityError, ProtocolError, UnavailableError
 from capc_common.federation import (
@@ -37,8 +41,9 @@ from capc_common.federation import (
     mpc_config,
     sampler_delta,
 )
-from capc_common.mpc import Channel, GarblerSession
+from capc_common.mpc import Channel, GarblerSession, Reveal
 from capc_common.privacy import BudgetLedger, NoiseSource
+from capc_services.common import faults
 from capc_services.common.metrics import PartyMetrics
 from capc_services.guardian.metrics import BudgetCollector
 
@@ -63,8 +68,17 @@ class _OpenBatch:
 
 
 @dataclass(frozen=True)
+class Agreement:
+    """One agreed computation of a batch: the parties both sides compute over and the computation's nonce."""
+
+    parties: tuple[str, ...]
+    computation: str
+
+
+@dataclass(frozen=True)
 class BatchStatus:
-    """Where a batch stands: ``open``, ``settled``, ``released`` or ``unknown``."""
+    """Where a batch stands: ``open``, ``charged`` (computed, never settled: held at its worst case),
+    ``settled``, ``released`` or ``unknown``."""
 
     state: str
     answered: int = 0
@@ -138,6 +152,14 @@ class Guardian:
         self.metrics.batches.labels(outcome="released").inc()
         _log.info("batch released", extra={"batch_id": batch_id, "reason": reason})
 
+    def _release_undecoded(self, batch_id: str, *, reason: str, actor: str) -> None:
+        """Release a batch this process decoded nothing of — unless the ledger says another computation
+        began on it (or it finished meanwhile): then its charge stands, and that is only logged."""
+        try:
+            self._release(batch_id, reason=reason, actor=actor)
+        except CapcError as exc:
+            _log.warning("batch not released", extra={"batch_id": batch_id, "error": str(exc)})
+
     # ---------------------------------------------------------------- ledger-facing operations
     def status(self, batch_id: str) -> BatchStatus:
         """Where ``batch_id`` stands: ``open`` (reserved), ``settled``, ``released`` or ``unknown``.
@@ -148,8 +170,14 @@ class Guardian:
         record = self.ledger.batch(batch_id)
         if record is None:
             return BatchStatus(state="unknown")
-        state = {"reserved": "open"}.get(record.state, record.state)
-        return BatchStatus(state=state, answered=record.answered, detail=record.detail)
+        state = {"reserved": "open", "computing": "charged"}.get(record.state, record.state)
+        detail = record.detail
+        if state == "charged":
+            detail = (
+                f"computation {record.computation} began but never settled; the batch stays charged at its "
+                "worst case and its labels were never revealed"
+            )
+        return BatchStatus(state=state, answered=record.answered, detail=detail)
 
     def open_batch(
         self, *, batch_id: str, count: int, digest: bytes, actor: str
@@ -181,7 +209,7 @@ class Guardian:
                     raise InputError(f"batch id {batch_id} is already open for another query; use a fresh id")
                 return BatchStatus(state="open"), worst
         finished = self.status(batch_id)
-        if finished.state in ("settled", "released"):
+        if finished.state in ("settled", "released", "charged"):
             record = self.ledger.batch(batch_id)
             if record is None or (record.queries, record.params.get("query_digest")) != (count, digest.hex()):
                 raise InputError(
@@ -221,13 +249,17 @@ class Guardian:
         return BatchStatus(state="open"), worst
 
     def abort_batch(self, batch_id: str, *, reason: str, actor: str) -> BatchStatus:
-        """Release an open batch that was never computed (idempotent for finished batches)."""
+        """Release an open batch that was never computed (idempotent for finished batches).
+
+        A batch a computation began on (here or in another process sharing the ledger) is not released: its
+        status says ``charged`` or ``settled``.
+        """
         with self._lock:
             batch = self._open.get(batch_id)
             if batch is not None and batch.computing:
                 raise InputError(f"batch {batch_id} is being computed; it can no longer be aborted")
         if self.status(batch_id).state == "open":
-            self._release(batch_id, reason=f"aborted by {actor}: {reason[:2000]}", actor=actor)
+            self._release_undecoded(batch_id, reason=f"aborted by {actor}: {reason[:2000]}", actor=actor)
         return self.status(batch_id)
 
     # ---------------------------------------------------------------- shares and quorum
@@ -258,11 +290,11 @@ class Guardian:
         self._seen(party, queries=queries)
         return received
 
-    def agree(self, *, batch_id: str, attempt: int, parties: Sequence[str], actor: str) -> tuple[str, ...]:
+    def agree(self, *, batch_id: str, attempt: int, parties: Sequence[str], actor: str) -> Agreement:
         """Fix the parties of one computation, waiting up to the share deadline for their seeds.
 
         Returns:
-            The agreed parties in federation order.
+            The agreed parties in federation order and a fresh nonce for the computation.
 
         Raises:
             InputError: unknown parties or batch, or the batch was already agreed (it is being computed).
@@ -293,7 +325,7 @@ class Guardian:
                 batch.computing = True
                 # Seeds of other attempts are never used again.
                 batch.seeds = {attempt: batch.seeds[attempt]}
-                return agreed
+                return Agreement(parties=agreed, computation=secrets.token_hex(16))
         missing = sorted(wanted - have)
         reason = (
             f"quorum not met: {len(agreed)} of {len(self.config.teachers)} teacher parties took part "
@@ -309,15 +341,19 @@ class Guardian:
         return GarblerSession(channel, self._mpc)
 
     def compute(
-        self, *, batch_id: str, attempt: int, agreed: Sequence[str], session: GarblerSession, actor: str
+        self, *, batch_id: str, attempt: int, agreement: Agreement, session: GarblerSession, actor: str
     ) -> int:
         """Garble one agreed batch in ``session`` (the student evaluates); returns how many were answered.
 
         Raises:
             InputError: the batch was not agreed, or another computation of it already started (nothing
                 changes: a batch is computed at most once).
-            ProtocolError: the computation failed. If that happened before the commit point the reservation
-                was released (nothing revealed, nothing charged); after it, the charge stands.
+            IntegrityError: the ledger refused this computation (another one began on the batch, perhaps
+                in another guardian process: nothing was decoded) or its settle (the batch stays charged
+                at its worst case; nothing was revealed).
+            ProtocolError: the computation failed. If that happened before the ledger recorded the
+                computation, the reservation was released (nothing decoded, nothing charged); after it, the
+                batch stays charged at its worst case.
         """
         with self._lock:
             batch = self._get_open(batch_id)
@@ -327,12 +363,26 @@ class Guardian:
                     "is computed at most once, after agree()"
                 )
             batch.started = True
-            seeds = [batch.seeds[attempt][p] for p in agreed]
+            seeds = [batch.seeds[attempt][p] for p in agreement.parties]
             count = batch.count
+        nonce = agreement.computation
+        began: list[bool] = []
         settled: dict[str, Any] = {}
 
-        def commit(pass_bits: np.ndarray) -> None:
-            answered = int(np.count_nonzero(pass_bits))
+        def mark() -> None:
+            # Durable before the garbler reads a single pass label: from here on the batch is charged.
+            try:
+                with self.metrics.stage("ledger"):
+                    self.ledger.begin(batch_id, computation=nonce, actor=actor)
+            except CapcError as exc:
+                raise IntegrityError(
+                    f"batch {batch_id} cannot be computed here; nothing was decoded: {exc}"
+                ) from None
+            began.append(True)
+
+        def commit(reveal: Reveal) -> None:
+            answered = reveal.answered
+            faults.reached("guardian.decoded")
             try:
                 with self.metrics.stage("ledger"):
                     entry = self.ledger.settle(
@@ -340,17 +390,20 @@ class Guardian:
                         answered=answered,
                         actual_rdp=self._costs.actual(count, answered),
                         actor=actor,
+                        computation=nonce,
+                        receipt=reveal.to_bytes(),
                     )
-            except CapcError as exc:
-                # The ledger's refusal names the answered count: a DP output of a batch nobody is charged
-                # for. It stays in this log; the student (who gets our error as its stream status) learns
-                # only that the charge failed.
-                _log.warning("settle refused", extra={"batch_id": batch_id, "error": str(exc)})
+            except Exception as exc:  # a refusal (CapcError) or a failing disk (sqlite3.Error)
+                # The ledger's refusal may name the answered count: a DP output of a batch that is charged
+                # only at its worst case. It stays in this log; the student (who gets our error as its stream
+                # status) learns only that the settle failed.
+                _log.warning("settle failed", extra={"batch_id": batch_id, "error": str(exc)})
                 raise IntegrityError(
-                    f"batch {batch_id} could not be charged on the ledger (it was released or settled "
-                    "meanwhile); nothing was revealed"
+                    f"batch {batch_id} could not be settled on the ledger; it stays charged at its worst "
+                    "case and nothing was revealed"
                 ) from None
             settled.update(answered=answered, entry=entry.seq, head=entry.hash)
+            faults.reached("guardian.settled")
 
         try:
             # Noise is drawn in batch order under one lock: the canonical order a seeded source reproduces.
@@ -364,13 +417,21 @@ class Guardian:
                         shape=(count, self.config.classes),
                         noise=noise,
                         commit=commit,
+                        before_decode=mark,
                     )
         except BaseException as exc:
-            if "answered" not in settled:
-                self._release(batch_id, reason=f"computation failed before commit: {exc}", actor=actor)
-            else:
-                with self._lock:
-                    self._open.pop(batch_id, None)
+            with self._lock:
+                self._open.pop(batch_id, None)
+            if not began:
+                self._release_undecoded(
+                    batch_id, reason=f"computation failed before decoding: {exc}", actor=actor
+                )
+            elif "answered" not in settled:
+                self.metrics.batches.labels(outcome="charged").inc()
+                _log.warning(
+                    "batch charged at its worst case: the computation failed after it began decoding",
+                    extra={"batch_id": batch_id, "computation": nonce, "error": str(exc)},
+                )
             if isinstance(exc, Exception) and not isinstance(exc, CapcError):
                 raise ProtocolError(f"batch {batch_id}: 2PC failed: {exc}") from exc
             raise
@@ -381,15 +442,38 @@ class Guardian:
             "batch settled",
             extra={
                 "batch_id": batch_id,
-                "parties": list(agreed),
+                "parties": list(agreement.parties),
                 "answered": settled["answered"],
                 "count": count,
+                "computation": nonce,
                 # Pin it elsewhere: `capc budget verify --expect-head` then detects a tail cut later.
                 "ledger_entry": settled["entry"],
                 "ledger_head": settled["head"],
             },
         )
         return int(settled["answered"])
+
+    def reveal(self, batch_id: str, *, actor: str) -> tuple[str, int, bytes]:
+        """What a settled batch revealed, to send the same bits again: ``(computation, count, bytes)``.
+
+        The student asks after a crash between this guardian's settle and its own label store; the bytes are
+        exactly the pass bits and decoding bits it was sent then (or was about to be sent), so this reveals
+        nothing new and charges nothing.
+
+        Raises:
+            InputError: the batch is not settled, or was settled without a receipt.
+        """
+        kept = self.ledger.receipt(batch_id)
+        record = self.ledger.batch(batch_id)
+        if kept is None or record is None or record.state != "settled":
+            state = self.status(batch_id).state
+            raise InputError(
+                f"batch {batch_id} has no reveal to send again (state {state}); only a batch settled by a "
+                "computation has one"
+            )
+        self._seen(actor)
+        _log.info("reveal sent again", extra={"batch_id": batch_id, "computation": kept[0]})
+        return kept[0], record.queries, kept[1]
 
     # ---------------------------------------------------------------- reporting
     def budget(self) -> dict[str, Any]:

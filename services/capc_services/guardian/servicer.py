@@ -14,7 +14,7 @@ from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import status_for
 from capc_services.common.interceptors import peer_name
-from capc_services.common.streams import FrameChannel
+from capc_services.common.streams import FRAME_DEADLINE_S, FrameChannel
 from capc_services.guardian.core import Guardian
 
 _log = logging.getLogger(__name__)
@@ -23,6 +23,7 @@ _STATE = {
     "settled": pb.BatchState.Value("BATCH_STATE_SETTLED"),
     "released": pb.BatchState.Value("BATCH_STATE_RELEASED"),
     "unknown": pb.BatchState.Value("BATCH_STATE_UNKNOWN"),
+    "charged": pb.BatchState.Value("BATCH_STATE_CHARGED"),
 }
 
 # Who may call what (checked by the AuthInterceptor before any method runs).
@@ -30,6 +31,7 @@ POLICY = {
     f"/{rpc.GUARDIAN_SERVICE}/OpenBatch": frozenset({"student"}),
     f"/{rpc.GUARDIAN_SERVICE}/AbortBatch": frozenset({"student"}),
     f"/{rpc.GUARDIAN_SERVICE}/BatchStatus": frozenset({"student"}),
+    f"/{rpc.GUARDIAN_SERVICE}/Reveal": frozenset({"student"}),
     f"/{rpc.GUARDIAN_SERVICE}/Compute": frozenset({"student"}),
     f"/{rpc.GUARDIAN_SERVICE}/SubmitShares": frozenset({"teacher"}),
 }
@@ -40,10 +42,18 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
 
 
 class GuardianServicer(rpc.GuardianServiceServicer):
-    """Implements ``capc.v1.GuardianService`` over a :class:`Guardian`."""
+    """Implements ``capc.v1.GuardianService`` over a :class:`Guardian`.
 
-    def __init__(self, guardian: Guardian) -> None:
+    Args:
+        guardian: the guardian's state.
+        frame_deadline_s: how long, within a batch, the garbler waits for the student's next frame or for
+            it to read what was sent (a stalled student then fails its batch instead of holding the
+            guardian's computation lock).
+    """
+
+    def __init__(self, guardian: Guardian, *, frame_deadline_s: float = FRAME_DEADLINE_S) -> None:
         self._g = guardian
+        self._deadline = frame_deadline_s
 
     def OpenBatch(self, request: pb.OpenBatchRequest, context: grpc.ServicerContext) -> pb.OpenBatchReply:
         try:
@@ -76,6 +86,13 @@ class GuardianServicer(rpc.GuardianServiceServicer):
         status = self._g.status(request.batch_id)
         return pb.BatchStatusReply(state=_STATE[status.state], answered=status.answered, detail=status.detail)
 
+    def Reveal(self, request: pb.RevealRequest, context: grpc.ServicerContext) -> pb.RevealReply:
+        try:
+            computation, count, reveal = self._g.reveal(request.batch_id, actor=peer_name(context))
+        except CapcError as exc:
+            _abort(context, exc)
+        return pb.RevealReply(computation=computation, count=count, reveal=reveal)
+
     def SubmitShares(
         self, request: pb.SubmitSharesRequest, context: grpc.ServicerContext
     ) -> pb.SubmitSharesReply:
@@ -101,7 +118,7 @@ class GuardianServicer(rpc.GuardianServiceServicer):
         self, request_iterator: Iterator[pb.ComputeMessage], context: grpc.ServicerContext
     ) -> Iterator[pb.ComputeMessage]:
         actor = peer_name(context)
-        channel = FrameChannel(request_iterator, peer=actor)
+        channel = FrameChannel(request_iterator, peer=actor, deadline=self._deadline)
         failure: list[BaseException] = []
 
         def serve_batches() -> None:
@@ -133,11 +150,14 @@ class GuardianServicer(rpc.GuardianServiceServicer):
                             )
                         )
                         continue
-                    channel.send_message(pb.ComputeMessage(agreed=pb.ComputeAgreed(parties=list(agreed))))
+                    agreed_message = pb.ComputeAgreed(
+                        parties=list(agreed.parties), computation=agreed.computation
+                    )
+                    channel.send_message(pb.ComputeMessage(agreed=agreed_message))
                     self._g.compute(
                         batch_id=start.batch_id,
                         attempt=start.attempt,
-                        agreed=agreed,
+                        agreement=agreed,
                         session=session,
                         actor=actor,
                     )

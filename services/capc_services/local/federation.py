@@ -9,7 +9,7 @@ label store and every party's cap record carry on.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from capc_common.errors import InputError
 from capc_common.federation import FederationConfig
 from capc_services.local.layout import Layout
 from capc_services.local.processes import (
+    PartyProcess,
     federation_of,
     is_ours,
     probe,
@@ -154,24 +155,71 @@ def token(layout: Layout) -> str:
     return layout.token.read_text().strip()
 
 
+def party_state(proc: PartyProcess) -> dict[str, Any]:
+    """One party's ``status`` entry: ``state`` is ``running`` only when its process lives *and* it reports
+    ready; ``failed`` when it lives but a readiness check says it failed for good (e.g. the student's
+    labelling loop); ``not ready`` while it starts or reconnects; ``not running`` when the process is gone."""
+    entry: dict[str, Any] = {"role": proc.role, "pid": proc.pid, "process": "alive", "ready": False}
+    if not is_ours(proc):
+        return {**entry, "process": "not running", "state": "not running", "running": False}
+    code, body = probe(f"{proc.admin_url}/readyz")
+    failing = {}
+    if isinstance(body, dict):
+        failing = {name: c.get("detail") for name, c in body.get("checks", {}).items() if not c.get("ok")}
+    failed = any(isinstance(d, dict) and d.get("state") == "failed" for d in failing.values())
+    state = "running" if code == 200 else ("failed" if failed else "not ready")
+    entry.update(ready=code == 200, state=state, running=state == "running")
+    if failing:
+        entry["failing"] = failing
+    elif code != 200:
+        entry["failing"] = {"admin": body}
+    return entry
+
+
 def status(root: str | Path) -> dict[str, Any]:
     """Each party's process and readiness, the guardian's budget and the student's progress."""
     layout = Layout(Path(root).resolve())
     state = read_state(layout)
     config = federation_of(layout)
     secret = token(layout)
-    parties: dict[str, Any] = {}
-    for proc in processes_of(state):
-        alive = is_ours(proc)
-        code, _ = probe(f"{proc.admin_url}/readyz") if alive else (0, "process not running")
-        parties[proc.party] = {"role": proc.role, "pid": proc.pid, "running": alive, "ready": code == 200}
+    parties = {proc.party: party_state(proc) for proc in processes_of(state)}
     admin = {p.party: p.admin_url for p in processes_of(state)}
     result: dict[str, Any] = {"state_dir": str(layout.root), "parties": parties}
-    if parties.get(config.guardian, {}).get("running"):
+    if parties.get(config.guardian, {}).get("process") == "alive":
         result["budget"] = probe(f"{admin[config.guardian]}/api/v1/budget", token=secret)[1]
-    if parties.get(config.student, {}).get("running"):
+    if parties.get(config.student, {}).get("process") == "alive":
         result["progress"] = probe(f"{admin[config.student]}/api/v1/progress", token=secret)[1]
     return result
+
+
+def restart(root: str | Path, party: str, *, env: Mapping[str, str] | None = None) -> PartyProcess:
+    """Start again one party of a started federation whose process is gone (crashed or killed); its new
+    process id goes into ``state.json``, so ``status`` and ``down`` see it.
+
+    Args:
+        root: the state directory.
+        party: the party to start.
+        env: extra environment for the process.
+
+    Raises:
+        InputError: no such party, or its process is still running.
+    """
+    layout = Layout(Path(root).resolve())
+    state = read_state(layout)
+    processes = processes_of(state)
+    known = {p.party: p for p in processes}
+    if party not in known:
+        raise InputError(
+            f"{party!r} is not a party of the federation in {layout.root}; parties: {sorted(known)}"
+        )
+    old = known[party]
+    if is_ours(old):
+        raise InputError(f"{party} (pid {old.pid}) is still running; stop it first or use `capc local down`")
+    port = int(old.admin_url.rsplit(":", 1)[1])
+    new = start_party(layout, party=party, role=old.role, admin_port=port, env=env)
+    endpoints = Endpoints.from_dict(state["endpoints"])
+    write_state(layout, endpoints=endpoints, processes=[new if p.party == party else p for p in processes])
+    return new
 
 
 def down(root: str | Path, *, purge: bool = False) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,11 +62,21 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def start_party(layout: Layout, *, party: str, role: str, admin_port: int) -> PartyProcess:
-    """Launch one party process detached from this one, logging to ``logs/PARTY.log``."""
+def start_party(
+    layout: Layout, *, party: str, role: str, admin_port: int, env: Mapping[str, str] | None = None
+) -> PartyProcess:
+    """Launch one party process detached from this one, logging to ``logs/PARTY.log``.
+
+    Args:
+        layout: the state directory.
+        party: the party's name.
+        role: ``guardian``, ``student`` or ``teacher``.
+        admin_port: its admin port (from the endpoints).
+        env: extra environment variables for the process (e.g. ``CAPC_FAULTS`` in a chaos run).
+    """
     layout.logs.mkdir(parents=True, exist_ok=True)
     log = layout.log(party).open("ab")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(
         _command(role, layout.site(party)),
         stdin=subprocess.DEVNULL,

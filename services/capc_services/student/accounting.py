@@ -57,3 +57,11 @@ def privacy_of(config: FederationConfig, store: LabelStore) -> dict[str, Any]:
         # Teacher parties assign examples to heads by a content hash (capc teacher train).
         "neighbouring": NEIGHBOURING["hash"],
     }
+
+
+def noise_label(config: FederationConfig) -> str:
+    """How the model card and ``/api/v1/progress`` name the student's noise source, so a model labelled
+    with the test-only seeded source can never pass for a private one."""
+    if not config.insecure_noise:
+        return "SystemNoise"
+    return "SeededNoise (INSECURE: labels are reproducible and not private)"

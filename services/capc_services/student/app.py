@@ -14,18 +14,22 @@ from capc_common.aggregation import party_noise
 from capc_common.errors import CapcError
 from capc_common.wire import rpc
 from capc_services.common.admin import api_router
+from capc_services.common.limits import MessageLimits
 from capc_services.common.party import PartyRuntime, apply_torch_threads
 from capc_services.common.runtime import start_grpc_server
-from capc_services.student.accounting import epsilon_figures
+from capc_services.student.accounting import epsilon_figures, noise_label
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
-from capc_services.student.publish import noise_label, publish_student
-from capc_services.student.scheduler import Scheduler
+from capc_services.student.scheduler import Progress, Scheduler
 from capc_services.student.servicer import POLICY, StudentServicer, add_to_server
 from capc_services.student.settings import StudentSettings
 from capc_services.student.store import LabelStore
+from capc_services.student.training import TrainingStopped
 
 _log = logging.getLogger(__name__)
+STOP_GRACE_S = 5.0
+"""How long a stopping student waits for its labelling or training thread (``capc local down`` waits 15 s
+before SIGKILL)."""
 
 
 def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: str) -> APIRouter:
@@ -45,6 +49,8 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
             **scheduler.store.counts(),
             **epsilon_figures(scheduler.config, scheduler.store),
             "labels_per_s": p.labels_per_s,
+            "reconnects": p.reconnects,
+            "recovered_batches": p.recovered_batches,
             "last_batch": p.last_batch,
             "teachers_connected": sorted(registry.live()),
             "published": p.published,
@@ -62,6 +68,14 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
         return card
 
     return api
+
+
+def _labelling_check(progress: Progress, *, guardian: str) -> tuple[bool, dict[str, Any]]:
+    """Readiness of the labelling loop: not ready while it reconnects to the guardian, nor once it failed."""
+    detail: dict[str, Any] = {"state": progress.state, "guardian": guardian}
+    if progress.error:
+        detail["error"] = progress.error
+    return progress.state not in ("failed", "reconnecting"), detail
 
 
 def run(settings: StudentSettings, *, stop: threading.Event) -> None:
@@ -85,6 +99,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
         depth=settings.pipeline_depth,
         connect_timeout=settings.connect_timeout_s,
     )
+    limits = MessageLimits.of(party.config)
     server = start_grpc_server(
         bind=settings.grpc.bind,
         tls=party.tls,
@@ -92,21 +107,27 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
         services=[rpc.STUDENT_SERVICE],
         interceptors=[party.interceptor(POLICY)],
         max_workers=max(settings.grpc.max_workers, 2 * len(party.config.teachers) + 8),
+        max_receive_bytes=limits.share,
+        max_send_bytes=limits.work,
     )
-    guardian_ok: dict[str, Any] = {"ok": False, "detail": "not connected yet"}
     worker: threading.Thread | None = None
 
     def work() -> None:
         try:
-            guardian.wait_ready(timeout=settings.connect_timeout_s)
-            guardian_ok.update(ok=True, detail=settings.guardian_address)
             scheduler.run()
             if stop.is_set():
                 return
             scheduler.progress.state = "training"
-            scheduler.progress.published = publish_student(settings, store=store, progress=scheduler.progress)
+            from capc_services.student.publish import publish_student  # torch: only once it trains
+
+            scheduler.progress.published = publish_student(
+                settings, store=store, progress=scheduler.progress, stop=stop
+            )
             scheduler.progress.state = "published"
             _log.info("student published", extra=scheduler.progress.published)
+        except TrainingStopped as exc:
+            scheduler.progress.state = "stopped"
+            _log.info("training interrupted by shutdown", extra={"detail": str(exc)})
         except CapcError as exc:
             scheduler.progress.state = "failed"
             scheduler.progress.error = str(exc)
@@ -119,7 +140,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
         party.start_admin(
             readiness=lambda: {
                 "grpc": (True, {"port": server.port}),
-                "guardian": (guardian_ok["ok"], guardian_ok["detail"]),
+                "labelling": _labelling_check(scheduler.progress, guardian=settings.guardian_address),
             },
             routers=[progress_router(scheduler, registry, noise=noise_label(party.config))],
         )
@@ -130,9 +151,13 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
         scheduler.stop()
         registry.close_all()
         if worker is not None:
-            worker.join(timeout=30)
-        server.stop(grace=5)
+            # Labelling ends at the batch in hand and training between two batches; one chunk's fit cannot
+            # be cut short, so after STOP_GRACE_S the process exits without it (nothing durable is lost:
+            # the labels are in the store and training runs again at the next start).
+            worker.join(timeout=STOP_GRACE_S)
+        server.stop(grace=2)
         guardian.close()
         party.stop_admin()
-        store.close()
+        if worker is None or not worker.is_alive():
+            store.close()
         _log.info("student stopped", extra={"state": scheduler.progress.state})

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import grpc
 import numpy as np
 
 from capc_common.errors import CapcError, ProtocolError, UnavailableError
 from capc_common.federation import FederationConfig, mechanism_of, mpc_config
-from capc_common.mpc import EvaluatorSession, sum_shares
+from capc_common.mpc import EvaluatorSession, Reveal, decode_labels, sum_shares
 from capc_common.privacy import NoiseSource
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor, check_peer_hash
-from capc_services.common.streams import FrameChannel
+from capc_services.common.limits import MessageLimits
+from capc_services.common.streams import FRAME_DEADLINE_S, FrameChannel
 from capc_services.tls import TlsFiles
 
 _log = logging.getLogger(__name__)
@@ -23,6 +25,20 @@ _log = logging.getLogger(__name__)
 
 class BatchRefused(UnavailableError):
     """The guardian will not compute a batch (e.g. quorum not met: released, cost nothing); stream intact."""
+
+
+class GuardianUnavailable(UnavailableError):
+    """The guardian cannot be reached, or the link to it broke: reconnect and resume (nothing is lost)."""
+
+
+def _link_error(exc: CapcError) -> CapcError:
+    """A broken or unreachable link becomes :class:`GuardianUnavailable`; every other error stays as it is."""
+    return GuardianUnavailable(str(exc)) if type(exc) is UnavailableError else exc
+
+
+Stash = Callable[[str, tuple[str, ...], np.ndarray], None]
+"""``stash(computation, parties, select_bits)``: keeps what the student needs to decode a computation's labels
+durably, before the guardian can commit it."""
 
 
 STATE_NAMES = {v: k.removeprefix("BATCH_STATE_").lower() for k, v in pb.BatchState.items()}
@@ -49,10 +65,16 @@ class GuardianClient:
         noise: NoiseSource,
         timeout: float = 60.0,
     ) -> None:
+        self._config = config
         self._peer = config.guardian
         self._hash = config.config_hash()
+        limit = MessageLimits.of(config).compute
         self._channel = tls.channel(
-            address, peer=self._peer, interceptors=(ConfigHashClientInterceptor(self._hash, peer=self._peer),)
+            address,
+            peer=self._peer,
+            interceptors=(ConfigHashClientInterceptor(self._hash, peer=self._peer),),
+            receive=limit,
+            send=limit,
         )
         self._stub = rpc.GuardianServiceStub(self._channel)
         self._mpc = mpc_config(config)
@@ -70,21 +92,27 @@ class GuardianClient:
         """Block until the channel connects (TLS handshake included).
 
         Raises:
-            UnavailableError: not within ``timeout`` seconds.
+            GuardianUnavailable: not within ``timeout`` seconds.
         """
+        if not self.reachable(timeout=timeout):
+            raise GuardianUnavailable(
+                f"guardian did not accept a TLS connection within {timeout:.0f} s; check its address and "
+                "that both parties' certificates come from the same CA"
+            )
+
+    def reachable(self, *, timeout: float) -> bool:
+        """Whether a TLS connection to the guardian is up (or comes up within ``timeout`` seconds)."""
         try:
             grpc.channel_ready_future(self._channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
-            raise UnavailableError(
-                f"guardian did not accept a TLS connection within {timeout:.0f} s; check its address and "
-                "that both parties' certificates come from the same CA"
-            ) from None
+            return False
+        return True
 
     def _call(self, method: str, request: object) -> object:
         try:
             return getattr(self._stub, method)(request, timeout=self._timeout)
         except grpc.RpcError as exc:
-            raise error_from_rpc(exc, peer=self._peer) from None
+            raise _link_error(error_from_rpc(exc, peer=self._peer)) from None
 
     def open_batch(self, batch_id: str, *, count: int, digest: bytes) -> pb.OpenBatchReply:
         """Reserve a batch (raises BudgetExhaustedError when its worst case does not fit)."""
@@ -106,11 +134,31 @@ class GuardianClient:
         assert isinstance(reply, pb.BatchStatusReply)
         return reply
 
+    def reveal(self, batch_id: str) -> tuple[str, Reveal]:
+        """A settled batch's reveal, sent again: ``(computation, reveal)`` (no new information, no charge).
+
+        Raises:
+            InputError: the batch has no reveal (not settled by a computation).
+            ProtocolError: the reveal does not parse for the batch's size.
+        """
+        reply = self._call("Reveal", pb.RevealRequest(batch_id=batch_id))
+        assert isinstance(reply, pb.RevealReply)
+        reveal = Reveal.from_bytes(reply.reveal, queries=reply.count, label_bits=self._mpc.label_bits)
+        return reply.computation, reveal
+
+    def decode(self, select: np.ndarray, reveal: Reveal) -> np.ndarray:
+        """Labels from stashed select bits and a reveal sent again (−1 = not answered)."""
+        return decode_labels(select, reveal, classes=self._config.classes)
+
     def _session(self) -> tuple[FrameChannel, EvaluatorSession, object]:
         """The open Compute stream and its MPC session, opening them if needed (base OT on first use)."""
         if self._stream is None:
             channel = FrameChannel(
-                None, peer=self._peer, on_error=lambda e: error_from_rpc(e, peer=self._peer)
+                None,
+                peer=self._peer,
+                on_error=lambda e: _link_error(error_from_rpc(e, peer=self._peer)),
+                # The guardian answers ComputeStart only once the seeds arrived (up to the share deadline).
+                deadline=self._config.quorum.share_deadline_s + FRAME_DEADLINE_S,
             )
             call = self._stub.Compute(channel.outgoing())
             channel.attach(call)
@@ -125,7 +173,7 @@ class GuardianClient:
             self._stream = None
 
     def compute(
-        self, batch_id: str, *, attempt: int, shares: dict[str, np.ndarray]
+        self, batch_id: str, *, attempt: int, shares: dict[str, np.ndarray], stash: Stash | None = None
     ) -> tuple[np.ndarray, tuple[str, ...], int]:
         """Run the 2PC for one batch as the evaluator, on the long-lived Compute stream.
 
@@ -139,6 +187,7 @@ class GuardianClient:
             batch_id: the open batch.
             attempt: the attempt whose shares these are.
             shares: the student's share of each responding party's votes, ``(count, classes)`` in Z_{2^w}.
+            stash: keeps the select bits durably before the guardian can commit (see :data:`Stash`).
 
         Returns:
             ``(labels, agreed_parties, bytes_on_the_wire)``; labels are −1 where a query was not answered.
@@ -169,7 +218,9 @@ class GuardianClient:
                 raise ProtocolError(f"guardian agreed on parties the student has no share from: {extra}")
             total = sum_shares([shares[p] for p in agreed], width=self._mpc.width)
             z1_student = self._mechanism.student_noise(self._noise, batch=total.shape[0])
-            labels = session.run_batch(batch_id, share_sum=total, z1_student=z1_student)
+            computation = reply.agreed.computation
+            keep = None if stash is None else (lambda select: stash(computation, agreed, select))
+            labels = session.run_batch(batch_id, share_sum=total, z1_student=z1_student, stash=keep)
         except BatchRefused:
             raise
         except CapcError:
@@ -177,6 +228,6 @@ class GuardianClient:
             raise
         except grpc.RpcError as exc:
             self._drop_session()
-            raise error_from_rpc(exc, peer=self._peer) from None
+            raise _link_error(error_from_rpc(exc, peer=self._peer)) from None
         nbytes = channel.bytes_sent + channel.bytes_received - before
         return np.asarray(labels, dtype=np.int64), agreed, nbytes

@@ -10,30 +10,26 @@ answered queries with the same data-independent accounting the guardian's ledger
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from capc_common.data import load_dataset
 from capc_common.errors import InputError
-from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone
-from capc_common.learn.student import accuracy, save_student, train_student
+from capc_common.federation import batch_plan, load_shared_backbone
+from capc_common.learn.student import accuracy, save_student
 from capc_common.models import extract_features
-from capc_services.student.accounting import privacy_of
+from capc_services.student.accounting import noise_label, privacy_of
 from capc_services.student.scheduler import Progress
 from capc_services.student.settings import StudentSettings
 from capc_services.student.store import LabelStore
+from capc_services.student.training import TrainingStopped, fit_streamed
 
 _log = logging.getLogger(__name__)
-
-
-def noise_label(config: FederationConfig) -> str:
-    """How the model card and ``/api/v1/progress`` name the student's noise source, so a model labelled
-    with the test-only seeded source can never pass for a private one."""
-    if not config.insecure_noise:
-        return "SystemNoise"
-    return "SeededNoise (INSECURE: labels are reproducible and not private)"
+_BLOCK_CHUNKS = 2  # bn_batch chunks extracted between two looks at the stop request
 
 
 def pick_device(preference: str) -> str:
@@ -50,14 +46,46 @@ def pick_device(preference: str) -> str:
     return "cuda" if preference in ("cuda", "auto") and available else "cpu"
 
 
-def publish_student(settings: StudentSettings, *, store: LabelStore, progress: Progress) -> dict[str, Any]:
+def _features(
+    backbone: Any, images: np.ndarray, *, bn_batch: int, stop: threading.Event | None
+) -> np.ndarray:
+    """Features of ``images``, a few whole bn_batch chunks at a time with a look at ``stop`` in between.
+
+    The last block takes the remainder, so the BatchNorm chunks are exactly those of one pass over all the
+    images (the teachers' chunks): the features are the same, and a shutdown waits for one block at most.
+
+    Raises:
+        TrainingStopped: ``stop`` was set.
+    """
+    block = _BLOCK_CHUNKS * bn_batch
+    starts = list(range(0, len(images) - block + 1, block)) if len(images) >= block else [0]
+    bounds = [*starts[1:], len(images)]
+    out = []
+    for start, stop_at in zip(starts, bounds, strict=True):
+        if stop is not None and stop.is_set():
+            raise TrainingStopped("student training was stopped; it runs again at the next start")
+        out.append(extract_features(backbone, images[start:stop_at], bn_batch=bn_batch, mode="current"))
+    return out[0] if len(out) == 1 else np.concatenate(out)
+
+
+def publish_student(
+    settings: StudentSettings,
+    *,
+    store: LabelStore,
+    progress: Progress,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
     """Train, evaluate (if configured) and write ``student.safetensors`` + ``model_card.json``.
+
+    Features are computed a batch at a time and the fit is chunked (:mod:`.training`), so memory stays
+    bounded however many queries were labelled; ``stop`` interrupts between batches.
 
     Returns:
         What was published (paths, counts, ε, accuracy) for ``/api/v1/progress``.
 
     Raises:
         InputError: no answered query to learn from.
+        TrainingStopped: ``stop`` was set (nothing is published; it runs again at the next start).
     """
     config = settings.federation_config
     start = time.perf_counter()
@@ -67,21 +95,22 @@ def publish_student(settings: StudentSettings, *, store: LabelStore, progress: P
         backbone = backbone.to(device)
     done = store.batches(state="done")
     indices, labels = store.all_labels()
-    by_index = dict(zip(indices.tolist(), labels.tolist(), strict=True))
-    features, targets = [], []
-    for record in done:
-        spec = batch_plan(config, first_index=record.first_index, count=record.count).spec
-        feats = extract_features(backbone, spec.images(), bn_batch=spec.bn_batch, mode="current")
-        features.append(feats)
-        targets.append([by_index[spec.first_index + i] for i in range(spec.count)])
-    if not features:
-        raise InputError("no batch was labelled, so there is no student to train (see stopped_reason)")
-    x = np.concatenate(features)
-    y = np.concatenate([np.asarray(t, dtype=np.int64) for t in targets])
-    answered = y >= 0
-    fit = train_student(
-        x[answered], y[answered], classes=config.classes, unlabelled=x[~answered], seed=config.queries.seed
+
+    def batches() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Each labelled batch's features (the teachers' bn_batch chunks) and labels, one at a time."""
+        for record in done:
+            spec = batch_plan(config, first_index=record.first_index, count=record.count).spec
+            lo, hi = np.searchsorted(indices, [spec.first_index, spec.first_index + spec.count])
+            yield _features(backbone, spec.images(), bn_batch=spec.bn_batch, stop=stop), labels[lo:hi]
+
+    fit, chunks = fit_streamed(
+        batches(),
+        classes=config.classes,
+        seed=config.queries.seed,
+        chunk_queries=settings.train.chunk_queries,
+        stop=stop,
     )
+    answered = int((labels >= 0).sum())
     evaluation: dict[str, Any] = {}
     evaluate = settings.train.evaluate
     if evaluate is not None:
@@ -89,11 +118,12 @@ def publish_student(settings: StudentSettings, *, store: LabelStore, progress: P
         images, truth = test.images, test.labels
         if evaluate.limit is not None:
             images, truth = images[: evaluate.limit], truth[: evaluate.limit]
-        test_features = extract_features(backbone, images, bn_batch=config.queries.bn_batch, mode="current")
+        features = _features(backbone, images, bn_batch=config.queries.bn_batch, stop=stop)
+        predicted = fit.predict(features)
         evaluation = {
             "dataset": f"{evaluate.dataset}/test",
             "examples": len(truth),
-            "accuracy": accuracy(fit.predict(test_features), truth),
+            "accuracy": accuracy(predicted, truth),
             "bn_mode": "current",
             "bn_batch": config.queries.bn_batch,
         }
@@ -126,6 +156,8 @@ def publish_student(settings: StudentSettings, *, store: LabelStore, progress: P
             "recipe": fit.recipe.describe(),
             "pseudo_labelled": fit.pseudo_labelled,
             "device": device,
+            "chunks": chunks,
+            "chunk_queries": settings.train.chunk_queries,
         },
         "evaluation": evaluation,
         "stopped_reason": progress.stopped_reason,
@@ -134,12 +166,12 @@ def publish_student(settings: StudentSettings, *, store: LabelStore, progress: P
     model_path = settings.output_dir / "student.safetensors"
     card_path = save_student(model_path, fit, card=card).replace(settings.output_dir / "model_card.json")
     seconds = time.perf_counter() - start
-    _log.info("student trained", extra={"seconds": round(seconds, 2), "answered": int(answered.sum())})
+    _log.info("student trained", extra={"seconds": round(seconds, 2), "answered": answered, "chunks": chunks})
     return {
         "model": str(model_path),
         "model_card": str(card_path),
         "epsilon": card["privacy"]["epsilon"],
-        "answered": int(answered.sum()),
+        "answered": answered,
         "accuracy": evaluation.get("accuracy"),
         "device": device,
         "seconds": round(seconds, 2),

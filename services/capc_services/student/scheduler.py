@@ -9,6 +9,12 @@ never asks a finished one again.
 Budget: a batch that does not fit is refused by the guardian before anything happens. Because batches in
 flight hold their *worst-case* reservation, a refusal while others are in flight waits for them to settle
 (their actual cost is usually lower) and tries once more; a refusal with nothing in flight ends the run.
+
+Failures: when the guardian cannot be reached (it crashed, or restarts) the round ends, the batches in hand
+stay open in the store, and the student reconnects with capped exponential backoff and resumes them by
+itself. A batch whose computation failed is finished from what the guardian says of it: settled — its labels
+are decoded from the student's stash and the guardian's reveal, sent again; charged (the guardian's
+computation began but never settled) — lost, counted at its worst case; open — aborted (released).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from capc_common.errors import BudgetExhaustedError, CapcError, UnavailableError
+from capc_common.errors import BudgetExhaustedError, CapcError, InputError, UnavailableError
 from capc_common.federation import (
     BatchPlan,
     FederationConfig,
@@ -35,14 +41,17 @@ from capc_common.federation import (
 from capc_common.privacy.analysis import rdp_budget_at_order
 from capc_common.privacy.filter import refusal_message
 from capc_common.wire import messages as pb
+from capc_services.common import faults
 from capc_services.common.metrics import PartyMetrics
 from capc_services.student.accounting import spent_rdp
-from capc_services.student.guardian_client import STATE_NAMES, GuardianClient
+from capc_services.student.guardian_client import STATE_NAMES, GuardianClient, GuardianUnavailable
 from capc_services.student.links import Answer, TeacherRegistry
 from capc_services.student.store import LabelStore
 
 _log = logging.getLogger(__name__)
 _DONE = object()
+BACKOFF_S = (0.5, 15.0)
+"""First and largest wait between reconnection attempts to the guardian (doubling in between)."""
 
 
 @dataclass
@@ -64,6 +73,8 @@ class Progress:
     error: str = ""
     last_batch: str = ""
     labels_per_s: float = 0.0
+    reconnects: int = 0
+    recovered_batches: int = 0
     published: dict[str, Any] = field(default_factory=dict)
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=64))
 
@@ -105,17 +116,72 @@ class Scheduler:
         self._in_flight = 0
         self._flight = threading.Condition()
         self._stop = threading.Event()
+        self._halt = threading.Event()  # ends the current round (set by stop() and by a failed round)
 
     def stop(self) -> None:
         """Ask the pipeline to finish the batch in hand and stop."""
         self._stop.set()
+        self._halt.set()
+
+    # ------------------------------------------------------------------ finishing a batch without its run
+    def _recover(self, plan: BatchPlan) -> bool:
+        """Store the labels of a batch the guardian settled but this student never stored (it crashed, or
+        the link broke before the reveal arrived): the reveal sent again plus the stash give them.
+
+        Returns:
+            False when nothing matching was stashed (then the labels are lost).
+        """
+        try:
+            computation, reveal = self.guardian.reveal(plan.batch_id)
+        except InputError as exc:
+            _log.warning("no reveal to recover", extra={"batch_id": plan.batch_id, "error": str(exc)})
+            return False
+        kept = self.store.stashed(plan.batch_id, computation)
+        if kept is None:
+            return False
+        select, parties = kept
+        labels = self.guardian.decode(select, reveal)
+        self.store.complete(plan.batch_id, labels=labels, parties=parties)
+        self.progress.recovered_batches += 1
+        self.metrics.batches.labels(outcome="recovered").inc()
+        _log.info(
+            "labels recovered from the stash and the guardian's reveal",
+            extra={"batch_id": plan.batch_id, "computation": computation, "answered": reveal.answered},
+        )
+        return True
+
+    def _finish_from_guardian(self, plan: BatchPlan, state: str, *, answered: int, why: str) -> None:
+        """Record a batch whose labels this attempt did not get, from where the guardian says it stands.
+
+        Raises:
+            GuardianUnavailable: the guardian cannot be asked (the batch stays open, to resume).
+        """
+        if state == "settled":
+            if not self._recover(plan):
+                self.store.finish(
+                    plan.batch_id, state="lost", detail=f"charged, labels lost: {why}", answered=answered
+                )
+        elif state == "charged":
+            # The guardian's computation began but never settled: it holds the worst case (every query
+            # answered), which is what the student's record must count too. No label was ever revealed.
+            self.store.finish(
+                plan.batch_id,
+                state="lost",
+                detail=f"charged at its worst case, no label revealed (the guardian stopped mid-batch): "
+                f"{why}",
+                answered=plan.count,
+            )
+        else:
+            if state == "open":
+                self.guardian.abort_batch(plan.batch_id, reason=why)
+            self.store.finish(plan.batch_id, state="aborted", detail=why)
 
     # ------------------------------------------------------------------ stage 1
     def _collect(self, plan: BatchPlan) -> _Collected | None:
         """Open, dispatch and collect one batch; None when it was aborted (and recorded as such)."""
         quorum = self.config.quorum.min_parties
-        if not self.registry.wait_for(quorum, timeout=self._connect_timeout, stop=self._stop):
-            if self._stop.is_set():
+        if not self.registry.wait_for(quorum, timeout=self._connect_timeout, stop=self._halt):
+            if self._halt.is_set():
                 return None
             raise UnavailableError(
                 f"fewer than {quorum} teacher parties connected within {self._connect_timeout:.0f} s "
@@ -125,17 +191,9 @@ class Scheduler:
         started = time.perf_counter()
         reply = self._open(plan)
         state = STATE_NAMES[reply.state]
-        if state == "settled":
-            self.store.finish(
-                plan.batch_id,
-                state="lost",
-                detail="charged on the guardian before a restart; labels were not stored",
-                answered=reply.answered,
-            )
-            return None
-        if state == "released":
-            self.store.finish(
-                plan.batch_id, state="aborted", detail="released on the guardian before a restart"
+        if state in ("settled", "charged", "released"):
+            self._finish_from_guardian(
+                plan, state, answered=reply.answered, why=f"{state} on the guardian before a restart"
             )
             return None
         item = pb.WorkItem(
@@ -248,10 +306,17 @@ class Scheduler:
         costs = batch_costs(self.config)
         try:
             for record in self.store.batches(state="open"):
+                plan = batch_plan(self.config, first_index=record.first_index, count=record.count)
+                reply = self.guardian.status(plan.batch_id)
+                state = STATE_NAMES[reply.state]
+                if state in ("settled", "charged", "released"):  # finished there: no teacher is needed
+                    why = f"{state} on the guardian before a restart"
+                    self._finish_from_guardian(plan, state, answered=reply.answered, why=why)
+                    continue
                 _log.info("resuming batch", extra={"batch_id": record.batch_id})
-                self._feed(batch_plan(self.config, first_index=record.first_index, count=record.count), out)
+                self._feed(plan, out)
             cursor, usable = self.store.next_index(), usable_queries(self.config)
-            while cursor < usable and not self._stop.is_set():
+            while cursor < usable and not self._halt.is_set():
                 count = min(q.batch_size, usable - cursor)
                 if costs.worst_case(count) > self._remaining_rdp():
                     self._wait_idle()  # settle what is in flight, then shrink on exact figures
@@ -304,31 +369,28 @@ class Scheduler:
     # ------------------------------------------------------------------ stage 2
     def _compute(self, item: _Collected) -> None:
         plan = item.plan
+
+        def stash(computation: str, parties: tuple[str, ...], select: np.ndarray) -> None:
+            self.store.stash(plan.batch_id, computation=computation, parties=parties, select=select)
+
         try:
             with self.metrics.stage("2pc"):
                 labels, agreed, nbytes = self.guardian.compute(
-                    plan.batch_id, attempt=item.attempt, shares=item.shares
+                    plan.batch_id, attempt=item.attempt, shares=item.shares, stash=stash
                 )
         except CapcError as exc:
+            if isinstance(exc, GuardianUnavailable):
+                raise  # the batch stays open: resumed once the guardian is back
             reply = self.guardian.status(plan.batch_id)
             status = STATE_NAMES[reply.state]
-            if status == "settled":
-                # Record what the guardian charged, answers included: the model card's ε is summed from it.
-                self.store.finish(
-                    plan.batch_id,
-                    state="lost",
-                    detail=f"charged, labels lost: {exc}",
-                    answered=reply.answered,
-                )
-            else:
-                if status == "open":
-                    self.guardian.abort_batch(plan.batch_id, reason=str(exc))
-                self.store.finish(plan.batch_id, state="aborted", detail=str(exc))
-            self.metrics.batches.labels(outcome="aborted").inc()
+            self._finish_from_guardian(plan, status, answered=reply.answered, why=str(exc))
+            if status != "settled":
+                self.metrics.batches.labels(outcome="aborted").inc()
             _log.warning(
                 "batch failed", extra={"batch_id": plan.batch_id, "state": status, "error": str(exc)}
             )
             return
+        faults.reached("student.labelled")
         with self.metrics.stage("store"):
             self.store.complete(plan.batch_id, labels=labels, parties=agreed)
         wall = time.perf_counter() - item.started
@@ -359,14 +421,13 @@ class Scheduler:
             },
         )
 
-    def run(self) -> Progress:
-        """Label every planned batch that is not finished yet; returns the final progress.
+    def _round(self) -> None:
+        """One pass of the two-stage pipeline over every batch not finished yet.
 
         Raises:
-            CapcError: a failure other than budget exhaustion or a quorum abort stopped the pipeline.
+            GuardianUnavailable: the guardian could not be reached (everything unfinished stays open).
+            CapcError: another failure stopped the pipeline.
         """
-        self.progress.queries_planned = usable_queries(self.config)
-        self.progress.state = "labelling"
         collected: queue.Queue[Any] = queue.Queue(maxsize=max(self._depth, 1))
         errors: list[BaseException] = []
         producer = threading.Thread(
@@ -375,23 +436,73 @@ class Scheduler:
         start = time.perf_counter()
         producer.start()
         labelled = 0
-        while True:
-            item = collected.get()
-            if item is _DONE:
-                break
-            try:
-                self._compute(item)
-                labelled += item.plan.count
-            finally:
-                with self._flight:
-                    self._in_flight -= 1
-                    self._flight.notify_all()
-            self.progress.labels_per_s = labelled / max(time.perf_counter() - start, 1e-9)
-        producer.join()
+        try:
+            while True:
+                item = collected.get()
+                if item is _DONE:
+                    break
+                try:
+                    self._compute(item)
+                    labelled += item.plan.count
+                finally:
+                    self._landed()
+                self.progress.labels_per_s = labelled / max(time.perf_counter() - start, 1e-9)
+        finally:
+            # End the collecting stage too (a batch it holds stays open in the store, for the next round).
+            self._halt.set()
+            while producer.is_alive() or not collected.empty():
+                try:
+                    item = collected.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if item is not _DONE:
+                    self._landed()
+            producer.join()
         if errors:
-            self.progress.state = "failed"
-            self.progress.error = str(errors[0])
             raise errors[0]
+
+    def _landed(self) -> None:
+        with self._flight:
+            self._in_flight -= 1
+            self._flight.notify_all()
+
+    def run(self) -> Progress:
+        """Label every planned batch that is not finished yet; returns the final progress.
+
+        While the guardian cannot be reached the student waits (capped exponential backoff, state
+        ``reconnecting``) and then resumes by itself.
+
+        Raises:
+            CapcError: a failure other than budget exhaustion, a quorum abort or an unreachable guardian
+                stopped the pipeline.
+        """
+        self.progress.queries_planned = usable_queries(self.config)
+        delay = BACKOFF_S[0]
+        while True:
+            self.progress.state = "labelling"
+            self._halt.clear()
+            if self._stop.is_set():
+                self._halt.set()
+            try:
+                self._round()
+                break
+            except GuardianUnavailable as exc:
+                if self._stop.is_set():
+                    break
+                self.progress.state = "reconnecting"
+                self.progress.error = str(exc)
+                self.progress.reconnects += 1
+                _log.warning("guardian unreachable; reconnecting", extra={"error": str(exc), "in_s": delay})
+                self._stop.wait(delay)
+                delay = min(2 * delay, BACKOFF_S[1])
+                while not self._stop.is_set() and not self.guardian.reachable(timeout=delay):
+                    delay = min(2 * delay, BACKOFF_S[1])
+                continue
+            except BaseException as exc:
+                self.progress.state = "failed"
+                self.progress.error = str(exc)
+                raise
+        self.progress.error = ""
         if not self.progress.stopped_reason:
             self.progress.stopped_reason = "stopped" if self._stop.is_set() else "all planned queries asked"
         self.progress.state = "labelled"

@@ -70,6 +70,8 @@ class StudentServicer(rpc.StudentServiceServicer):
                     )
         except grpc.RpcError:
             pass  # the stream ended (teacher gone or shutting down)
+        except CapcError as exc:  # an undecodable message: the stream ends, the party reconnects
+            _log.warning("work stream ended", extra={"teacher": link.party, "error": str(exc)})
         finally:
             self._registry.disconnect(link)
 
@@ -81,6 +83,8 @@ class StudentServicer(rpc.StudentServiceServicer):
             first = next(request_iterator)
         except StopIteration:
             return
+        except CapcError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             if first.WhichOneof("kind") != "hello":
                 raise ProtocolError(

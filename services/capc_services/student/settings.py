@@ -20,11 +20,19 @@ class EvaluateSettings(BaseModel):
 
 
 class TrainSettings(BaseModel):
-    """How the student's head is trained once labelling ends."""
+    """How the student's head is trained once labelling ends.
+
+    Attributes:
+        device: where features are computed.
+        evaluate: optional held-out evaluation.
+        chunk_queries: most queries whose features are held in memory at once; a longer run is fitted in
+            chunks and its head averaged (see ``capc_services.student.training``).
+    """
 
     model_config = ConfigDict(extra="forbid")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     evaluate: EvaluateSettings | None = None
+    chunk_queries: int = Field(default=16384, ge=256)
 
 
 class StudentSettings(SiteSettings):

@@ -1,10 +1,16 @@
 """The student's durable label store (SQLite, synchronous=FULL).
 
 A batch moves ``open`` → ``done`` (labels stored), ``aborted`` (nothing revealed, nothing charged) or
-``lost`` (the guardian charged it but the student crashed before storing its labels — over-counted spend,
-never under-counted). Labels of a batch and its ``done`` mark are written in one transaction, so after a
-restart a batch is either fully stored or not at all; the scheduler skips every batch that is not
-``open`` and resumes the open ones, so nothing is lost and nothing is asked twice.
+``lost`` (charged, no labels: the guardian's computation began but never settled, so it holds the batch at
+its worst case and revealed nothing — over-counted spend, never under-counted). Labels of a batch and its
+``done`` mark are written in one transaction, so after a restart a batch is either fully stored or not at
+all; the scheduler skips every batch that is not ``open`` and resumes the open ones, so nothing is lost and
+nothing is asked twice.
+
+Labels the guardian paid for survive a crash between its settle and the label store: before the student
+sends the frame that lets the guardian commit, it *stashes* what it needs to decode (the select bits of its
+output labels, with the computation's nonce); after a restart it asks the guardian to send the reveal of
+that computation again and decodes the labels from the two.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from capc_common.errors import InputError, IntegrityError
+from capc_common.mpc import pack_bits, unpack_bits
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -37,6 +44,15 @@ CREATE TABLE IF NOT EXISTS labels (
     query_index INTEGER PRIMARY KEY,
     batch_id TEXT NOT NULL REFERENCES batches(batch_id),
     label INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS stashes (
+    batch_id TEXT NOT NULL REFERENCES batches(batch_id),
+    computation TEXT NOT NULL,
+    parties TEXT NOT NULL,
+    queries INTEGER NOT NULL,
+    label_bits INTEGER NOT NULL,
+    bits BLOB NOT NULL,
+    PRIMARY KEY (batch_id, computation)
 );
 """
 STATES = ("open", "done", "aborted", "lost")
@@ -173,6 +189,7 @@ class LabelStore:
                     "WHERE batch_id = ?",
                     (json.dumps(list(parties)), answered, time.time(), batch_id),
                 )
+                self._db.execute("DELETE FROM stashes WHERE batch_id = ?", (batch_id,))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -187,13 +204,56 @@ class LabelStore:
         if state not in ("aborted", "lost"):
             raise InputError(f"finish() takes state 'aborted' or 'lost', not {state!r}")
         with self._lock:
-            cur = self._db.execute(
-                "UPDATE batches SET state = ?, detail = ?, answered = ?, updated = ? "
-                "WHERE batch_id = ? AND state = 'open'",
-                (state, detail, answered, time.time(), batch_id),
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._db.execute(
+                    "UPDATE batches SET state = ?, detail = ?, answered = ?, updated = ? "
+                    "WHERE batch_id = ? AND state = 'open'",
+                    (state, detail, answered, time.time(), batch_id),
+                )
+                if cur.rowcount != 1:
+                    raise InputError(f"batch {batch_id} is not open; cannot mark it {state}")
+                self._db.execute("DELETE FROM stashes WHERE batch_id = ?", (batch_id,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def stash(self, batch_id: str, *, computation: str, parties: tuple[str, ...], select: np.ndarray) -> None:
+        """Keep, durably, the select bits of one computation of an open batch (before the guardian commits).
+
+        Args:
+            batch_id: the open batch.
+            computation: the computation's nonce (from the guardian's agreement).
+            parties: the teacher parties it computes over.
+            select: ``(queries, label_bits)`` bool select bits of the label outputs.
+
+        Raises:
+            InputError: the batch is not open.
+        """
+        select = np.asarray(select, dtype=bool)
+        with self._lock:
+            row = self._db.execute("SELECT state FROM batches WHERE batch_id = ?", (batch_id,)).fetchone()
+            if row is None or row[0] != "open":
+                raise InputError(f"batch {batch_id} is not open (state {row[0] if row else 'unknown'})")
+            self._db.execute(
+                "INSERT OR REPLACE INTO stashes VALUES (?, ?, ?, ?, ?, ?)",
+                (batch_id, computation, json.dumps(list(parties)), *select.shape, pack_bits(select)),
             )
-            if cur.rowcount != 1:
-                raise InputError(f"batch {batch_id} is not open; cannot mark it {state}")
+
+    def stashed(self, batch_id: str, computation: str) -> tuple[np.ndarray, tuple[str, ...]] | None:
+        """``(select bits, parties)`` stashed for one computation of a batch, or None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT parties, queries, label_bits, bits FROM stashes "
+                "WHERE batch_id = ? AND computation = ?",
+                (batch_id, computation),
+            ).fetchone()
+        if row is None:
+            return None
+        parties, queries, label_bits, bits = row
+        select = unpack_bits(bytes(bits), queries * label_bits, what="stashed select bits")
+        return select.reshape(queries, label_bits), tuple(json.loads(parties))
 
     def batches(self, *, state: str | None = None) -> list[BatchRecord]:
         """Every batch (or those in ``state``), in query order."""

@@ -23,11 +23,15 @@ from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.limits import MessageLimits
 from capc_services.teacher.worker import TeacherWorker
 from capc_services.tls import TlsFiles
 
 _log = logging.getLogger(__name__)
 _END = object()
+BACKOFF_MAX_S = 5.0
+"""Longest wait between reconnection attempts to the student (from 0.5 s, doubling): a restarted student
+gets its teachers back within a few seconds, and a student that stays away costs one attempt per 5 s."""
 
 
 class TeacherLinks:
@@ -57,15 +61,20 @@ class TeacherLinks:
         self.party = party
         self.worker = worker
         self._hash = config.config_hash()
+        limits = MessageLimits.of(config)
         self._student_channel = tls.channel(
             student_address,
             peer=config.student,
             interceptors=(ConfigHashClientInterceptor(self._hash, peer=config.student),),
+            receive=limits.work,
+            send=limits.share,
         )
         self._guardian_channel = tls.channel(
             guardian_address,
             peer=config.guardian,
             interceptors=(ConfigHashClientInterceptor(self._hash, peer=config.guardian),),
+            receive=limits.control,
+            send=limits.control,
         )
         self._student = rpc.StudentServiceStub(self._student_channel)
         self._guardian = rpc.GuardianServiceStub(self._guardian_channel)
@@ -158,7 +167,7 @@ class TeacherLinks:
                 backoff = 0.5
             _log.warning("work stream ended; reconnecting", extra={"error": self.last_error, "in_s": backoff})
             stop.wait(backoff)
-            backoff = min(backoff * 2, 15.0)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def close(self) -> None:
         """Cancel the stream and close both channels."""

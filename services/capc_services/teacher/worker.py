@@ -23,6 +23,7 @@ from capc_common.models import extract_features
 from capc_common.mpc import share_votes
 from capc_common.wire import RawQuery, ndarray_to_proto, query_from_proto
 from capc_common.wire import messages as pb
+from capc_services.common import faults
 from capc_services.common.metrics import PartyMetrics
 from capc_services.teacher.cap import LocalCap
 
@@ -146,6 +147,7 @@ class TeacherWorker:
             submit_seed(item.batch_id, item.attempt, seed, (count, self.config.classes))
         except CapcError as exc:
             return self._refuse(item, "GUARDIAN_UNAVAILABLE", str(exc))
+        faults.reached("teacher.shared")
         for stage, seconds in (("generation", t1 - t0), ("inference", t2 - t1), ("sharing", t3 - t2)):
             self.metrics.stage_seconds.labels(stage=stage).observe(seconds)
         self.stats.answered += 1

@@ -1,6 +1,6 @@
 """Federation PKI and mutual-TLS credentials."""
 
-from capc_services.tls.credentials import GRPC_OPTIONS, SERVER_OPTIONS, TlsFiles
+from capc_services.tls.credentials import DEFAULT_MESSAGE_BYTES, TlsFiles, grpc_options
 from capc_services.tls.csr import CertificateRequest, SignedCertificate, request_certificate, sign_request
 from capc_services.tls.names import check_certificate_names, refusal
 from capc_services.tls.pki import (
@@ -15,8 +15,7 @@ from capc_services.tls.pki import (
 )
 
 __all__ = [
-    "GRPC_OPTIONS",
-    "SERVER_OPTIONS",
+    "DEFAULT_MESSAGE_BYTES",
     "CertificateInfo",
     "CertificateRequest",
     "IssuedCertificate",
@@ -26,6 +25,7 @@ __all__ = [
     "certificate_info",
     "check_certificate_names",
     "describe_certificate",
+    "grpc_options",
     "init_ca",
     "issue_certificate",
     "refusal",

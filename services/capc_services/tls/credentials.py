@@ -10,22 +10,34 @@ from typing import Any
 import grpc
 
 from capc_common.errors import InputError
+from capc_common.mpc import MAX_FRAME_BYTES
 
-# MPC frames of a large batch run to tens of megabytes; keepalives hold a teacher's outbound stream open
-# through NAT and firewalls that drop idle connections.
-GRPC_OPTIONS: tuple[tuple[str, Any], ...] = (
-    ("grpc.max_send_message_length", 512 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 512 * 1024 * 1024),
+DEFAULT_MESSAGE_BYTES = MAX_FRAME_BYTES + (64 << 10)
+"""Largest gRPC message when a link sets no limit of its own: one MPC frame and headroom (see
+:class:`capc_services.common.limits.MessageLimits` for the limits a federation's links use)."""
+# Keepalives hold a teacher's outbound stream open through NAT and firewalls that drop idle connections.
+_KEEPALIVE: tuple[tuple[str, Any], ...] = (
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )
-SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (
-    *GRPC_OPTIONS,
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ("grpc.so_reuseport", 0),
-)
+
+
+def grpc_options(
+    *, receive: int = DEFAULT_MESSAGE_BYTES, send: int = DEFAULT_MESSAGE_BYTES, server: bool = False
+) -> tuple[tuple[str, Any], ...]:
+    """gRPC channel or server options with message limits: gRPC refuses (RESOURCE_EXHAUSTED) a message whose
+    length prefix exceeds ``receive`` before it buffers the message, so a peer cannot make this party hold
+    more than that per call."""
+    options = (
+        ("grpc.max_send_message_length", send),
+        ("grpc.max_receive_message_length", receive),
+        *_KEEPALIVE,
+    )
+    if server:
+        options += (("grpc.http2.min_ping_interval_without_data_ms", 10_000), ("grpc.so_reuseport", 0))
+    return options
 
 
 @dataclass(frozen=True)
@@ -52,8 +64,18 @@ class TlsFiles:
         ca, cert, key = self._read()
         return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
 
-    def channel(self, address: str, *, peer: str, interceptors: tuple[Any, ...] = ()) -> grpc.Channel:
+    def channel(
+        self,
+        address: str,
+        *,
+        peer: str,
+        interceptors: tuple[Any, ...] = (),
+        receive: int = DEFAULT_MESSAGE_BYTES,
+        send: int = DEFAULT_MESSAGE_BYTES,
+    ) -> grpc.Channel:
         """A mutually authenticated channel to ``address`` that only accepts a server certified as ``peer``.
+
+        ``receive`` and ``send`` bound the size of one message each way (what the link's protocol sends).
 
         Every federation certificate carries its party name as a DNS SAN, so overriding the TLS target
         name with ``peer`` makes the handshake fail unless the server *is* that party — whatever host name
@@ -61,6 +83,10 @@ class TlsFiles:
         """
         ca, cert, key = self._read()
         creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-        options = (*GRPC_OPTIONS, ("grpc.ssl_target_name_override", peer), ("grpc.default_authority", peer))
+        options = (
+            *grpc_options(receive=receive, send=send),
+            ("grpc.ssl_target_name_override", peer),
+            ("grpc.default_authority", peer),
+        )
         channel = grpc.secure_channel(address, creds, options=options)
         return grpc.intercept_channel(channel, *interceptors) if interceptors else channel

@@ -101,14 +101,46 @@ def up(state_dir: Path, ready_timeout: float, fmt: str, **options: Any) -> None:
     emit(result, fmt, _up_text)
 
 
+def _status_text(result: dict[str, Any]) -> str:
+    lines = [f"federation in {result['state_dir']}"]
+    for name, party in result["parties"].items():
+        line = f"  {name:<12} {party['role']:<8} pid {party['pid']:<8} {party['state']}"
+        for check, detail in party.get("failing", {}).items():
+            line += f"  [{check}: {detail}]"
+        lines.append(line)
+    budget, progress = result.get("budget"), result.get("progress")
+    if isinstance(budget, dict) and "epsilon_spent" in budget:
+        lines.append(f"  budget: ε {budget['epsilon_spent']:.4g} of {budget['epsilon_limit']:.4g} spent")
+    if isinstance(progress, dict) and "state" in progress:
+        lines.append(
+            f"  student: {progress['state']}, {progress.get('queries', 0)} queries asked, "
+            f"{progress.get('answered', 0)} answered"
+            + (f"; error: {progress['error']}" if progress.get("error") else "")
+        )
+    return "\n".join(lines)
+
+
 @command.command("status")
 @_STATE
 @format_option
 def status(state_dir: Path, fmt: str) -> None:
-    """Show each party's process and readiness, the budget and the student's progress."""
+    """Show each party's state (running = process alive and ready; not ready; failed; not running), the
+    budget and the student's progress."""
     from capc_services.local.federation import status as local_status
 
-    emit(local_status(state_dir), fmt)
+    emit(local_status(state_dir), fmt, _status_text)
+
+
+@command.command("restart")
+@_STATE
+@click.argument("party")
+@format_option
+def restart(state_dir: Path, party: str, fmt: str) -> None:
+    """Start again a party whose process is gone (it crashed or was killed); the others carry on and the
+    restarted party resumes where its durable state left off."""
+    from capc_services.local.federation import restart as local_restart
+
+    emit(local_restart(state_dir, party).to_dict(), fmt)
 
 
 @command.command("down")

@@ -26,12 +26,16 @@ from capc_common.aggregation.histogram import check_histograms
 from capc_common.aggregation.noise import MechanismNoise
 
 if TYPE_CHECKING:
-    from capc_common.mpc import GarblerSession, MpcConfig
+    from capc_common.mpc import GarblerSession, MpcConfig, Reveal
     from capc_common.privacy import DataDependentPATEAccountant, NoiseSource
 
 __all__ = ["BatchNoise", "SelectionMechanism"]
 
-Commit = Callable[[npt.NDArray[np.bool_]], None]
+Commit = Callable[["Reveal"], None]
+"""The ledger hook: gets the batch's pass bits and decoding bits (:class:`~capc_common.mpc.Reveal`) before any
+reveal, and makes the charge durable before returning."""
+Mark = Callable[[], None]
+"""Called once before the first pass bit is decoded (the guardian records the computation there)."""
 
 
 @dataclass(frozen=True)
@@ -135,8 +139,9 @@ class SelectionMechanism(ABC):
         shape: tuple[int, int],
         noise: BatchNoise,
         commit: Commit,
+        before_decode: Mark | None = None,
     ) -> npt.NDArray[np.bool_]:
-        """The guardian's side of one batch's 2PC; ``commit`` gets the pass bits before any reveal.
+        """The guardian's side of one batch's 2PC; ``commit`` gets the reveal before anything is revealed.
 
         Args:
             session: the garbler session over the student link.
@@ -145,6 +150,7 @@ class SelectionMechanism(ABC):
             shape: ``(B, c)``.
             noise: the guardian's noise of this batch (:meth:`guardian_noise`).
             commit: the ledger hook; it must make the charge durable before returning.
+            before_decode: called once before the first pass bit is decoded.
 
         Returns:
             ``(B,)`` pass bits.

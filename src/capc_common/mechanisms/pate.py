@@ -21,7 +21,7 @@ import numpy.typing as npt
 from capc_common.aggregation.mechanisms import confident_rule, noisy_argmax
 from capc_common.aggregation.noise import draw_confident_noise, draw_student_noise
 from capc_common.errors import InputError
-from capc_common.mechanisms.base import BatchNoise, Commit, SelectionMechanism
+from capc_common.mechanisms.base import BatchNoise, Commit, Mark, SelectionMechanism
 from capc_common.privacy import ConfidentGNMaxAccountant, DataDependentPATEAccountant
 from capc_common.privacy.analysis import as_orders, rdp_gnmax_data_independent, rdp_pure_dp
 from capc_common.privacy.analysis._checks import count, positive
@@ -138,6 +138,7 @@ class ConfidentGNMax(SelectionMechanism):
         shape: tuple[int, int],
         noise: BatchNoise,
         commit: Commit,
+        before_decode: Mark | None = None,
     ) -> npt.NDArray[np.bool_]:
         """Garble ``pass = max(S + A) + z1 ≥ T`` and ``argmax(S + A + z2)`` for one batch."""
         return session.run_batch(
@@ -148,6 +149,7 @@ class ConfidentGNMax(SelectionMechanism):
             z2=noise["z2"],
             threshold=math.ceil(self.threshold),
             commit=commit,
+            before_decode=before_decode,
         )
 
 
@@ -210,9 +212,12 @@ class GNMax(SelectionMechanism):
         shape: tuple[int, int],
         noise: BatchNoise,
         commit: Commit,
+        before_decode: Mark | None = None,
     ) -> npt.NDArray[np.bool_]:
         """Garble ``argmax(S + A + z2)`` for one batch (every query passes)."""
-        return session.run_batch(batch_id, seeds=seeds, shape=shape, z2=noise["z2"], commit=commit)
+        return session.run_batch(
+            batch_id, seeds=seeds, shape=shape, z2=noise["z2"], commit=commit, before_decode=before_decode
+        )
 
 
 class LNMax(SelectionMechanism):
@@ -274,6 +279,7 @@ class LNMax(SelectionMechanism):
         shape: tuple[int, int],
         noise: BatchNoise,
         commit: Commit,
+        before_decode: Mark | None = None,
     ) -> npt.NDArray[np.bool_]:
         """LNMax has no secure path.
 

@@ -24,15 +24,19 @@ API (what the services code against)::
     # guardian (garbler): one session per student link; base OT once, then many batches
     garbler = GarblerSession(channel, config)
     pass_bits = garbler.run_batch(batch_id, seeds=[seed_1, ...], shape=(B, c), z2=z2, z1=z1,
-                                  threshold=T, commit=ledger_hook)           # (B,) bool
+                                  threshold=T, commit=ledger_hook,           # (B,) bool
+                                  before_decode=mark_hook)
     #   z2: (B, c) int noise, z1: (B,) the guardian's part z1_g of the threshold noise (None and
-    #   threshold=None in "gnmax" mode); commit(pass_bits) must make the charge durable and return before
+    #   threshold=None in "gnmax" mode); before_decode() runs before the first pass bit is decoded;
+    #   commit(reveal) must make the charge durable (and may keep reveal.to_bytes()) and return before
     #   labels are revealed.
 
     # student (evaluator): z1_student is its own part z1_s of the threshold noise, (B,) ints (None in gnmax)
     evaluator = EvaluatorSession(channel, config)
     labels = evaluator.run_batch(batch_id, share_sum=sum_shares(shares, width=w),
-                                 z1_student=z1_s)                            # (B,) int64, −1 = failed
+                                 z1_student=z1_s, stash=keep)                # (B,) int64, −1 = failed
+    #   stash(select_bits) runs before the garbler can commit; decode_labels(select_bits, reveal, classes=c)
+    #   gives the same labels later from a reveal sent again (Reveal.from_bytes).
 
 ``Channel`` is message-oriented: ``send(bytes)``, ``recv() -> bytes``, ``close()``; frames are at most
 :data:`MAX_FRAME_BYTES` (4 MiB + 64), so a gRPC bidi stream of ``bytes`` messages can carry them 1:1.
@@ -55,6 +59,7 @@ from capc_common.mpc.evaluator import EvaluatorSession
 from capc_common.mpc.garbler import GarblerSession
 from capc_common.mpc.party import BatchRejected
 from capc_common.mpc.plain import CircuitStats, PlainBackend, circuit_stats, reference_noisy_argmax, run_plain
+from capc_common.mpc.reveal import Reveal, decode_labels, pack_bits, unpack_bits
 from capc_common.mpc.session import open_session
 from capc_common.mpc.sharing import expand_share_seed, reduce_shares, share_votes, sum_seeds, sum_shares
 
@@ -69,12 +74,15 @@ __all__ = [
     "Mode",
     "MpcConfig",
     "PlainBackend",
+    "Reveal",
     "SocketChannel",
     "channel_pair",
     "circuit_stats",
+    "decode_labels",
     "expand_share_seed",
     "noise_bound",
     "open_session",
+    "pack_bits",
     "reduce_shares",
     "reference_noisy_argmax",
     "ring_width",
@@ -82,4 +90,5 @@ __all__ = [
     "share_votes",
     "sum_seeds",
     "sum_shares",
+    "unpack_bits",
 ]

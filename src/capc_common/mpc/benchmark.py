@@ -30,6 +30,7 @@ from capc_common.mpc.evaluator import EvaluatorSession
 from capc_common.mpc.garbler import GarblerSession
 from capc_common.mpc.plain import circuit_stats, reference_noisy_argmax
 from capc_common.mpc.primitives import aes_blocks_per_second, transpose_bits
+from capc_common.mpc.reveal import Reveal
 from capc_common.mpc.sharing import share_votes, sum_shares
 
 _TIMEOUT_S = 600.0
@@ -81,7 +82,7 @@ def _garbler_main(
         with GarblerSession(channel, config) as session:
             session.handshake()
             passes: list[np.ndarray] = []
-            committed: list[np.ndarray] = []
+            committed: list[Reveal] = []
             cpu0 = _cpu_s()
             for item in batches:
                 passes.append(

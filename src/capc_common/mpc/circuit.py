@@ -313,10 +313,13 @@ def _integer_array(values: np.ndarray, name: str, shape: tuple[int, ...]) -> np.
 
 
 def _check_ring(values: np.ndarray, *, lo: int, hi: int, what: str, config: MpcConfig) -> None:
-    if values.size and (values.min() < lo or values.max() > hi):
+    """Refuse noise outside the ring's room; the message counts the values but never shows one (noise is
+    secret, and this error may be logged or sent on to a peer)."""
+    outside = int(((values < lo) | (values > hi)).sum())
+    if outside:
         raise InputError(
-            f"{what} spans [{values.min()}, {values.max()}] but must lie in [{lo}, {hi}] so that every "
-            f"noisy value with up to {config.teachers} votes and student noise up to "
-            f"±{config.student_noise or 0} fits the signed {config.width}-bit ring; derive a wider width "
+            f"{outside} of {values.size} values of {what} lie outside [{lo}, {hi}], the room that keeps "
+            f"every noisy value with up to {config.teachers} votes and student noise up to "
+            f"±{config.student_noise or 0} inside the signed {config.width}-bit ring; derive a wider width "
             "with ring_width(tails=...) or check the noise sampler."
         )

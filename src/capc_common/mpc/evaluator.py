@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 
 import numpy as np
 
@@ -40,9 +41,9 @@ from capc_common.mpc.primitives import (
     IknpReceiver,
     Workspace,
     eval_and,
-    from_bit_planes,
     to_bit_planes,
 )
+from capc_common.mpc.reveal import Reveal, decode_labels, select_bits, unpack_bits
 
 
 class EvaluatorBackend:
@@ -108,7 +109,12 @@ class EvaluatorSession(Party):
         self._constant = np.zeros(2, dtype=np.uint64)
 
     def run_batch(
-        self, batch_id: bytes | str, *, share_sum: np.ndarray, z1_student: np.ndarray | None = None
+        self,
+        batch_id: bytes | str,
+        *,
+        share_sum: np.ndarray,
+        z1_student: np.ndarray | None = None,
+        stash: Callable[[np.ndarray], None] | None = None,
     ) -> np.ndarray:
         """Evaluate one batch and return its labels.
 
@@ -119,6 +125,10 @@ class EvaluatorSession(Party):
                 query from the student's own CSPRNG, |z1_s| ≤ ``config.student_noise`` (Confident-GNMax:
                 required; GNMax: must be None). It enters the circuit added to the share (S + z1_s), by OT
                 like the share, so the guardian never learns it; do not log or keep it.
+            stash: called with the ``(B, label_bits)`` select bits of the label outputs once every chunk is
+                evaluated and *before* the frame that lets the garbler commit; keep them durably there, and
+                a crash after the garbler's commit loses nothing (:func:`~capc_common.mpc.decode_labels`
+                turns them and the garbler's reveal, sent again, into the labels).
 
         Returns:
             ``(B,)`` int64 labels in [0, c), −1 for queries that failed the threshold.
@@ -140,7 +150,7 @@ class EvaluatorSession(Party):
             self._fail(exc)
             raise
         try:
-            outputs = self._evaluate(share, first_labels)
+            outputs = self._evaluate(share, first_labels, stash)
             return self._decode(outputs)
         except BaseException as exc:
             self._fail(exc)
@@ -192,7 +202,9 @@ class EvaluatorSession(Party):
         self._send_stream(Tag.OT_MATRIX, u)
         return labels.reshape((*bits.shape, 2))
 
-    def _evaluate(self, share: np.ndarray, share_labels: np.ndarray) -> np.ndarray:
+    def _evaluate(
+        self, share: np.ndarray, share_labels: np.ndarray, stash: Callable[[np.ndarray], None] | None
+    ) -> np.ndarray:
         assert self._pi is not None
         queries, width, classes = share.shape[0], self.config.width, self.config.classes
         addends = 2 if self.config.mode == "confident" else 1
@@ -213,33 +225,22 @@ class EvaluatorSession(Party):
             outputs[:, start:stop] = label
             if k + 1 < len(chunks):
                 share_labels = self._send_ot(share[chunks[k + 1][0] : chunks[k + 1][1]])
-            if passed is not None:
-                self._send(Tag.PASS_LABELS, np.ascontiguousarray(passed).tobytes())
+            elif stash is not None:
+                stash(select_bits(outputs))  # before the last frame: the garbler cannot commit before it
+            # Empty in GNMax mode: there it only tells the garbler that it may commit.
+            self._send(Tag.PASS_LABELS, b"" if passed is None else np.ascontiguousarray(passed).tobytes())
         return outputs
 
     def _decode(self, outputs: np.ndarray) -> np.ndarray:
         queries, bits = outputs.shape[1], self.config.label_bits
-        pass_bits = _unpack_exact(self._recv_stream(Tag.DECODE, -(-queries // 8)), queries, "pass bits")
+        raw = self._recv_stream(Tag.DECODE, -(-queries // 8))
+        pass_bits = unpack_bits(raw, queries, what="DECODE pass bits")
         if self.config.mode == "gnmax" and not pass_bits.all():
             raise ProtocolError("the garbler reports failed queries in GNMax mode (it answers every query).")
-        labels = np.full(queries, -1, dtype=np.int64)
         answered = int(pass_bits.sum())
+        decode = np.zeros((0, bits), dtype=bool)
         if answered:
             raw = self._recv_stream(Tag.DECODE, -(-(answered * bits) // 8))
-            decode = _unpack_exact(raw, answered * bits, "decoding bits").reshape(answered, bits)
-            select = (outputs[:, pass_bits, 0] & np.uint64(1)).astype(bool).T
-            values = from_bit_planes((select ^ decode).T)
-            if values.max() >= self.config.classes:
-                raise ProtocolError(
-                    f"decoded label {int(values.max())} is outside [0, {self.config.classes}): corrupted "
-                    "decoding bits or garbled tables."
-                )
-            labels[pass_bits] = values
-        return labels
-
-
-def _unpack_exact(raw: np.ndarray, count: int, what: str) -> np.ndarray:
-    bits = np.unpackbits(raw, bitorder="little")
-    if bits[count:].any():
-        raise ProtocolError(f"DECODE {what}: padding bits after the {count} expected bits are not zero.")
-    return bits[:count].astype(bool)
+            decode = unpack_bits(raw, answered * bits, what="DECODE decoding bits").reshape(answered, bits)
+        reveal = Reveal(pass_bits=pass_bits, decode_bits=decode)
+        return decode_labels(select_bits(outputs), reveal, classes=self.config.classes)

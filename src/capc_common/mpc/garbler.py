@@ -52,6 +52,7 @@ from capc_common.mpc.primitives import (
     label_bits,
     padded_ot_count,
 )
+from capc_common.mpc.reveal import Reveal, pack_bits
 from capc_common.mpc.sharing import sum_seeds
 
 
@@ -131,17 +132,20 @@ class GarblerSession(Party):
         z2: np.ndarray,
         z1: np.ndarray | None = None,
         threshold: int | None = None,
-        commit: Callable[[np.ndarray], None],
+        commit: Callable[[Reveal], None],
+        before_decode: Callable[[], None] | None = None,
     ) -> np.ndarray:
         """Garble one batch; return its pass bits after ``commit`` has accepted them.
 
         The guardian's share A = Σ_p AES-CTR(seed_p) is expanded here; A + z2 and A + z1 − T enter the
         circuit as the guardian's inputs. ``z1`` is only the guardian's part z1_g of the threshold noise: the
         student adds its own z1_s inside the circuit, so the pass bits the guardian decodes are noisy to it.
-        The evaluator's output labels of the pass wires tell the guardian which queries passed;
-        ``commit(pass_bits)`` must make the privacy charge durable and return, and only then are the label
-        outputs' decoding bits sent. If ``commit`` raises, nothing is revealed, the
-        session is closed and the exception propagates.
+        The evaluator's output labels of the pass wires tell the guardian which queries passed. Before the
+        first of them is read, ``before_decode()`` runs (the guardian makes its durable "this computation
+        may now decode" mark there; if it raises, nothing was decoded). ``commit(reveal)`` gets the pass bits
+        and the decoding bits about to be revealed; it must make the privacy charge durable (and may keep
+        the reveal, to send the same bits again later) and return; only then are the decoding bits sent.
+        If a hook raises, nothing is revealed, the session is closed and the exception propagates.
 
         Args:
             batch_id: the batch's id; the evaluator must use the same one.
@@ -150,8 +154,9 @@ class GarblerSession(Party):
             z2: ``(B, c)`` integer argmax noise.
             z1: ``(B,)`` integer threshold noise z1_g, the guardian's part (Confident-GNMax; None for GNMax).
             threshold: the threshold T (Confident-GNMax; None for GNMax).
-            commit: ledger hook called with the ``(B,)`` bool pass bits before anything is revealed (all
-                True for GNMax).
+            commit: ledger hook called with the :class:`Reveal` (pass bits — all True for GNMax — and the
+                decoding bits of the passed queries) before anything is revealed.
+            before_decode: called once, before the first pass bit is decoded.
 
         Returns:
             ``(B,)`` bool pass bits.
@@ -180,9 +185,10 @@ class GarblerSession(Party):
             self._fail(exc)
             raise
         try:
-            pass_bits, decode = self._garble(addends, first_share)
-            commit(pass_bits.copy())
-            self._reveal(pass_bits, decode)
+            pass_bits, decode = self._garble(addends, first_share, before_decode)
+            reveal = Reveal(pass_bits=pass_bits.copy(), decode_bits=decode[pass_bits])
+            commit(reveal)
+            self._reveal(reveal)
         except BaseException as exc:
             self._fail(exc)
             raise
@@ -238,7 +244,9 @@ class GarblerSession(Party):
         tables.write(input_labels(values, zero=zero, delta=self._delta))
         return zero
 
-    def _garble(self, addends: np.ndarray, share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _garble(
+        self, addends: np.ndarray, share: np.ndarray, before_decode: Callable[[], None] | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         assert self._pi is not None
         queries = addends.shape[0]
         chunks = chunk_bounds(queries, self.config.queries_per_chunk)
@@ -260,13 +268,20 @@ class GarblerSession(Party):
             decode[start:stop] = (label[..., 0] & np.uint64(1)).astype(bool).T
             if k + 1 < len(chunks):
                 share = self._recv_ot(*chunks[k + 1])
-            if passed is not None:
-                pass_bits[start:stop] = self._decode_pass(passed)
+            if k == 0 and before_decode is not None:
+                before_decode()
+            pass_bits[start:stop] = self._decode_pass(passed, stop - start)
         return pass_bits, decode
 
-    def _decode_pass(self, zero: np.ndarray) -> np.ndarray:
-        """Map the evaluator's pass-wire labels to bits; anything but one of the two labels is an error."""
-        n = zero.shape[0]
+    def _decode_pass(self, zero: np.ndarray | None, n: int) -> np.ndarray:
+        """Map the evaluator's pass-wire labels to bits; anything but one of the two labels is an error.
+
+        In GNMax mode (no pass wires) the evaluator's frame is empty: it only marks the point from which the
+        garbler may commit (the evaluator has stashed its select bits by then).
+        """
+        if zero is None:
+            self._recv_exact(Tag.PASS_LABELS, 0)
+            return np.ones(n, dtype=bool)
         returned = np.frombuffer(self._recv_exact(Tag.PASS_LABELS, 16 * n), dtype=np.uint64).reshape(n, 2)
         is_zero = (returned == zero).all(axis=1)
         is_one = (returned == (zero ^ self._delta)).all(axis=1)
@@ -277,8 +292,8 @@ class GarblerSession(Party):
             )
         return is_one
 
-    def _reveal(self, pass_bits: np.ndarray, decode: np.ndarray) -> None:
+    def _reveal(self, reveal: Reveal) -> None:
         """After the commit: pass bits, then decoding bits of the label outputs of passed queries only."""
-        self._send_stream(Tag.DECODE, np.packbits(pass_bits, bitorder="little"))
-        if pass_bits.any():
-            self._send_stream(Tag.DECODE, np.packbits(decode[pass_bits].reshape(-1), bitorder="little"))
+        self._send_stream(Tag.DECODE, np.frombuffer(pack_bits(reveal.pass_bits), dtype=np.uint8))
+        if reveal.answered:
+            self._send_stream(Tag.DECODE, np.frombuffer(pack_bits(reveal.decode_bits), dtype=np.uint8))

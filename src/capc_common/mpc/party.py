@@ -32,7 +32,7 @@ from capc_common.mpc.primitives.bits import OT_WIDTH
 
 _log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_PAYLOAD_BYTES = 4 << 20
 """Largest payload of one frame (the services' gRPC messages stay well under their 4 MiB default + header)."""
 STREAM_FRAME_BYTES = 1 << 20
@@ -60,7 +60,7 @@ class Tag(enum.IntEnum):
     OT_MATRIX = 5  # evaluator → garbler: IKNP matrix U of one chunk (stream)
     GARBLED = 6  # garbler → evaluator: input labels and garbled tables of one chunk (stream)
     GARBLED_END = 9  # garbler → evaluator: the last frame of a chunk's garbled stream (may be empty)
-    PASS_LABELS = 7  # evaluator → garbler: output labels of the pass bits of one chunk
+    PASS_LABELS = 7  # evaluator → garbler: output labels of the pass bits of one chunk (empty in GNMax mode)
     DECODE = 8  # garbler → evaluator: pass bits and label decoding bits, after the ledger commit
     ABORT = 15  # either way, empty: "I stopped", nothing more
 

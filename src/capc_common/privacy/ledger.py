@@ -6,6 +6,14 @@ filter's budget. ``settle`` replaces the reservation by the actual cost (≤ the
 when that is on disk; ``release`` cancels a batch that revealed nothing. A reservation that is never settled
 — the guardian crashed — stays counted at its worst case: a crash can over-count spend, never under-count it.
 
+**One computation per batch.** ``begin`` records, durably and before any output of the batch is decoded, the
+nonce of the one computation that may reveal it. From that row on the batch is charged: it is settled once,
+by that computation's nonce, or held at its worst case for ever — never released, never computed again (a
+second ``begin``, a settle with another nonce, or a repeated settle is refused). So two guardian processes
+sharing one ledger cannot reveal one batch twice for one charge. ``settle`` may store an opaque *receipt*
+in the same transaction (the guardian keeps there the label decoding bits it is about to send, so it can
+send the same bits again to a student that crashed before storing its labels).
+
 **Storage.** One SQLite file in WAL mode with ``synchronous=FULL`` (each commit is fsynced before it
 returns). Entries are append-only (triggers reject UPDATE and DELETE) and hash-chained: each row stores
 ``SHA-256(previous hash ‖ canonical JSON of the row)``, starting from the hash of the ledger's parameters, so
@@ -28,6 +36,7 @@ rounded *up*; the filter compares integers, so sums never drift and verification
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -59,7 +68,8 @@ MAX_SEQ = 2**63 - 1
 _MAX_BUDGET_RDP = 2.0**14  # keeps every total far inside SQLite's signed 64-bit integers
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
-Kind = Literal["reserve", "settle", "release"]
+Kind = Literal["reserve", "compute", "settle", "release"]
+_PHASE = {"reserve": 0, "settle": 1, "release": 1, "compute": 2}
 
 _SCHEMA = """
 CREATE TABLE meta (
@@ -78,8 +88,8 @@ CREATE TABLE meta (
 CREATE TABLE entries (
     seq INTEGER PRIMARY KEY,
     batch_id TEXT NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN ('reserve', 'settle', 'release')),
-    phase INTEGER NOT NULL CHECK (phase IN (0, 1)),
+    kind TEXT NOT NULL CHECK (kind IN ('reserve', 'compute', 'settle', 'release')),
+    phase INTEGER NOT NULL CHECK (phase IN (0, 1, 2)),
     queries INTEGER NOT NULL,
     answered INTEGER NOT NULL,
     parties TEXT NOT NULL,
@@ -122,6 +132,20 @@ CREATE TRIGGER state_follows_entries BEFORE UPDATE ON state
 CREATE TRIGGER state_no_delete BEFORE DELETE ON state
     BEGIN SELECT RAISE(ABORT, 'ledger totals are derived from the entries'); END;
 """
+# Receipts of settled batches (see ``settle``); added to ledgers created before they existed by ``_upgrade``.
+_RECEIPTS = """
+CREATE TABLE IF NOT EXISTS receipts (
+    batch_id TEXT PRIMARY KEY,
+    computation TEXT NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS receipts_no_update BEFORE UPDATE ON receipts
+    BEGIN SELECT RAISE(ABORT, 'ledger receipts are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS receipts_no_delete BEFORE DELETE ON receipts
+    BEGIN SELECT RAISE(ABORT, 'ledger receipts are append-only'); END;
+"""
+_OLD_KINDS = "CHECK (kind IN ('reserve', 'settle', 'release'))"
+_OLD_PHASES = "CHECK (phase IN (0, 1))"
 
 _ENTRY_COLUMNS = (
     "seq, batch_id, kind, phase, queries, answered, parties, mechanism, params, rdp, units, detail, actor, "
@@ -150,15 +174,15 @@ class Entry:
     Attributes:
         seq: position in the chain (1, 2, …).
         batch_id: the batch the row is about.
-        kind: ``"reserve"``, ``"settle"`` or ``"release"``.
+        kind: ``"reserve"``, ``"compute"``, ``"settle"`` or ``"release"``.
         queries: queries in the batch.
         answered: queries answered (settle rows; 0 otherwise).
         parties: teacher parties involved.
         mechanism: mechanism name.
         params: mechanism parameters of the batch.
-        rdp: the cost at the ledger's order: worst case (reserve), actual (settle), 0 (release).
+        rdp: the cost at the ledger's order: worst case (reserve), actual (settle), 0 (compute, release).
         units: ``rdp`` in 2^-48-nat units, rounded up.
-        detail: free text (the release reason).
+        detail: the computation's nonce (compute and its settle), the reason (release), else empty.
         actor: identity of whoever wrote the row.
         time: UNIX time of the write.
         prev_hash: hash of the previous row (or of the ledger parameters for the first row).
@@ -199,8 +223,9 @@ class BatchRecord:
 
     Attributes:
         batch_id: the batch.
-        state: ``"reserved"`` (open, or its guardian died: counted at worst case), ``"settled"`` or
-            ``"released"``.
+        state: ``"reserved"`` (open, or its guardian died: counted at worst case), ``"computing"`` (a
+            computation began: charged, settled by it or held at the worst case, never released),
+            ``"settled"`` or ``"released"``.
         queries: queries in the batch.
         answered: queries answered (0 unless settled).
         reserved_rdp: the worst case reserved.
@@ -211,6 +236,7 @@ class BatchRecord:
         detail: the release reason, if released.
         opened: time of the reservation.
         closed: time of the settle/release row, if any.
+        computation: the nonce of the computation that began on the batch, if any.
     """
 
     batch_id: str
@@ -225,6 +251,7 @@ class BatchRecord:
     detail: str
     opened: float
     closed: float | None
+    computation: str | None = None
 
 
 @dataclass
@@ -273,6 +300,7 @@ class _Chain:
         self.budget_units = budget_units
         self.totals = dict.fromkeys(_TOTALS, 0)
         self.open_batches: dict[str, Entry] = {}
+        self.computing: dict[str, str] = {}  # batch -> nonce of the computation that began on it
         self.closed: set[str] = set()
         self.problems: list[str] = []
 
@@ -301,6 +329,15 @@ class _Chain:
             if totals["spent_units"] + totals["reserved_units"] > self.budget_units:
                 problems.append(f"{where}: the reservation crossed the budget")
             return
+        if entry.kind == "compute":
+            if entry.batch_id not in self.open_batches:
+                problems.append(f"{where}: computes a batch that is not open")
+            elif entry.batch_id in self.computing:
+                problems.append(f"{where}: a second computation of the batch")
+            if entry.units:
+                problems.append(f"{where}: a computation row must cost nothing")
+            self.computing[entry.batch_id] = entry.detail
+            return
         opening = self.open_batches.pop(entry.batch_id, None)
         if opening is None:
             problems.append(f"{where}: closes a batch that is not open")
@@ -308,15 +345,20 @@ class _Chain:
         self.closed.add(entry.batch_id)
         totals["reserved_units"] -= opening.units
         totals["open"] -= 1
+        began = self.computing.pop(entry.batch_id, None)
         if entry.kind == "settle":
             if entry.units > opening.units or entry.answered > opening.queries:
                 problems.append(f"{where}: settles above its reservation")
+            if began is not None and entry.detail != began:
+                problems.append(f"{where}: settled by another computation than the one that began")
             totals["spent_units"] += entry.units
             totals["answered"] += entry.answered
             totals["settled"] += 1
         else:
             if entry.units:
                 problems.append(f"{where}: a release must cost nothing")
+            if began is not None:
+                problems.append(f"{where}: released after its computation began (it must stay charged)")
             totals["queries"] -= opening.queries
             totals["released"] += 1
 
@@ -451,7 +493,7 @@ class BudgetLedger:
         try:
             db = cls._connect(tmp)
             db.execute("BEGIN IMMEDIATE")
-            for statement in _SCHEMA.split(";\n"):
+            for statement in (_SCHEMA + _RECEIPTS).split(";\n"):
                 if statement.strip():
                     db.execute(statement)
             db.execute(
@@ -513,7 +555,7 @@ class BudgetLedger:
         db: sqlite3.Connection | None = None
         try:
             db = cls._connect(target)
-            return cls(target, db)
+            ledger = cls(target, db)
         except (sqlite3.DatabaseError, IntegrityError, ValueError) as exc:
             if db is not None:
                 db.close()
@@ -523,6 +565,9 @@ class BudgetLedger:
                 f"{target} is not a readable budget ledger ({exc}); the file is damaged or not a ledger: "
                 "restore it from a backup"
             ) from None
+        with contextlib.suppress(sqlite3.DatabaseError):  # a damaged file stays as it is, for `verify`
+            ledger._upgrade()
+        return ledger
 
     @classmethod
     def open_or_create(
@@ -570,6 +615,43 @@ class BudgetLedger:
                 "right file or start a new ledger"
             )
         return ledger
+
+    def _upgrade(self) -> None:
+        """Give a ledger created before computation rows existed their kind, phase and receipts table.
+
+        The change only widens two CHECK constraints (every existing row already satisfies the wider ones),
+        which SQLite documents as safe to do by editing the schema text in place
+        (https://www.sqlite.org/lang_altertable.html#otheralter); it touches no row, so the hash chain and
+        the genesis are unchanged. A ledger that cannot be written (a read-only copy) is left as it is.
+        """
+        with self._lock:
+            (sql,) = self._db.execute(
+                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'entries'"
+            ).fetchone()
+            if _OLD_KINDS not in sql:
+                return
+            wider = sql.replace(_OLD_KINDS, _OLD_KINDS.replace("'reserve', ", "'reserve', 'compute', "))
+            wider = wider.replace(_OLD_PHASES, "CHECK (phase IN (0, 1, 2))")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError:
+                return
+            try:
+                (version,) = self._db.execute("PRAGMA schema_version").fetchone()
+                self._db.execute("PRAGMA writable_schema = ON")
+                self._db.execute(
+                    "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'entries'", (wider,)
+                )
+                self._db.execute(f"PRAGMA schema_version = {int(version) + 1}")
+                self._db.execute("PRAGMA writable_schema = OFF")
+                for statement in _RECEIPTS.split(";\n"):
+                    if statement.strip():
+                        self._db.execute(statement)
+            except BaseException:
+                self._db.execute("PRAGMA writable_schema = OFF")
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def close(self) -> None:
         """Close the connection (committed data is already durable)."""
@@ -631,7 +713,7 @@ class BudgetLedger:
         db.execute(
             f"INSERT INTO entries ({_ENTRY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                entry.seq, entry.batch_id, entry.kind, 0 if entry.kind == "reserve" else 1, entry.queries,
+                entry.seq, entry.batch_id, entry.kind, _PHASE[entry.kind], entry.queries,
                 entry.answered, _canonical(list(entry.parties)), entry.mechanism, _canonical(entry.params),
                 entry.rdp, entry.units, entry.detail, entry.actor, entry.time, entry.prev_hash, entry.hash,
             ),
@@ -644,16 +726,16 @@ class BudgetLedger:
         )
         return entry
 
-    def _rows(self, db: sqlite3.Connection, batch_id: str) -> tuple[Entry | None, Entry | None]:
-        rows = [
-            _row_entry(r)
-            for r in db.execute(
-                f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE batch_id = ? ORDER BY phase", (batch_id,)
+    def _rows(self, db: sqlite3.Connection, batch_id: str) -> tuple[Entry | None, Entry | None, Entry | None]:
+        """A batch's reserve, compute and settle/release rows (each None when absent)."""
+        rows = {
+            e.kind: e
+            for e in map(
+                _row_entry,
+                db.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE batch_id = ?", (batch_id,)),
             )
-        ]
-        opening = next((e for e in rows if e.kind == "reserve"), None)
-        closing = next((e for e in rows if e.kind != "reserve"), None)
-        return opening, closing
+        }
+        return rows.get("reserve"), rows.get("compute"), rows.get("settle") or rows.get("release")
 
     # ------------------------------------------------------------------ the three operations
     def reserve(
@@ -686,7 +768,7 @@ class BudgetLedger:
         rdp = non_negative("worst_case_rdp", worst_case_rdp)
         units = _units(rdp)
         with self._write() as db:
-            opening, _ = self._rows(db, bid)
+            opening, _, _ = self._rows(db, bid)
             if opening is not None:
                 same = (opening.queries, opening.parties, opening.mechanism, _canonical(opening.params),
                         opening.units) == (n, names, mech, params_json, units)  # fmt: skip
@@ -715,35 +797,92 @@ class BudgetLedger:
                 detail="", actor=who,
             )  # fmt: skip
 
-    def settle(self, batch_id: str, *, answered: int, actual_rdp: float, actor: str) -> Entry:
-        """Charge a reserved batch its actual cost (≤ the reservation); durable when this returns.
+    def begin(self, batch_id: str, *, computation: str, actor: str) -> Entry:
+        """Record, durably, the one computation that may reveal a reserved batch — before it decodes anything.
 
-        Idempotent: settling again with the same figures returns the original row.
+        From this row on the batch is charged: settled once by ``computation`` or held at its worst case
+        (a crash between decoding and settling); it can no longer be released or computed again.
+
+        Args:
+            batch_id: a reserved batch.
+            computation: a fresh, unique nonce naming this computation (e.g. ``secrets.token_hex(16)``).
+            actor: who computes.
+
+        Raises:
+            InputError: invalid arguments, or the batch was never reserved.
+            IntegrityError: the batch was settled or released, or another computation began on it.
+        """
+        bid = _text("batch_id", batch_id)
+        nonce = _text("computation", computation, limit=128)
+        who = _text("actor", actor)
+        with self._write() as db:
+            opening, computing, closing = self._rows(db, bid)
+            if opening is None:
+                raise InputError(f"batch {bid} was never reserved; reserve it before computing it")
+            if closing is not None:
+                raise IntegrityError(
+                    f"batch {bid} was already {closing.kind}d; a finished batch is never computed again"
+                )
+            if computing is not None:
+                raise IntegrityError(
+                    f"batch {bid} is already being computed (computation {computing.detail}, by "
+                    f"{computing.actor}); a batch is computed at most once"
+                )
+            return self._append(
+                db, now=time.time(), batch_id=bid, kind="compute", queries=opening.queries, answered=0,
+                parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=0.0, units=0,
+                detail=nonce, actor=who,
+            )  # fmt: skip
+
+    def settle(
+        self,
+        batch_id: str,
+        *,
+        answered: int,
+        actual_rdp: float,
+        actor: str,
+        computation: str | None = None,
+        receipt: bytes | None = None,
+    ) -> Entry:
+        """Charge a reserved batch its actual cost (≤ the reservation), once; durable when this returns.
+
+        Args:
+            batch_id: the batch.
+            answered: queries answered.
+            actual_rdp: the cost at the ledger's order.
+            actor: who settles.
+            computation: the nonce given to :meth:`begin`; required once a computation began (a ledger
+                driven without ``begin``, e.g. a central accounting run, passes None).
+            receipt: opaque bytes kept with the settle row in the same transaction (:meth:`receipt`).
 
         Raises:
             InputError: unknown batch, answered > queries, or actual cost above the reservation.
-            IntegrityError: the batch was released, or already settled with other figures.
+            IntegrityError: the batch was released or already settled (a repeat is refused, never
+                accepted silently), or ``computation`` is not the one that began on it.
         """
         bid = _text("batch_id", batch_id)
         who = _text("actor", actor)
         a = count("answered", answered)
         rdp = non_negative("actual_rdp", actual_rdp)
         units = _units(rdp)
+        nonce = None if computation is None else _text("computation", computation, limit=128)
+        if receipt is not None and not isinstance(receipt, bytes | bytearray):
+            raise InputError(f"receipt must be bytes, got {type(receipt).__name__}")
         with self._write() as db:
-            opening, closing = self._rows(db, bid)
+            opening, computing, closing = self._rows(db, bid)
             if opening is None:
                 raise InputError(f"batch {bid} was never reserved; reserve it before settling")
             if closing is not None:
-                if closing.kind == "settle" and (closing.answered, closing.units) == (a, units):
-                    return closing
                 raise IntegrityError(
-                    f"batch {bid} was already {closing.kind}d"
-                    + (
-                        f" with {closing.answered} answered, rdp {closing.rdp:.6g}"
-                        if closing.kind == "settle"
-                        else ""
-                    )
-                    + f"; refusing to settle it again with {a} answered, rdp {rdp:.6g}"
+                    f"batch {bid} was already {closing.kind}d; refusing to settle it again (a batch is "
+                    "settled at most once, by the computation that began on it)"
+                )
+            began = computing.detail if computing is not None else None
+            if nonce != began:
+                raise IntegrityError(
+                    f"batch {bid}: settle names computation {nonce or '(none)'}, but "
+                    + (f"computation {began} began on it" if began else "no computation began on it")
+                    + "; only the computation that began may settle it"
                 )
             if a > opening.queries:
                 raise InputError(f"batch {bid} has {opening.queries} queries; {a} cannot have been answered")
@@ -752,30 +891,39 @@ class BudgetLedger:
                     f"batch {bid}: actual rdp {rdp:.6g} exceeds its reserved worst case {opening.rdp:.6g}; "
                     "the reservation must cover every outcome (screening and GNMax for every query)"
                 )
-            return self._append(
+            entry = self._append(
                 db, now=time.time(), batch_id=bid, kind="settle", queries=opening.queries, answered=a,
                 parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=rdp,
-                units=units, detail="", actor=who,
+                units=units, detail=nonce or "", actor=who,
             )  # fmt: skip
+            if receipt is not None:
+                db.execute("INSERT INTO receipts VALUES (?, ?, ?)", (bid, nonce or "", bytes(receipt)))
+            return entry
 
     def release(self, batch_id: str, *, reason: str, actor: str) -> Entry:
         """Cancel a reserved batch that revealed nothing: it costs nothing. Idempotent.
 
         Raises:
             InputError: unknown batch.
-            IntegrityError: the batch was already settled (its cost stands).
+            IntegrityError: the batch was already settled (its cost stands), or a computation began on it
+                (it may have decoded outputs: it stays charged).
         """
         bid = _text("batch_id", batch_id)
         who = _text("actor", actor)
         why = _text("reason", reason, limit=4096)
         with self._write() as db:
-            opening, closing = self._rows(db, bid)
+            opening, computing, closing = self._rows(db, bid)
             if opening is None:
                 raise InputError(f"batch {bid} was never reserved; there is nothing to release")
             if closing is not None:
                 if closing.kind == "release":
                     return closing
                 raise IntegrityError(f"batch {bid} was already settled; a spent charge cannot be released")
+            if computing is not None:
+                raise IntegrityError(
+                    f"batch {bid} cannot be released: computation {computing.detail} began on it and may "
+                    "have decoded outputs, so it stays charged (settled, or held at its worst case)"
+                )
             return self._append(
                 db, now=time.time(), batch_id=bid, kind="release", queries=opening.queries, answered=0,
                 parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=0.0, units=0,
@@ -786,10 +934,12 @@ class BudgetLedger:
     def batch(self, batch_id: str) -> BatchRecord | None:
         """Where ``batch_id`` stands, or ``None`` if it was never reserved."""
         with self._lock, _readable(self.path):
-            opening, closing = self._rows(self._db, batch_id)
+            opening, computing, closing = self._rows(self._db, batch_id)
         if opening is None:
             return None
-        state = "reserved" if closing is None else ("settled" if closing.kind == "settle" else "released")
+        state = "computing" if computing is not None else "reserved"
+        if closing is not None:
+            state = "settled" if closing.kind == "settle" else "released"
         return BatchRecord(
             batch_id=opening.batch_id,
             state=state,
@@ -803,7 +953,19 @@ class BudgetLedger:
             detail=closing.detail if closing is not None else "",
             opened=opening.time,
             closed=closing.time if closing is not None else None,
+            computation=computing.detail if computing is not None else None,
         )
+
+    def receipt(self, batch_id: str) -> tuple[str, bytes] | None:
+        """``(computation, receipt)`` stored by the settle of ``batch_id``, or None if it stored none."""
+        with self._lock:
+            try:
+                row = self._db.execute(
+                    "SELECT computation, data FROM receipts WHERE batch_id = ?", (batch_id,)
+                ).fetchone()
+            except sqlite3.OperationalError:  # a read-only ledger from before receipts existed
+                return None
+        return None if row is None else (str(row[0]), bytes(row[1]))
 
     def entries(
         self, *, batch_id: str | None = None, after: int = 0, limit: int | None = None, newest: bool = False

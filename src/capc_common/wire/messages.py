@@ -23,6 +23,8 @@ from capc_common.wire.capc.v1.guardian_pb2 import (
     ComputeStart,
     OpenBatchReply,
     OpenBatchRequest,
+    RevealReply,
+    RevealRequest,
     SubmitSharesReply,
     SubmitSharesRequest,
 )
@@ -53,6 +55,8 @@ __all__ = [
     "RawImages",
     "Refusal",
     "RefusalReason",
+    "RevealReply",
+    "RevealRequest",
     "StudentMessage",
     "StudentWelcome",
     "SubmitSharesReply",

@@ -14,11 +14,13 @@ class BatchState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BATCH_STATE_SETTLED: _ClassVar[BatchState]
     BATCH_STATE_RELEASED: _ClassVar[BatchState]
     BATCH_STATE_UNKNOWN: _ClassVar[BatchState]
+    BATCH_STATE_CHARGED: _ClassVar[BatchState]
 BATCH_STATE_UNSPECIFIED: BatchState
 BATCH_STATE_OPEN: BatchState
 BATCH_STATE_SETTLED: BatchState
 BATCH_STATE_RELEASED: BatchState
 BATCH_STATE_UNKNOWN: BatchState
+BATCH_STATE_CHARGED: BatchState
 
 class NdArray(_message.Message):
     __slots__ = ("dtype", "shape", "data")

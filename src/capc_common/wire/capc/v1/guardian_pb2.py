@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from capc_common.wire.capc.v1 import common_pb2 as capc_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63\x61pc/v1/guardian.proto\x12\x07\x63\x61pc.v1\x1a\x14\x63\x61pc/v1/common.proto\"I\n\x10OpenBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x14\n\x0cquery_digest\x18\x03 \x01(\x0c\"s\n\x0eOpenBatchReply\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.capc.v1.BatchState\x12\x14\n\x0creserved_rdp\x18\x02 \x01(\x01\x12\x15\n\rremaining_rdp\x18\x03 \x01(\x01\x12\x10\n\x08\x61nswered\x18\x04 \x01(\r\"5\n\x11\x41\x62ortBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"&\n\x12\x42\x61tchStatusRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\"X\n\x10\x42\x61tchStatusReply\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.capc.v1.BatchState\x12\x10\n\x08\x61nswered\x18\x02 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"d\n\x13SubmitSharesRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12\r\n\x05party\x18\x03 \x01(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x0c\x12\r\n\x05shape\x18\x05 \x03(\x03\"%\n\x11SubmitSharesReply\x12\x10\n\x08received\x18\x01 \x01(\r\"B\n\x0c\x43omputeStart\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12\x0f\n\x07parties\x18\x03 \x03(\t\" \n\rComputeAgreed\x12\x0f\n\x07parties\x18\x01 \x03(\t\"V\n\x0e\x43omputeRefused\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.capc.v1.BatchState\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa7\x01\n\x0e\x43omputeMessage\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.capc.v1.ComputeStartH\x00\x12(\n\x06\x61greed\x18\x02 \x01(\x0b\x32\x16.capc.v1.ComputeAgreedH\x00\x12\x0f\n\x05\x66rame\x18\x03 \x01(\x0cH\x00\x12*\n\x07refused\x18\x04 \x01(\x0b\x32\x17.capc.v1.ComputeRefusedH\x00\x42\x06\n\x04kind2\xe9\x02\n\x0fGuardianService\x12?\n\tOpenBatch\x12\x19.capc.v1.OpenBatchRequest\x1a\x17.capc.v1.OpenBatchReply\x12\x43\n\nAbortBatch\x12\x1a.capc.v1.AbortBatchRequest\x1a\x19.capc.v1.BatchStatusReply\x12\x45\n\x0b\x42\x61tchStatus\x12\x1b.capc.v1.BatchStatusRequest\x1a\x19.capc.v1.BatchStatusReply\x12H\n\x0cSubmitShares\x12\x1c.capc.v1.SubmitSharesRequest\x1a\x1a.capc.v1.SubmitSharesReply\x12?\n\x07\x43ompute\x12\x17.capc.v1.ComputeMessage\x1a\x17.capc.v1.ComputeMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63\x61pc/v1/guardian.proto\x12\x07\x63\x61pc.v1\x1a\x14\x63\x61pc/v1/common.proto\"I\n\x10OpenBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x14\n\x0cquery_digest\x18\x03 \x01(\x0c\"s\n\x0eOpenBatchReply\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.capc.v1.BatchState\x12\x14\n\x0creserved_rdp\x18\x02 \x01(\x01\x12\x15\n\rremaining_rdp\x18\x03 \x01(\x01\x12\x10\n\x08\x61nswered\x18\x04 \x01(\r\"5\n\x11\x41\x62ortBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"&\n\x12\x42\x61tchStatusRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\"X\n\x10\x42\x61tchStatusReply\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.capc.v1.BatchState\x12\x10\n\x08\x61nswered\x18\x02 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"!\n\rRevealRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\"A\n\x0bRevealReply\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x0e\n\x06reveal\x18\x03 \x01(\x0c\"d\n\x13SubmitSharesRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12\r\n\x05party\x18\x03 \x01(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x0c\x12\r\n\x05shape\x18\x05 \x03(\x03\"%\n\x11SubmitSharesReply\x12\x10\n\x08received\x18\x01 \x01(\r\"B\n\x0c\x43omputeStart\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12\x0f\n\x07parties\x18\x03 \x03(\t\"5\n\rComputeAgreed\x12\x0f\n\x07parties\x18\x01 \x03(\t\x12\x13\n\x0b\x63omputation\x18\x02 \x01(\t\"V\n\x0e\x43omputeRefused\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.capc.v1.BatchState\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa7\x01\n\x0e\x43omputeMessage\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.capc.v1.ComputeStartH\x00\x12(\n\x06\x61greed\x18\x02 \x01(\x0b\x32\x16.capc.v1.ComputeAgreedH\x00\x12\x0f\n\x05\x66rame\x18\x03 \x01(\x0cH\x00\x12*\n\x07refused\x18\x04 \x01(\x0b\x32\x17.capc.v1.ComputeRefusedH\x00\x42\x06\n\x04kind2\xa1\x03\n\x0fGuardianService\x12?\n\tOpenBatch\x12\x19.capc.v1.OpenBatchRequest\x1a\x17.capc.v1.OpenBatchReply\x12\x43\n\nAbortBatch\x12\x1a.capc.v1.AbortBatchRequest\x1a\x19.capc.v1.BatchStatusReply\x12\x45\n\x0b\x42\x61tchStatus\x12\x1b.capc.v1.BatchStatusRequest\x1a\x19.capc.v1.BatchStatusReply\x12\x36\n\x06Reveal\x12\x16.capc.v1.RevealRequest\x1a\x14.capc.v1.RevealReply\x12H\n\x0cSubmitShares\x12\x1c.capc.v1.SubmitSharesRequest\x1a\x1a.capc.v1.SubmitSharesReply\x12?\n\x07\x43ompute\x12\x17.capc.v1.ComputeMessage\x1a\x17.capc.v1.ComputeMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,18 +42,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BATCHSTATUSREQUEST']._serialized_end=342
   _globals['_BATCHSTATUSREPLY']._serialized_start=344
   _globals['_BATCHSTATUSREPLY']._serialized_end=432
-  _globals['_SUBMITSHARESREQUEST']._serialized_start=434
-  _globals['_SUBMITSHARESREQUEST']._serialized_end=534
-  _globals['_SUBMITSHARESREPLY']._serialized_start=536
-  _globals['_SUBMITSHARESREPLY']._serialized_end=573
-  _globals['_COMPUTESTART']._serialized_start=575
-  _globals['_COMPUTESTART']._serialized_end=641
-  _globals['_COMPUTEAGREED']._serialized_start=643
-  _globals['_COMPUTEAGREED']._serialized_end=675
-  _globals['_COMPUTEREFUSED']._serialized_start=677
-  _globals['_COMPUTEREFUSED']._serialized_end=763
-  _globals['_COMPUTEMESSAGE']._serialized_start=766
-  _globals['_COMPUTEMESSAGE']._serialized_end=933
-  _globals['_GUARDIANSERVICE']._serialized_start=936
-  _globals['_GUARDIANSERVICE']._serialized_end=1297
+  _globals['_REVEALREQUEST']._serialized_start=434
+  _globals['_REVEALREQUEST']._serialized_end=467
+  _globals['_REVEALREPLY']._serialized_start=469
+  _globals['_REVEALREPLY']._serialized_end=534
+  _globals['_SUBMITSHARESREQUEST']._serialized_start=536
+  _globals['_SUBMITSHARESREQUEST']._serialized_end=636
+  _globals['_SUBMITSHARESREPLY']._serialized_start=638
+  _globals['_SUBMITSHARESREPLY']._serialized_end=675
+  _globals['_COMPUTESTART']._serialized_start=677
+  _globals['_COMPUTESTART']._serialized_end=743
+  _globals['_COMPUTEAGREED']._serialized_start=745
+  _globals['_COMPUTEAGREED']._serialized_end=798
+  _globals['_COMPUTEREFUSED']._serialized_start=800
+  _globals['_COMPUTEREFUSED']._serialized_end=886
+  _globals['_COMPUTEMESSAGE']._serialized_start=889
+  _globals['_COMPUTEMESSAGE']._serialized_end=1056
+  _globals['_GUARDIANSERVICE']._serialized_start=1059
+  _globals['_GUARDIANSERVICE']._serialized_end=1476
 # @@protoc_insertion_point(module_scope)

@@ -53,6 +53,22 @@ class BatchStatusReply(_message.Message):
     detail: str
     def __init__(self, state: _Optional[_Union[_common_pb2.BatchState, str]] = ..., answered: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
+class RevealRequest(_message.Message):
+    __slots__ = ("batch_id",)
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    batch_id: str
+    def __init__(self, batch_id: _Optional[str] = ...) -> None: ...
+
+class RevealReply(_message.Message):
+    __slots__ = ("computation", "count", "reveal")
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    REVEAL_FIELD_NUMBER: _ClassVar[int]
+    computation: str
+    count: int
+    reveal: bytes
+    def __init__(self, computation: _Optional[str] = ..., count: _Optional[int] = ..., reveal: _Optional[bytes] = ...) -> None: ...
+
 class SubmitSharesRequest(_message.Message):
     __slots__ = ("batch_id", "attempt", "party", "seed", "shape")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
@@ -84,10 +100,12 @@ class ComputeStart(_message.Message):
     def __init__(self, batch_id: _Optional[str] = ..., attempt: _Optional[int] = ..., parties: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ComputeAgreed(_message.Message):
-    __slots__ = ("parties",)
+    __slots__ = ("parties", "computation")
     PARTIES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTATION_FIELD_NUMBER: _ClassVar[int]
     parties: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, parties: _Optional[_Iterable[str]] = ...) -> None: ...
+    computation: str
+    def __init__(self, parties: _Optional[_Iterable[str]] = ..., computation: _Optional[str] = ...) -> None: ...
 
 class ComputeRefused(_message.Message):
     __slots__ = ("batch_id", "state", "reason")

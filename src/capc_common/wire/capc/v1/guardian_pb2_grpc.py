@@ -49,6 +49,11 @@ class GuardianServiceStub:
                 request_serializer=capc_dot_v1_dot_guardian__pb2.BatchStatusRequest.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_guardian__pb2.BatchStatusReply.FromString,
                 _registered_method=True)
+        self.Reveal = channel.unary_unary(
+                '/capc.v1.GuardianService/Reveal',
+                request_serializer=capc_dot_v1_dot_guardian__pb2.RevealRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_guardian__pb2.RevealReply.FromString,
+                _registered_method=True)
         self.SubmitShares = channel.unary_unary(
                 '/capc.v1.GuardianService/SubmitShares',
                 request_serializer=capc_dot_v1_dot_guardian__pb2.SubmitSharesRequest.SerializeToString,
@@ -81,6 +86,15 @@ class GuardianServiceServicer:
 
     def BatchStatus(self, request, context):
         """Student: where a batch stands (used to resume after a restart).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reveal(self, request, context):
+        """Student: what the guardian revealed for a settled batch — the same pass bits and label decoding bits,
+        kept with the ledger charge — for a student that crashed before storing its labels. No new information
+        (the same bits, to the same party) and no new charge.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -119,6 +133,11 @@ def add_GuardianServiceServicer_to_server(servicer, server):
                     servicer.BatchStatus,
                     request_deserializer=capc_dot_v1_dot_guardian__pb2.BatchStatusRequest.FromString,
                     response_serializer=capc_dot_v1_dot_guardian__pb2.BatchStatusReply.SerializeToString,
+            ),
+            'Reveal': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reveal,
+                    request_deserializer=capc_dot_v1_dot_guardian__pb2.RevealRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_guardian__pb2.RevealReply.SerializeToString,
             ),
             'SubmitShares': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitShares,
@@ -212,6 +231,33 @@ class GuardianService:
             '/capc.v1.GuardianService/BatchStatus',
             capc_dot_v1_dot_guardian__pb2.BatchStatusRequest.SerializeToString,
             capc_dot_v1_dot_guardian__pb2.BatchStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reveal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.GuardianService/Reveal',
+            capc_dot_v1_dot_guardian__pb2.RevealRequest.SerializeToString,
+            capc_dot_v1_dot_guardian__pb2.RevealReply.FromString,
             options,
             channel_credentials,
             insecure,

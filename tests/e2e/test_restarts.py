@@ -1,0 +1,178 @@
+"""Crashed parties, restarted with the same command, as real processes: nothing lost, nothing silent.
+
+* kill -9 of the guardian: the student's /readyz and `capc local status` say it is not labelling, and once
+  the guardian is restarted the student reconnects and resumes by itself.
+* kill -9 of the student 20 times in the window between the guardian's settle and the student's label store:
+  every batch the ledger settled ends up with its labels stored — none lost.
+* the chaos campaign's short version (``benchmarks/chaos.py``, 10 injections, random and aimed) on the same
+  federation: nothing charged twice or not at all, nothing lost, every round resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from capc_common.privacy import BudgetLedger
+from capc_services.local.federation import down, restart, status, token, up
+from capc_services.local.processes import pid_alive, processes_of, read_state
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from chaos import campaign_options  # the chaos benchmark's federation
+
+pytestmark = pytest.mark.slow
+KILLS = 20
+CHAOS = Path(__file__).resolve().parents[2] / "benchmarks" / "chaos.py"
+
+
+class Local:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.endpoints = up(root, campaign_options(), ready_timeout=300)
+        self.secret = token(_layout(root))
+        self.store = root / "parties" / "student" / "labels.sqlite"
+        self.ledger = root / "parties" / "guardian" / "ledger.sqlite"
+
+    def pid(self, party: str) -> int:
+        return next(p.pid for p in processes_of(read_state(_layout(self.root))) if p.party == party)
+
+    def kill(self, party: str) -> None:
+        pid = self.pid(party)
+        os.kill(pid, signal.SIGKILL)
+        assert _wait(lambda: not pid_alive(pid), 30)
+
+    def student(self, path: str) -> tuple[int, Any]:
+        try:
+            response = httpx.get(
+                f"{self.endpoints['student']['admin']}{path}",
+                headers={"Authorization": f"Bearer {self.secret}"},
+                timeout=5,
+            )
+            return response.status_code, response.json()
+        except httpx.HTTPError as exc:
+            return 0, str(exc)
+
+    def batches(self) -> dict[str, str]:
+        with sqlite3.connect(f"file:{self.store}?mode=ro", uri=True, timeout=30) as db:
+            return dict(db.execute("SELECT batch_id, state FROM batches").fetchall())
+
+    def done(self) -> int:
+        return sum(1 for state in self.batches().values() if state == "done")
+
+
+def _layout(root: Path) -> Any:
+    from capc_services.local.layout import Layout
+
+    return Layout(root.resolve())
+
+
+def _wait(condition: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local]:
+    running = Local(tmp_path_factory.mktemp("restarts") / "state")
+    assert _wait(lambda: running.done() >= 2, 180), running.student("/api/v1/progress")
+    yield running
+    down(running.root)
+
+
+def test_a_killed_guardian_is_visible_and_the_student_resumes_once_it_is_back(local: Local) -> None:
+    local.kill("guardian")
+    # The student notices, says so on /readyz, and `capc local status` calls neither party running.
+    assert _wait(lambda: local.student("/readyz")[0] == 503, 60), local.student("/readyz")
+    body = local.student("/readyz")[1]
+    assert body["checks"]["labelling"]["detail"]["state"] == "reconnecting"
+    parties = status(local.root)["parties"]
+    assert parties["guardian"]["state"] == "not running" and not parties["guardian"]["running"]
+    assert parties["student"]["state"] == "not ready" and not parties["student"]["running"]
+    before = local.done()
+    # Restarted with the same command, the guardian comes back and the student resumes without any help.
+    cli = subprocess.run(
+        [sys.executable, "-m", "capc_cli", "local", "restart", "guardian", "--state-dir", str(local.root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert _wait(lambda: local.done() > before, 120), local.student("/api/v1/progress")
+    assert _wait(lambda: local.student("/readyz")[0] == 200, 30)
+    progress = local.student("/api/v1/progress")[1]
+    assert progress["reconnects"] >= 1 and progress["state"] == "labelling"
+    assert status(local.root)["parties"]["student"]["state"] == "running"
+
+
+@pytest.mark.timeout(1800)
+def test_a_student_killed_20_times_between_settle_and_store_loses_no_label(local: Local) -> None:
+    for kill in range(KILLS):
+        pid = local.pid("student")
+        if pid_alive(pid):
+            local.kill("student")  # only the first time: afterwards it dies in the window by itself
+        restart(local.root, "student", env={"CAPC_FAULTS": "student.labelled@1"})
+        # It resumes, the guardian settles its next batch, and it dies right before storing the labels.
+        assert _wait(lambda: not pid_alive(local.pid("student")), 120), (
+            f"kill {kill}: the student never got there"
+        )
+    restart(local.root, "student")
+    done_before = local.done()
+    assert _wait(lambda: local.done() > done_before + 1, 120)
+    stored = local.batches()
+    with BudgetLedger.open(local.ledger) as ledger:
+        assert ledger.verify().ok
+        settled = {e.batch_id for e in ledger.entries() if e.kind == "settle"}
+    lost = [b for b, state in stored.items() if state == "lost" and b in settled]
+    missing = [b for b in settled if b not in stored]
+    assert not lost and not missing, (lost, missing)
+    # Every settled batch is stored (or, for the one in flight right now, still open and recoverable).
+    assert sum(1 for b in settled if stored[b] != "done") <= 2
+    progress = local.student("/api/v1/progress")[1]
+    assert progress["recovered_batches"] >= 1  # this student's own recoveries since its last restart
+    print(json.dumps({"kills": KILLS, "settled": len(settled), "lost": len(lost)}))
+
+
+@pytest.mark.timeout(1800)
+def test_the_chaos_campaigns_short_version(local: Local) -> None:
+    args = [
+        "--injections",
+        "10",
+        "--seed",
+        "1",
+        "--format",
+        "json",
+        "--attach",
+        "--state-dir",
+        str(local.root),
+    ]
+    proc = subprocess.run(
+        [sys.executable, str(CHAOS), *args],
+        capture_output=True,
+        text=True,
+        timeout=1700,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["injections"] >= 10
+    assert result["resumed"] == result["rounds"]
+    assert result["epsilon_double_charged"] == result["epsilon_uncharged"] == result["labels_lost"] == 0
+    assert result["ledger_verified_every_round"] and result["budget_verify_exit"] == 0
+    assert result["epsilon_within_limit"]
+    assert result["max_resume_s"] < 120

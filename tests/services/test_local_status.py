@@ -1,0 +1,72 @@
+"""`capc local status` calls a party running only when its process lives and it reports ready."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from capc_services.common.admin import Readiness, build_admin_app
+from capc_services.common.runtime import AdminServer
+from capc_services.local.federation import party_state
+from capc_services.local.processes import PartyProcess
+from capc_services.student.app import _labelling_check
+from capc_services.student.scheduler import Progress
+
+
+@pytest.fixture
+def student_process() -> Iterator[int]:
+    """A live process whose command line looks like the student's (what `capc local up` checks)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", "capc_cli", "student.yaml"]
+    )
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def _admin(progress: Progress) -> tuple[AdminServer, int]:
+    app = build_admin_app(
+        title="student",
+        token="t" * 40,
+        readiness=lambda: Readiness({"labelling": _labelling_check(progress, guardian="127.0.0.1:1")}),
+        registry=CollectorRegistry(),
+    )
+    server = AdminServer(app, bind="127.0.0.1:0")
+    return server, server.start()
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [("labelling", "running"), ("reconnecting", "not ready"), ("failed", "failed"), ("published", "running")],
+)
+def test_the_status_follows_readiness(student_process: int, state: str, expected: str) -> None:
+    progress = Progress(
+        state=state, error="guardian: connection refused [UNAVAILABLE]" if state != "labelling" else ""
+    )
+    server, port = _admin(progress)
+    try:
+        entry: dict[str, Any] = party_state(
+            PartyProcess(
+                party="student", role="student", pid=student_process, admin_url=f"http://127.0.0.1:{port}"
+            )
+        )
+    finally:
+        server.stop()
+    assert entry["state"] == expected and entry["running"] == (expected == "running")
+    assert entry["process"] == "alive"
+    if expected != "running":
+        assert entry["failing"]["labelling"]["state"] == state
+
+
+def test_a_gone_process_is_not_running() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    entry = party_state(
+        PartyProcess(party="student", role="student", pid=gone.pid, admin_url="http://127.0.0.1:1")
+    )
+    assert (entry["state"], entry["running"], entry["process"]) == ("not running", False, "not running")
