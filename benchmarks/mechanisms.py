@@ -69,7 +69,7 @@ HYPER = {
     "dpsgd": {"clip": 1.0, "batch": 1024, "epochs": 10, "learning_rate": 8.0, "momentum": 0.9},
     "dppl": {"count_share": 0.1, "metric": "euclidean"},
     "knn": {"queries": 500, "neighbours": 50, "sampling_rate": 0.2, "generator": "dead_leaves"},
-    "local": {"l2": 1e-3, "max_iter": 50},
+    "local": {"optimizer": "lbfgs", "l2": 1e-3, "steps": 50},
 }
 FIELDS = (
     "method",
@@ -131,14 +131,13 @@ def accuracy(predicted: npt.ArrayLike, labels: npt.ArrayLike) -> float:
 # ---------------------------------------------------------------------------------------------- methods
 def local_only(parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, **_: Any) -> dict[str, Any]:
     """Each party's own (non-private) logistic head, batched with the library's head trainer."""
-    from capc_common.learn.heads import train_heads
+    from capc_common.learn.heads import HeadRecipe, train_heads
 
     x = np.concatenate([p.features for p in parties])
     y = np.concatenate([p.labels for p in parties])
     owners = np.repeat(np.arange(len(parties)), [len(p.labels) for p in parties])
-    h = HYPER["local"]
     heads = train_heads(
-        x, y, owners=owners, heads=len(parties), classes=10, l2=h["l2"], max_iter=h["max_iter"]
+        x, y, owners=owners, heads=len(parties), classes=10, recipe=HeadRecipe(**HYPER["local"])
     )
     per_party = (heads.predict(ex) == ey[None, :]).mean(axis=1)
     return {"accuracy": float(per_party.mean()), "epsilon": math.inf, "released": 0, "noise": "none"}

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from sites_harness import guardian_settings
 
 from capc_common.aggregation import party_noise
-from capc_common.learn.heads import train_heads
+from capc_common.learn.heads import HeadRecipe, train_heads
 from capc_common.models import extract_features
 from capc_common.synth import generate
 from capc_services.common.party import PartyRuntime
@@ -100,7 +100,12 @@ def teacher_app(pki: Path, tmp_path: Path, token_file: Path, funded_federation: 
     images = generate("dead_leaves", seed=3, start=0, count=32, height=28, width=28, channels=1)
     features = extract_features(party.backbone, images, bn_batch=16, mode="current")
     heads = train_heads(
-        features, np.arange(32) % 10, owners=np.arange(32) % 2, heads=2, classes=10, max_iter=5
+        features,
+        np.arange(32) % 10,
+        owners=np.arange(32) % 2,
+        heads=2,
+        classes=10,
+        recipe=HeadRecipe(steps=5),
     )
     cap = LocalCap(
         LocalCap.init(settings.cap.record, config=party.config), config=party.config, epsilon_cap=30.0

@@ -34,7 +34,7 @@ def test_a_run_that_fits_one_chunk_gets_exactly_the_unchunked_fit() -> None:
     assert chunks == 1
     for name, tensor in whole.head.params.items():
         assert torch.equal(fit.head.params[name], tensor)
-    assert (fit.l2, fit.pseudo_labelled) == (whole.l2, whole.pseudo_labelled)
+    assert (fit.recipe, fit.pseudo_labelled) == (whole.recipe, whole.pseudo_labelled)
 
 
 def test_a_longer_run_averages_its_chunks_and_still_learns() -> None:

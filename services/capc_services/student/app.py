@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException
 from capc_common.aggregation import party_noise
 from capc_common.errors import CapcError
 from capc_common.wire import rpc
-from capc_services.common.admin import api_router
+from capc_services.common.admin import api_router, problem_response
 from capc_services.common.limits import MessageLimits
 from capc_services.common.party import PartyRuntime, apply_torch_threads
 from capc_services.common.runtime import start_grpc_server
@@ -58,7 +58,11 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
             "noise": noise,
         }
 
-    @api.get("/model-card", tags=["student"])
+    @api.get(
+        "/model-card",
+        tags=["student"],
+        responses={404: problem_response("The student has not published a model yet.")},
+    )
     def model_card() -> dict[str, Any]:
         """The published model card (404 until the student has published)."""
         published = scheduler.progress.published

@@ -22,6 +22,7 @@ import numpy as np
 from capc_common.errors import CapcError, InputError
 
 if TYPE_CHECKING:  # torch is imported only once the student trains (a labelling student starts faster)
+    from capc_common.learn.heads import HeadRecipe
     from capc_common.learn.student import StudentFit
 
 CHUNK_QUERIES = 16384
@@ -112,15 +113,15 @@ def _average(fits: list[tuple[StudentFit, int]]) -> StudentFit:
     selection: dict[str, Any] = {"chunks": [fit.selection for fit, _ in fits]}
     return StudentFit(
         head=HeadEnsemble(first.head.kind, params, first.head.classes, dict(first.head.metadata)),
-        l2=_weighted_mode_l2(fits),
+        recipe=_weighted_mode_recipe(fits),
         pseudo_labelled=sum(fit.pseudo_labelled for fit, _ in fits),
         selection=selection,
     )
 
 
-def _weighted_mode_l2(fits: list[tuple[StudentFit, int]]) -> float:
-    """The weight decay most of the answered queries' chunks chose (reported on the model card)."""
-    votes: dict[float, int] = {}
+def _weighted_mode_recipe(fits: list[tuple[StudentFit, int]]) -> HeadRecipe:
+    """The recipe most of the answered queries' chunks chose (reported on the model card)."""
+    votes: dict[HeadRecipe, int] = {}
     for fit, weight in fits:
-        votes[fit.l2] = votes.get(fit.l2, 0) + weight
-    return max(votes, key=lambda l2: votes[l2])
+        votes[fit.recipe] = votes.get(fit.recipe, 0) + weight
+    return max(votes, key=lambda recipe: votes[recipe])
