@@ -193,8 +193,12 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
     examples = hospital_npz(inbox / f"{HOSPITAL}.npz")
     for command in commands(adapt(install)):
         shell(command)
-    trained = shell(commands(adapt(train))[0], timeout=900)
+    train_command, *after_training = commands(adapt(train))  # then init-cap: the cap record, created once
+    trained = shell(train_command, timeout=900)
     assert f"{examples} examples" in trained.stdout, trained.stdout
+    assert [c for c in after_training if " teacher init-cap " in c], after_training
+    for command in after_training:
+        shell(command)
     checked = shell(commands(adapt(preflight))[0], timeout=600, check=False)
     assert checked.returncode == 0, f"preflight found a failure:\n{checked.stdout}\n{checked.stderr}"
     first, curl = commands(adapt(serve))
