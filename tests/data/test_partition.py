@@ -108,8 +108,8 @@ def test_hash_shards_move_one_shard_when_one_example_is_added_or_removed():
         )
     )
 
-    def content(parts, imgs, labs):
-        return [{(imgs[i].tobytes(), int(labs[i])) for i in p} for p in parts]
+    def content(parts, imgs, labs):  # each shard's examples in their order (a teacher sees them in order)
+        return [[(imgs[i].tobytes(), int(labs[i])) for i in p] for p in parts]
 
     base = content(shards, images, labels)
     removed = content(
@@ -127,5 +127,14 @@ def test_hash_shards_move_one_shard_when_one_example_is_added_or_removed():
     iid_removed = content(partition(labels[1:], shards=20, scheme="iid", seed=5), images[1:], labels[1:])
     assert sum(a != b for a, b in zip(iid, iid_removed, strict=True)) > 1
     assert NEIGHBOURING["hash"] == "add/remove one example" and NEIGHBOURING["iid"] == "replace one example"
+    # The class-dealing schemes draw every class from one stream: a replacement that changes a label re-deals
+    # later classes (they read only the labels, so a same-label replacement stays at its index and shard).
+    for scheme, knob in (("imbalanced", {"imbalance_ratio": 4.0}), ("dirichlet", {"alpha": 1.0})):
+        dealt = partition(labels, shards=20, scheme=scheme, seed=5, **knob)
+        relabelled = labels.copy()
+        relabelled[0] = (labels[0] + 1) % 10
+        again = partition(relabelled, shards=20, scheme=scheme, seed=5, **knob)
+        assert sum(not np.array_equal(a, b) for a, b in zip(dealt, again, strict=True)) > 2
+        assert NEIGHBOURING[scheme] == "replace one example by one of the same label"
     with pytest.raises(InputError, match="needs the images"):
         partition(labels, shards=20, scheme="hash", seed=5)

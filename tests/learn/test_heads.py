@@ -25,8 +25,13 @@ def _changed_heads(a: HeadEnsemble, b: HeadEnsemble) -> list[int]:
 
 @pytest.mark.parametrize(
     "recipe",
-    [HeadRecipe(), HeadRecipe(kind="mlp", hidden=16, steps=30, lr=1e-2, l2=1e-3, label_smoothing=0.1)],
-    ids=["linear-adam", "mlp-adam"],
+    [
+        HeadRecipe(),
+        HeadRecipe(kind="mlp", hidden=16, steps=30, lr=1e-2, l2=1e-3, label_smoothing=0.1),
+        HeadRecipe(optimizer="lbfgs", l2=1e-2, steps=50),
+        HeadRecipe(kind="mlp", hidden=16, optimizer="lbfgs", l2=1e-2, steps=30),
+    ],
+    ids=["linear-adam", "mlp-adam", "linear-lbfgs", "mlp-lbfgs"],
 )
 def test_editing_one_shard_leaves_every_other_head_bit_identical(recipe):
     """Issue 10.2: no shared optimiser state, line search or stopping rule between heads."""

@@ -117,17 +117,19 @@ def test_one_edited_example_moves_one_teacher_on_the_federation_path(
     assert changed_params == [owner]
     assert set(changed_votes) <= {owner}
 
-    # Add one example (a test image): exactly the teacher its hash names changes.
+    # Add one example (a test image) in the middle of the file, so that every later example's position
+    # shifts: exactly the teacher its hash names changes.
     extra = load_dataset("fashion-mnist", split="test")
-    added_images = np.concatenate([images, extra.images[:1]])
-    added_labels = np.concatenate([labels, extra.labels[:1]])
+    at = 100
+    added_images = np.insert(images, at, extra.images[0], axis=0)
+    added_labels = np.insert(labels, at, extra.labels[0])
     added, _ = _train(tmp_path / "added", backbone, added_images, added_labels, federation_dict)
     target = next(
         t
         for t, s in enumerate(
             partition(added_labels, shards=HEADS, scheme="hash", seed=7, images=added_images)
         )
-        if len(labels) in s
+        if at in s
     )
     changed_params, changed_votes = _differs(base, added, queries)
     assert changed_params == [target]

@@ -84,7 +84,9 @@ def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
     images, labels, name = party_examples(settings)
     if len(labels) < heads:
         raise InputError(
-            f"{settings.party} has {len(labels)} examples for {heads} teacher heads; need ≥ 1 each"
+            f"{settings.party} has {len(labels)} examples for {heads} teacher heads; each head needs at "
+            f"least one BatchNorm chunk ({config.queries.bn_batch} examples): `capc federation plan` "
+            "proposes a head count"
         )
     if int(labels.max(initial=0)) >= config.classes:
         raise InputError(

@@ -36,11 +36,13 @@ __all__ = ["NEIGHBOURING", "PARTITION_SCHEMES", "partition"]
 
 PARTITION_SCHEMES = ("hash", "iid", "imbalanced", "dirichlet")
 #: The neighbouring relation under which one example moves one shard, per scheme.
+#: ``imbalanced`` and ``dirichlet`` deal each class from one shared random stream, so a replacement that
+#: changes a class's size re-deals every later class: they hold only for a same-label replacement.
 NEIGHBOURING = {
     "hash": "add/remove one example",
     "iid": "replace one example",
-    "imbalanced": "replace one example",
-    "dirichlet": "replace one example",
+    "imbalanced": "replace one example by one of the same label",
+    "dirichlet": "replace one example by one of the same label",
 }
 _DIRICHLET_TRIES = 1000
 

@@ -75,6 +75,14 @@ class RecipeSection(_Section):
     label_smoothing: float = Field(default=HeadRecipe.label_smoothing, ge=0, lt=1)
     tolerance: float = Field(default=HeadRecipe.tolerance, gt=0)
 
+    @model_validator(mode="after")
+    def _valid_recipe(self) -> Self:
+        try:
+            self.recipe()
+        except InputError as exc:  # cross-field rules (e.g. lbfgs needs l2 > 0), before any work
+            raise ValueError(str(exc)) from None
+        return self
+
     def recipe(self) -> HeadRecipe:
         """The library recipe."""
         return HeadRecipe(**self.model_dump())

@@ -165,8 +165,9 @@ def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
     if smallest < config.backbone.bn_batch:
         raise InputError(
             f"the smallest of {t.count} teacher shards holds {smallest} images, fewer than one BatchNorm "
-            f"chunk (bn_batch {config.backbone.bn_batch}); use at most "
-            f"{len(train.labels) // config.backbone.bn_batch} teachers or lower bn_batch"
+            f"chunk (bn_batch {config.backbone.bn_batch}); use fewer teachers (`capc federation plan "
+            f"--examples {len(train.labels)} --classes C --epsilon E` proposes a count whose shards all hold "
+            "one chunk) or lower bn_batch"
         )
     eval_chunk = config.student.eval_bn_batch
     if len(evaluation.labels) < eval_chunk:

@@ -26,6 +26,7 @@ from capc_common.aggregation import UNANSWERED
 from capc_common.data.partition import NEIGHBOURING
 
 if TYPE_CHECKING:
+    from capc_common.dietpate.config import RunConfig
     from capc_common.dietpate.pipeline import Prepared, QueryLog
 
 __all__ = ["finish_report", "plot_consensus", "plot_curve", "write_json"]
@@ -34,6 +35,16 @@ UNSANITISED = (
     "PATE-2018 data-dependent ε computed from the private vote histograms; it is not itself differentially "
     "private (no smooth sensitivity applied) and is reported for comparison with the literature only"
 )
+
+
+def _neighbouring(cfg: RunConfig) -> str:
+    """The relation the run's ε holds for. ``dataset.validation`` and ``train_limit`` cut the training set by
+    a seeded permutation of its *size*: adding or removing one example re-draws the cut, so under ``hash``
+    only replacing one example keeps every other shard (and then two teachers can change)."""
+    cut = cfg.dataset.validation or cfg.dataset.train_limit is not None
+    if cut and cfg.teachers.partition == "hash":
+        return "replace one example, at most two teachers (dataset.validation/train_limit cut by position)"
+    return NEIGHBOURING[cfg.teachers.partition]
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -154,7 +165,7 @@ def finish_report(
         "answered": int(answered.sum()),
         "epsilon": budget.epsilon,
         "delta": cfg.budget.delta,
-        "neighbouring": NEIGHBOURING[cfg.teachers.partition],
+        "neighbouring": _neighbouring(cfg),
         "epsilon_budget": cfg.budget.epsilon,
         "epsilon_data_dependent": finite(eps_dd),
         "epsilon_data_dependent_note": UNSANITISED,

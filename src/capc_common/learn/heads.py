@@ -333,7 +333,9 @@ def train_heads(
     with _optim.threads_for(0 if heads > 1 else 6 * int(counts.max()) * x.shape[1] * width):
         for t in range(heads):
             rows = order[starts[t] : starts[t + 1]]
-            xs = torch.from_numpy(np.ascontiguousarray(x[rows])).unsqueeze(0)
+            # torch's own (64-byte aligned) buffer: MKL may pick kernels by alignment, and a numpy copy's
+            # alignment depends on earlier allocations, i.e. on the other shards
+            xs = torch.from_numpy(x[rows]).clone().unsqueeze(0)
             ys = torch.from_numpy(y[rows]).unsqueeze(0)
             ws = torch.from_numpy(w[rows] / w[rows].sum()).unsqueeze(0)
             head = {k: v[t : t + 1].clone() for k, v in params.items()}
