@@ -12,7 +12,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 def test_demo_spends_the_budget_and_publishes_a_student(capc, capc_json, tmp_path: Path) -> None:
     state = tmp_path / "demo"
-    result = capc_json("demo", "--state-dir", str(state), timeout=1400)
+    # --quick: the same code on 3 x 2,000 images (the full `make demo` takes about 5 minutes here and is
+    # measured in the README); the accuracy bar is the quick federation's, not the demo's 75 %.
+    result = capc_json("demo", "--quick", "--state-dir", str(state), timeout=1400)
     budget, student = result["budget"], result["student"]
     assert 0 < budget["epsilon_spent"] <= budget["epsilon_limit"], budget
     assert 0 < budget["answered"] <= budget["queries"], budget

@@ -66,3 +66,14 @@ def test_cli_prints_one_json_object(capc_json):
         "4",
     )
     assert r["heads"][0] > r["heads"][1] > 0 and r["budget"]["epsilon"] == 4
+
+
+def test_the_demos_are_sized_as_the_planner_proposes():
+    """`make demo` and `capc demo --quick` run the planner's head counts (each shard holds one chunk)."""
+    from capc_services.local.demo import DEMO_OPTIONS, QUICK_OPTIONS
+
+    for options, per_party in ((DEMO_OPTIONS, 20000), (QUICK_OPTIONS, 2000)):
+        plan = propose(
+            [per_party] * options.parties, classes=10, epsilon=options.epsilon, bn_batch=options.bn_batch
+        )
+        assert plan["heads"] == [options.teachers_per_party] * options.parties

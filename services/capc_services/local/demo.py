@@ -30,6 +30,21 @@ DEMO_OPTIONS = LocalOptions(
     order=None,  # the order capc budget plan picks for this mechanism and budget
 )
 
+# `capc demo --quick`: the same code on 3 × 2,000 images, 33 teachers each (what `capc federation plan
+# --examples 2000 --examples 2000 --examples 2000 --classes 10 --epsilon 8 --bn-batch 32` proposes), for
+# the test suite and a first look: about a minute, and a weak student (a few hundred answers).
+QUICK_OPTIONS = LocalOptions(
+    parties=3,
+    teachers_per_party=33,
+    dataset="fashion-mnist",
+    epsilon=8.0,
+    queries=1024,
+    batch_size=64,
+    bn_batch=32,
+    train_limit=6000,
+    order=None,
+)
+
 
 _EPSILONS = ("epsilon_settled", "epsilon_reserved", "epsilon_spent")
 
