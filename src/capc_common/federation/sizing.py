@@ -116,8 +116,12 @@ def propose(
     if teachers < 200:
         notes.append(
             f"only {teachers} teachers: under rigorous accounting answers grow with the square of the "
-            "teacher count, so expect few answers and a weak student; more data per party, or a smaller "
-            "bn_batch (down to 32), buys more teachers"
+            "teacher count, so expect few answers and a weak student; more data per party"
+            + (
+                ", or a smaller bn_batch (32 was measured), buys more teachers"
+                if bn_batch > 32
+                else " buys more teachers"
+            )
         )
     if bn_batch > 32 and sum(heads_for(int(n), bn_batch=32) for n in examples) >= 2 * teachers:
         notes.append("bn_batch 32 would more than double the teachers (and the answers by ~4×)")
