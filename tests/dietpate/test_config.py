@@ -20,6 +20,7 @@ from capc_common.errors import InputError
         ({"budget": {"delta": 2}}, r"budget\.delta"),
         ({"teachers": {"partition": "dirichlet"}}, "needs teachers.alpha"),
         ({"dataset": {"evaluate_on": "validation"}}, "validation > 0"),
+        ({"teachers": {"recipe": {"optimizer": "lbfgs", "l2": 0}}}, r"teachers\.recipe.*needs l2 > 0"),
     ],
 )
 def test_schema_errors_name_the_key(write_config, overrides, message):
@@ -72,3 +73,15 @@ def test_shipped_configs_are_valid():
     for path in configs:
         load_config(path)
         assert isinstance(yaml.safe_load(path.read_text()), dict)
+
+
+def test_a_run_that_cuts_the_training_set_by_position_states_no_per_example_relation(write_config):
+    """`dataset.validation` / `train_limit` cut by a permutation of the data's size: adding or removing one
+    example re-draws the cut, so such a run's report must not claim add/remove (review of issue 10.9)."""
+    from capc_common.dietpate.report import _neighbouring
+
+    assert _neighbouring(load_config(write_config())) == "add/remove one example"
+    for dataset in ({"validation": 100}, {"train_limit": 1000}):
+        assert _neighbouring(load_config(write_config(dataset=dataset))).startswith("none per example")
+    iid = load_config(write_config(teachers={"partition": "iid"}))
+    assert _neighbouring(iid) == "replace one example"

@@ -72,7 +72,8 @@ def test_the_demos_are_sized_as_the_planner_proposes():
     """`make demo` and `capc demo --quick` run the planner's head counts (each shard holds one chunk)."""
     from capc_services.local.demo import DEMO_OPTIONS, QUICK_OPTIONS
 
-    for options, per_party in ((DEMO_OPTIONS, 20000), (QUICK_OPTIONS, 2000)):
+    for options in (DEMO_OPTIONS, QUICK_OPTIONS):
+        per_party = min(options.train_limit or 60000, 60000 // options.parties)  # Fashion-MNIST's 60,000
         plan = propose(
             [per_party] * options.parties, classes=10, epsilon=options.epsilon, bn_batch=options.bn_batch
         )

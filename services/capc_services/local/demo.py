@@ -41,7 +41,7 @@ QUICK_OPTIONS = LocalOptions(
     queries=1024,
     batch_size=64,
     bn_batch=32,
-    train_limit=6000,
+    train_limit=2000,  # per party
     order=None,
 )
 

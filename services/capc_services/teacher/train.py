@@ -82,7 +82,7 @@ def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
     apply_torch_threads(settings.torch_threads)
     start = time.perf_counter()
     images, labels, name = party_examples(settings)
-    if len(labels) < heads:
+    if len(labels) < heads * config.queries.bn_batch:
         raise InputError(
             f"{settings.party} has {len(labels)} examples for {heads} teacher heads; each head needs at "
             f"least one BatchNorm chunk ({config.queries.bn_batch} examples): `capc federation plan` "

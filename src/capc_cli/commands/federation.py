@@ -13,7 +13,7 @@ def _text(r: dict[str, Any]) -> str:
     m, q, e = r["mechanism"], r["queries"], r["expected"]
     lines = [
         f"{r['teachers']} teachers: {', '.join(str(h) for h in r['heads'])} heads per party "
-        f"(each shard ≥ one BatchNorm chunk of {q['bn_batch']} with 99.9 % probability)",
+        f"(each shard ≥ one BatchNorm chunk of {q['bn_batch']} with 99.9 % probability per party)",
         f"mechanism: threshold {m['threshold']:g}, sigma1 {m['sigma1']:g}, sigma2 {m['sigma2']:g}",
         f"budget: ε {r['budget']['epsilon']:g}, δ {r['budget']['delta']:g}, "
         f"ledger order {r['budget']['order']:g}",

@@ -166,7 +166,8 @@ def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
         raise InputError(
             f"the smallest of {t.count} teacher shards holds {smallest} images, fewer than one BatchNorm "
             f"chunk (bn_batch {config.backbone.bn_batch}); use fewer teachers (`capc federation plan "
-            f"--examples {len(train.labels)} --classes C --epsilon E` proposes a count whose shards all hold "
+            f"--examples {len(train.labels)} --bn-batch {config.backbone.bn_batch} --classes C --epsilon E` "
+            "proposes a count whose shards all hold "
             "one chunk) or lower bn_batch"
         )
     eval_chunk = config.student.eval_bn_batch

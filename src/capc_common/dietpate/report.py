@@ -39,11 +39,12 @@ UNSANITISED = (
 
 def _neighbouring(cfg: RunConfig) -> str:
     """The relation the run's ε holds for. ``dataset.validation`` and ``train_limit`` cut the training set by
-    a seeded permutation of its *size*: adding or removing one example re-draws the cut, so under ``hash``
-    only replacing one example keeps every other shard (and then two teachers can change)."""
+    a seeded permutation of its *size*: adding or removing one example re-draws the cut and moves many
+    shards, and replacing one under ``hash`` can move two teachers (twice the sensitivity the charge
+    assumes), so such a development run states no per-example relation."""
     cut = cfg.dataset.validation or cfg.dataset.train_limit is not None
     if cut and cfg.teachers.partition == "hash":
-        return "replace one example, at most two teachers (dataset.validation/train_limit cut by position)"
+        return "none per example (dataset.validation/train_limit cut the data by position: development only)"
     return NEIGHBOURING[cfg.teachers.partition]
 
 
