@@ -153,7 +153,21 @@ class ConfidentGNMax(SelectionMechanism):
         )
 
 
-class GNMax(SelectionMechanism):
+class _ArgmaxOfNoisyVotes(SelectionMechanism):
+    """A mechanism that answers every query with ``argmax(H + z2)`` (the guardian draws ``z2``)."""
+
+    def rule(
+        self,
+        histograms: npt.NDArray[np.int64],
+        guardian: BatchNoise,
+        student: npt.NDArray[np.int64] | None,
+    ) -> npt.NDArray[np.int64]:
+        """``argmax(H + z2)``, ties to the lowest index."""
+        del student
+        return noisy_argmax(histograms + guardian["z2"])
+
+
+class GNMax(_ArgmaxOfNoisyVotes):
     """GNMax: ``argmax_j (H_j + N_Z(0, σ²))`` for every query (no screening).
 
     Args:
@@ -186,16 +200,6 @@ class GNMax(SelectionMechanism):
         z2 = np.asarray(source.discrete_gaussian(sigma=self.sigma, shape=(b, self.classes)), dtype=np.int64)
         return BatchNoise({"z2": z2})
 
-    def rule(
-        self,
-        histograms: npt.NDArray[np.int64],
-        guardian: BatchNoise,
-        student: npt.NDArray[np.int64] | None,
-    ) -> npt.NDArray[np.int64]:
-        """``argmax(H + z2)``, ties to the lowest index."""
-        del student
-        return noisy_argmax(histograms + guardian["z2"])
-
     def mpc_config(self, *, teachers: int) -> MpcConfig:
         """Ring holding every noisy count (all heads, ±12σ), argmax-only mode."""
         from capc_common.mpc import MpcConfig, ring_width
@@ -220,7 +224,7 @@ class GNMax(SelectionMechanism):
         )
 
 
-class LNMax(SelectionMechanism):
+class LNMax(_ArgmaxOfNoisyVotes):
     """LNMax (Papernot et al. 2017): ``argmax_j (H_j + discrete Laplace(b))``, central runs only.
 
     Args:
@@ -248,16 +252,6 @@ class LNMax(SelectionMechanism):
         b = count("batch", batch, minimum=1)
         z2 = np.asarray(source.discrete_laplace(scale=self.scale, shape=(b, self.classes)), dtype=np.int64)
         return BatchNoise({"z2": z2})
-
-    def rule(
-        self,
-        histograms: npt.NDArray[np.int64],
-        guardian: BatchNoise,
-        student: npt.NDArray[np.int64] | None,
-    ) -> npt.NDArray[np.int64]:
-        """``argmax(H + z2)``, ties to the lowest index."""
-        del student
-        return noisy_argmax(histograms + guardian["z2"])
 
     def mpc_config(self, *, teachers: int) -> MpcConfig:
         """LNMax has no secure path.
