@@ -43,7 +43,10 @@ def per_example(backbone: Backbone, images: npt.NDArray[np.uint8]) -> npt.NDArra
     """
     from capc_common.models import extract_features
 
-    return extract_features(backbone, images, bn_batch=PER_EXAMPLE_CHUNK, mode="running")
+    if len(images) == 0:
+        return np.zeros((0, backbone.feature_dim), dtype=np.float32)
+    chunk = min(PER_EXAMPLE_CHUNK, len(images))  # running statistics: any chunk gives the same features
+    return extract_features(backbone, images, bn_batch=chunk, mode="running")
 
 
 class PartyResources(Protocol):
