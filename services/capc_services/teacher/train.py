@@ -48,7 +48,8 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
     """The site's training images and labels (its shard and limit applied) and a description.
 
     Raises:
-        InputError: no ``data:`` section, or a shard outside ``[0, shards)``.
+        InputError: no ``data:`` section, a shard outside ``[0, shards)``, or labels beyond the federation's
+            classes.
     """
     data = settings.data
     if data is None:
@@ -68,7 +69,12 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
     if data.limit is not None:
         index = index[: data.limit]
     name = f"{dataset.name} shard {data.shard}/{data.shards}"
-    return dataset.images[index], dataset.labels[index], name
+    labels, classes = dataset.labels[index], settings.federation_config.classes
+    if int(labels.max(initial=0)) >= classes:
+        raise InputError(
+            f"{name} has labels up to {int(labels.max())}, but the federation has {classes} classes"
+        )
+    return dataset.images[index], labels, name
 
 
 def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
@@ -87,10 +93,6 @@ def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
             f"{settings.party} has {len(labels)} examples for {heads} teacher heads; each head needs at "
             f"least one BatchNorm chunk ({config.queries.bn_batch} examples): `capc federation plan` "
             "proposes a head count"
-        )
-    if int(labels.max(initial=0)) >= config.classes:
-        raise InputError(
-            f"{name} has labels up to {int(labels.max())}, but the federation has {config.classes} classes"
         )
     shards = partition(labels, shards=heads, scheme="hash", seed=config.queries.seed, images=images)
     featurizer = BackboneFeaturizer(load_shared_backbone(config))
