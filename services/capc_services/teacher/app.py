@@ -72,9 +72,10 @@ class SiteResources:
 
     def records(self) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
         """The site's labelled images (its ``data:`` section, as ``capc teacher train`` reads it)."""
-        from capc_services.teacher.train import party_examples
+        from capc_services.teacher.train import check_labels, party_examples
 
-        images, labels, _ = party_examples(self.settings)
+        images, labels, name = party_examples(self.settings)
+        check_labels(labels, classes=self.settings.federation_config.classes, name=name)
         return images, np.asarray(labels, dtype=np.int64)
 
     def sampling(self) -> NoiseSource:

@@ -48,8 +48,7 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
     """The site's training images and labels (its shard and limit applied) and a description.
 
     Raises:
-        InputError: no ``data:`` section, a shard outside ``[0, shards)``, or labels beyond the federation's
-            classes.
+        InputError: no ``data:`` section, or a shard outside ``[0, shards)``.
     """
     data = settings.data
     if data is None:
@@ -69,12 +68,19 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
     if data.limit is not None:
         index = index[: data.limit]
     name = f"{dataset.name} shard {data.shard}/{data.shards}"
-    labels, classes = dataset.labels[index], settings.federation_config.classes
+    return dataset.images[index], dataset.labels[index], name
+
+
+def check_labels(labels: np.ndarray, *, classes: int, name: str) -> None:
+    """Refuse labels the federation has no class for (``capc teacher train`` and the kNN voter both check).
+
+    Raises:
+        InputError: a label ``≥ classes``.
+    """
     if int(labels.max(initial=0)) >= classes:
         raise InputError(
             f"{name} has labels up to {int(labels.max())}, but the federation has {classes} classes"
         )
-    return dataset.images[index], labels, name
 
 
 def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
@@ -94,6 +100,7 @@ def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
             f"least one BatchNorm chunk ({config.queries.bn_batch} examples): `capc federation plan` "
             "proposes a head count"
         )
+    check_labels(labels, classes=config.classes, name=name)
     shards = partition(labels, shards=heads, scheme="hash", seed=config.queries.seed, images=images)
     featurizer = BackboneFeaturizer(load_shared_backbone(config))
     bn_batch = config.queries.bn_batch
