@@ -50,7 +50,13 @@ import numpy.typing as npt
 from capc_common.data import partition
 from capc_common.dietpate.cache import FeatureCache
 from capc_common.mechanisms import DPPrototypes, SecureDPSGD, calibrate, nearest_prototype, normalise
-from capc_common.mechanisms.central import PartyData, per_example_features, run_prototypes, run_secure_dpsgd
+from capc_common.mechanisms.central import (
+    PartyData,
+    per_example_features,
+    run_private_knn,
+    run_prototypes,
+    run_secure_dpsgd,
+)
 from capc_common.privacy.analysis import (
     DEFAULT_ORDERS,
     epsilon_from_rdp,
@@ -286,7 +292,6 @@ def private_knn(
     queries: np.ndarray,
 ) -> dict[str, Any]:
     """Private-kNN labels the query stream (σ calibrated so all queries cost ε); the student learns them."""
-    from capc_common.aggregation import mechanism_noise
     from capc_common.learn.student import train_student
     from capc_common.mechanisms import PrivateKNN
 
@@ -298,10 +303,7 @@ def private_knn(
 
     sigma = calibrate(eps_of, target=epsilon, low=0.5, high=5000.0)
     knn = PrivateKNN(classes=10, sigma=sigma, neighbours=h["neighbours"], sampling_rate=h["sampling_rate"])
-    from capc_common.privacy import SystemNoise
-
-    hist = sum(knn.votes(p.features, p.labels, queries, source=SystemNoise()) for p in parties)
-    labels = knn.answer(np.asarray(hist), mechanism_noise())
+    labels = run_private_knn(parties, queries, mechanism=knn, batch_size=len(queries))
     fit = train_student(queries, labels, classes=10, pseudo_confidence=None, seed=seed)
     return {
         "accuracy": accuracy(fit.predict(ex), ey),

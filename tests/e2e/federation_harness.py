@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from capc_common.federation import FederationConfig
 from capc_common.learn.heads import HeadEnsemble
@@ -78,11 +80,18 @@ def install_heads(layout: Layout, config: FederationConfig, teachers: Path) -> N
 
 
 class Running:
-    """A started local federation and helpers to read it."""
+    """A started local federation and helpers to read it.
 
-    def __init__(self, root: Path, options: LocalOptions, teachers: Path) -> None:
+    Args:
+        root: the state directory.
+        options: the federation.
+        teachers: the central run's heads to install (None: the parties need none, or train their own).
+    """
+
+    def __init__(self, root: Path, options: LocalOptions, teachers: Path | None) -> None:
         layout, config = ensure_provisioned(root, options)
-        install_heads(layout, config, teachers)
+        if teachers is not None:
+            install_heads(layout, config, teachers)
         self.endpoints = up(root, options, ready_timeout=240)
         self.layout, self.config, self.root = layout, config, root
         self.token = token(layout)
@@ -110,6 +119,17 @@ class Running:
                     f"federation did not get there: {progress}\n{json.dumps(logs, indent=1)}"
                 )
             time.sleep(0.2)
+
+    def labels(self) -> np.ndarray:
+        """The labels in the student's store, in query order (−1: unanswered); checks none is missing."""
+        db = sqlite3.connect(self.layout.party_dir("student") / "labels.sqlite")
+        try:
+            rows = db.execute("SELECT query_index, label FROM labels ORDER BY query_index").fetchall()
+        finally:
+            db.close()
+        indices, labels = np.asarray(rows, dtype=np.int64).T
+        np.testing.assert_array_equal(indices, np.arange(len(indices)))
+        return labels
 
     def close(self) -> None:
         down(self.root)

@@ -49,21 +49,10 @@ def _store_rows(running: Running) -> list[tuple[int, int, str, str]]:
         db.close()
 
 
-def _labels(running: Running) -> np.ndarray:
-    db = sqlite3.connect(running.layout.party_dir("student") / "labels.sqlite")
-    try:
-        rows = db.execute("SELECT query_index, label FROM labels ORDER BY query_index").fetchall()
-    finally:
-        db.close()
-    indices, labels = np.asarray(rows, dtype=np.int64).T
-    np.testing.assert_array_equal(indices, np.arange(len(indices)))
-    return labels
-
-
 def test_labels_equal_the_central_run(differential: Running, central) -> None:
     rows = [row for row in _store_rows(differential) if row[2] == "done"]
     assert [first + count for first, count, _, _ in rows] == central["batch_ends"]
-    labels = _labels(differential)
+    labels = differential.labels()
     assert len(labels) == len(central["labels"]) > 0
     np.testing.assert_array_equal(labels, central["labels"])
     assert (labels >= 0).sum() == central["report"]["answered"]

@@ -95,3 +95,75 @@ def test_revocations_are_normalised_and_leave_the_hash_alone(tmp_path: Path, fed
 def test_a_revoked_serial_must_be_hex(federation_dict, serial: str) -> None:
     with pytest.raises(InputError, match=r"revoked\.0\.serial.*serial number in hex"):
         FederationConfig.from_dict(federation_dict(revoked=[{"serial": serial}]))
+
+
+KNN = {"name": "private-knn", "sigma": 3.0, "neighbours": 4, "sampling_rate": 0.25}
+FOUR_VOTES = [{"name": "hospital-a", "heads": 4}, {"name": "hospital-b", "heads": 4}]
+
+
+def test_confident_gnmax_hashes_as_before_the_mechanism_union(federation_dict) -> None:
+    """The hashes of the test federation computed on main before ``mechanism`` became a union: ledgers,
+    label stores and cap records of existing federations carry on. ``name`` may be given or left out."""
+    before = "5122f2515b8bbebaeda1b4fe9d4c823d202a8e816741a55fde5e8e5dd686e403"
+    assert FederationConfig.from_dict(federation_dict()).config_hash() == before
+    named = {"name": "confident-gnmax", "threshold": 3, "sigma1": 2.0, "sigma2": 1.0}
+    assert FederationConfig.from_dict(federation_dict(mechanism=named)).config_hash() == before
+    seeded = {"threshold": 3, "sigma1": 2.0, "sigma2": 1.0, "insecure_noise_seed": "x"}
+    assert (
+        FederationConfig.from_dict(federation_dict(mechanism=seeded)).config_hash()
+        == "a191049759dd7a4e3f62a853a0545de4d6875f65ec3eafa1c9f24dfa737e7890"
+    )
+
+
+def test_private_knn_builds_its_mechanism_and_round_trips(tmp_path: Path, federation_dict) -> None:
+    from capc_common.federation import batch_costs, mechanism_of, mpc_config
+    from capc_common.mechanisms import PrivateKNN
+
+    config = FederationConfig.from_dict(federation_dict(mechanism=KNN, teachers=FOUR_VOTES))
+    mechanism = mechanism_of(config)
+    assert isinstance(mechanism, PrivateKNN) and not mechanism.trains_heads
+    assert (mechanism.neighbours, mechanism.sampling_rate, mechanism.sigma) == (4, 0.25, 3.0)
+    costs = batch_costs(config)
+    assert costs.query_rdp == 0 and costs.answer_rdp == pytest.approx(float(mechanism.costs([10.0])[1][0]))
+    assert mpc_config(config).mode == "gnmax" and mpc_config(config).teachers == 8  # 2 parties × k votes
+    config.save(tmp_path / "f.yaml")
+    assert FederationConfig.load(tmp_path / "f.yaml").config_hash() == config.config_hash()
+    other = FederationConfig.from_dict(
+        federation_dict(mechanism={**KNN, "sampling_rate": 0.5}, teachers=FOUR_VOTES)
+    )
+    assert other.config_hash() != config.config_hash()
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "teachers", "match"),
+    [
+        ({**KNN, "sampling_rate": 0}, FOUR_VOTES, r"mechanism\.private-knn\.sampling_rate.*greater than 0"),
+        ({**KNN, "sampling_rate": 1.5}, FOUR_VOTES, r"sampling_rate.*less than or equal to 1"),
+        ({**KNN, "neighbours": 0}, FOUR_VOTES, r"neighbours.*greater than or equal to 1"),
+        ({**KNN, "sigma": -1}, FOUR_VOTES, r"sigma.*greater than 0"),
+        ({**KNN, "threshold": 3}, FOUR_VOTES, r"threshold.*Extra inputs"),
+        ({"name": "private-knn", "sigma": 3.0}, FOUR_VOTES, r"neighbours.*Field required"),
+        (KNN, None, r"heads must be 4; \['hospital-a', 'hospital-b'\].*set heads: 4"),
+        (
+            {"name": "knn", "sigma": 1.0},
+            None,
+            "mechanism.name must be one of confident-gnmax, gnmax, private-knn",
+        ),
+    ],
+)
+def test_bad_private_knn_configs_name_the_field(federation_dict, mechanism, teachers, match: str) -> None:
+    change = {"mechanism": mechanism} | ({"teachers": teachers} if teachers else {})
+    with pytest.raises(InputError, match=match):
+        FederationConfig.from_dict(federation_dict(**change))
+
+
+def test_a_budget_too_small_for_one_batch_names_the_mechanisms_noise_field(federation_dict) -> None:
+    from capc_common.federation import check_batch_fits
+
+    config = FederationConfig.from_dict(
+        federation_dict(
+            mechanism={"name": "gnmax", "sigma": 0.5}, budget={"epsilon": 1.0, "delta": 1e-5, "order": 10}
+        )
+    )
+    with pytest.raises(InputError, match=r"raise mechanism\.sigma \(now 0\.5\)"):
+        check_batch_fits(config)

@@ -36,8 +36,24 @@ def test_up_refuses_a_budget_that_cannot_pay_for_one_batch(capc, tmp_path: Path)
         "1",
     )
     assert proc.returncode == 2
-    assert "no batch could ever run" in proc.stderr and "raise sigma2" in proc.stderr
+    assert "no batch could ever run" in proc.stderr and "raise mechanism.sigma2" in proc.stderr
     assert not state.exists()
+
+
+def test_up_builds_a_private_knn_federation_from_its_options(capsys, tmp_path: Path) -> None:
+    """``--mechanism private-knn`` reaches federation.yaml: its budget check names the kNN's own fields (the
+    real entry point, in-process: a subprocess would add seconds of imports)."""
+    from capc_cli.main import main
+
+    state = tmp_path / "state"
+    args = ["local", "up", "--state-dir", str(state), "--mechanism", "private-knn", "--neighbours", "3"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--sigma", "0.5", "--sampling-rate", "0.5", "--epsilon", "1"])
+    assert exit_info.value.code == 2
+    assert "raise mechanism.sigma (now 0.5) or lower mechanism.sampling_rate" in capsys.readouterr().err
+    assert not state.exists()
+    with pytest.raises(InputError, match="unknown mechanism 'knn'"):  # the library entry point checks too
+        provision(tmp_path / "other", LocalOptions(mechanism="knn"))
 
 
 def test_up_refuses_a_negative_teacher_cap_and_leaves_nothing(capc, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from sites_harness import guardian_settings
 
 from capc_common.aggregation import party_noise
 from capc_common.learn.heads import HeadRecipe, train_heads
+from capc_common.mechanisms import HeadsVoter
 from capc_common.models import extract_features
 from capc_common.synth import generate
 from capc_services.common.party import PartyRuntime
@@ -111,7 +112,10 @@ def teacher_app(pki: Path, tmp_path: Path, token_file: Path, funded_federation: 
         LocalCap.init(settings.cap.record, config=party.config), config=party.config, epsilon_cap=30.0
     )
     worker = TeacherWorker(
-        config=party.config, backbone=party.backbone, heads=heads, cap=cap, metrics=party.metrics
+        config=party.config,
+        voter=HeadsVoter(party.backbone, heads, classes=party.config.classes),
+        cap=cap,
+        metrics=party.metrics,
     )
     links = TeacherLinks(
         config=party.config, party="hospital-a", tls=party.tls, student_address=NOWHERE,

@@ -20,6 +20,7 @@ from capc_common.aggregation import (
 )
 from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone
 from capc_common.learn.heads import train_heads
+from capc_common.mechanisms import HeadsVoter
 from capc_common.models import extract_features
 from capc_common.privacy import BudgetLedger
 from capc_common.wire import rpc
@@ -122,8 +123,7 @@ class Federation:
         for party, ensemble in heads.items():
             worker = TeacherWorker(
                 config=config,
-                backbone=backbone,
-                heads=ensemble,
+                voter=HeadsVoter(backbone, ensemble, classes=config.classes),
                 cap=LocalCap(
                     LocalCap.init(tmp / f"{party}.cap", config=config),
                     config=config,

@@ -9,6 +9,7 @@ import pytest
 
 from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone, mpc_config
 from capc_common.learn.heads import train_heads
+from capc_common.mechanisms import HeadsVoter
 from capc_common.models import extract_features
 from capc_common.mpc import expand_share_seed, sum_shares
 from capc_common.wire import RawQuery, query_to_proto
@@ -44,8 +45,7 @@ def _worker(
     )
     return TeacherWorker(
         config=config,
-        backbone=load_shared_backbone(config),
-        heads=heads,
+        voter=HeadsVoter(load_shared_backbone(config), heads, classes=config.classes),
         cap=LocalCap(LocalCap.init(tmp_path / "cap.jsonl", config=config), config=config, epsilon_cap=cap),
         metrics=metrics,
         allow_raw_queries=raw,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from capc_common.errors import InputError
-from capc_common.federation import FederationConfig
+from capc_common.federation import FederationConfig, mechanism_of
 from capc_services.local.layout import Layout
 from capc_services.local.processes import (
     PartyProcess,
@@ -73,8 +73,9 @@ def up(
 ) -> dict[str, Any]:
     """Bring a local federation up (provisioning it first if ``root`` holds none) and wait until ready.
 
-    Teacher parties without a heads file train theirs first (``capc teacher train``); heads placed in
-    ``parties/<name>/heads.safetensors`` beforehand are used as they are.
+    Teacher parties without a heads file train theirs first (``capc teacher train``) when the mechanism
+    votes with heads; heads placed in ``parties/<name>/heads.safetensors`` beforehand are used as they are.
+    Under Private-kNN a party votes with its own records (featurised when it starts) and trains nothing.
 
     Args:
         root: the state directory.
@@ -94,8 +95,9 @@ def up(
 
     layout, config = ensure_provisioned(root, options, say=say)
     endpoints = Endpoints.from_dict(read_state(layout)["endpoints"])
+    trains = mechanism_of(config).trains_heads
     for name in config.teacher_names:
-        if not (layout.party_dir(name) / "heads.safetensors").exists():
+        if trains and not (layout.party_dir(name) / "heads.safetensors").exists():
             say(f"training {name}'s {config.teacher(name).heads} teacher heads on its own data")
             result = train_party_heads(TeacherSettings.load(layout.site(name)))
             say(f"  {name}: {result['summary']}")

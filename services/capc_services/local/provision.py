@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,17 @@ class LocalOptions:
 
     Attributes:
         parties: teacher parties.
-        teachers_per_party: teacher heads per party.
+        teachers_per_party: teacher heads per party (PATE mechanisms; a Private-kNN party casts
+            ``neighbours`` votes instead).
+        mechanism: ``confident-gnmax`` (the default), ``gnmax`` or ``private-knn`` (:data:`MECHANISMS`).
         dataset: the teachers' private data (split disjointly between parties).
         epsilon / delta / order: the federation's budget (order None: the order ``capc budget plan`` picks
             for the mechanism; the fixed default 10 lets teachers set local caps well below ε).
         queries / batch_size / bn_batch: the synthetic query stream.
         threshold / sigma1 / sigma2: Confident-GNMax parameters (None: scaled to the number of heads by
             :data:`capc_common.federation.MECHANISM_RATIOS`).
+        sigma: σ of GNMax's and Private-kNN's argmax noise (None: σ2's ratio times the votes per query).
+        neighbours / sampling_rate: Private-kNN's ``k`` per party and Poisson rate ``q``.
         min_parties: quorum (None: all but one party, at least one).
         train_limit: training examples per party (None: the party's whole shard).
         teacher_cap: each party's local worst-case ε cap (None: 3 × epsilon, since it counts every
@@ -55,6 +60,7 @@ class LocalOptions:
 
     parties: int = 3
     teachers_per_party: int = 25
+    mechanism: str = "confident-gnmax"
     dataset: str = "fashion-mnist"
     epsilon: float = 10.0
     delta: float = 1e-5
@@ -65,6 +71,9 @@ class LocalOptions:
     threshold: float | None = None
     sigma1: float | None = None
     sigma2: float | None = None
+    sigma: float | None = None
+    neighbours: int = 50
+    sampling_rate: float = 0.2
     min_parties: int | None = None
     train_limit: int | None = 3000
     teacher_cap: float | None = None
@@ -83,21 +92,65 @@ class LocalOptions:
 _FALLBACK_ORDER = 10.0
 
 
-def _mechanism(options: LocalOptions, heads: int) -> dict[str, float]:
+def _confident(options: LocalOptions) -> tuple[dict[str, Any], int]:
     """The options' Confident-GNMax parameters; unset ones scaled to the heads (the library's ratios)."""
-    scaled = scaled_mechanism(heads)
-    return {
+    scaled = scaled_mechanism(options.parties * options.teachers_per_party)
+    fields = {
         k: v if (v := getattr(options, k)) is not None else scaled[k]
         for k in ("threshold", "sigma1", "sigma2")
     }
+    return fields, options.teachers_per_party
+
+
+def _argmax_sigma(options: LocalOptions, votes: int) -> float:
+    """The options' σ, or σ2's ratio to the votes per query (vote margins grow with the votes)."""
+    return options.sigma if options.sigma is not None else scaled_mechanism(votes)["sigma2"]
+
+
+def _gnmax(options: LocalOptions) -> tuple[dict[str, Any], int]:
+    """GNMax over the parties' heads."""
+    sigma = _argmax_sigma(options, options.parties * options.teachers_per_party)
+    return {"name": "gnmax", "sigma": sigma}, options.teachers_per_party
+
+
+def _private_knn(options: LocalOptions) -> tuple[dict[str, Any], int]:
+    """Private-kNN: every party casts ``neighbours`` votes, so that is its ``heads``."""
+    fields = {
+        "name": "private-knn",
+        "sigma": _argmax_sigma(options, options.parties * options.neighbours),
+        "neighbours": options.neighbours,
+        "sampling_rate": options.sampling_rate,
+    }
+    return fields, options.neighbours
+
+
+#: ``capc local up --mechanism NAME``: the mechanism's federation.yaml fields and each party's heads.
+MECHANISMS: dict[str, Callable[[LocalOptions], tuple[dict[str, Any], int]]] = {
+    "confident-gnmax": _confident,
+    "gnmax": _gnmax,
+    "private-knn": _private_knn,
+}
+
+
+def _mechanism(options: LocalOptions) -> tuple[dict[str, Any], int]:
+    """The federation.yaml ``mechanism:`` fields and the heads of every party, from the options.
+
+    Raises:
+        InputError: an unknown mechanism name.
+    """
+    build = MECHANISMS.get(options.mechanism)
+    if build is None:
+        raise InputError(f"unknown mechanism {options.mechanism!r}; choose one of {sorted(MECHANISMS)}")
+    return build(options)
 
 
 def _order(options: LocalOptions, heads: int) -> float:
-    """The ledger's Rényi order: the options', or the one ``capc budget plan`` picks for this mechanism."""
+    """The ledger's Rényi order: the options', or the one ``capc budget plan`` picks for Confident-GNMax
+    (the planner's model; other mechanisms get the default 10)."""
     if options.order is not None:
         return options.order
     try:
-        mechanism = _mechanism(options, heads)
+        mechanism, _ = _confident(options)
         planned = plan(
             teachers=heads,
             classes=10,
@@ -136,16 +189,15 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
             "need at least one party and one teacher per party, got "
             f"{options.parties} × {options.teachers_per_party}"
         )
+    mechanism, per_party = _mechanism(options)
     heads = options.parties * options.teachers_per_party
     height, width, channels = image_shape_for(options.dataset)
     backbone = options.backbone or default_backbone(height, width, channels)
     return {
         "name": "capc-local",
         "classes": 10,
-        "teachers": [
-            {"name": n, "heads": options.teachers_per_party} for n in teacher_names(options.parties)
-        ],
-        "mechanism": {**_mechanism(options, heads), "insecure_noise_seed": options.insecure_noise_seed},
+        "teachers": [{"name": n, "heads": per_party} for n in teacher_names(options.parties)],
+        "mechanism": {**mechanism, "insecure_noise_seed": options.insecure_noise_seed},
         "budget": {"epsilon": options.epsilon, "delta": options.delta, "order": _order(options, heads)},
         "queries": {
             "generator": options.generator or DEFAULT_GENERATOR,

@@ -135,10 +135,7 @@ def publish_student(
         "config_hash": config.config_hash(),
         "privacy": privacy_of(config, store),
         "mechanism": {
-            "name": config.mechanism.name,
-            "threshold": config.mechanism.threshold,
-            "sigma1": config.mechanism.sigma1,
-            "sigma2": config.mechanism.sigma2,
+            **config.mechanism.model_dump(mode="json", exclude={"insecure_noise_seed"}),
             "noise": "discrete Gaussian",
             # Only the student's own part is known here; the guardian's /api/v1/budget names its source.
             "student_noise": noise_label(config),

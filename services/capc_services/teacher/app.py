@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import numpy.typing as npt
 from fastapi import APIRouter
 
+from capc_common.aggregation import sampling_noise
 from capc_common.errors import InputError
+from capc_common.federation import mechanism_of
 from capc_common.learn.heads import HeadEnsemble
+from capc_common.mechanisms import Voter
 from capc_services.common.admin import api_router
 from capc_services.common.party import PartyRuntime, apply_torch_threads
 from capc_services.teacher.cap import LocalCap
 from capc_services.teacher.client import TeacherLinks
 from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.worker import TeacherWorker
+
+if TYPE_CHECKING:
+    from capc_common.models import Backbone
+    from capc_common.privacy import NoiseSource
 
 _log = logging.getLogger(__name__)
 
@@ -38,6 +47,52 @@ def load_heads(settings: TeacherSettings) -> HeadEnsemble:
     return heads
 
 
+class SiteResources:
+    """What a teacher site lends its voter (:class:`~capc_common.mechanisms.PartyResources`), loaded only
+    when the mechanism's voter asks: heads for PATE, the site's own records and sampling stream for
+    Private-kNN.
+
+    Args:
+        settings: the site's settings.
+        backbone: the verified shared backbone.
+    """
+
+    def __init__(self, settings: TeacherSettings, backbone: Backbone) -> None:
+        self.settings = settings
+        self._backbone = backbone
+
+    @property
+    def backbone(self) -> Backbone:
+        """The shared backbone."""
+        return self._backbone
+
+    def heads(self) -> HeadEnsemble:
+        """The site's heads file (:func:`load_heads`)."""
+        return load_heads(self.settings)
+
+    def records(self) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+        """The site's labelled images (its ``data:`` section, as ``capc teacher train`` reads it)."""
+        from capc_services.teacher.train import check_labels, party_examples
+
+        images, labels, name = party_examples(self.settings)
+        check_labels(labels, classes=self.settings.federation_config.classes, name=name)
+        return images, np.asarray(labels, dtype=np.int64)
+
+    def sampling(self) -> NoiseSource:
+        """The site's sampling CSPRNG, or its seeded stream when federation.yaml seeds the noise."""
+        seed = self.settings.federation_config.mechanism.insecure_noise_seed
+        return sampling_noise(self.settings.party, seed=seed)
+
+
+def make_voter(settings: TeacherSettings, backbone: Backbone) -> Voter:
+    """The site's voter under the federation's mechanism (the mechanism decides what the party contributes).
+
+    Raises:
+        InputError: what the voter needs (heads, data) is missing or does not fit the federation.
+    """
+    return mechanism_of(settings.federation_config).voter(SiteResources(settings, backbone))
+
+
 def status_router(worker: TeacherWorker, links: TeacherLinks, cap: LocalCap) -> APIRouter:
     """``/api/v1/status`` over the party's worker, links and local cap."""
     api = api_router()
@@ -49,7 +104,8 @@ def status_router(worker: TeacherWorker, links: TeacherLinks, cap: LocalCap) -> 
             "party": links.party,
             "connected_to_student": links.connected,
             "last_error": links.last_error,
-            "heads": worker.heads.heads,
+            "heads": worker.voter.heads,
+            "voter": worker.voter.describe(),
             "allow_raw_queries": worker.allow_raw,
             "local_cap": {
                 "epsilon_spent": cap.epsilon,
@@ -81,13 +137,11 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
         )
     party = PartyRuntime(settings, role="teacher")
     apply_torch_threads(settings.torch_threads)
-    backbone = party.backbone
-    heads = load_heads(settings)
+    voter = make_voter(settings, party.backbone)
     cap = LocalCap(settings.cap.record, config=party.config, epsilon_cap=settings.cap.epsilon)
     worker = TeacherWorker(
         config=party.config,
-        backbone=backbone,
-        heads=heads,
+        voter=voter,
         cap=cap,
         metrics=party.metrics,
         allow_raw_queries=settings.allow_raw_queries,
@@ -109,7 +163,7 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
     )
     runner = threading.Thread(target=links.run, args=(stop,), name="work-stream", daemon=True)
     runner.start()
-    _log.info("teacher running", extra={"heads": heads.heads, "admin_port": party.admin_port})
+    _log.info("teacher running", extra={**voter.describe(), "admin_port": party.admin_port})
     try:
         stop.wait()
     finally:

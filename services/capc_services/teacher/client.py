@@ -110,7 +110,7 @@ class TeacherLinks:
         outgoing.put(
             pb.TeacherMessage(
                 hello=pb.TeacherHello(
-                    party=self.party, heads=self.worker.heads.heads, software_version=__version__
+                    party=self.party, heads=self.worker.voter.heads, software_version=__version__
                 )
             )
         )

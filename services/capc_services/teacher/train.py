@@ -71,6 +71,18 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
     return dataset.images[index], dataset.labels[index], name
 
 
+def check_labels(labels: np.ndarray, *, classes: int, name: str) -> None:
+    """Refuse labels the federation has no class for (``capc teacher train`` and the kNN voter both check).
+
+    Raises:
+        InputError: a label ``≥ classes``.
+    """
+    if int(labels.max(initial=0)) >= classes:
+        raise InputError(
+            f"{name} has labels up to {int(labels.max())}, but the federation has {classes} classes"
+        )
+
+
 def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
     """Train and save the party's heads (atomically, to ``settings.heads``); returns a summary.
 
@@ -88,10 +100,7 @@ def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
             f"least one BatchNorm chunk ({config.queries.bn_batch} examples): `capc federation plan` "
             "proposes a head count"
         )
-    if int(labels.max(initial=0)) >= config.classes:
-        raise InputError(
-            f"{name} has labels up to {int(labels.max())}, but the federation has {config.classes} classes"
-        )
+    check_labels(labels, classes=config.classes, name=name)
     shards = partition(labels, shards=heads, scheme="hash", seed=config.queries.seed, images=images)
     featurizer = BackboneFeaturizer(load_shared_backbone(config))
     bn_batch = config.queries.bn_batch

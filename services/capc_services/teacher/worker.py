@@ -1,9 +1,10 @@
 """What a teacher party does with one work item: check it, regenerate the queries, vote, share.
 
-The party runs its backbone once per batch in current-statistics mode (BatchNorm over chunks of exactly
-``bn_batch`` queries), applies every one of its heads to the same features and sums the heads' one-hot
-votes into one count vector per query. It charges its local cap, hands the mask seed to the guardian and
-only then returns the student's share — so a student never holds a share the guardian cannot complete.
+The party's voter — the one the federation's mechanism asks for (:meth:`SelectionMechanism.voter`): its heads
+on the backbone in current-statistics mode for PATE, its Poisson-sampled records' k nearest for Private-kNN —
+turns the batch into one count vector per query. It charges its local cap, hands the mask seed to the
+guardian and only then returns the student's share — so a student never holds a share the guardian cannot
+complete.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from capc_common.aggregation import vote_histogram
 from capc_common.errors import BudgetExhaustedError, CapcError, InputError
 from capc_common.federation import FederationConfig, mpc_config
-from capc_common.models import extract_features
+from capc_common.mechanisms import Voter
 from capc_common.mpc import share_votes
 from capc_common.wire import RawQuery, ndarray_to_proto, query_from_proto
 from capc_common.wire import messages as pb
@@ -58,8 +58,7 @@ class TeacherWorker:
 
     Args:
         config: the federation config.
-        backbone: the shared backbone (its hash must match federation.yaml).
-        heads: this party's teacher heads (``.predict(features) -> (heads, N)``).
+        voter: this party's voter under the federation's mechanism.
         cap: the party's local ε cap record.
         metrics: the party's metrics.
         allow_raw_queries: answer queries shipped as pixels (off by default: synthetic only).
@@ -69,15 +68,13 @@ class TeacherWorker:
         self,
         *,
         config: FederationConfig,
-        backbone: Any,
-        heads: Any,
+        voter: Voter,
         cap: LocalCap,
         metrics: PartyMetrics,
         allow_raw_queries: bool = False,
     ) -> None:
         self.config = config
-        self.backbone = backbone
-        self.heads = heads
+        self.voter = voter
         self.cap = cap
         self.metrics = metrics
         self.allow_raw = allow_raw_queries
@@ -137,9 +134,7 @@ class TeacherWorker:
         t0 = time.perf_counter()
         images = query.images if isinstance(query, RawQuery) else query.images()
         t1 = time.perf_counter()
-        features = extract_features(self.backbone, images, bn_batch=query.bn_batch, mode="current")
-        predictions = self.heads.predict(features)
-        votes = vote_histogram(predictions, classes=self.config.classes)
+        votes = self.voter.vote(images, bn_batch=query.bn_batch)
         t2 = time.perf_counter()
         seed, share = share_votes(votes, width=self.width)
         t3 = time.perf_counter()

@@ -45,7 +45,20 @@ def _up_text(result: dict[str, Any]) -> str:
 @command.command("up")
 @_STATE
 @click.option("--parties", type=click.IntRange(min=1), default=3, show_default=True, help="Teacher parties.")
-@click.option("--teachers-per-party", type=click.IntRange(min=1), default=25, show_default=True)
+@click.option(
+    "--teachers-per-party",
+    type=click.IntRange(min=1),
+    default=25,
+    show_default=True,
+    help="Teacher heads per party (PATE mechanisms).",
+)
+@click.option(
+    "--mechanism",
+    type=click.Choice(["confident-gnmax", "gnmax", "private-knn"]),
+    default="confident-gnmax",
+    show_default=True,
+    help="How the parties' votes become labels (docs/mechanisms.md).",
+)
 @click.option("--dataset", default="fashion-mnist", show_default=True, help="The teachers' private data.")
 @click.option("--epsilon", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
 @click.option(
@@ -64,6 +77,23 @@ def _up_text(result: dict[str, Any]) -> str:
 @click.option("--threshold", type=float, default=None, help="T [default: 0.6 × heads].")
 @click.option("--sigma1", type=float, default=None, help="σ1 [default: 0.7 × heads].")
 @click.option("--sigma2", type=float, default=None, help="σ2 [default: 0.16 × heads].")
+@click.option(
+    "--sigma", type=float, default=None, help="σ of gnmax / private-knn [default: 0.16 × votes per query]."
+)
+@click.option(
+    "--neighbours",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="private-knn: k, per party.",
+)
+@click.option(
+    "--sampling-rate",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.2,
+    show_default=True,
+    help="private-knn: each record's Poisson inclusion probability per query.",
+)
 @click.option(
     "--min-parties", type=click.IntRange(min=1), default=None, help="Quorum [default: parties − 1]."
 )

@@ -24,6 +24,7 @@ from capc_common.aggregation.noise import (
     draw_student_noise,
     mechanism_noise,
     party_noise,
+    sampling_noise,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "mechanism_noise",
     "noisy_argmax",
     "party_noise",
+    "sampling_noise",
     "sum_histograms",
     "vote_histogram",
 ]

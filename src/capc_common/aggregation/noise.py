@@ -47,6 +47,7 @@ __all__ = [
     "draw_student_noise",
     "mechanism_noise",
     "party_noise",
+    "sampling_noise",
 ]
 
 Party = Literal["guardian", "student"]
@@ -88,6 +89,27 @@ def party_noise(party: Party, *, seed: str | None = None) -> NoiseSource:
     if not isinstance(seed, str) or not seed:
         raise InputError(f"an insecure noise seed must be a non-empty string, got {type(seed).__name__}")
     return SeededNoise(seed if party == "guardian" else f"{seed}\0student")
+
+
+def sampling_noise(party: str, *, seed: str | None = None) -> NoiseSource:
+    """A teacher party's sampling randomness (Private-kNN's Poisson samples): a fresh CSPRNG, or (tests only)
+    its seeded stream ``SeededNoise(seed + "\\0sample\\0" + party)``.
+
+    In insecure-noise mode the samples are derived from the one federation seed and the party's name, so a
+    central run that plays every party with the same names draws the same samples, query by query, and the
+    federation can be compared with it exactly. Each party's stream is unrelated to the others' and to the
+    guardian's and student's.
+
+    Raises:
+        InputError: an empty party name or seed.
+    """
+    if not party:
+        raise InputError("a sampling stream needs the party's name")
+    if seed is None:
+        return SystemNoise()
+    if not isinstance(seed, str) or not seed:
+        raise InputError(f"an insecure noise seed must be a non-empty string, got {type(seed).__name__}")
+    return SeededNoise(f"{seed}\0sample\0{party}")
 
 
 def mechanism_noise(*, seed: str | None = None) -> MechanismNoise:

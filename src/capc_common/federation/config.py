@@ -12,14 +12,16 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
+    Tag,
     ValidationError,
     field_validator,
     model_serializer,
@@ -61,22 +63,19 @@ class TeacherParty(_Frozen):
     _name = field_validator("name")(check_party_name)
 
 
-class Mechanism(_Frozen):
-    """Confident-GNMax: pass if max votes + N_Z(0, σ1²) ≥ T, then answer argmax(votes + N_Z(0, σ2²)).
+class _MechanismConfig(_Frozen):
+    """What every ``mechanism:`` member of ``federation.yaml`` shares: the insecure test seed.
 
     Attributes:
-        insecure_noise_seed: draw the guardian's and the student's noise from streams seeded by this string —
-            reproducible, hence **not private**: only to compare a federation with the central reference.
-            It is part of the config hash, so every party sees it: teachers refuse such a federation unless
-            their site file says ``allow_insecure_noise: true``, and every party refuses non-loopback binds.
-            Left out of the canonical form when unset, so the hash of a private federation is what it was
-            before the field existed.
+        insecure_noise_seed: draw the guardian's and the student's noise (and, for mechanisms that sample,
+            each teacher party's samples) from streams seeded by this string — reproducible, hence **not
+            private**: only to compare a federation with the central reference. It is part of the config
+            hash, so every party sees it: teachers refuse such a federation unless their site file says
+            ``allow_insecure_noise: true``, and every party refuses non-loopback binds. Left out of the
+            canonical form when unset, so the hash of a private federation is what it was before the field
+            existed.
     """
 
-    name: Literal["confident-gnmax"] = "confident-gnmax"
-    threshold: float = Field(ge=0)
-    sigma1: float = Field(gt=0)
-    sigma2: float = Field(gt=0)
     insecure_noise_seed: str | None = Field(default=None, min_length=1, max_length=256)
 
     @model_serializer(mode="wrap")
@@ -85,6 +84,23 @@ class Mechanism(_Frozen):
         if data.get("insecure_noise_seed") is None:
             data.pop("insecure_noise_seed", None)
         return data
+
+    def votes_per_party(self) -> int | None:
+        """The ``heads`` every teacher party must declare (the votes it casts per query), or None when a
+        party's heads are its own choice (one vote per trained head)."""
+        return None
+
+
+class Mechanism(_MechanismConfig):
+    """Confident-GNMax: pass if max votes + N_Z(0, σ1²) ≥ T, then answer argmax(votes + N_Z(0, σ2²)).
+
+    The default member of ``mechanism:`` (a config without ``name`` means this one).
+    """
+
+    name: Literal["confident-gnmax"] = "confident-gnmax"
+    threshold: float = Field(ge=0)
+    sigma1: float = Field(gt=0)
+    sigma2: float = Field(gt=0)
 
     def build(self, *, classes: int, teachers: int, min_teachers: int | None) -> SelectionMechanism:
         """The mechanism object every party of the federation plugs into the engine."""
@@ -98,6 +114,91 @@ class Mechanism(_Frozen):
             sigma2=self.sigma2,
             min_teachers=min_teachers,
         )
+
+    def noise_hint(self) -> str:
+        """Which field to raise for more noise per answer (named in errors about a budget too small)."""
+        return f"mechanism.sigma2 (now {self.sigma2:g})"
+
+    def noise_sigmas(self) -> tuple[float, ...]:
+        """Every σ the parties sample discrete Gaussians at (for the samplers' distance in δ)."""
+        return (self.sigma1, self.sigma2)
+
+
+class GNMaxMechanism(_MechanismConfig):
+    """GNMax: answer every query with argmax(votes + N_Z(0, σ²)), no screening."""
+
+    name: Literal["gnmax"]
+    sigma: float = Field(gt=0)
+
+    def build(self, *, classes: int, teachers: int, min_teachers: int | None) -> SelectionMechanism:
+        """A :class:`~capc_common.mechanisms.GNMax` (every query answered, so no quorum range matters)."""
+        from capc_common.mechanisms import GNMax
+
+        del teachers, min_teachers
+        return GNMax(classes=classes, sigma=self.sigma)
+
+    def noise_hint(self) -> str:
+        """σ sets the cost of an answer."""
+        return f"mechanism.sigma (now {self.sigma:g})"
+
+    def noise_sigmas(self) -> tuple[float, ...]:
+        """The one σ of the argmax noise."""
+        return (self.sigma,)
+
+
+class PrivateKNNMechanism(_MechanismConfig):
+    """Private-kNN: per query every teacher party's fresh Poisson sample of its records (probability
+    ``sampling_rate``) votes with its ``neighbours`` nearest records; argmax(votes + N_Z(0, σ²)).
+
+    A party casts at most ``neighbours`` votes per query, so every teacher party declares exactly that many
+    ``heads`` (the votes it casts): the ring, the 2PC and the parties' hello check all count votes by heads.
+    """
+
+    name: Literal["private-knn"]
+    sigma: float = Field(gt=0)
+    neighbours: int = Field(ge=1, le=10_000)
+    sampling_rate: float = Field(gt=0, le=1)
+
+    def build(self, *, classes: int, teachers: int, min_teachers: int | None) -> SelectionMechanism:
+        """A :class:`~capc_common.mechanisms.PrivateKNN` (accounting: the Poisson-subsampled GNMax)."""
+        from capc_common.mechanisms import PrivateKNN
+
+        del teachers, min_teachers
+        return PrivateKNN(
+            classes=classes, sigma=self.sigma, neighbours=self.neighbours, sampling_rate=self.sampling_rate
+        )
+
+    def votes_per_party(self) -> int:
+        """``neighbours``: the votes one party casts per query."""
+        return self.neighbours
+
+    def noise_hint(self) -> str:
+        """σ sets the cost of an answer (with the sampling rate)."""
+        return f"mechanism.sigma (now {self.sigma:g}) or lower mechanism.sampling_rate"
+
+    def noise_sigmas(self) -> tuple[float, ...]:
+        """The one σ of the argmax noise."""
+        return (self.sigma,)
+
+
+def _mechanism_name(value: Any) -> str:
+    """The member a ``mechanism:`` mapping names; configs written before the union have no ``name``."""
+    if isinstance(value, dict):
+        return str(value.get("name", "confident-gnmax"))
+    return str(getattr(value, "name", "confident-gnmax"))
+
+
+MechanismConfig = Annotated[
+    Annotated[Mechanism, Tag("confident-gnmax")]
+    | Annotated[GNMaxMechanism, Tag("gnmax")]
+    | Annotated[PrivateKNNMechanism, Tag("private-knn")],
+    Discriminator(
+        _mechanism_name,
+        custom_error_type="mechanism_name",
+        custom_error_message="mechanism.name must be one of confident-gnmax, gnmax, private-knn",
+    ),
+]
+"""``federation.yaml``'s ``mechanism:``: one member per mechanism a federation runs, chosen by ``name``."""
 
 
 class Budget(_Frozen):
@@ -198,7 +299,7 @@ class FederationConfig(_Frozen):
     guardian: str = "guardian"
     student: str = "student"
     teachers: tuple[TeacherParty, ...] = Field(min_length=1)
-    mechanism: Mechanism
+    mechanism: MechanismConfig
     budget: Budget
     queries: Queries
     backbone: Backbone
@@ -218,6 +319,14 @@ class FederationConfig(_Frozen):
             raise ValueError(
                 f"quorum.min_parties {self.quorum.min_parties} exceeds the {len(self.teachers)} teacher "
                 "parties: no batch could ever proceed"
+            )
+        votes = self.mechanism.votes_per_party()
+        wrong = [t.name for t in self.teachers if votes is not None and t.heads != votes]
+        if wrong:
+            raise ValueError(
+                f"under mechanism {self.mechanism.name} a teacher party casts {votes} votes per query "
+                f"(mechanism.neighbours), so its heads must be {votes}; {wrong} declare otherwise: set "
+                f"heads: {votes} for every teacher party"
             )
         return self
 

@@ -103,7 +103,7 @@ def check_batch_fits(config: FederationConfig) -> None:
         raise InputError(
             f"one batch of {batch} queries may cost up to RDP {worst:.4g} at order {b.order:g}, more than "
             f"the whole budget {budget:.4g} (ε={b.epsilon:g}, δ={b.delta:g}), so no batch could ever run; "
-            f"raise sigma2 (now {config.mechanism.sigma2:g}) or ε ({smaller})"
+            f"raise {config.mechanism.noise_hint()} or ε ({smaller})"
         )
 
 
@@ -111,7 +111,8 @@ def sampler_delta(config: FederationConfig) -> float:
     """What the table samplers' distance from the exact discrete Gaussian adds to the federation's δ.
 
     Every released output depends on at most ``c + 2`` noise values per query of the stream (the guardian's
-    z1_g and ``c`` values of z2, the student's z1_s), each drawn within the table's statistical distance
+    z1_g and ``c`` values of z2, the student's z1_s; ``c`` without screening), each drawn within the table's
+    statistical distance
     (≤ 2^-90; the tail cut ≤ 2^-96 plus 128-bit rounding) of N_Z(0, σ²); a query index is released at most
     once. So the guarantee at ``budget.epsilon`` holds with δ + this
     (:func:`~capc_common.privacy.analysis.delta_with_sampler_distance`).
@@ -119,8 +120,7 @@ def sampler_delta(config: FederationConfig) -> float:
     from capc_common.federation.plan import usable_queries
     from capc_common.privacy.noise import discrete_gaussian_table
 
-    m = config.mechanism
-    eta = max(discrete_gaussian_table(sigma=s).distance_bound for s in (m.sigma1, m.sigma2))
+    eta = max(discrete_gaussian_table(sigma=s).distance_bound for s in config.mechanism.noise_sigmas())
     return delta_with_sampler_distance(
         epsilon=config.budget.epsilon, draws=usable_queries(config) * (config.classes + 2), distance=eta
     )

@@ -26,6 +26,7 @@ from capc_common.mechanisms.release import (
     reveal,
     share_contribution,
 )
+from capc_common.mechanisms.voters import HeadsVoter, KNNVoter, PartyResources, Voter, per_example
 
 __all__ = [
     "BatchNoise",
@@ -33,15 +34,20 @@ __all__ = [
     "DPPrototypes",
     "FixedPoint",
     "GNMax",
+    "HeadsVoter",
+    "KNNVoter",
     "LNMax",
+    "PartyResources",
     "PrivateKNN",
     "ReleaseMechanism",
     "SecureDPSGD",
     "SelectionMechanism",
+    "Voter",
     "calibrate",
     "masked_total",
     "nearest_prototype",
     "normalise",
+    "per_example",
     "poisson_sample",
     "reveal",
     "share_contribution",

@@ -4,6 +4,7 @@ The engine — parties holding private data, secret-shared contributions, a guar
 the ledger, a 2PC step where needed, a student — is the same for every mechanism. What differs is captured
 by one object:
 
+* what a teacher party contributes (its :class:`~capc_common.mechanisms.voters.Voter`);
 * what a batch costs (its accounting, next to it: per screened query and per answered query, at any orders);
 * how the guardian noises the secret-shared total, and what the student adds itself, in the canonical order;
 * the plaintext output rule given that noise (the central runner and the reference the secure path matches);
@@ -24,6 +25,7 @@ import numpy.typing as npt
 
 from capc_common.aggregation.histogram import check_histograms
 from capc_common.aggregation.noise import MechanismNoise
+from capc_common.mechanisms.voters import HeadsVoter, PartyResources, Voter
 
 if TYPE_CHECKING:
     from capc_common.mpc import GarblerSession, MpcConfig, Reveal
@@ -65,7 +67,14 @@ class SelectionMechanism(ABC):
     """
 
     name: ClassVar[str]
+    #: Whether a teacher party votes with heads it trained (``capc local up`` trains missing ones).
+    trains_heads: ClassVar[bool] = True
     classes: int
+
+    # ------------------------------------------------------------------ what a teacher party contributes
+    def voter(self, party: PartyResources) -> Voter:
+        """The teacher party's voter under this mechanism: by default its trained heads (PATE)."""
+        return HeadsVoter(party.backbone, party.heads(), classes=self.classes)
 
     # ------------------------------------------------------------------ accounting
     @abstractmethod

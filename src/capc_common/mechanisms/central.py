@@ -1,11 +1,13 @@
-"""Central runners of the release mechanisms: the whole federation in one process, shares included.
+"""Central runners of the release mechanisms and of Private-kNN: the whole federation in one process.
 
 Each runner plays every party exactly as the services do — a party computes its contribution on its own
 records, secret-shares it with a fresh seed (:func:`~capc_common.mechanisms.release.share_contribution`),
 the guardian adds its noise to the expanded seeds (:func:`~capc_common.mechanisms.release.masked_total`) and
 the student reveals the noisy total (:func:`~capc_common.mechanisms.release.reveal`) — so with seeded
 sources a federation must release the same totals, and the runners are the references of the differential
-tests. The randomness of each party (its Poisson samples) and of the guardian (its noise) comes from its own
+tests. :func:`run_private_knn` plays Private-kNN's parties and both noise draws batch by batch, as the
+federation's teachers, guardian and student do (the 2PC equals the plaintext rule). The randomness of each
+party (its Poisson samples) and of the guardian (its noise) comes from its own
 :class:`~capc_common.privacy.NoiseSource`: CSPRNGs unless seeded sources are injected for a test.
 """
 
@@ -18,8 +20,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from capc_common.aggregation.noise import MechanismNoise, mechanism_noise
 from capc_common.errors import InputError
 from capc_common.mechanisms.dpsgd import SecureDPSGD
+from capc_common.mechanisms.knn import PrivateKNN
 from capc_common.mechanisms.prototypes import DPPrototypes, normalise
 from capc_common.mechanisms.release import ReleaseMechanism, masked_total, reveal, share_contribution
 from capc_common.privacy import NoiseSource, SystemNoise
@@ -33,6 +37,7 @@ __all__ = [
     "PartyData",
     "per_example_features",
     "release_once",
+    "run_private_knn",
     "run_prototypes",
     "run_secure_dpsgd",
 ]
@@ -93,6 +98,54 @@ def per_example_features(
             cache.store(key, found)
         parts.append(found)
     return np.concatenate(parts), np.asarray(data.labels[:n], dtype=np.int64)
+
+
+SourceOf = Callable[[str], NoiseSource]
+"""A party's own randomness by its name (a fresh CSPRNG each, or seeded streams in a test)."""
+
+
+def _party_sources(parties: Sequence[PartyData], source_of: SourceOf | None) -> dict[str, NoiseSource]:
+    """Each party's sampling source: ``source_of(name)``, by default a fresh CSPRNG per party."""
+    return {p.name: (source_of or (lambda _: SystemNoise()))(p.name) for p in parties}
+
+
+def run_private_knn(
+    parties: Sequence[PartyData],
+    queries: npt.NDArray[np.float32],
+    *,
+    mechanism: PrivateKNN,
+    batch_size: int,
+    noise: MechanismNoise | None = None,
+    party_sources: SourceOf | None = None,
+) -> npt.NDArray[np.int64]:
+    """Label ``queries`` with Private-kNN as a federation does: batch by batch, every party's kNN votes on a
+    fresh Poisson sample per query, summed, then the guardian's noise and the argmax.
+
+    The batching matters only for the order of the draws: the guardian draws each batch's noise when it
+    computes that batch, so with seeded sources this runner releases what a federation with the same
+    batches releases (the differential test).
+
+    Args:
+        parties: the parties' records (per-example features, as the teachers compute them).
+        queries: query features ``(Q, dim)`` (the same map).
+        mechanism: the Private-kNN object.
+        batch_size: queries per batch (the federation's ``queries.batch_size``).
+        noise: the guardian's and student's sources (default: CSPRNGs).
+        party_sources: each party's sampling source by name (default: a fresh CSPRNG each).
+
+    Returns:
+        ``(Q,)`` labels (every query is answered).
+    """
+    if batch_size < 1:
+        raise InputError(f"batch_size must be at least 1, got {batch_size}")
+    sources = _party_sources(parties, party_sources)
+    noise = noise or mechanism_noise()
+    labels = []
+    for start in range(0, len(queries), batch_size):
+        batch = queries[start : start + batch_size]
+        votes = [mechanism.votes(p.features, p.labels, batch, source=sources[p.name]) for p in parties]
+        labels.append(mechanism.answer(np.sum(votes, axis=0), noise))
+    return np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
 
 
 def release_once(
@@ -157,7 +210,7 @@ def run_secure_dpsgd(
     learning_rate: float,
     momentum: float = 0.9,
     guardian: NoiseSource | None = None,
-    party_sources: Callable[[str], NoiseSource] | None = None,
+    party_sources: SourceOf | None = None,
     on_round: Callable[[int, npt.NDArray[np.float64]], None] | None = None,
 ) -> DPSGDResult:
     """Train the head: per round, every party's clipped gradient sum over its Poisson sample is released
@@ -174,7 +227,7 @@ def run_secure_dpsgd(
         party_sources: each party's sampling source by name (default: a fresh CSPRNG each).
         on_round: called with ``(round, weights)`` after every update (progress, checkpoints).
     """
-    sources = {p.name: (party_sources or (lambda _: SystemNoise()))(p.name) for p in parties}
+    sources = _party_sources(parties, party_sources)
     features = [normalise(p.features) for p in parties]
     mechanism.check_capacity(records=sum(len(p.labels) for p in parties))
     guardian = guardian or SystemNoise()

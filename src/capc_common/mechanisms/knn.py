@@ -20,7 +20,7 @@ the accounting.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +29,7 @@ from capc_common.errors import InputError
 from capc_common.mechanisms.dpsgd import poisson_sample
 from capc_common.mechanisms.pate import GNMax
 from capc_common.mechanisms.prototypes import normalise
+from capc_common.mechanisms.voters import KNNVoter, PartyResources, Voter
 from capc_common.privacy.analysis import as_orders, rdp_poisson_subsampled
 from capc_common.privacy.analysis._checks import count
 
@@ -49,6 +50,7 @@ class PrivateKNN(GNMax):
     """
 
     name = "private-knn"
+    trains_heads: ClassVar[bool] = False
 
     def __init__(self, *, classes: int, sigma: float, neighbours: int, sampling_rate: float) -> None:
         super().__init__(classes=classes, sigma=sigma)
@@ -81,6 +83,12 @@ class PrivateKNN(GNMax):
     def data_dependent(self) -> DataDependentPATEAccountant | None:
         """No data-dependent analysis: it would ignore the subsampling."""
         return None
+
+    def voter(self, party: PartyResources) -> Voter:
+        """The party's own records vote (:class:`~capc_common.mechanisms.voters.KNNVoter`), sampled from its
+        own sampling source."""
+        images, labels = party.records()
+        return KNNVoter(self, party.backbone, images, labels, source=party.sampling())
 
     def votes(
         self,
