@@ -80,9 +80,10 @@ def install_heads(layout: Layout, config: FederationConfig, teachers: Path) -> N
 class Running:
     """A started local federation and helpers to read it."""
 
-    def __init__(self, root: Path, options: LocalOptions, teachers: Path) -> None:
+    def __init__(self, root: Path, options: LocalOptions, teachers: Path | None) -> None:
         layout, config = ensure_provisioned(root, options)
-        install_heads(layout, config, teachers)
+        if teachers is not None:  # a release federation's parties have no heads
+            install_heads(layout, config, teachers)
         self.endpoints = up(root, options, ready_timeout=240)
         self.layout, self.config, self.root = layout, config, root
         self.token = token(layout)

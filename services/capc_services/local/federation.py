@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from capc_common.errors import InputError
-from capc_common.federation import FederationConfig
+from capc_common.federation import FederationConfig, ReleaseMember
 from capc_services.local.layout import Layout
 from capc_services.local.processes import (
     PartyProcess,
@@ -94,7 +94,9 @@ def up(
 
     layout, config = ensure_provisioned(root, options, say=say)
     endpoints = Endpoints.from_dict(read_state(layout)["endpoints"])
-    for name in config.teacher_names:
+    # A release federation's parties contribute per-example features, not votes: they train no heads.
+    heads_needed = not isinstance(config.mechanism, ReleaseMember)
+    for name in config.teacher_names if heads_needed else ():
         if not (layout.party_dir(name) / "heads.safetensors").exists():
             say(f"training {name}'s {config.teacher(name).heads} teacher heads on its own data")
             result = train_party_heads(TeacherSettings.load(layout.site(name)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ class LocalOptions:
         evaluation_images: held-out test images the student is evaluated on (None: no evaluation).
         pipeline_depth: the student's pipelining (0: one batch at a time).
         vote_deadline_s / share_deadline_s: quorum deadlines.
+        mechanism: federation.yaml's ``mechanism.name`` (``confident-gnmax``, ``dppl``, ``secagg-dpsgd``).
+        mechanism_params: fields of that mechanism set explicitly (the rest: :data:`MECHANISMS`' defaults).
     """
 
     parties: int = 3
@@ -77,13 +80,15 @@ class LocalOptions:
     pipeline_depth: int = 1
     vote_deadline_s: float = 60.0
     share_deadline_s: float = 30.0
+    mechanism: str = "confident-gnmax"
+    mechanism_params: Mapping[str, Any] | None = None
 
 
 #: Ledger order when the budget cannot pay for a single query at any order (the run is refused anyway).
 _FALLBACK_ORDER = 10.0
 
 
-def _mechanism(options: LocalOptions, heads: int) -> dict[str, float]:
+def _mechanism(options: LocalOptions, heads: int) -> dict[str, Any]:
     """The options' Confident-GNMax parameters; unset ones scaled to the heads (the library's ratios)."""
     scaled = scaled_mechanism(heads)
     return {
@@ -111,6 +116,88 @@ def _order(options: LocalOptions, heads: int) -> float:
     except InputError:
         return _FALLBACK_ORDER  # the budget buys nothing: the batch check below says how to fix it
     return float(planned["order"])
+
+
+def _budget_rdp(options: LocalOptions) -> float:
+    """The Rényi filter's budget at the ledger's order (the release defaults spend it whole)."""
+    from capc_common.privacy.analysis import rdp_budget_at_order
+
+    return float(
+        rdp_budget_at_order(
+            epsilon=options.epsilon, delta=options.delta, order=options.order or _FALLBACK_ORDER
+        )
+    )
+
+
+def _dppl(options: LocalOptions, heads: int) -> dict[str, Any]:
+    """DP prototypes spending the whole budget in its one release: ``ρ·λ`` = the budget at order λ."""
+    del heads
+    return {"rho": 0.999 * _budget_rdp(options) / (options.order or _FALLBACK_ORDER)}
+
+
+#: Rounds, sampled records per round, clip and step of the default secure-aggregation DP-SGD (the
+#: learning rate chosen on validation data in docs/mechanisms.md; the rest not tuned).
+DPSGD_DEFAULTS = {"rounds": 20, "batch": 256, "clip": 1.0, "learning_rate": 8.0, "momentum": 0.9}
+
+
+def _secagg_dpsgd(options: LocalOptions, heads: int) -> dict[str, Any]:
+    """Secure-aggregation DP-SGD whose noise multiplier is the smallest that fits its rounds in the budget."""
+    from capc_common.data import load_dataset
+    from capc_common.mechanisms import calibrate
+    from capc_common.privacy.analysis import rdp_subsampled_discrete_gaussian
+
+    del heads
+    given = dict(options.mechanism_params or {})
+    per_party = (
+        options.train_limit or len(load_dataset(options.dataset, split="train").labels) // options.parties
+    )
+    records = options.parties * per_party
+    rounds = int(given.get("rounds", DPSGD_DEFAULTS["rounds"]))
+    rate = float(given.get("sampling_rate", min(1.0, DPSGD_DEFAULTS["batch"] / records)))
+    order = options.order or _FALLBACK_ORDER
+    budget = 0.999 * _budget_rdp(options)
+    z = calibrate(
+        lambda z: (
+            rounds
+            * float(rdp_subsampled_discrete_gaussian([order], sampling_rate=rate, noise_multiplier=z)[0])
+        ),
+        target=budget,
+    )
+    return {
+        "rounds": rounds,
+        "noise_multiplier": z,
+        "clip": DPSGD_DEFAULTS["clip"],
+        "sampling_rate": rate,
+        "expected_batch": rate * records,
+        "learning_rate": DPSGD_DEFAULTS["learning_rate"],
+        "momentum": DPSGD_DEFAULTS["momentum"],
+    }
+
+
+MECHANISMS: dict[str, Callable[[LocalOptions, int], dict[str, Any]]] = {
+    "confident-gnmax": _mechanism,
+    "dppl": _dppl,
+    "secagg-dpsgd": _secagg_dpsgd,
+}
+"""Default parameters of each mechanism ``capc local up --mechanism`` offers (from the options and heads)."""
+
+
+def mechanism_dict(options: LocalOptions, heads: int) -> dict[str, Any]:
+    """federation.yaml's ``mechanism`` for the options: defaults, then ``mechanism_params``.
+
+    Raises:
+        InputError: an unknown mechanism name.
+    """
+    build = MECHANISMS.get(options.mechanism)
+    if build is None:
+        raise InputError(f"unknown mechanism {options.mechanism!r}; choose one of {sorted(MECHANISMS)}")
+    named = {} if options.mechanism == "confident-gnmax" else {"name": options.mechanism}
+    return {
+        **named,
+        **build(options, heads),
+        **dict(options.mechanism_params or {}),
+        "insecure_noise_seed": options.insecure_noise_seed,
+    }
 
 
 def free_port() -> int:
@@ -145,7 +232,7 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
         "teachers": [
             {"name": n, "heads": options.teachers_per_party} for n in teacher_names(options.parties)
         ],
-        "mechanism": {**_mechanism(options, heads), "insecure_noise_seed": options.insecure_noise_seed},
+        "mechanism": mechanism_dict(options, heads),
         "budget": {"epsilon": options.epsilon, "delta": options.delta, "order": _order(options, heads)},
         "queries": {
             "generator": options.generator or DEFAULT_GENERATOR,

@@ -19,7 +19,7 @@ import numpy as np
 
 from capc_common.data import load_dataset
 from capc_common.errors import InputError
-from capc_common.federation import batch_plan, load_shared_backbone
+from capc_common.federation import batch_plan, load_shared_backbone, selection_config
 from capc_common.learn.student import accuracy, save_student
 from capc_common.models import extract_features
 from capc_services.student.accounting import noise_label, privacy_of
@@ -135,10 +135,10 @@ def publish_student(
         "config_hash": config.config_hash(),
         "privacy": privacy_of(config, store),
         "mechanism": {
-            "name": config.mechanism.name,
-            "threshold": config.mechanism.threshold,
-            "sigma1": config.mechanism.sigma1,
-            "sigma2": config.mechanism.sigma2,
+            "name": selection_config(config).name,
+            "threshold": selection_config(config).threshold,
+            "sigma1": selection_config(config).sigma1,
+            "sigma2": selection_config(config).sigma2,
             "noise": "discrete Gaussian",
             # Only the student's own part is known here; the guardian's /api/v1/budget names its source.
             "student_noise": noise_label(config),

@@ -42,6 +42,21 @@ def _up_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as a mapping, each value read as YAML (so ``rounds=40`` is a number)."""
+    import yaml
+
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(
+                f"{pair!r} is not KEY=VALUE (e.g. rounds=40)", param_hint="--mechanism-param"
+            )
+        params[key] = yaml.safe_load(value)
+    return params
+
+
 @command.command("up")
 @_STATE
 @click.option("--parties", type=click.IntRange(min=1), default=3, show_default=True, help="Teacher parties.")
@@ -84,6 +99,21 @@ def _up_text(result: dict[str, Any]) -> str:
     help="Seed the guardian's and student's noise, as federation.yaml's mechanism.insecure_noise_seed (NOT "
     "private: only to compare with `capc dietpate run`; the teachers opt in, every party stays on loopback).",
 )
+@click.option(
+    "--mechanism",
+    type=click.Choice(["confident-gnmax", "dppl", "secagg-dpsgd"]),
+    default="confident-gnmax",
+    show_default=True,
+    help="How the federation learns: DIET-PATE votes (confident-gnmax), DP prototypes (dppl, one release) or "
+    "secure-aggregation DP-SGD (secagg-dpsgd, one release per round); see docs/mechanisms.md.",
+)
+@click.option(
+    "--mechanism-param",
+    "mechanism_params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set one field of federation.yaml's mechanism (e.g. rounds=40), repeatable; the rest are defaults.",
+)
 @click.option("--torch-threads", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--ready-timeout", type=float, default=180.0, show_default=True)
 @format_option
@@ -92,6 +122,7 @@ def up(state_dir: Path, ready_timeout: float, fmt: str, **options: Any) -> None:
     from capc_services.local.federation import up as local_up
     from capc_services.local.provision import LocalOptions
 
+    options["mechanism_params"] = _mechanism_params(options["mechanism_params"])
     result = local_up(
         state_dir,
         LocalOptions(**options),

@@ -12,14 +12,16 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
+    Tag,
     ValidationError,
     field_validator,
     model_serializer,
@@ -29,6 +31,7 @@ from pydantic import (
 from capc_common.errors import InputError
 
 if TYPE_CHECKING:
+    from capc_common.federation.releases import ReleaseProtocol
     from capc_common.mechanisms import SelectionMechanism
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -98,6 +101,91 @@ class Mechanism(_Frozen):
             sigma2=self.sigma2,
             min_teachers=min_teachers,
         )
+
+
+class ReleaseMember(_Frozen):
+    """What every release-family member shares: the seeded-noise switch, left out of the canonical form when
+    unset (as for Confident-GNMax), and ``fixed_point_bits`` (None: the library's choice for the noise)."""
+
+    fixed_point_bits: int | None = Field(default=None, ge=0, le=40)
+    insecure_noise_seed: str | None = Field(default=None, min_length=1, max_length=256)
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("insecure_noise_seed", "fixed_point_bits"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+    def protocol(self, *, classes: int, dim: int) -> ReleaseProtocol:
+        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
+        raise NotImplementedError
+
+
+class DPPLMechanism(ReleaseMember):
+    """DP prototypes (DPPL "mean"): one release of noisy per-class feature sums and counts, ``rho``-zCDP.
+
+    Attributes:
+        rho: zCDP of the one release (the ledger charges ``rho · order`` RDP).
+        count_share: the fraction of ``rho`` spent on the counts.
+        metric: how the released prototypes classify (post-processing).
+    """
+
+    name: Literal["dppl"]
+    rho: float = Field(gt=0)
+    count_share: float = Field(default=0.1, gt=0, lt=1)
+    metric: Literal["cosine", "euclidean"] = "euclidean"
+
+    def protocol(self, *, classes: int, dim: int) -> ReleaseProtocol:
+        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
+        from capc_common.federation.releases import PrototypesProtocol
+
+        return PrototypesProtocol.of(self, classes=classes, dim=dim)
+
+
+class SecAggDPSGDMechanism(ReleaseMember):
+    """Secure-aggregation DP-SGD of a linear head: one release of the noisy clipped gradient sum per round.
+
+    Attributes:
+        rounds: releases (each charged the Poisson-subsampled discrete Gaussian's RDP).
+        noise_multiplier: ``z = σ/Δ``.
+        clip: per-example L2 clipping norm.
+        sampling_rate: every record's Poisson inclusion probability per round.
+        expected_batch: ``q · N``, the public normaliser of the noisy sum.
+        learning_rate / momentum: the student's heavy-ball step (post-processing).
+    """
+
+    name: Literal["secagg-dpsgd"]
+    rounds: int = Field(ge=1, le=100_000)
+    noise_multiplier: float = Field(gt=0)
+    clip: float = Field(gt=0)
+    sampling_rate: float = Field(gt=0, le=1)
+    expected_batch: float = Field(gt=0)
+    learning_rate: float = Field(gt=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+
+    def protocol(self, *, classes: int, dim: int) -> ReleaseProtocol:
+        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
+        from capc_common.federation.releases import DPSGDProtocol
+
+        return DPSGDProtocol.of(self, classes=classes, dim=dim)
+
+
+def _mechanism_name(value: Any) -> str:
+    """The union's discriminator: a mechanism without a name is Confident-GNMax (configs before the union)."""
+    if isinstance(value, dict):
+        return str(value.get("name", "confident-gnmax"))
+    return str(getattr(value, "name", "confident-gnmax"))
+
+
+AnyMechanism = Annotated[
+    Annotated[Mechanism, Tag("confident-gnmax")]
+    | Annotated[DPPLMechanism, Tag("dppl")]
+    | Annotated[SecAggDPSGDMechanism, Tag("secagg-dpsgd")],
+    Discriminator(_mechanism_name),
+]
+"""``federation.yaml``'s ``mechanism``: one member per mechanism, chosen by ``name``."""
 
 
 class Budget(_Frozen):
@@ -198,7 +286,7 @@ class FederationConfig(_Frozen):
     guardian: str = "guardian"
     student: str = "student"
     teachers: tuple[TeacherParty, ...] = Field(min_length=1)
-    mechanism: Mechanism
+    mechanism: AnyMechanism
     budget: Budget
     queries: Queries
     backbone: Backbone
