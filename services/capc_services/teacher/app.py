@@ -93,6 +93,12 @@ def serve_releases(settings: TeacherSettings, party: PartyRuntime, *, stop: thre
         features=features,
         labels=np.asarray(labels, dtype=np.int64),
         source=sampling_source(settings.party, seed=config.mechanism.insecure_noise_seed),
+        cap=LocalCap(
+            settings.cap.record,
+            config=config,
+            epsilon_cap=settings.cap.epsilon,
+            worst_case=lambda _: protocol.release_rdp(config.budget.order),
+        ),
     )
     api = api_router()
     api.get("/status", tags=["teacher"])(contributor.status)

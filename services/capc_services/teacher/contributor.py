@@ -27,6 +27,7 @@ from capc_common.wire import ndarray_from_proto, ndarray_to_proto, rpc
 from capc_services.common.errors import error_from_rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor
 from capc_services.common.limits import HEADROOM
+from capc_services.teacher.cap import LocalCap
 from capc_services.teacher.client import BACKOFF_MAX_S
 from capc_services.tls import TlsFiles
 
@@ -49,6 +50,7 @@ class ReleaseContributor:
         features: the party's per-example features ``(n, dim)`` (running statistics).
         labels: their labels ``(n,)``.
         source: the party's own sampling randomness (a CSPRNG outside tests).
+        cap: the party's own ε cap record; each release is charged on it before anything leaves.
     """
 
     def __init__(
@@ -63,8 +65,9 @@ class ReleaseContributor:
         features: npt.NDArray[np.float32],
         labels: npt.NDArray[np.int64],
         source: NoiseSource,
+        cap: LocalCap,
     ) -> None:
-        self.config, self.party, self.protocol = config, party, protocol
+        self.config, self.party, self.protocol, self.cap = config, party, protocol, cap
         self._features, self._labels, self._source = features, labels, source
         config_hash = config.config_hash()
         message = protocol.length * 8 + HEADROOM
@@ -94,6 +97,7 @@ class ReleaseContributor:
 
         Raises:
             InputError: the item's length does not match the federation's mechanism.
+            BudgetExhaustedError: the release would cross this party's own ε cap (nothing was sent).
             CapcError: the guardian or the student refused, or could not be reached.
         """
         if item.length != self.protocol.length:
@@ -105,6 +109,8 @@ class ReleaseContributor:
         if bits.dtype != np.int64:
             raise InputError(f"release {item.release_id} state is {bits.dtype}; float64 bits travel as int64")
         state = bits.view(np.float64)
+        # The party's own bound, durable before its seed or share leaves (a re-sent release counts again).
+        self.cap.charge(batch_id=item.release_id, attempt=item.round, count=1)
         vector = self.protocol.contribute(state, self._features, self._labels, self._source)
         seed, share = share_contribution(vector)
         request = pb.SubmitContributionRequest(
@@ -158,6 +164,7 @@ class ReleaseContributor:
             "done": self.done,
             "last_error": self.last_error,
             "records": len(self._labels),
+            "local_cap": {"epsilon_spent": self.cap.epsilon, "epsilon_cap": self.cap.cap},
         }
 
     def close(self) -> None:
