@@ -99,3 +99,11 @@ def test_mechanism_params_are_key_value_pairs_read_as_yaml() -> None:
     }
     with pytest.raises(click.BadParameter, match="is not KEY=VALUE"):
         _mechanism_params(("rho",))
+
+
+def test_status_text_shows_a_release_federation_s_progress() -> None:
+    from capc_cli.commands.local import _status_text
+
+    progress = {"state": "published", "rounds": 20, "rounds_done": 20, "error": ""}
+    text = _status_text({"state_dir": "/x", "parties": {}, "progress": progress})
+    assert "student: published, 20 of 20 releases" in text

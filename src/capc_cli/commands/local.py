@@ -142,7 +142,12 @@ def _status_text(result: dict[str, Any]) -> str:
     budget, progress = result.get("budget"), result.get("progress")
     if isinstance(budget, dict) and "epsilon_spent" in budget:
         lines.append(f"  budget: ε {budget['epsilon_spent']:.4g} of {budget['epsilon_limit']:.4g} spent")
-    if isinstance(progress, dict) and "state" in progress:
+    if isinstance(progress, dict) and "rounds" in progress:  # a release federation
+        lines.append(
+            f"  student: {progress['state']}, {progress['rounds_done']} of {progress['rounds']} releases"
+            + (f"; error: {progress['error']}" if progress.get("error") else "")
+        )
+    elif isinstance(progress, dict) and "state" in progress:
         lines.append(
             f"  student: {progress['state']}, {progress.get('queries', 0)} queries asked, "
             f"{progress.get('answered', 0)} answered"
