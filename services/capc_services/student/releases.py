@@ -160,11 +160,11 @@ class ReleaseRounds:
             assert current is not None, "collect() after open()"
             while not stop.is_set():
                 have = len(current.shares)
-                late = time.monotonic() - current.opened >= q.vote_deadline_s
-                if have == everyone or (late and have >= q.min_parties):
+                until_deadline = q.vote_deadline_s - (time.monotonic() - current.opened)
+                if have == everyone or (until_deadline <= 0 and have >= q.min_parties):
                     current.closed = True
                     return {p: current.shares[p] for p in self.config.teacher_names if p in current.shares}
-                self._cond.wait(timeout=POLL_S)
+                self._cond.wait(timeout=min(POLL_S, max(until_deadline, 0.0)) or POLL_S)
         raise InputError(f"release {current.release_id} was not collected: the student is stopping")
 
 
