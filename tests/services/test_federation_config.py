@@ -167,3 +167,62 @@ def test_a_budget_too_small_for_one_batch_names_the_mechanisms_noise_field(feder
     )
     with pytest.raises(InputError, match=r"raise mechanism\.sigma \(now 0\.5\)"):
         check_batch_fits(config)
+
+
+DPSGD = {
+    "name": "secagg-dpsgd",
+    "rounds": 5,
+    "noise_multiplier": 2.0,
+    "clip": 1.0,
+    "sampling_rate": 0.1,
+    "expected_batch": 100.0,
+    "learning_rate": 4.0,
+}
+
+
+@pytest.mark.parametrize("mechanism", [{"name": "dppl", "rho": 0.5}, DPSGD])
+def test_release_members_round_trip_and_hash_their_parameters(
+    tmp_path: Path, federation_dict, mechanism: dict[str, object]
+) -> None:
+    config = FederationConfig.from_dict(federation_dict(mechanism=mechanism))
+    assert config.mechanism.name == mechanism["name"]
+    config.save(tmp_path / "f.yaml")
+    assert FederationConfig.load(tmp_path / "f.yaml").config_hash() == config.config_hash()
+    assert '"insecure_noise_seed"' not in config.canonical_json()  # unset: left out, as for confident-gnmax
+    bits = FederationConfig.from_dict(federation_dict(mechanism={**mechanism, "fixed_point_bits": 12}))
+    assert bits.config_hash() != config.config_hash()
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "match"),
+    [
+        ({"name": "dppl"}, r"mechanism\.dppl\.rho: Field required"),
+        ({"name": "dppl", "rho": 0}, r"mechanism\.dppl\.rho: Input should be greater than 0"),
+        ({"name": "dppl", "rho": 1, "metric": "manhattan"}, r"mechanism\.dppl\.metric"),
+        ({"name": "dppl", "rho": 1, "sigma1": 2}, r"mechanism\.dppl\.sigma1: Extra inputs"),
+        ({**DPSGD, "sampling_rate": 1.5}, r"mechanism\.secagg-dpsgd\.sampling_rate"),
+        ({**DPSGD, "rounds": 0}, r"mechanism\.secagg-dpsgd\.rounds"),
+        (
+            {"name": "laplace", "rho": 1},
+            r"'laplace' .* does not match any of the expected tags: 'confident-gnmax'",
+        ),
+    ],
+)
+def test_bad_release_members_name_the_field(
+    federation_dict, mechanism: dict[str, object], match: str
+) -> None:
+    with pytest.raises(InputError, match=match):
+        FederationConfig.from_dict(federation_dict(mechanism=mechanism))
+
+
+def test_release_federations_have_no_batches_and_must_fit_the_budget(federation_dict) -> None:
+    from capc_common.federation import mechanism_of
+    from capc_common.federation.releases import protocol_for
+
+    config = FederationConfig.from_dict(federation_dict(mechanism=DPSGD))
+    with pytest.raises(InputError, match="release mechanism 'secagg-dpsgd', which has no query batches"):
+        mechanism_of(config)
+    assert protocol_for(config, dim=8).rounds == 5
+    greedy = FederationConfig.from_dict(federation_dict(mechanism={**DPSGD, "rounds": 100_000}))
+    with pytest.raises(InputError, match=r"100000 release\(s\) of RDP .* more than the budget"):
+        protocol_for(greedy, dim=8)

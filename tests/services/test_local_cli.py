@@ -89,3 +89,37 @@ def test_init_cap_creates_the_record_once(capc, tmp_path: Path) -> None:
     assert record.is_file() and str(record) in created.stdout
     again = capc("teacher", "init-cap", "--site", str(layout.site(name)))
     assert again.returncode == 2 and "never re-created" in again.stderr
+
+
+def test_provision_refuses_release_mechanisms_the_budget_cannot_pay(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    options = LocalOptions(
+        epsilon=1.0, mechanism="dppl", mechanism_params={"rho": 100}, backbone="scatter-28x28x1"
+    )
+    with pytest.raises(InputError, match=r"dppl: 1 release\(s\) of RDP 1000 each .* more than the budget"):
+        provision(state, options)
+    assert not state.exists()
+    with pytest.raises(InputError, match="unknown mechanism 'laplace'; choose one of"):
+        provision(state, LocalOptions(mechanism="laplace"))
+
+
+def test_mechanism_params_are_key_value_pairs_read_as_yaml() -> None:
+    import click
+
+    from capc_cli.commands.local import _mechanism_params
+
+    assert _mechanism_params(("rounds=40", "metric=cosine", "rho=0.5")) == {
+        "rounds": 40,
+        "metric": "cosine",
+        "rho": 0.5,
+    }
+    with pytest.raises(click.BadParameter, match="is not KEY=VALUE"):
+        _mechanism_params(("rho",))
+
+
+def test_status_text_shows_a_release_federation_s_progress() -> None:
+    from capc_cli.commands.local import _status_text
+
+    progress = {"state": "published", "rounds": 20, "rounds_done": 20, "error": ""}
+    text = _status_text({"state_dir": "/x", "parties": {}, "progress": progress})
+    assert "student: published, 20 of 20 releases" in text

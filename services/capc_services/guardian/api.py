@@ -13,14 +13,14 @@ from capc_common.federation import batch_costs
 from capc_common.privacy.ledger import MAX_SEQ
 from capc_services.common.admin import api_router
 from capc_services.guardian.core import Guardian
+from capc_services.guardian.releases import ReleaseGuardian
 from capc_services.guardian.student_view import StudentView
 
 
-def router(guardian: Guardian, *, student: StudentView | None = None) -> APIRouter:
+def router(guardian: Guardian | ReleaseGuardian, *, student: StudentView | None = None) -> APIRouter:
     """``/api/v1/budget[/history]``, ``/api/v1/ledger[/verify]``, ``/api/v1/parties`` and
-    ``/api/v1/student`` over one :class:`Guardian`."""
+    ``/api/v1/student`` over one guardian (of query batches, or of releases)."""
     api = api_router()
-    costs = batch_costs(guardian.config)
     student = student or StudentView(None)
 
     @api.get("/budget", tags=["guardian"])
@@ -72,8 +72,10 @@ def router(guardian: Guardian, *, student: StudentView | None = None) -> APIRout
         def seen_by_guardian(seen: Any) -> dict[str, Any]:
             row = {"role": seen.role, "last_seen": seen.last_seen, "batches": seen.batches}
             if seen.role == "teacher":
-                rdp = costs.worst_case(seen.queries)
-                row |= {"queries": seen.queries, "epsilon_worst_case": costs.epsilon(rdp) if rdp else 0.0}
+                row |= {"queries": seen.queries, "epsilon_worst_case": 0.0}
+                if seen.queries:  # only the selection family counts queries (and has batch costs)
+                    costs = batch_costs(guardian.config)
+                    row["epsilon_worst_case"] = costs.epsilon(costs.worst_case(seen.queries))
             return row
 
         return {

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 from capc_common.aggregation import party_noise
 from capc_common.errors import IntegrityError
-from capc_common.privacy import BudgetLedger
+from capc_common.federation import ReleaseMember
+from capc_common.federation.releases import protocol_for
+from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_common.wire import rpc
 from capc_services.common.limits import MessageLimits
 from capc_services.common.party import PartyRuntime
@@ -15,6 +19,8 @@ from capc_services.common.runtime import start_grpc_server
 from capc_services.guardian.api import router
 from capc_services.guardian.core import Guardian
 from capc_services.guardian.dashboard import dashboard_router
+from capc_services.guardian.release_servicer import RELEASE_POLICY, ReleaseGuardianServicer
+from capc_services.guardian.releases import ReleaseGuardian
 from capc_services.guardian.servicer import POLICY, GuardianServicer, add_to_server
 from capc_services.guardian.settings import GuardianSettings
 from capc_services.guardian.student_view import StudentView
@@ -51,19 +57,35 @@ def open_ledger(settings: GuardianSettings) -> BudgetLedger:
     return ledger
 
 
+def _core(
+    party: PartyRuntime, ledger: BudgetLedger, noise: NoiseSource
+) -> tuple[Guardian | ReleaseGuardian, Any, Mapping[str, frozenset[str]]]:
+    """The guardian's state, servicer and call policy for the federation's mechanism family: query batches
+    with a 2PC (selection), or noisy totals (release)."""
+    config = party.config
+    if isinstance(config.mechanism, ReleaseMember):
+        protocol = protocol_for(config, dim=party.backbone.feature_dim)
+        core = ReleaseGuardian(
+            config=config, ledger=ledger, noise=noise, protocol=protocol, metrics=party.metrics
+        )
+        return core, ReleaseGuardianServicer(core), RELEASE_POLICY
+    guardian = Guardian(config=config, ledger=ledger, noise=noise, metrics=party.metrics)
+    return guardian, GuardianServicer(guardian), POLICY
+
+
 def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
     """Run the guardian until ``stop`` is set: gRPC (mTLS) for the parties, REST for admins."""
     party = PartyRuntime(settings, role="guardian")
     noise = party_noise("guardian", seed=party.config.mechanism.insecure_noise_seed)
     ledger = open_ledger(settings)
-    guardian = Guardian(config=party.config, ledger=ledger, noise=noise, metrics=party.metrics)
+    guardian, servicer, policy = _core(party, ledger, noise)
     limit = MessageLimits.of(party.config).compute
     server = start_grpc_server(
         bind=settings.grpc.bind,
         tls=party.tls,
-        register=[add_to_server(GuardianServicer(guardian))],
+        register=[add_to_server(servicer)],
         services=[rpc.GUARDIAN_SERVICE],
-        interceptors=[party.interceptor(POLICY)],
+        interceptors=[party.interceptor(policy)],
         max_workers=settings.grpc.max_workers,
         # Only the student's Compute frames are large; a teacher's call is read whole before its role is
         # checked, so this bounds what any certified party can make the guardian buffer.

@@ -176,6 +176,7 @@ class GuardianServicer(rpc.GuardianServiceServicer):
             _abort(context, failure[0])
 
 
-def add_to_server(servicer: GuardianServicer) -> Any:
-    """A registration callback for :func:`~capc_services.common.runtime.start_grpc_server`."""
+def add_to_server(servicer: Any) -> Any:
+    """A registration callback for :func:`~capc_services.common.runtime.start_grpc_server` (any
+    ``GuardianService`` servicer: this one, or a release federation's)."""
     return lambda server: rpc.add_GuardianServiceServicer_to_server(servicer, server)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from capc_common.errors import InputError
-from capc_common.federation import FederationConfig, mechanism_of
+from capc_common.federation import FederationConfig, ReleaseMember, mechanism_of
 from capc_services.local.layout import Layout
 from capc_services.local.processes import (
     PartyProcess,
@@ -95,7 +95,9 @@ def up(
 
     layout, config = ensure_provisioned(root, options, say=say)
     endpoints = Endpoints.from_dict(read_state(layout)["endpoints"])
-    trains = mechanism_of(config).trains_heads
+    # Release federations' parties contribute per-example features and Private-kNN's vote with their records:
+    # only PATE mechanisms train heads.
+    trains = not isinstance(config.mechanism, ReleaseMember) and mechanism_of(config).trains_heads
     for name in config.teacher_names:
         if trains and not (layout.party_dir(name) / "heads.safetensors").exists():
             say(f"training {name}'s {config.teacher(name).heads} teacher heads on its own data")

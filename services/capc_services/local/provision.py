@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,8 @@ class LocalOptions:
         parties: teacher parties.
         teachers_per_party: teacher heads per party (PATE mechanisms; a Private-kNN party casts
             ``neighbours`` votes instead).
-        mechanism: ``confident-gnmax`` (the default), ``gnmax`` or ``private-knn`` (:data:`MECHANISMS`).
+        mechanism: ``confident-gnmax`` (the default), ``gnmax``, ``private-knn``, ``dppl`` or
+            ``secagg-dpsgd`` (:data:`MECHANISMS`).
         dataset: the teachers' private data (split disjointly between parties).
         epsilon / delta / order: the federation's budget (order None: the order ``capc budget plan`` picks
             for the mechanism; the fixed default 10 lets teachers set local caps well below ε).
@@ -56,6 +57,7 @@ class LocalOptions:
         evaluation_images: held-out test images the student is evaluated on (None: no evaluation).
         pipeline_depth: the student's pipelining (0: one batch at a time).
         vote_deadline_s / share_deadline_s: quorum deadlines.
+        mechanism_params: fields of that mechanism set explicitly (the rest: :data:`MECHANISMS`' defaults).
     """
 
     parties: int = 3
@@ -86,6 +88,7 @@ class LocalOptions:
     pipeline_depth: int = 1
     vote_deadline_s: float = 60.0
     share_deadline_s: float = 30.0
+    mechanism_params: Mapping[str, Any] | None = None
 
 
 #: Ledger order when the budget cannot pay for a single query at any order (the run is refused anyway).
@@ -124,26 +127,6 @@ def _private_knn(options: LocalOptions) -> tuple[dict[str, Any], int]:
     return fields, options.neighbours
 
 
-#: ``capc local up --mechanism NAME``: the mechanism's federation.yaml fields and each party's heads.
-MECHANISMS: dict[str, Callable[[LocalOptions], tuple[dict[str, Any], int]]] = {
-    "confident-gnmax": _confident,
-    "gnmax": _gnmax,
-    "private-knn": _private_knn,
-}
-
-
-def _mechanism(options: LocalOptions) -> tuple[dict[str, Any], int]:
-    """The federation.yaml ``mechanism:`` fields and the heads of every party, from the options.
-
-    Raises:
-        InputError: an unknown mechanism name.
-    """
-    build = MECHANISMS.get(options.mechanism)
-    if build is None:
-        raise InputError(f"unknown mechanism {options.mechanism!r}; choose one of {sorted(MECHANISMS)}")
-    return build(options)
-
-
 def _order(options: LocalOptions, heads: int) -> float:
     """The ledger's Rényi order: the options', or the one ``capc budget plan`` picks for Confident-GNMax
     (the planner's model; other mechanisms get the default 10)."""
@@ -164,6 +147,91 @@ def _order(options: LocalOptions, heads: int) -> float:
     except InputError:
         return _FALLBACK_ORDER  # the budget buys nothing: the batch check below says how to fix it
     return float(planned["order"])
+
+
+def _budget_rdp(options: LocalOptions) -> float:
+    """The Rényi filter's budget at the ledger's order (the release defaults spend it whole)."""
+    from capc_common.privacy.analysis import rdp_budget_at_order
+
+    return float(
+        rdp_budget_at_order(
+            epsilon=options.epsilon, delta=options.delta, order=options.order or _FALLBACK_ORDER
+        )
+    )
+
+
+def _dppl(options: LocalOptions) -> tuple[dict[str, Any], int]:
+    """DP prototypes spending the whole budget in its one release: ``ρ·λ`` = the budget at order λ."""
+    rho = 0.999 * _budget_rdp(options) / (options.order or _FALLBACK_ORDER)
+    return {"name": "dppl", "rho": rho}, options.teachers_per_party
+
+
+#: Rounds, sampled records per round, clip and step of the default secure-aggregation DP-SGD (the
+#: learning rate chosen on validation data in docs/mechanisms.md; the rest not tuned).
+DPSGD_DEFAULTS = {"rounds": 20, "batch": 256, "clip": 1.0, "learning_rate": 8.0, "momentum": 0.9}
+
+
+def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
+    """Secure-aggregation DP-SGD whose noise multiplier is the smallest that fits its rounds in the budget."""
+    from capc_common.data import load_dataset
+    from capc_common.mechanisms import calibrate
+    from capc_common.privacy.analysis import rdp_subsampled_discrete_gaussian
+
+    given = dict(options.mechanism_params or {})
+    per_party = (
+        options.train_limit or len(load_dataset(options.dataset, split="train").labels) // options.parties
+    )
+    records = options.parties * per_party
+    rounds = int(given.get("rounds", DPSGD_DEFAULTS["rounds"]))
+    rate = float(given.get("sampling_rate", min(1.0, DPSGD_DEFAULTS["batch"] / records)))
+    order = options.order or _FALLBACK_ORDER
+    budget = 0.999 * _budget_rdp(options)
+    z = calibrate(
+        lambda z: (
+            rounds
+            * float(rdp_subsampled_discrete_gaussian([order], sampling_rate=rate, noise_multiplier=z)[0])
+        ),
+        target=budget,
+    )
+    return {
+        "name": "secagg-dpsgd",
+        "rounds": rounds,
+        "noise_multiplier": z,
+        "clip": DPSGD_DEFAULTS["clip"],
+        "sampling_rate": rate,
+        "expected_batch": rate * records,
+        "learning_rate": DPSGD_DEFAULTS["learning_rate"],
+        "momentum": DPSGD_DEFAULTS["momentum"],
+    }, options.teachers_per_party
+
+
+#: ``capc local up --mechanism NAME``: the mechanism's default federation.yaml fields (from the options) and
+#: each party's heads.
+MECHANISMS: dict[str, Callable[[LocalOptions], tuple[dict[str, Any], int]]] = {
+    "confident-gnmax": _confident,
+    "gnmax": _gnmax,
+    "private-knn": _private_knn,
+    "dppl": _dppl,
+    "secagg-dpsgd": _secagg_dpsgd,
+}
+
+
+def mechanism_dict(options: LocalOptions) -> tuple[dict[str, Any], int]:
+    """federation.yaml's ``mechanism`` for the options (defaults, then ``mechanism_params``) and the heads
+    of every party.
+
+    Raises:
+        InputError: an unknown mechanism name.
+    """
+    build = MECHANISMS.get(options.mechanism)
+    if build is None:
+        raise InputError(f"unknown mechanism {options.mechanism!r}; choose one of {sorted(MECHANISMS)}")
+    fields, per_party = build(options)
+    return {
+        **fields,
+        **dict(options.mechanism_params or {}),
+        "insecure_noise_seed": options.insecure_noise_seed,
+    }, per_party
 
 
 def free_port() -> int:
@@ -189,7 +257,7 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
             "need at least one party and one teacher per party, got "
             f"{options.parties} × {options.teachers_per_party}"
         )
-    mechanism, per_party = _mechanism(options)
+    mechanism, per_party = mechanism_dict(options)
     heads = options.parties * options.teachers_per_party
     height, width, channels = image_shape_for(options.dataset)
     backbone = options.backbone or default_backbone(height, width, channels)
@@ -197,7 +265,7 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
         "name": "capc-local",
         "classes": 10,
         "teachers": [{"name": n, "heads": per_party} for n in teacher_names(options.parties)],
-        "mechanism": {**mechanism, "insecure_noise_seed": options.insecure_noise_seed},
+        "mechanism": mechanism,
         "budget": {"epsilon": options.epsilon, "delta": options.delta, "order": _order(options, heads)},
         "queries": {
             "generator": options.generator or DEFAULT_GENERATOR,

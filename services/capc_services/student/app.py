@@ -12,6 +12,7 @@ from fastapi import APIRouter, HTTPException
 
 from capc_common.aggregation import party_noise
 from capc_common.errors import CapcError
+from capc_common.federation import ReleaseMember
 from capc_common.wire import rpc
 from capc_services.common.admin import api_router, problem_response
 from capc_services.common.limits import MessageLimits
@@ -20,6 +21,7 @@ from capc_services.common.runtime import start_grpc_server
 from capc_services.student.accounting import epsilon_figures, noise_label
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
+from capc_services.student.release_app import run_release_student
 from capc_services.student.scheduler import Progress, Scheduler
 from capc_services.student.servicer import POLICY, StudentServicer, add_to_server
 from capc_services.student.settings import StudentSettings
@@ -86,6 +88,9 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
     """Run the student until ``stop`` is set (or, with ``exit_when_done``, until it has published)."""
     party = PartyRuntime(settings, role="student")
     apply_torch_threads(settings.torch_threads)
+    if isinstance(party.config.mechanism, ReleaseMember):  # noisy totals, no query batches
+        run_release_student(settings, party, stop=stop, noise=noise_label(party.config))
+        return
     store = LabelStore(settings.store, config_hash=party.config_hash)
     registry = TeacherRegistry()
     guardian = GuardianClient(

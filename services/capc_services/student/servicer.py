@@ -115,6 +115,7 @@ class StudentServicer(rpc.StudentServiceServicer):
         yield from link.outgoing()
 
 
-def add_to_server(servicer: StudentServicer) -> Any:
-    """A registration callback for :func:`~capc_services.common.runtime.start_grpc_server`."""
+def add_to_server(servicer: Any) -> Any:
+    """A registration callback for :func:`~capc_services.common.runtime.start_grpc_server` (any
+    ``StudentService`` servicer: this one, or a release federation's)."""
     return lambda server: rpc.add_StudentServiceServicer_to_server(servicer, server)

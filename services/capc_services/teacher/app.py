@@ -12,13 +12,15 @@ from fastapi import APIRouter
 
 from capc_common.aggregation import sampling_noise
 from capc_common.errors import InputError
-from capc_common.federation import mechanism_of
+from capc_common.federation import ReleaseMember, mechanism_of
+from capc_common.federation.releases import protocol_for
 from capc_common.learn.heads import HeadEnsemble
 from capc_common.mechanisms import Voter
 from capc_services.common.admin import api_router
 from capc_services.common.party import PartyRuntime, apply_torch_threads
 from capc_services.teacher.cap import LocalCap
 from capc_services.teacher.client import TeacherLinks
+from capc_services.teacher.contributor import POLL_TIMEOUT_S, ReleaseContributor
 from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.worker import TeacherWorker
 
@@ -123,6 +125,52 @@ def status_router(worker: TeacherWorker, links: TeacherLinks, cap: LocalCap) -> 
     return api
 
 
+def serve_releases(settings: TeacherSettings, party: PartyRuntime, *, stop: threading.Event) -> None:
+    """Run a release federation's teacher party: featurise its own records once (per example), then
+    contribute to every release the student opens until ``stop`` is set."""
+    from capc_common.learn import BackboneFeaturizer
+    from capc_common.mechanisms.central import extract_per_example
+    from capc_services.teacher.train import party_examples
+
+    config = party.config
+    protocol = protocol_for(config, dim=party.backbone.feature_dim)
+    images, labels, name = party_examples(settings)
+    features = extract_per_example(BackboneFeaturizer(party.backbone), images)
+    _log.info("features ready", extra={"records": len(labels), "data": name})
+    contributor = ReleaseContributor(
+        config=config,
+        party=settings.party,
+        tls=party.tls,
+        student_address=settings.student_address,
+        guardian_address=settings.guardian_address,
+        protocol=protocol,
+        features=features,
+        labels=np.asarray(labels, dtype=np.int64),
+        source=sampling_noise(settings.party, seed=config.mechanism.insecure_noise_seed),
+        cap=LocalCap(
+            settings.cap.record,
+            config=config,
+            epsilon_cap=settings.cap.epsilon,
+            worst_case=lambda _: protocol.release_rdp(config.budget.order),
+        ),
+    )
+    api = api_router()
+    api.get("/status", tags=["teacher"])(contributor.status)
+    party.start_admin(
+        readiness=lambda: {"student": (contributor.connected, contributor.last_error or "connected")},
+        routers=[api],
+    )
+    runner = threading.Thread(target=contributor.run, args=(stop,), name="releases", daemon=True)
+    runner.start()
+    try:
+        stop.wait()
+    finally:
+        runner.join(timeout=POLL_TIMEOUT_S + 5)
+        contributor.close()
+        party.stop_admin()
+        _log.info("teacher stopped")
+
+
 def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
     """Run a teacher party until ``stop`` is set.
 
@@ -137,6 +185,9 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
         )
     party = PartyRuntime(settings, role="teacher")
     apply_torch_threads(settings.torch_threads)
+    if isinstance(party.config.mechanism, ReleaseMember):  # contributions to noisy totals, no votes
+        serve_releases(settings, party, stop=stop)
+        return
     voter = make_voter(settings, party.backbone)
     cap = LocalCap(settings.cap.record, config=party.config, epsilon_cap=settings.cap.epsilon)
     worker = TeacherWorker(

@@ -17,6 +17,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from capc_common.durable import fsync_dir
@@ -32,6 +33,8 @@ class LocalCap:
         path: the record (JSON lines; created with its directory).
         config: the federation config (public parameters of the cost).
         epsilon_cap: the most ε this party accepts, at the federation's δ and order.
+        worst_case: the RDP one charge of ``count`` costs at most (default: a batch of ``count`` queries of
+            the federation's selection mechanism; a release federation passes its release's RDP).
 
     Raises:
         InputError: a non-positive cap.
@@ -39,12 +42,19 @@ class LocalCap:
             is corrupt.
     """
 
-    def __init__(self, path: str | Path, *, config: FederationConfig, epsilon_cap: float) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        config: FederationConfig,
+        epsilon_cap: float,
+        worst_case: Callable[[int], float] | None = None,
+    ) -> None:
         if not epsilon_cap > 0:
             raise InputError(f"the local epsilon cap must be > 0, got {epsilon_cap}")
         self.path = Path(path)
         self.cap = float(epsilon_cap)
-        self._costs = batch_costs(config)
+        self._worst_case = worst_case or batch_costs(config).worst_case
         self._filter = RenyiFilter.for_budget(
             epsilon=epsilon_cap, delta=config.budget.delta, order=config.budget.order
         )
@@ -121,7 +131,7 @@ class LocalCap:
             BudgetExhaustedError: the batch would cross the cap (nothing is recorded); the message gives
                 the requested, remaining and missing RDP.
         """
-        rdp = self._costs.worst_case(count)
+        rdp = self._worst_case(count)
         with self._lock:
             self._filter.charge(
                 rdp, what=f"this party's local cap: batch {batch_id} ({count} queries, worst case)"

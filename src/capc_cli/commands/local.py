@@ -42,6 +42,21 @@ def _up_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as a mapping, each value read as YAML (so ``rounds=40`` is a number)."""
+    import yaml
+
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(
+                f"{pair!r} is not KEY=VALUE (e.g. rounds=40)", param_hint="--mechanism-param"
+            )
+        params[key] = yaml.safe_load(value)
+    return params
+
+
 @command.command("up")
 @_STATE
 @click.option("--parties", type=click.IntRange(min=1), default=3, show_default=True, help="Teacher parties.")
@@ -54,10 +69,12 @@ def _up_text(result: dict[str, Any]) -> str:
 )
 @click.option(
     "--mechanism",
-    type=click.Choice(["confident-gnmax", "gnmax", "private-knn"]),
+    type=click.Choice(["confident-gnmax", "gnmax", "private-knn", "dppl", "secagg-dpsgd"]),
     default="confident-gnmax",
     show_default=True,
-    help="How the parties' votes become labels (docs/mechanisms.md).",
+    help="How the federation learns: teachers' votes through Confident-GNMax (the default) or GNMax, "
+    "Private-kNN votes, DP prototypes (dppl, one release) or secure-aggregation DP-SGD (secagg-dpsgd, one "
+    "release per round); see docs/mechanisms.md.",
 )
 @click.option("--dataset", default="fashion-mnist", show_default=True, help="The teachers' private data.")
 @click.option("--epsilon", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True)
@@ -114,6 +131,13 @@ def _up_text(result: dict[str, Any]) -> str:
     help="Seed the guardian's and student's noise, as federation.yaml's mechanism.insecure_noise_seed (NOT "
     "private: only to compare with `capc dietpate run`; the teachers opt in, every party stays on loopback).",
 )
+@click.option(
+    "--mechanism-param",
+    "mechanism_params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set one field of federation.yaml's mechanism (e.g. rounds=40), repeatable; the rest are defaults.",
+)
 @click.option("--torch-threads", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--ready-timeout", type=float, default=180.0, show_default=True)
 @format_option
@@ -122,6 +146,7 @@ def up(state_dir: Path, ready_timeout: float, fmt: str, **options: Any) -> None:
     from capc_services.local.federation import up as local_up
     from capc_services.local.provision import LocalOptions
 
+    options["mechanism_params"] = _mechanism_params(options["mechanism_params"])
     result = local_up(
         state_dir,
         LocalOptions(**options),
@@ -141,7 +166,12 @@ def _status_text(result: dict[str, Any]) -> str:
     budget, progress = result.get("budget"), result.get("progress")
     if isinstance(budget, dict) and "epsilon_spent" in budget:
         lines.append(f"  budget: ε {budget['epsilon_spent']:.4g} of {budget['epsilon_limit']:.4g} spent")
-    if isinstance(progress, dict) and "state" in progress:
+    if isinstance(progress, dict) and "rounds" in progress:  # a release federation
+        lines.append(
+            f"  student: {progress['state']}, {progress['rounds_done']} of {progress['rounds']} releases"
+            + (f"; error: {progress['error']}" if progress.get("error") else "")
+        )
+    elif isinstance(progress, dict) and "state" in progress:
         lines.append(
             f"  student: {progress['state']}, {progress.get('queries', 0)} queries asked, "
             f"{progress.get('answered', 0)} answered"

@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
 import yaml
 from pydantic import (
@@ -31,6 +31,7 @@ from pydantic import (
 from capc_common.errors import InputError
 
 if TYPE_CHECKING:
+    from capc_common.federation.releases import ReleaseProtocol
     from capc_common.mechanisms import SelectionMechanism
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -76,13 +77,18 @@ class _MechanismConfig(_Frozen):
             existed.
     """
 
+    #: Optional fields dropped from the canonical form while unset, so adding one never changes the hash of
+    #: a federation that does not use it.
+    _omitted_when_unset: ClassVar[tuple[str, ...]] = ("insecure_noise_seed",)
+
     insecure_noise_seed: str | None = Field(default=None, min_length=1, max_length=256)
 
     @model_serializer(mode="wrap")
-    def _omit_unset_seed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if data.get("insecure_noise_seed") is None:
-            data.pop("insecure_noise_seed", None)
+        for key in self._omitted_when_unset:
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
     def votes_per_party(self) -> int | None:
@@ -181,6 +187,68 @@ class PrivateKNNMechanism(_MechanismConfig):
         return (self.sigma,)
 
 
+class ReleaseMember(_MechanismConfig):
+    """What every release-family member shares: the seeded-noise switch and ``fixed_point_bits`` (None: the
+    library's choice for the noise), both left out of the canonical form when unset."""
+
+    _omitted_when_unset: ClassVar[tuple[str, ...]] = ("insecure_noise_seed", "fixed_point_bits")
+
+    fixed_point_bits: int | None = Field(default=None, ge=0, le=40)
+
+    def protocol(self, *, classes: int, dim: int) -> ReleaseProtocol:
+        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
+        raise NotImplementedError
+
+
+class DPPLMechanism(ReleaseMember):
+    """DP prototypes (DPPL "mean"): one release of noisy per-class feature sums and counts, ``rho``-zCDP.
+
+    Attributes:
+        rho: zCDP of the one release (the ledger charges ``rho · order`` RDP).
+        count_share: the fraction of ``rho`` spent on the counts.
+        metric: how the released prototypes classify (post-processing).
+    """
+
+    name: Literal["dppl"]
+    rho: float = Field(gt=0)
+    count_share: float = Field(default=0.1, gt=0, lt=1)
+    metric: Literal["cosine", "euclidean"] = "euclidean"
+
+    def protocol(self, *, classes: int, dim: int) -> ReleaseProtocol:
+        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
+        from capc_common.federation.releases import PrototypesProtocol
+
+        return PrototypesProtocol.of(self, classes=classes, dim=dim)
+
+
+class SecAggDPSGDMechanism(ReleaseMember):
+    """Secure-aggregation DP-SGD of a linear head: one release of the noisy clipped gradient sum per round.
+
+    Attributes:
+        rounds: releases (each charged the Poisson-subsampled discrete Gaussian's RDP).
+        noise_multiplier: ``z = σ/Δ``.
+        clip: per-example L2 clipping norm.
+        sampling_rate: every record's Poisson inclusion probability per round.
+        expected_batch: ``q · N``, the public normaliser of the noisy sum.
+        learning_rate / momentum: the student's heavy-ball step (post-processing).
+    """
+
+    name: Literal["secagg-dpsgd"]
+    rounds: int = Field(ge=1, le=100_000)
+    noise_multiplier: float = Field(gt=0)
+    clip: float = Field(gt=0)
+    sampling_rate: float = Field(gt=0, le=1)
+    expected_batch: float = Field(gt=0)
+    learning_rate: float = Field(gt=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+
+    def protocol(self, *, classes: int, dim: int) -> ReleaseProtocol:
+        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
+        from capc_common.federation.releases import DPSGDProtocol
+
+        return DPSGDProtocol.of(self, classes=classes, dim=dim)
+
+
 def _mechanism_name(value: Any) -> str:
     """The member a ``mechanism:`` mapping names; configs written before the union have no ``name``."""
     if isinstance(value, dict):
@@ -188,14 +256,21 @@ def _mechanism_name(value: Any) -> str:
     return str(getattr(value, "name", "confident-gnmax"))
 
 
+SelectionMember = Mechanism | GNMaxMechanism | PrivateKNNMechanism
+"""The members whose parties vote on query batches (2PC noisy argmax, labels for a student)."""
+
 MechanismConfig = Annotated[
     Annotated[Mechanism, Tag("confident-gnmax")]
     | Annotated[GNMaxMechanism, Tag("gnmax")]
-    | Annotated[PrivateKNNMechanism, Tag("private-knn")],
+    | Annotated[PrivateKNNMechanism, Tag("private-knn")]
+    | Annotated[DPPLMechanism, Tag("dppl")]
+    | Annotated[SecAggDPSGDMechanism, Tag("secagg-dpsgd")],
     Discriminator(
         _mechanism_name,
         custom_error_type="mechanism_name",
-        custom_error_message="mechanism.name must be one of confident-gnmax, gnmax, private-knn",
+        custom_error_message=(
+            "mechanism.name must be one of confident-gnmax, gnmax, private-knn, dppl, secagg-dpsgd"
+        ),
     ),
 ]
 """``federation.yaml``'s ``mechanism:``: one member per mechanism a federation runs, chosen by ``name``."""

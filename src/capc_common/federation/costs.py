@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from capc_common.errors import InputError
-from capc_common.federation.config import FederationConfig
+from capc_common.federation.config import FederationConfig, ReleaseMember, SelectionMember
 from capc_common.mechanisms import SelectionMechanism
 from capc_common.privacy.analysis import delta_with_sampler_distance, epsilon_at_order, rdp_budget_at_order
 
@@ -62,10 +62,25 @@ def smallest_quorum_heads(config: FederationConfig) -> int:
     return sum(heads[: config.quorum.min_parties])
 
 
+def selection_config(config: FederationConfig) -> SelectionMember:
+    """``federation.yaml``'s mechanism, which must be of the selection family (query batches, 2PC argmax).
+
+    Raises:
+        InputError: the federation runs a release mechanism (it has no query batches).
+    """
+    m = config.mechanism
+    if isinstance(m, ReleaseMember):
+        raise InputError(
+            f"federation {config.name!r} runs the release mechanism {m.name!r}, which has no query batches "
+            "or 2PC; its parties contribute noisy totals instead (capc_common.federation.releases)"
+        )
+    return m
+
+
 def mechanism_of(config: FederationConfig) -> SelectionMechanism:
     """The federation's mechanism object, with the screening range widened to the smallest quorum."""
     fewest = smallest_quorum_heads(config)
-    return config.mechanism.build(
+    return selection_config(config).build(
         classes=config.classes,
         teachers=config.total_heads,
         min_teachers=None if fewest == config.total_heads else fewest,
@@ -103,7 +118,7 @@ def check_batch_fits(config: FederationConfig) -> None:
         raise InputError(
             f"one batch of {batch} queries may cost up to RDP {worst:.4g} at order {b.order:g}, more than "
             f"the whole budget {budget:.4g} (ε={b.epsilon:g}, δ={b.delta:g}), so no batch could ever run; "
-            f"raise {config.mechanism.noise_hint()} or ε ({smaller})"
+            f"raise {selection_config(config).noise_hint()} or ε ({smaller})"
         )
 
 
@@ -120,7 +135,8 @@ def sampler_delta(config: FederationConfig) -> float:
     from capc_common.federation.plan import usable_queries
     from capc_common.privacy.noise import discrete_gaussian_table
 
-    eta = max(discrete_gaussian_table(sigma=s).distance_bound for s in config.mechanism.noise_sigmas())
+    sigmas = selection_config(config).noise_sigmas()
+    eta = max(discrete_gaussian_table(sigma=s).distance_bound for s in sigmas)
     return delta_with_sampler_distance(
         epsilon=config.budget.epsilon, draws=usable_queries(config) * (config.classes + 2), distance=eta
     )

@@ -36,11 +36,17 @@ def check_runnable(config: FederationConfig) -> Backbone:
         InputError: a parameter no party could run with.
         IntegrityError: the backbone's SHA-256 is not the pinned one.
     """
+    from capc_common.federation.config import ReleaseMember
     from capc_common.federation.costs import check_batch_fits
     from capc_common.federation.plan import batch_plan, usable_queries
+    from capc_common.federation.releases import protocol_for
 
-    check_batch_fits(config)
     q = config.queries
+    if isinstance(config.mechanism, ReleaseMember):  # no query batches: the releases must fit instead
+        backbone = _shape_checked_backbone(config)
+        protocol_for(config, dim=backbone.feature_dim)
+        return backbone
+    check_batch_fits(config)
     if usable_queries(config) == 0:
         raise InputError(
             f"queries.total {q.total} is below queries.bn_batch {q.bn_batch}: no batch can be made"
@@ -49,6 +55,12 @@ def check_runnable(config: FederationConfig) -> Backbone:
         batch_plan(config, first_index=0, count=min(q.batch_size, usable_queries(config)))
     except InputError as exc:
         raise InputError(f"federation.yaml queries cannot make a batch: {exc}") from None
+    return _shape_checked_backbone(config)
+
+
+def _shape_checked_backbone(config: FederationConfig) -> Backbone:
+    """The shared backbone, refused unless it takes the federation's image shape (``queries``)."""
+    q = config.queries
     try:
         backbone = load_shared_backbone(config)
     except CapcError as exc:

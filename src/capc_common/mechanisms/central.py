@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DPSGDResult",
     "PartyData",
+    "extract_per_example",
     "per_example_features",
+    "predict_head",
     "release_once",
     "run_private_knn",
     "run_prototypes",
@@ -44,6 +46,18 @@ __all__ = [
 
 #: Images featurised (and cached) per chunk, so an interrupted extraction resumes where it stopped.
 FEATURE_CHUNK = 2000
+#: Images per forward pass with running statistics (per-example whatever the pass size; a fixed size keeps
+#: the float arithmetic, hence the features, identical wherever they are computed).
+PER_EXAMPLE_PASS = 64
+
+
+def extract_per_example(featurizer: Featurizer, images: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+    """Per-example features (BatchNorm running statistics) of ``images``, a party's own records.
+
+    The one extraction the release mechanisms use, in a teacher party's process and in the central runner
+    alike, so both see the same floats (the differential test compares them bit for bit).
+    """
+    return np.asarray(featurizer.extract(images, bn_batch=PER_EXAMPLE_PASS, mode="running"))
 
 
 @dataclass(frozen=True)
@@ -94,7 +108,7 @@ def per_example_features(
         found = cache.load(key)
         if found is None:
             log(f"features: {dataset} {split} [{start}, {stop}) of {n}")
-            found = featurizer.extract(data.images[start:stop], bn_batch=64, mode="running")
+            found = extract_per_example(featurizer, data.images[start:stop])
             cache.store(key, found)
         parts.append(found)
     return np.concatenate(parts), np.asarray(data.labels[:n], dtype=np.int64)
@@ -197,8 +211,14 @@ class DPSGDResult:
 
     def predict(self, features: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """Labels of ``features`` (normalised as in training)."""
-        x = normalise(features)
-        return np.argmax(x @ self.weights[:, :-1].T + self.weights[:, -1], axis=1).astype(np.int64)
+        return predict_head(self.weights, features)
+
+
+def predict_head(weights: npt.NDArray[np.float64], features: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """Labels under a linear head ``(classes, dim + 1)``, bias last, over L2-normalised ``features``: the
+    form every release mechanism's model takes (DP-SGD's head, the nearest-prototype head)."""
+    x = normalise(features)
+    return np.argmax(x @ weights[:, :-1].T + weights[:, -1], axis=1).astype(np.int64)
 
 
 def run_secure_dpsgd(

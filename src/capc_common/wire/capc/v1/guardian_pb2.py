@@ -25,39 +25,47 @@ _sym_db = _symbol_database.Default()
 from capc_common.wire.capc.v1 import common_pb2 as capc_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63\x61pc/v1/guardian.proto\x12\x07\x63\x61pc.v1\x1a\x14\x63\x61pc/v1/common.proto\"I\n\x10OpenBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x14\n\x0cquery_digest\x18\x03 \x01(\x0c\"s\n\x0eOpenBatchReply\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.capc.v1.BatchState\x12\x14\n\x0creserved_rdp\x18\x02 \x01(\x01\x12\x15\n\rremaining_rdp\x18\x03 \x01(\x01\x12\x10\n\x08\x61nswered\x18\x04 \x01(\r\"5\n\x11\x41\x62ortBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"&\n\x12\x42\x61tchStatusRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\"X\n\x10\x42\x61tchStatusReply\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.capc.v1.BatchState\x12\x10\n\x08\x61nswered\x18\x02 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"!\n\rRevealRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\"A\n\x0bRevealReply\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x0e\n\x06reveal\x18\x03 \x01(\x0c\"d\n\x13SubmitSharesRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12\r\n\x05party\x18\x03 \x01(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x0c\x12\r\n\x05shape\x18\x05 \x03(\x03\"%\n\x11SubmitSharesReply\x12\x10\n\x08received\x18\x01 \x01(\r\"B\n\x0c\x43omputeStart\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12\x0f\n\x07parties\x18\x03 \x03(\t\"5\n\rComputeAgreed\x12\x0f\n\x07parties\x18\x01 \x03(\t\x12\x13\n\x0b\x63omputation\x18\x02 \x01(\t\"V\n\x0e\x43omputeRefused\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.capc.v1.BatchState\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa7\x01\n\x0e\x43omputeMessage\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.capc.v1.ComputeStartH\x00\x12(\n\x06\x61greed\x18\x02 \x01(\x0b\x32\x16.capc.v1.ComputeAgreedH\x00\x12\x0f\n\x05\x66rame\x18\x03 \x01(\x0cH\x00\x12*\n\x07refused\x18\x04 \x01(\x0b\x32\x17.capc.v1.ComputeRefusedH\x00\x42\x06\n\x04kind2\xa1\x03\n\x0fGuardianService\x12?\n\tOpenBatch\x12\x19.capc.v1.OpenBatchRequest\x1a\x17.capc.v1.OpenBatchReply\x12\x43\n\nAbortBatch\x12\x1a.capc.v1.AbortBatchRequest\x1a\x19.capc.v1.BatchStatusReply\x12\x45\n\x0b\x42\x61tchStatus\x12\x1b.capc.v1.BatchStatusRequest\x1a\x19.capc.v1.BatchStatusReply\x12\x36\n\x06Reveal\x12\x16.capc.v1.RevealRequest\x1a\x14.capc.v1.RevealReply\x12H\n\x0cSubmitShares\x12\x1c.capc.v1.SubmitSharesRequest\x1a\x1a.capc.v1.SubmitSharesReply\x12?\n\x07\x43ompute\x12\x17.capc.v1.ComputeMessage\x1a\x17.capc.v1.ComputeMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63\x61pc/v1/guardian.proto\x12\x07\x63\x61pc.v1\x1a\x14\x63\x61pc/v1/common.proto\"\\\n\x19SubmitContributionRequest\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\r\n\x05party\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x0c\x12\x0e\n\x06length\x18\x04 \x01(\x04\"+\n\x17SubmitContributionReply\x12\x10\n\x08received\x18\x01 \x01(\r\"5\n\x0eReleaseRequest\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\x0f\n\x07parties\x18\x02 \x03(\t\"\\\n\x0cReleaseReply\x12 \n\x06masked\x18\x01 \x01(\x0b\x32\x10.capc.v1.NdArray\x12\x13\n\x0b\x63harged_rdp\x18\x02 \x01(\x01\x12\x15\n\rremaining_rdp\x18\x03 \x01(\x01\"I\n\x10OpenBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x14\n\x0cquery_digest\x18\x03 \x01(\x0c\"s\n\x0eOpenBatchReply\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.capc.v1.BatchState\x12\x14\n\x0creserved_rdp\x18\x02 \x01(\x01\x12\x15\n\rremaining_rdp\x18\x03 \x01(\x01\x12\x10\n\x08\x61nswered\x18\x04 \x01(\r\"5\n\x11\x41\x62ortBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"&\n\x12\x42\x61tchStatusRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\"X\n\x10\x42\x61tchStatusReply\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.capc.v1.BatchState\x12\x10\n\x08\x61nswered\x18\x02 \x01(\r\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"!\n\rRevealRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\"A\n\x0bRevealReply\x12\x13\n\x0b\x63omputation\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\x0e\n\x06reveal\x18\x03 \x01(\x0c\"d\n\x13SubmitSharesRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12\r\n\x05party\x18\x03 \x01(\t\x12\x0c\n\x04seed\x18\x04 \x01(\x0c\x12\r\n\x05shape\x18\x05 \x03(\x03\"%\n\x11SubmitSharesReply\x12\x10\n\x08received\x18\x01 \x01(\r\"B\n\x0c\x43omputeStart\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12\x0f\n\x07parties\x18\x03 \x03(\t\"5\n\rComputeAgreed\x12\x0f\n\x07parties\x18\x01 \x03(\t\x12\x13\n\x0b\x63omputation\x18\x02 \x01(\t\"V\n\x0e\x43omputeRefused\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.capc.v1.BatchState\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xa7\x01\n\x0e\x43omputeMessage\x12&\n\x05start\x18\x01 \x01(\x0b\x32\x15.capc.v1.ComputeStartH\x00\x12(\n\x06\x61greed\x18\x02 \x01(\x0b\x32\x16.capc.v1.ComputeAgreedH\x00\x12\x0f\n\x05\x66rame\x18\x03 \x01(\x0cH\x00\x12*\n\x07refused\x18\x04 \x01(\x0b\x32\x17.capc.v1.ComputeRefusedH\x00\x42\x06\n\x04kind2\xb8\x04\n\x0fGuardianService\x12?\n\tOpenBatch\x12\x19.capc.v1.OpenBatchRequest\x1a\x17.capc.v1.OpenBatchReply\x12\x43\n\nAbortBatch\x12\x1a.capc.v1.AbortBatchRequest\x1a\x19.capc.v1.BatchStatusReply\x12\x45\n\x0b\x42\x61tchStatus\x12\x1b.capc.v1.BatchStatusRequest\x1a\x19.capc.v1.BatchStatusReply\x12\x36\n\x06Reveal\x12\x16.capc.v1.RevealRequest\x1a\x14.capc.v1.RevealReply\x12H\n\x0cSubmitShares\x12\x1c.capc.v1.SubmitSharesRequest\x1a\x1a.capc.v1.SubmitSharesReply\x12?\n\x07\x43ompute\x12\x17.capc.v1.ComputeMessage\x1a\x17.capc.v1.ComputeMessage(\x01\x30\x01\x12Z\n\x12SubmitContribution\x12\".capc.v1.SubmitContributionRequest\x1a .capc.v1.SubmitContributionReply\x12\x39\n\x07Release\x12\x17.capc.v1.ReleaseRequest\x1a\x15.capc.v1.ReleaseReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'capc.v1.guardian_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPENBATCHREQUEST']._serialized_start=57
-  _globals['_OPENBATCHREQUEST']._serialized_end=130
-  _globals['_OPENBATCHREPLY']._serialized_start=132
-  _globals['_OPENBATCHREPLY']._serialized_end=247
-  _globals['_ABORTBATCHREQUEST']._serialized_start=249
-  _globals['_ABORTBATCHREQUEST']._serialized_end=302
-  _globals['_BATCHSTATUSREQUEST']._serialized_start=304
-  _globals['_BATCHSTATUSREQUEST']._serialized_end=342
-  _globals['_BATCHSTATUSREPLY']._serialized_start=344
-  _globals['_BATCHSTATUSREPLY']._serialized_end=432
-  _globals['_REVEALREQUEST']._serialized_start=434
-  _globals['_REVEALREQUEST']._serialized_end=467
-  _globals['_REVEALREPLY']._serialized_start=469
-  _globals['_REVEALREPLY']._serialized_end=534
-  _globals['_SUBMITSHARESREQUEST']._serialized_start=536
-  _globals['_SUBMITSHARESREQUEST']._serialized_end=636
-  _globals['_SUBMITSHARESREPLY']._serialized_start=638
-  _globals['_SUBMITSHARESREPLY']._serialized_end=675
-  _globals['_COMPUTESTART']._serialized_start=677
-  _globals['_COMPUTESTART']._serialized_end=743
-  _globals['_COMPUTEAGREED']._serialized_start=745
-  _globals['_COMPUTEAGREED']._serialized_end=798
-  _globals['_COMPUTEREFUSED']._serialized_start=800
-  _globals['_COMPUTEREFUSED']._serialized_end=886
-  _globals['_COMPUTEMESSAGE']._serialized_start=889
-  _globals['_COMPUTEMESSAGE']._serialized_end=1056
-  _globals['_GUARDIANSERVICE']._serialized_start=1059
-  _globals['_GUARDIANSERVICE']._serialized_end=1476
+  _globals['_SUBMITCONTRIBUTIONREQUEST']._serialized_start=57
+  _globals['_SUBMITCONTRIBUTIONREQUEST']._serialized_end=149
+  _globals['_SUBMITCONTRIBUTIONREPLY']._serialized_start=151
+  _globals['_SUBMITCONTRIBUTIONREPLY']._serialized_end=194
+  _globals['_RELEASEREQUEST']._serialized_start=196
+  _globals['_RELEASEREQUEST']._serialized_end=249
+  _globals['_RELEASEREPLY']._serialized_start=251
+  _globals['_RELEASEREPLY']._serialized_end=343
+  _globals['_OPENBATCHREQUEST']._serialized_start=345
+  _globals['_OPENBATCHREQUEST']._serialized_end=418
+  _globals['_OPENBATCHREPLY']._serialized_start=420
+  _globals['_OPENBATCHREPLY']._serialized_end=535
+  _globals['_ABORTBATCHREQUEST']._serialized_start=537
+  _globals['_ABORTBATCHREQUEST']._serialized_end=590
+  _globals['_BATCHSTATUSREQUEST']._serialized_start=592
+  _globals['_BATCHSTATUSREQUEST']._serialized_end=630
+  _globals['_BATCHSTATUSREPLY']._serialized_start=632
+  _globals['_BATCHSTATUSREPLY']._serialized_end=720
+  _globals['_REVEALREQUEST']._serialized_start=722
+  _globals['_REVEALREQUEST']._serialized_end=755
+  _globals['_REVEALREPLY']._serialized_start=757
+  _globals['_REVEALREPLY']._serialized_end=822
+  _globals['_SUBMITSHARESREQUEST']._serialized_start=824
+  _globals['_SUBMITSHARESREQUEST']._serialized_end=924
+  _globals['_SUBMITSHARESREPLY']._serialized_start=926
+  _globals['_SUBMITSHARESREPLY']._serialized_end=963
+  _globals['_COMPUTESTART']._serialized_start=965
+  _globals['_COMPUTESTART']._serialized_end=1031
+  _globals['_COMPUTEAGREED']._serialized_start=1033
+  _globals['_COMPUTEAGREED']._serialized_end=1086
+  _globals['_COMPUTEREFUSED']._serialized_start=1088
+  _globals['_COMPUTEREFUSED']._serialized_end=1174
+  _globals['_COMPUTEMESSAGE']._serialized_start=1177
+  _globals['_COMPUTEMESSAGE']._serialized_end=1344
+  _globals['_GUARDIANSERVICE']._serialized_start=1347
+  _globals['_GUARDIANSERVICE']._serialized_end=1915
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,42 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class SubmitContributionRequest(_message.Message):
+    __slots__ = ("release_id", "party", "seed", "length")
+    RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    release_id: str
+    party: str
+    seed: bytes
+    length: int
+    def __init__(self, release_id: _Optional[str] = ..., party: _Optional[str] = ..., seed: _Optional[bytes] = ..., length: _Optional[int] = ...) -> None: ...
+
+class SubmitContributionReply(_message.Message):
+    __slots__ = ("received",)
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    received: int
+    def __init__(self, received: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("release_id", "parties")
+    RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTIES_FIELD_NUMBER: _ClassVar[int]
+    release_id: str
+    parties: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, release_id: _Optional[str] = ..., parties: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReleaseReply(_message.Message):
+    __slots__ = ("masked", "charged_rdp", "remaining_rdp")
+    MASKED_FIELD_NUMBER: _ClassVar[int]
+    CHARGED_RDP_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_RDP_FIELD_NUMBER: _ClassVar[int]
+    masked: _common_pb2.NdArray
+    charged_rdp: float
+    remaining_rdp: float
+    def __init__(self, masked: _Optional[_Union[_common_pb2.NdArray, _Mapping]] = ..., charged_rdp: _Optional[float] = ..., remaining_rdp: _Optional[float] = ...) -> None: ...
+
 class OpenBatchRequest(_message.Message):
     __slots__ = ("batch_id", "count", "query_digest")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]

@@ -64,6 +64,16 @@ class GuardianServiceStub:
                 request_serializer=capc_dot_v1_dot_guardian__pb2.ComputeMessage.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_guardian__pb2.ComputeMessage.FromString,
                 _registered_method=True)
+        self.SubmitContribution = channel.unary_unary(
+                '/capc.v1.GuardianService/SubmitContribution',
+                request_serializer=capc_dot_v1_dot_guardian__pb2.SubmitContributionRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_guardian__pb2.SubmitContributionReply.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/capc.v1.GuardianService/Release',
+                request_serializer=capc_dot_v1_dot_guardian__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_guardian__pb2.ReleaseReply.FromString,
+                _registered_method=True)
 
 
 class GuardianServiceServicer:
@@ -116,6 +126,24 @@ class GuardianServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitContribution(self, request, context):
+        """Release mechanisms (DP prototypes, secure-aggregation DP-SGD). Teacher party: the 16-byte seed of its
+        mask for one release (its contribution minus AES-CTR(seed) goes to the student). Once per party per
+        release: a second seed, or a seed for a release already charged, is ALREADY_EXISTS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Student: charge one release on the ledger (durably) and only then answer with the guardian's masked
+        noisy total. A release id is charged and answered once (ALREADY_EXISTS after); RESOURCE_EXHAUSTED when
+        its cost does not fit the budget (nothing charged, nothing revealed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GuardianServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +176,16 @@ def add_GuardianServiceServicer_to_server(servicer, server):
                     servicer.Compute,
                     request_deserializer=capc_dot_v1_dot_guardian__pb2.ComputeMessage.FromString,
                     response_serializer=capc_dot_v1_dot_guardian__pb2.ComputeMessage.SerializeToString,
+            ),
+            'SubmitContribution': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitContribution,
+                    request_deserializer=capc_dot_v1_dot_guardian__pb2.SubmitContributionRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_guardian__pb2.SubmitContributionReply.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=capc_dot_v1_dot_guardian__pb2.ReleaseRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_guardian__pb2.ReleaseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -312,6 +350,60 @@ class GuardianService:
             '/capc.v1.GuardianService/Compute',
             capc_dot_v1_dot_guardian__pb2.ComputeMessage.SerializeToString,
             capc_dot_v1_dot_guardian__pb2.ComputeMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitContribution(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.GuardianService/SubmitContribution',
+            capc_dot_v1_dot_guardian__pb2.SubmitContributionRequest.SerializeToString,
+            capc_dot_v1_dot_guardian__pb2.SubmitContributionReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.GuardianService/Release',
+            capc_dot_v1_dot_guardian__pb2.ReleaseRequest.SerializeToString,
+            capc_dot_v1_dot_guardian__pb2.ReleaseReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,6 +22,44 @@ REFUSAL_REASON_GUARDIAN_UNAVAILABLE: RefusalReason
 REFUSAL_REASON_INVALID_QUERY: RefusalReason
 REFUSAL_REASON_INTERNAL: RefusalReason
 
+class NextReleaseRequest(_message.Message):
+    __slots__ = ("party",)
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    party: str
+    def __init__(self, party: _Optional[str] = ...) -> None: ...
+
+class ReleaseItem(_message.Message):
+    __slots__ = ("release_id", "round", "state", "length", "done", "pending")
+    RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    release_id: str
+    round: int
+    state: _common_pb2.NdArray
+    length: int
+    done: bool
+    pending: bool
+    def __init__(self, release_id: _Optional[str] = ..., round: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.NdArray, _Mapping]] = ..., length: _Optional[int] = ..., done: _Optional[bool] = ..., pending: _Optional[bool] = ...) -> None: ...
+
+class ContributionShare(_message.Message):
+    __slots__ = ("release_id", "party", "share")
+    RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    release_id: str
+    party: str
+    share: _common_pb2.NdArray
+    def __init__(self, release_id: _Optional[str] = ..., party: _Optional[str] = ..., share: _Optional[_Union[_common_pb2.NdArray, _Mapping]] = ...) -> None: ...
+
+class ContributionShareReply(_message.Message):
+    __slots__ = ("received",)
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    received: int
+    def __init__(self, received: _Optional[int] = ...) -> None: ...
+
 class TeacherHello(_message.Message):
     __slots__ = ("party", "heads", "software_version")
     PARTY_FIELD_NUMBER: _ClassVar[int]

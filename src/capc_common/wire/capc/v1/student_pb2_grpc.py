@@ -39,6 +39,16 @@ class StudentServiceStub:
                 request_serializer=capc_dot_v1_dot_student__pb2.TeacherMessage.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_student__pb2.StudentMessage.FromString,
                 _registered_method=True)
+        self.NextRelease = channel.unary_unary(
+                '/capc.v1.StudentService/NextRelease',
+                request_serializer=capc_dot_v1_dot_student__pb2.NextReleaseRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_student__pb2.ReleaseItem.FromString,
+                _registered_method=True)
+        self.SubmitContributionShare = channel.unary_unary(
+                '/capc.v1.StudentService/SubmitContributionShare',
+                request_serializer=capc_dot_v1_dot_student__pb2.ContributionShare.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_student__pb2.ContributionShareReply.FromString,
+                _registered_method=True)
 
 
 class StudentServiceServicer:
@@ -51,6 +61,22 @@ class StudentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def NextRelease(self, request, context):
+        """Release mechanisms. Teacher party: wait (up to the call's deadline) for the next release it has not
+        contributed to; `done` once the student has released everything.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitContributionShare(self, request, context):
+        """Teacher party: the student's share of its contribution (V_p - AES-CTR(seed) mod 2^62), sent after the
+        seed reached the guardian.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StudentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +84,16 @@ def add_StudentServiceServicer_to_server(servicer, server):
                     servicer.Work,
                     request_deserializer=capc_dot_v1_dot_student__pb2.TeacherMessage.FromString,
                     response_serializer=capc_dot_v1_dot_student__pb2.StudentMessage.SerializeToString,
+            ),
+            'NextRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.NextRelease,
+                    request_deserializer=capc_dot_v1_dot_student__pb2.NextReleaseRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_student__pb2.ReleaseItem.SerializeToString,
+            ),
+            'SubmitContributionShare': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitContributionShare,
+                    request_deserializer=capc_dot_v1_dot_student__pb2.ContributionShare.FromString,
+                    response_serializer=capc_dot_v1_dot_student__pb2.ContributionShareReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +123,60 @@ class StudentService:
             '/capc.v1.StudentService/Work',
             capc_dot_v1_dot_student__pb2.TeacherMessage.SerializeToString,
             capc_dot_v1_dot_student__pb2.StudentMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NextRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.StudentService/NextRelease',
+            capc_dot_v1_dot_student__pb2.NextReleaseRequest.SerializeToString,
+            capc_dot_v1_dot_student__pb2.ReleaseItem.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitContributionShare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.StudentService/SubmitContributionShare',
+            capc_dot_v1_dot_student__pb2.ContributionShare.SerializeToString,
+            capc_dot_v1_dot_student__pb2.ContributionShareReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,182 @@
+"""``capc student run`` for a release federation: serve the teachers' release RPCs, run the releases, publish.
+
+The work stream of the selection family answers UNIMPLEMENTED here (and these RPCs there): a federation runs
+one mechanism family, fixed by ``federation.yaml`` and pinned by its hash.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import grpc
+from fastapi import APIRouter
+
+from capc_common.errors import CapcError
+from capc_common.federation.releases import ReleaseProtocol, protocol_for
+from capc_common.wire import messages as pb
+from capc_common.wire import ndarray_from_proto, rpc
+from capc_services.common.admin import api_router
+from capc_services.common.errors import status_for
+from capc_services.common.interceptors import peer_name
+from capc_services.common.limits import HEADROOM
+from capc_services.common.party import PartyRuntime
+from capc_services.common.runtime import start_grpc_server
+from capc_services.student.releases import (
+    ReleaseClient,
+    ReleaseProgress,
+    ReleaseRounds,
+    publish_release,
+    run_releases,
+)
+from capc_services.student.servicer import add_to_server
+from capc_services.student.settings import StudentSettings
+
+_log = logging.getLogger(__name__)
+RELEASE_POLICY = {
+    f"/{rpc.STUDENT_SERVICE}/NextRelease": frozenset({"teacher"}),
+    f"/{rpc.STUDENT_SERVICE}/SubmitContributionShare": frozenset({"teacher"}),
+}
+MAX_POLL_S = 30.0
+"""Longest a teacher's NextRelease call is held open before it answers ``pending``."""
+
+
+def _caller(request_party: str, context: grpc.ServicerContext) -> str:
+    """The caller's certificate CN, refusing a request that names another party."""
+    caller = peer_name(context)
+    if request_party and request_party != caller:
+        context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"certificate CN {caller!r} may not act for party {request_party!r}",
+        )
+    return caller
+
+
+class ReleaseStudentServicer(rpc.StudentServiceServicer):
+    """Implements the release RPCs of ``capc.v1.StudentService`` over :class:`ReleaseRounds`."""
+
+    def __init__(self, rounds: ReleaseRounds) -> None:
+        self._rounds = rounds
+
+    def NextRelease(self, request: pb.NextReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseItem:
+        party = _caller(request.party, context)
+        left = context.time_remaining()
+        timeout = MAX_POLL_S if left is None else max(0.0, min(MAX_POLL_S, left - 1.0))
+        try:
+            item = self._rounds.next_for(party, timeout=timeout)
+        except CapcError as exc:
+            context.abort(status_for(exc), str(exc))
+        return item
+
+    def SubmitContributionShare(
+        self, request: pb.ContributionShare, context: grpc.ServicerContext
+    ) -> pb.ContributionShareReply:
+        party = _caller(request.party, context)
+        try:
+            share = ndarray_from_proto(request.share)
+            received = self._rounds.deliver(release_id=request.release_id, party=party, share=share)
+        except CapcError as exc:
+            context.abort(status_for(exc), str(exc))
+        return pb.ContributionShareReply(received=received)
+
+
+def progress_router(progress: ReleaseProgress, *, noise: str) -> APIRouter:
+    """``/api/v1/progress`` of a release federation."""
+    api = api_router()
+
+    @api.get("/progress", tags=["student"])
+    def read() -> dict[str, Any]:
+        """Releases done and planned, the RDP they cost, the parties of the last one, the published model."""
+        return {
+            "state": progress.state,
+            "error": progress.error,
+            "rounds": progress.rounds,
+            "rounds_done": progress.rounds_done,
+            "rdp_spent": progress.rdp_spent,
+            "last_parties": progress.last_parties,
+            "published": progress.published,
+            "noise": noise,
+        }
+
+    return api
+
+
+def _evaluation(settings: StudentSettings, party: PartyRuntime) -> Any:
+    """Held-out per-example features, labels and name for the model card, or None when not configured."""
+    evaluate = settings.train.evaluate
+    if evaluate is None:
+        return None
+    from capc_common.data import load_dataset
+    from capc_common.learn import BackboneFeaturizer
+    from capc_common.mechanisms.central import extract_per_example
+
+    test = load_dataset(evaluate.dataset, split="test")
+    limit = evaluate.limit or len(test.labels)
+    features = extract_per_example(BackboneFeaturizer(party.backbone), test.images[:limit])
+    return features, test.labels[:limit], f"{evaluate.dataset}/test"
+
+
+def run_release_student(
+    settings: StudentSettings, party: PartyRuntime, *, stop: threading.Event, noise: str
+) -> None:
+    """Run a release federation's student until ``stop`` is set (or, with ``exit_when_done``, published)."""
+    config = party.config
+    protocol: ReleaseProtocol = protocol_for(config, dim=party.backbone.feature_dim)
+    rounds = ReleaseRounds(config, length=protocol.length)
+    progress = ReleaseProgress(rounds=protocol.rounds)
+    guardian = ReleaseClient(
+        config=config, tls=party.tls, address=settings.guardian_address, length=protocol.length
+    )
+    message = protocol.length * 8 + HEADROOM  # one share in, one state out
+    server = start_grpc_server(
+        bind=settings.grpc.bind,
+        tls=party.tls,
+        register=[add_to_server(ReleaseStudentServicer(rounds))],
+        services=[rpc.STUDENT_SERVICE],
+        interceptors=[party.interceptor(RELEASE_POLICY)],
+        max_workers=max(settings.grpc.max_workers, 2 * len(config.teachers) + 8),
+        max_receive_bytes=message,
+        max_send_bytes=message,
+    )
+
+    def work() -> None:
+        try:
+            run_releases(protocol=protocol, rounds=rounds, guardian=guardian, progress=progress, stop=stop)
+            progress.state = "publishing"
+            progress.published = publish_release(
+                config=config,
+                protocol=protocol,
+                progress=progress,
+                output_dir=settings.output_dir,
+                evaluate=_evaluation(settings, party),
+            )
+            progress.state = "published"
+            _log.info("student published", extra=progress.published)
+        except CapcError as exc:
+            progress.state, progress.error = ("stopped" if stop.is_set() else "failed"), str(exc)
+            rounds.finish()
+            _log.error("student failed", extra={"error": str(exc)})
+        finally:
+            if settings.exit_when_done:
+                stop.set()
+
+    worker = threading.Thread(target=work, name="releases", daemon=True)
+    try:
+        party.start_admin(
+            readiness=lambda: {
+                "grpc": (True, {"port": server.port}),
+                "releases": (progress.state != "failed", {"state": progress.state, "error": progress.error}),
+            },
+            routers=[progress_router(progress, noise=noise)],
+        )
+        worker.start()
+        stop.wait()
+    finally:
+        rounds.finish()
+        if worker.is_alive():
+            worker.join(timeout=5)
+        server.stop(grace=2)
+        guardian.close()
+        party.stop_admin()
+        _log.info("student stopped", extra={"state": progress.state})

@@ -1,0 +1,173 @@
+"""A teacher party of a release federation: poll the student for the next release, contribute, share.
+
+Per release the party computes its integer contribution from its own per-example features at the public state
+the student sent (:meth:`~capc_common.federation.releases.ReleaseProtocol.contribute`: its per-class sums and
+counts, or its clipped gradient sum over a fresh Poisson sample), splits it with a fresh seed, sends the seed
+to the guardian and — only once the guardian holds it — the masked share to the student. Neither sees the
+contribution; the party listens on no port (it dials both).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.errors import CapcError, InputError
+from capc_common.federation import FederationConfig
+from capc_common.federation.releases import ReleaseProtocol
+from capc_common.mechanisms import share_contribution
+from capc_common.privacy import NoiseSource
+from capc_common.wire import messages as pb
+from capc_common.wire import ndarray_from_proto, ndarray_to_proto, rpc
+from capc_services.common.errors import error_from_rpc
+from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.limits import HEADROOM
+from capc_services.teacher.cap import LocalCap
+from capc_services.teacher.client import BACKOFF_MAX_S
+from capc_services.tls import TlsFiles
+
+_log = logging.getLogger(__name__)
+POLL_TIMEOUT_S = 40.0
+"""Deadline of one NextRelease call (the student holds it at most 30 s before answering ``pending``)."""
+DONE_POLL_S = 5.0
+"""How often a party polls once the student said every release is done (a restarted student may open more)."""
+
+
+class ReleaseContributor:
+    """Keeps the party contributing to every release the student opens.
+
+    Args:
+        config: the federation config.
+        party: this party's name (its certificate CN).
+        tls: its TLS files.
+        student_address / guardian_address: ``host:port`` of the student and the guardian.
+        protocol: the federation's release protocol.
+        features: the party's per-example features ``(n, dim)`` (running statistics).
+        labels: their labels ``(n,)``.
+        source: the party's own sampling randomness (a CSPRNG outside tests).
+        cap: the party's own ε cap record; each release is charged on it before anything leaves.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: FederationConfig,
+        party: str,
+        tls: TlsFiles,
+        student_address: str,
+        guardian_address: str,
+        protocol: ReleaseProtocol,
+        features: npt.NDArray[np.float32],
+        labels: npt.NDArray[np.int64],
+        source: NoiseSource,
+        cap: LocalCap,
+    ) -> None:
+        self.config, self.party, self.protocol, self.cap = config, party, protocol, cap
+        self._features, self._labels, self._source = features, labels, source
+        config_hash = config.config_hash()
+        message = protocol.length * 8 + HEADROOM
+        self._student_channel = tls.channel(
+            student_address,
+            peer=config.student,
+            interceptors=(ConfigHashClientInterceptor(config_hash, peer=config.student),),
+            receive=message,
+            send=message,
+        )
+        self._guardian_channel = tls.channel(
+            guardian_address,
+            peer=config.guardian,
+            interceptors=(ConfigHashClientInterceptor(config_hash, peer=config.guardian),),
+            receive=HEADROOM,
+            send=HEADROOM,
+        )
+        self._student = rpc.StudentServiceStub(self._student_channel)
+        self._guardian = rpc.GuardianServiceStub(self._guardian_channel)
+        self.connected = False
+        self.done = False
+        self.contributed = 0
+        self.last_error = ""
+
+    def contribute(self, item: pb.ReleaseItem) -> None:
+        """Compute, split and send this party's contribution to one release (seed first, then the share).
+
+        Raises:
+            InputError: the item's length does not match the federation's mechanism.
+            BudgetExhaustedError: the release would cross this party's own ε cap (nothing was sent).
+            CapcError: the guardian or the student refused, or could not be reached.
+        """
+        if item.length != self.protocol.length:
+            raise InputError(
+                f"release {item.release_id} asks for {item.length} coordinates; federation.yaml's "
+                f"{self.protocol.mechanism.name} has {self.protocol.length}"
+            )
+        bits = ndarray_from_proto(item.state)
+        if bits.dtype != np.int64:
+            raise InputError(f"release {item.release_id} state is {bits.dtype}; float64 bits travel as int64")
+        state = bits.view(np.float64)
+        # The party's own bound, durable before its seed or share leaves (a re-sent release counts again).
+        self.cap.charge(batch_id=item.release_id, attempt=item.round, count=1)
+        vector = self.protocol.contribute(state, self._features, self._labels, self._source)
+        seed, share = share_contribution(vector)
+        request = pb.SubmitContributionRequest(
+            release_id=item.release_id, party=self.party, seed=seed, length=item.length
+        )
+        try:
+            self._guardian.SubmitContribution(request, timeout=60)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, peer=self.config.guardian) from None
+        delivery = pb.ContributionShare(
+            release_id=item.release_id, party=self.party, share=ndarray_to_proto(share)
+        )
+        try:
+            self._student.SubmitContributionShare(delivery, timeout=60)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc, peer=self.config.student) from None
+        self.contributed += 1
+        _log.info("contributed", extra={"release_id": item.release_id, "round": item.round})
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll and contribute until ``stop`` is set (backing off while the student is away)."""
+        backoff = 0.5
+        while not stop.is_set():
+            try:
+                item = self._student.NextRelease(
+                    pb.NextReleaseRequest(party=self.party), timeout=POLL_TIMEOUT_S
+                )
+                self.connected, self.last_error, backoff = True, "", 0.5
+                self.done = item.done
+                if item.done:
+                    stop.wait(DONE_POLL_S)
+                elif not item.pending:
+                    self.contribute(item)
+                continue
+            except grpc.RpcError as exc:
+                self.connected = False
+                self.last_error = str(error_from_rpc(exc, peer=self.config.student))
+            except CapcError as exc:
+                self.last_error = str(exc)
+            _log.warning("release poll failed; retrying", extra={"error": self.last_error, "in_s": backoff})
+            stop.wait(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def status(self) -> dict[str, Any]:
+        """For ``/api/v1/status``."""
+        return {
+            "party": self.party,
+            "mechanism": self.protocol.mechanism.name,
+            "connected_to_student": self.connected,
+            "releases_contributed": self.contributed,
+            "done": self.done,
+            "last_error": self.last_error,
+            "records": len(self._labels),
+            "local_cap": {"epsilon_spent": self.cap.epsilon, "epsilon_cap": self.cap.cap},
+        }
+
+    def close(self) -> None:
+        """Close both channels."""
+        self._student_channel.close()
+        self._guardian_channel.close()

@@ -1,0 +1,241 @@
+"""Release-family mechanisms in a federation: what each party does per release, and what the student makes of
+the released totals.
+
+A release federation runs ``rounds`` releases. For each, the student publishes a public *state* (DP-SGD: the
+current head; DP prototypes: nothing), every teacher party turns its own per-example features into an integer
+contribution at that state (:meth:`ReleaseProtocol.contribute`) and secret-shares it, the guardian charges the
+mechanism's ``release_rdp`` and adds its noise, and the student folds the revealed noisy total into its state
+(:meth:`ReleaseProtocol.absorb`). The result is a linear head over L2-normalised per-example features
+(:meth:`ReleaseProtocol.head`), the same form for both mechanisms, so the student publishes one kind of model.
+
+The same arithmetic as the central runners (:func:`~capc_common.mechanisms.central.run_prototypes`,
+:func:`~capc_common.mechanisms.central.run_secure_dpsgd`), step for step: with seeded noise a federation
+publishes their result bit for bit (the differential test).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.errors import InputError
+from capc_common.mechanisms import DPPrototypes, FixedPoint, ReleaseMechanism, SecureDPSGD, normalise
+
+if TYPE_CHECKING:
+    from capc_common.federation.config import DPPLMechanism, FederationConfig, SecAggDPSGDMechanism
+    from capc_common.privacy import NoiseSource
+
+__all__ = [
+    "DPSGDProtocol",
+    "PrototypesProtocol",
+    "ReleaseProtocol",
+    "protocol_for",
+    "prototype_head",
+]
+
+
+def protocol_for(config: FederationConfig, *, dim: int) -> ReleaseProtocol:
+    """The federation's release protocol over ``dim``-dimensional features, refused unless every release
+    it plans fits the budget (so no party starts a federation the ledger would stop half way).
+
+    Raises:
+        InputError: the mechanism is not of the release family, or its releases cost more than the budget.
+    """
+    from capc_common.federation.config import ReleaseMember
+    from capc_common.privacy.analysis import rdp_budget_at_order
+
+    m = config.mechanism
+    if not isinstance(m, ReleaseMember):
+        raise InputError(f"federation {config.name!r} runs {m.name!r}, not a release mechanism")
+    protocol = m.protocol(classes=config.classes, dim=dim)
+    b = config.budget
+    budget = rdp_budget_at_order(epsilon=b.epsilon, delta=b.delta, order=b.order)
+    per_release = protocol.release_rdp(b.order)
+    if protocol.rounds * per_release > budget:
+        raise InputError(
+            f"{m.name}: {protocol.rounds} release(s) of RDP {per_release:.4g} each at order {b.order:g} cost "
+            f"{protocol.rounds * per_release:.4g}, more than the budget {budget:.4g} (ε={b.epsilon:g}, "
+            f"δ={b.delta:g}); lower the rounds, add noise, or raise ε"
+        )
+    return protocol
+
+
+def prototype_head(
+    sums: npt.NDArray[np.float64], counts: npt.NDArray[np.float64], *, metric: str
+) -> npt.NDArray[np.float64]:
+    """Nearest prototype as a linear head ``(classes, dim + 1)`` over L2-normalised features.
+
+    Cosine: the normalised sums, no bias. Euclidean to the means ``m = sum / max(count, 1)``:
+    ``argmin ‖x − m‖² = argmax 2x·m − ‖m‖²``. One published form for every release mechanism.
+    """
+    if metric == "cosine":
+        return np.concatenate([normalise(sums), np.zeros((sums.shape[0], 1))], axis=1)
+    means = sums / np.maximum(counts, 1.0)[:, None]
+    return np.concatenate([2 * means, -(means**2).sum(axis=1, keepdims=True)], axis=1)
+
+
+class ReleaseProtocol(ABC):
+    """One release federation's per-round arithmetic (parties' side stateless, student's side stateful).
+
+    Attributes:
+        mechanism: the release mechanism (noise, accounting, encoding).
+        rounds: how many releases the federation runs.
+    """
+
+    mechanism: ReleaseMechanism
+    rounds: int
+
+    @property
+    def length(self) -> int:
+        """Coordinates of every contribution and total."""
+        return int(self.mechanism.sigmas().size)
+
+    def release_rdp(self, order: float) -> float:
+        """RDP of one release at the ledger's order (what the guardian charges per release)."""
+        return float(self.mechanism.release_rdp(np.array([order], dtype=np.float64))[0])
+
+    @abstractmethod
+    def state(self) -> npt.NDArray[np.float64]:
+        """The public state the parties compute the next contribution at (empty when there is none)."""
+
+    @abstractmethod
+    def contribute(
+        self,
+        state: npt.NDArray[np.float64],
+        features: npt.ArrayLike,
+        labels: npt.NDArray[np.int64],
+        source: NoiseSource,
+    ) -> npt.NDArray[np.int64]:
+        """A party's integer contribution at ``state`` from its own per-example features (raw: each mechanism
+        normalises them as its central runner does).
+
+        Raises:
+            InputError: a state or data that does not fit the mechanism.
+        """
+
+    @abstractmethod
+    def absorb(self, total: npt.NDArray[np.int64]) -> None:
+        """Fold one revealed noisy total into the student's state (post-processing)."""
+
+    @abstractmethod
+    def head(self) -> npt.NDArray[np.float64]:
+        """The model so far: a linear head ``(classes, dim + 1)`` over L2-normalised features, bias last."""
+
+
+class PrototypesProtocol(ReleaseProtocol):
+    """DP prototypes: one release of the per-class sums and counts; the head is the nearest prototype."""
+
+    rounds = 1
+
+    def __init__(self, mechanism: DPPrototypes, *, metric: str) -> None:
+        self.mechanism = self.prototypes = mechanism
+        self.metric = metric
+        self._head: npt.NDArray[np.float64] | None = None
+
+    @classmethod
+    def of(cls, config: DPPLMechanism, *, classes: int, dim: int) -> PrototypesProtocol:
+        """From ``federation.yaml``'s ``dppl`` member and the backbone's feature dimension."""
+        bits = None if config.fixed_point_bits is None else FixedPoint(config.fixed_point_bits)
+        mechanism = DPPrototypes(
+            classes=classes, dim=dim, rho=config.rho, count_share=config.count_share, fixed_point=bits
+        )
+        return cls(mechanism, metric=config.metric)
+
+    def state(self) -> npt.NDArray[np.float64]:
+        """Nothing: a party's sums do not depend on anything public."""
+        return np.zeros(0)
+
+    def contribute(
+        self,
+        state: npt.NDArray[np.float64],
+        features: npt.ArrayLike,
+        labels: npt.NDArray[np.int64],
+        source: NoiseSource,
+    ) -> npt.NDArray[np.int64]:
+        """The party's fixed-point per-class sums and counts (every record, no sampling)."""
+        del state, source
+        return self.prototypes.contribution(features, labels)
+
+    def absorb(self, total: npt.NDArray[np.int64]) -> None:
+        """The released sums and counts become the nearest-prototype head."""
+        sums, counts = self.prototypes.prototypes(total)
+        self._head = prototype_head(sums, counts, metric=self.metric)
+
+    def head(self) -> npt.NDArray[np.float64]:
+        """The nearest-prototype head.
+
+        Raises:
+            InputError: nothing was released yet.
+        """
+        if self._head is None:
+            raise InputError("no prototypes were released yet; the head exists after the release")
+        return self._head
+
+
+class DPSGDProtocol(ReleaseProtocol):
+    """Secure-aggregation DP-SGD: per round the parties' clipped gradient sums at the current head, released
+    noisily; the student takes a heavy-ball step on ``noisy sum / expected batch``."""
+
+    def __init__(
+        self,
+        mechanism: SecureDPSGD,
+        *,
+        rounds: int,
+        expected_batch: float,
+        learning_rate: float,
+        momentum: float,
+    ) -> None:
+        self.mechanism = self.sgd = mechanism
+        self.rounds = rounds
+        self.expected_batch = expected_batch
+        self.learning_rate = learning_rate
+        self.momentum = momentum
+        self.weights = np.zeros((mechanism.classes, mechanism.dim + 1))
+        self._velocity = np.zeros_like(self.weights)
+
+    @classmethod
+    def of(cls, config: SecAggDPSGDMechanism, *, classes: int, dim: int) -> DPSGDProtocol:
+        """From ``federation.yaml``'s ``secagg-dpsgd`` member and the backbone's feature dimension."""
+        bits = None if config.fixed_point_bits is None else FixedPoint(config.fixed_point_bits)
+        mechanism = SecureDPSGD(
+            classes=classes,
+            dim=dim,
+            clip=config.clip,
+            noise_multiplier=config.noise_multiplier,
+            sampling_rate=config.sampling_rate,
+            fixed_point=bits,
+        )
+        return cls(
+            mechanism,
+            rounds=config.rounds,
+            expected_batch=config.expected_batch,
+            learning_rate=config.learning_rate,
+            momentum=config.momentum,
+        )
+
+    def state(self) -> npt.NDArray[np.float64]:
+        """The current head."""
+        return self.weights
+
+    def contribute(
+        self,
+        state: npt.NDArray[np.float64],
+        features: npt.ArrayLike,
+        labels: npt.NDArray[np.int64],
+        source: NoiseSource,
+    ) -> npt.NDArray[np.int64]:
+        """The clipped gradient sum at head ``state`` over this round's Poisson sample of the records."""
+        rows = self.sgd.sample(len(labels), source)
+        return self.sgd.contribution(state, normalise(features)[rows], labels[rows])
+
+    def absorb(self, total: npt.NDArray[np.int64]) -> None:
+        """One momentum-SGD step on the noisy gradient sum."""
+        self._velocity = self.momentum * self._velocity + self.sgd.gradient(total) / self.expected_batch
+        self.weights = self.weights - self.learning_rate * self._velocity
+
+    def head(self) -> npt.NDArray[np.float64]:
+        """The current head."""
+        return self.weights

@@ -1,0 +1,122 @@
+"""Release mechanisms as real processes on loopback (3 teacher parties on Fashion-MNIST, mTLS gRPC): with
+seeded noise the federation publishes exactly the head the central runner computes, and the guardian's
+ledger charges exactly the mechanism's RDP per release.
+
+The central reference plays every party from the same records the teacher processes load (their site files)
+and the same per-example features (:func:`extract_per_example`), so a difference anywhere — a party's
+contribution, the sharing, the guardian's noise or its order, the student's arithmetic — shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from federation_harness import NOISE_SEED, PARTIES, Running, federation_options
+
+from capc_common.aggregation import party_noise, sampling_noise
+from capc_common.federation import FederationConfig, load_shared_backbone
+from capc_common.federation.releases import (
+    DPSGDProtocol,
+    PrototypesProtocol,
+    protocol_for,
+    prototype_head,
+)
+from capc_common.learn import BackboneFeaturizer
+from capc_common.mechanisms.central import PartyData, extract_per_example, run_prototypes, run_secure_dpsgd
+from capc_common.privacy.analysis import epsilon_at_order
+from capc_services.local.layout import Layout
+from capc_services.teacher.settings import TeacherSettings
+from capc_services.teacher.train import party_examples
+
+pytestmark = pytest.mark.slow
+
+RECORDS = 200  # per party
+MECHANISMS: dict[str, dict[str, Any]] = {
+    "dppl": {"rho": 2.0, "metric": "euclidean"},
+    "secagg-dpsgd": {
+        "rounds": 3,
+        "noise_multiplier": 1.5,
+        "clip": 1.0,
+        "sampling_rate": 0.25,
+        "expected_batch": 0.25 * PARTIES * RECORDS,
+        "learning_rate": 4.0,
+    },
+}
+
+
+def _parties(layout: Layout, config: FederationConfig) -> list[PartyData]:
+    """Every teacher party's records and per-example features, loaded as its own process loads them (one
+    torch thread, as the local federation's parties run)."""
+    featurizer = BackboneFeaturizer(load_shared_backbone(config))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        parties = []
+        for name in config.teacher_names:
+            images, labels, _ = party_examples(TeacherSettings.load(layout.site(name)))
+            features = extract_per_example(featurizer, images)
+            parties.append(PartyData(name=name, features=features, labels=np.asarray(labels, dtype=np.int64)))
+        return parties
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=sorted(MECHANISMS))
+def released(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    options = federation_options(
+        mechanism=request.param, mechanism_params=MECHANISMS[request.param], train_limit=RECORDS
+    )
+    running = Running(tmp_path_factory.mktemp(request.param) / "state", options, None)
+    try:
+        running.wait(lambda p: p["state"] == "published", timeout=180)
+        yield running
+    finally:
+        running.close()
+
+
+def _central_head(running: Running) -> np.ndarray:
+    config = running.config
+    parties = _parties(running.layout, config)
+    protocol = protocol_for(config, dim=parties[0].features.shape[1])
+    guardian = party_noise("guardian", seed=NOISE_SEED)
+    if isinstance(protocol, PrototypesProtocol):
+        sums, counts = run_prototypes(parties, mechanism=protocol.prototypes, guardian=guardian)
+        return prototype_head(sums, counts, metric=protocol.metric)
+    assert isinstance(protocol, DPSGDProtocol)
+    result = run_secure_dpsgd(
+        parties,
+        mechanism=protocol.sgd,
+        rounds=protocol.rounds,
+        expected_batch=protocol.expected_batch,
+        learning_rate=protocol.learning_rate,
+        momentum=protocol.momentum,
+        guardian=guardian,
+        party_sources=lambda name: sampling_noise(name, seed=NOISE_SEED),
+    )
+    return result.weights
+
+
+def test_published_head_equals_the_central_runner(released: Running) -> None:
+    published = released.progress()["published"]
+    head = np.load(Path(published["model"]))
+    central = _central_head(released)
+    assert head.shape == central.shape == (released.config.classes, head.shape[1])
+    np.testing.assert_array_equal(head, central)
+    assert np.abs(head).sum() > 0
+
+
+def test_ledger_charges_each_release_its_rdp(released: Running) -> None:
+    config = released.config
+    protocol = protocol_for(config, dim=np.load(released.progress()["published"]["model"]).shape[1] - 1)
+    budget = released.budget()
+    rdp = protocol.rounds * protocol.release_rdp(config.budget.order)
+    assert budget["spent_rdp"] == pytest.approx(rdp, rel=1e-6)
+    expected = float(epsilon_at_order(config.budget.order, rdp, delta=config.budget.delta))
+    assert budget["epsilon_spent"] == pytest.approx(expected, rel=1e-6)
+    assert released.progress()["published"]["epsilon"] == pytest.approx(expected, rel=1e-6)
+    assert budget["noise"] == "SeededNoise"
