@@ -273,6 +273,7 @@ def publish_release(
         "privacy": {
             "epsilon": epsilon,
             "delta": b.delta,
+            "delta_sampler": protocol.sampler_delta(epsilon=epsilon),
             "order": b.order,
             "rdp_spent": progress.rdp_spent,
             "releases": progress.rounds_done,
