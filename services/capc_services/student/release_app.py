@@ -25,6 +25,7 @@ from capc_services.common.party import PartyRuntime
 from capc_services.common.runtime import start_grpc_server
 from capc_services.student.releases import (
     ReleaseClient,
+    ReleaseJournal,
     ReleaseProgress,
     ReleaseRounds,
     publish_release,
@@ -142,7 +143,17 @@ def run_release_student(
 
     def work() -> None:
         try:
-            run_releases(protocol=protocol, rounds=rounds, guardian=guardian, progress=progress, stop=stop)
+            run_releases(
+                protocol=protocol,
+                rounds=rounds,
+                guardian=guardian,
+                journal=ReleaseJournal(
+                    settings.store.parent, config_hash=party.config_hash, length=protocol.length
+                ),
+                order=config.budget.order,
+                progress=progress,
+                stop=stop,
+            )
             progress.state = "publishing"
             progress.published = publish_release(
                 config=config,
