@@ -9,10 +9,14 @@ contribution, the sharing, the guardian's noise or its order, the student's arit
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -29,7 +33,9 @@ from capc_common.federation.releases import (
 from capc_common.learn import BackboneFeaturizer
 from capc_common.mechanisms.central import PartyData, extract_per_example, run_prototypes, run_secure_dpsgd
 from capc_common.privacy.analysis import epsilon_at_order
+from capc_services.local.federation import restart
 from capc_services.local.layout import Layout
+from capc_services.local.processes import pid_alive
 from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.train import party_examples
 
@@ -120,3 +126,30 @@ def test_ledger_charges_each_release_its_rdp(released: Running) -> None:
     assert budget["epsilon_spent"] == pytest.approx(expected, rel=1e-6)
     assert released.progress()["published"]["epsilon"] == pytest.approx(expected, rel=1e-6)
     assert budget["noise"] == "SeededNoise"
+
+
+def test_a_restarted_student_replays_its_releases_without_paying_again(released: Running) -> None:
+    """kill -9 of the published student, then the same command again: it replays its journaled totals (no
+    release, no charge) and publishes the same head."""
+    model = Path(released.progress()["published"]["model"])
+    head, before = np.load(model), released.budget()
+    victim = released.endpoints["pids"]["student"]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while pid_alive(victim) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    model.unlink()
+    restart(released.root, "student")
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            progress = released.progress()
+        except httpx.HTTPError:
+            progress = {"state": "starting"}
+        if progress["state"] == "published" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert progress["state"] == "published" and progress["rounds_done"] == progress["rounds"]
+    np.testing.assert_array_equal(np.load(model), head)
+    after = released.budget()
+    assert (after["entries"], after["spent_rdp"]) == (before["entries"], before["spent_rdp"])

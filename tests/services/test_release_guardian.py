@@ -61,7 +61,7 @@ class Guardian:
             config_hash=self.config.config_hash(),
             certificate=certificate_info(pki / "guardian.crt"),
         )
-        core = ReleaseGuardian(
+        self.core = core = ReleaseGuardian(
             config=self.config,
             ledger=self.ledger,
             noise=party_noise("guardian", seed=SEED),
@@ -191,3 +191,12 @@ def test_bad_contributions_and_requests_change_nothing(guardian: Guardian) -> No
         grpc.StatusCode.PERMISSION_DENIED
     )
     assert guardian.entries() == 0
+
+
+def test_budget_names_the_noise_and_the_sampler_delta(guardian: Guardian) -> None:
+    budget = guardian.core.budget()
+    sampler = guardian.protocol.sampler_delta(epsilon=BUDGET["epsilon"])
+    assert 0 < sampler < 1e-15  # tables within 2^-90 of the exact sampler, a few dozen draws
+    assert budget["delta_total"] == budget["delta"] + sampler
+    assert (budget["noise"], budget["noise_secure"]) == ("SeededNoise", False)
+    assert budget["mechanism"]["rho"] == pytest.approx(RHO)

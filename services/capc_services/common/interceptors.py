@@ -33,6 +33,24 @@ def peer_name(context: grpc.ServicerContext) -> str:
     return names[0].decode() if names else ""
 
 
+def acting_party(context: grpc.ServicerContext, claimed: str, *, what: str) -> str:
+    """The caller's CN, aborting with PERMISSION_DENIED when the request claims another party (a party's
+    certificate speaks for that party only; an empty claim means the caller itself).
+
+    Args:
+        context: the call.
+        claimed: the party the request names.
+        what: what the caller tried to do, for the message (e.g. ``submit shares``).
+    """
+    caller = peer_name(context)
+    if claimed and claimed != caller:
+        context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"certificate CN {caller!r} may not {what} for party {claimed!r}",
+        )
+    return caller
+
+
 def peer_certificate(context: grpc.ServicerContext) -> bytes:
     """The caller's (verified) client certificate as PEM, or b'' when there is none."""
     pems = context.auth_context().get("x509_pem_cert", [])

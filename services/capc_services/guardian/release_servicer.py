@@ -9,7 +9,7 @@ from capc_common.errors import CapcError
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_to_proto, rpc
 from capc_services.common.errors import status_for
-from capc_services.common.interceptors import peer_name
+from capc_services.common.interceptors import acting_party, peer_name
 from capc_services.guardian.releases import MissingSeedsError, ReleaseGuardian, ReleaseReplayError
 
 RELEASE_POLICY = {
@@ -39,12 +39,7 @@ class ReleaseGuardianServicer(rpc.GuardianServiceServicer):
     def SubmitContribution(
         self, request: pb.SubmitContributionRequest, context: grpc.ServicerContext
     ) -> pb.SubmitContributionReply:
-        caller = peer_name(context)
-        if request.party and request.party != caller:
-            context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"certificate CN {caller!r} may not contribute for party {request.party!r}",
-            )
+        caller = acting_party(context, request.party, what="contribute")
         try:
             received = self._g.submit_contribution(
                 release_id=request.release_id, party=caller, seed=request.seed, length=request.length

@@ -74,6 +74,7 @@ class ReleaseGuardian:
         self.metrics = metrics
         self._rdp = protocol.release_rdp(config.budget.order)
         self._params = {**protocol.mechanism.params(), "order": config.budget.order}
+        self._sampler_delta = protocol.sampler_delta(epsilon=config.budget.epsilon)
         self._seeds: dict[str, dict[str, bytes]] = {}
         self._lock = threading.Lock()
         self._release_lock = threading.Lock()  # noise is drawn release by release: the canonical order
@@ -202,9 +203,12 @@ class ReleaseGuardian:
         return masked, self._rdp, remaining
 
     def budget(self) -> dict[str, Any]:
-        """The ledger summary and the kind of noise this guardian draws."""
+        """The ledger summary, the kind of noise this guardian draws, and the δ the guarantee holds at once
+        the samplers' distance is added (``delta_total``)."""
         summary = dict(self.ledger.summary())
         summary["noise"] = type(self.noise).__name__
         summary["noise_secure"] = bool(getattr(self.noise, "secure", True))
         summary["mechanism"] = self._params
+        summary["delta_sampler"] = self._sampler_delta
+        summary["delta_total"] = summary["delta"] + self._sampler_delta
         return summary

@@ -13,7 +13,7 @@ from capc_common.errors import CapcError, ProtocolError
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import status_for
-from capc_services.common.interceptors import peer_name
+from capc_services.common.interceptors import acting_party, peer_name
 from capc_services.common.streams import FRAME_DEADLINE_S, FrameChannel
 from capc_services.guardian.core import Guardian
 
@@ -96,12 +96,7 @@ class GuardianServicer(rpc.GuardianServiceServicer):
     def SubmitShares(
         self, request: pb.SubmitSharesRequest, context: grpc.ServicerContext
     ) -> pb.SubmitSharesReply:
-        caller = peer_name(context)
-        if request.party and request.party != caller:
-            context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"certificate CN {caller!r} may not submit shares for party {request.party!r}",
-            )
+        caller = acting_party(context, request.party, what="submit shares")
         try:
             received = self._g.submit_shares(
                 batch_id=request.batch_id,

@@ -19,12 +19,13 @@ from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, rpc
 from capc_services.common.admin import api_router
 from capc_services.common.errors import status_for
-from capc_services.common.interceptors import peer_name
+from capc_services.common.interceptors import acting_party
 from capc_services.common.limits import HEADROOM
 from capc_services.common.party import PartyRuntime
 from capc_services.common.runtime import start_grpc_server
 from capc_services.student.releases import (
     ReleaseClient,
+    ReleaseJournal,
     ReleaseProgress,
     ReleaseRounds,
     publish_release,
@@ -42,17 +43,6 @@ MAX_POLL_S = 30.0
 """Longest a teacher's NextRelease call is held open before it answers ``pending``."""
 
 
-def _caller(request_party: str, context: grpc.ServicerContext) -> str:
-    """The caller's certificate CN, refusing a request that names another party."""
-    caller = peer_name(context)
-    if request_party and request_party != caller:
-        context.abort(
-            grpc.StatusCode.PERMISSION_DENIED,
-            f"certificate CN {caller!r} may not act for party {request_party!r}",
-        )
-    return caller
-
-
 class ReleaseStudentServicer(rpc.StudentServiceServicer):
     """Implements the release RPCs of ``capc.v1.StudentService`` over :class:`ReleaseRounds`."""
 
@@ -60,7 +50,7 @@ class ReleaseStudentServicer(rpc.StudentServiceServicer):
         self._rounds = rounds
 
     def NextRelease(self, request: pb.NextReleaseRequest, context: grpc.ServicerContext) -> pb.ReleaseItem:
-        party = _caller(request.party, context)
+        party = acting_party(context, request.party, what="poll releases")
         left = context.time_remaining()
         timeout = MAX_POLL_S if left is None else max(0.0, min(MAX_POLL_S, left - 1.0))
         try:
@@ -72,7 +62,7 @@ class ReleaseStudentServicer(rpc.StudentServiceServicer):
     def SubmitContributionShare(
         self, request: pb.ContributionShare, context: grpc.ServicerContext
     ) -> pb.ContributionShareReply:
-        party = _caller(request.party, context)
+        party = acting_party(context, request.party, what="deliver a share")
         try:
             share = ndarray_from_proto(request.share)
             received = self._rounds.deliver(release_id=request.release_id, party=party, share=share)
@@ -142,7 +132,17 @@ def run_release_student(
 
     def work() -> None:
         try:
-            run_releases(protocol=protocol, rounds=rounds, guardian=guardian, progress=progress, stop=stop)
+            run_releases(
+                protocol=protocol,
+                rounds=rounds,
+                guardian=guardian,
+                journal=ReleaseJournal(
+                    settings.store.parent, config_hash=party.config_hash, length=protocol.length
+                ),
+                order=config.budget.order,
+                progress=progress,
+                stop=stop,
+            )
             progress.state = "publishing"
             progress.published = publish_release(
                 config=config,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import threading
 import time
@@ -24,7 +25,8 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.errors import InputError, ProtocolError
+from capc_common.durable import fsync_dir
+from capc_common.errors import InputError, IntegrityError, ProtocolError
 from capc_common.federation import FederationConfig
 from capc_common.federation.releases import ReleaseProtocol
 from capc_common.mechanisms import reveal
@@ -168,6 +170,53 @@ class ReleaseRounds:
         raise InputError(f"release {current.release_id} was not collected: the student is stopping")
 
 
+class ReleaseJournal:
+    """The revealed totals, each durable before the student uses it: a restarted student replays them instead
+    of paying for them again (what was paid for is never lost; a crash between the guardian's charge and this
+    write loses that one total — an over-count, never an under-count).
+
+    Args:
+        directory: the student's state directory; the journal lives in ``releases-<config hash>`` below it,
+            so another federation config never replays these totals.
+        config_hash: the federation's config hash.
+        length: coordinates of every total.
+    """
+
+    def __init__(self, directory: Path, *, config_hash: str, length: int) -> None:
+        self.directory = directory / f"releases-{config_hash[:16]}"
+        self.length = length
+
+    def totals(self) -> list[npt.NDArray[np.int64]]:
+        """The journaled totals in release order.
+
+        Raises:
+            IntegrityError: a gap in the rounds or a total of the wrong shape (restore or remove the journal).
+        """
+        files = sorted(self.directory.glob("*.npy")) if self.directory.is_dir() else []
+        totals = []
+        for expected, path in enumerate(files):
+            total = np.load(path)
+            if path.stem != f"{expected:06d}" or total.shape != (self.length,) or total.dtype != np.int64:
+                raise IntegrityError(
+                    f"release journal {self.directory} is damaged at {path.name} (round {expected} expected, "
+                    f"{self.length} int64 values); restore it from a backup"
+                )
+            totals.append(total)
+        return totals
+
+    def append(self, round: int, total: npt.NDArray[np.int64]) -> None:
+        """Write one round's total durably (temporary file, fsync, rename, fsync of the directory)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"{round:06d}.npy"
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("wb") as handle:
+            np.save(handle, total)
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+        fsync_dir(self.directory)
+
+
 class ReleaseClient:
     """The student's link to the guardian for releases (mTLS, the federation hash on every call)."""
 
@@ -210,10 +259,13 @@ def run_releases(
     protocol: ReleaseProtocol,
     rounds: ReleaseRounds,
     guardian: ReleaseClient,
+    journal: ReleaseJournal,
+    order: float,
     progress: ReleaseProgress,
     stop: threading.Event,
 ) -> None:
-    """Every planned release, one after another: open, collect, release, reveal, learn.
+    """Every planned release not in the journal, one after another: open, collect, release, reveal, journal,
+    learn. Journaled totals are replayed first (no new release, no new charge).
 
     Raises:
         CapcError: the guardian refused a release (e.g. the budget is exhausted) or a total was malformed.
@@ -221,7 +273,11 @@ def run_releases(
     """
     prefix = secrets.token_hex(6)  # fresh ids after a restart: the ledger never answers one id twice
     progress.rounds = protocol.rounds
-    for t in range(protocol.rounds):
+    done = journal.totals()[: protocol.rounds]
+    for total in done:
+        protocol.absorb(total)
+    progress.rounds_done, progress.rdp_spent = len(done), len(done) * protocol.release_rdp(order)
+    for t in range(len(done), protocol.rounds):
         release_id = f"release-{prefix}-{t}"
         rounds.open(release_id, round=t, state=protocol.state())
         progress.state = f"collecting release {t + 1} of {protocol.rounds}"
@@ -229,7 +285,9 @@ def run_releases(
         masked, charged = guardian.release(release_id, list(shares))
         if masked.shape != (rounds.length,):
             raise ProtocolError(f"guardian sent a total of shape {masked.shape}; expected ({rounds.length},)")
-        protocol.absorb(reveal(list(shares.values()), masked))
+        total = reveal(list(shares.values()), masked)
+        journal.append(t, total)
+        protocol.absorb(total)
         progress.rounds_done, progress.rdp_spent = t + 1, progress.rdp_spent + charged
         progress.last_parties = list(shares)
         _log.info("released", extra={"release_id": release_id, "parties": list(shares), "rdp": charged})
@@ -273,6 +331,7 @@ def publish_release(
         "privacy": {
             "epsilon": epsilon,
             "delta": b.delta,
+            "delta_sampler": protocol.sampler_delta(epsilon=epsilon),
             "order": b.order,
             "rdp_spent": progress.rdp_spent,
             "releases": progress.rounds_done,

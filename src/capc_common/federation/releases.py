@@ -97,6 +97,18 @@ class ReleaseProtocol(ABC):
         """RDP of one release at the ledger's order (what the guardian charges per release)."""
         return float(self.mechanism.release_rdp(np.array([order], dtype=np.float64))[0])
 
+    def sampler_delta(self, *, epsilon: float) -> float:
+        """What the noise tables' distance from the exact discrete Gaussian adds to δ: the released totals
+        depend on ``rounds × length`` noise values, each within its table's bound
+        (:func:`~capc_common.privacy.analysis.delta_with_sampler_distance`)."""
+        from capc_common.privacy.analysis import delta_with_sampler_distance
+        from capc_common.privacy.noise import discrete_gaussian_table
+
+        eta = max(
+            discrete_gaussian_table(sigma=float(s)).distance_bound for s in np.unique(self.mechanism.sigmas())
+        )
+        return delta_with_sampler_distance(epsilon=epsilon, draws=self.rounds * self.length, distance=eta)
+
     @abstractmethod
     def state(self) -> npt.NDArray[np.float64]:
         """The public state the parties compute the next contribution at (empty when there is none)."""
