@@ -14,6 +14,12 @@ accounted rigorously:
   RDP accountant (continuous Gaussian, Mironov et al.'s exact subsampled analysis), same hyper-parameters;
 * ``dppl`` — DP prototypes (:class:`~capc_common.mechanisms.DPPrototypes`): one noisy release of per-class
   sums and counts, nearest prototype by cosine, zCDP accounting;
+* ``prom-pate`` — Prom-PATE (:mod:`capc_common.learn.prompts`, :mod:`capc_common.mechanisms.prompate`):
+  each party's first ``teachers_per_party × shard`` records become that many teachers, each a visual prompt
+  plus a linear label map trained on its shard alone through the frozen backbone (current statistics);
+  they vote on dead-leaves queries, Confident-GNMax (T, σ1, σ2 as fractions of the teacher count)
+  answers them within the budget, and the library's student learns the answers (same query features as
+  Private-kNN's student);
 * ``private-knn`` — Private-kNN (:class:`~capc_common.mechanisms.PrivateKNN`) on synthetic (dead-leaves)
   queries, no public data: every party's Poisson-subsampled records vote by k nearest neighbours, GNMax
   labels every query, the student is a linear head on the labelled queries (the library's student).
@@ -59,7 +65,7 @@ from capc_common.privacy.analysis import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("local-only", "secagg-dpsgd", "central-dpsgd", "dppl", "private-knn")
+METHODS = ("local-only", "secagg-dpsgd", "central-dpsgd", "dppl", "private-knn", "prom-pate")
 EPSILONS = (0.5, 1.0, 2.0, 3.0, 6.0, 10.0)
 DELTA = 1e-5
 #: Rényi orders for calibration (the default grid up to 256: larger orders never win at these budgets).
@@ -70,6 +76,19 @@ HYPER = {
     "dppl": {"count_share": 0.1, "metric": "euclidean"},
     "knn": {"queries": 500, "neighbours": 50, "sampling_rate": 0.2, "generator": "dead_leaves"},
     "local": {"optimizer": "lbfgs", "l2": 1e-3, "steps": 50},
+    "prompate": {
+        "teachers_per_party": 10,
+        "shard": 64,
+        "queries": 1024,
+        "generator": "dead_leaves",
+        "kind": "pad",
+        "width": 3,
+        "steps": 3,
+        "prompt_lr": 0.05,
+        "threshold": 0.6,
+        "sigma1": 0.7,
+        "sigma2": 0.16,
+    },
 }
 FIELDS = (
     "method",
@@ -120,7 +139,7 @@ def parties_of(x: np.ndarray, y: np.ndarray, *, scheme: str, parties: int, seed:
     """The parties' disjoint shards (public, seeded assignment)."""
     extra = {"imbalance_ratio": 10.0} if scheme == "imbalanced" else {}
     shards = partition(y, shards=parties, scheme=scheme, seed=seed, **extra)
-    return [PartyData(f"party-{i}", x[s], y[s]) for i, s in enumerate(shards)]
+    return [PartyData(f"party-{i}", x[s], y[s], index=np.asarray(s)) for i, s in enumerate(shards)]
 
 
 def accuracy(predicted: npt.ArrayLike, labels: npt.ArrayLike) -> float:
@@ -247,21 +266,19 @@ def dppl(
     }
 
 
-def _query_features(args: argparse.Namespace) -> np.ndarray:
-    """Features of the synthetic query stream (per example, like the parties'), cached; raw pixels for
-    the digits proxy."""
+def _query_images(args: argparse.Namespace, h: dict[str, Any]) -> np.ndarray:
+    """The synthetic query stream of a method (uint8, the dataset's image size)."""
     from capc_common.synth import generate
 
-    h = HYPER["knn"]
     side = 8 if args.dataset == "digits" else 28
+    return generate(h["generator"], seed=1, start=0, count=h["queries"], height=side, width=side, channels=1)
 
-    def images() -> np.ndarray:
-        return generate(
-            h["generator"], seed=1, start=0, count=h["queries"], height=side, width=side, channels=1
-        )
 
+def _query_features(args: argparse.Namespace, h: dict[str, Any] = HYPER["knn"]) -> np.ndarray:
+    """Features of the synthetic query stream (per example, like the parties'), cached; raw pixels for
+    the digits proxy."""
     if args.dataset == "digits":
-        return normalise(images().reshape(h["queries"], -1).astype(np.float32))
+        return normalise(_query_images(args, h).reshape(h["queries"], -1).astype(np.float32))
     from capc_common.learn.featurizers import BackboneFeaturizer
     from capc_common.models import default_backbone, load_backbone
 
@@ -273,7 +290,9 @@ def _query_features(args: argparse.Namespace) -> np.ndarray:
         "count": h["queries"],
     }
     cache = FeatureCache(args.cache_dir)
-    return normalise(cache.get_or_compute(key, lambda: fz.extract(images(), bn_batch=64, mode="running")))
+    return normalise(
+        cache.get_or_compute(key, lambda: fz.extract(_query_images(args, h), bn_batch=64, mode="running"))
+    )
 
 
 def private_knn(
@@ -311,12 +330,93 @@ def private_knn(
     }
 
 
+def _train_images(args: argparse.Namespace) -> np.ndarray:
+    """The training images whose features :func:`load_features` returns, row for row (uint8 NHWC)."""
+    from capc_common.data import load_dataset
+
+    images = load_dataset(args.dataset, split="train").images[: args.train_limit]
+    if args.evaluate_on == "validation":
+        images = images[: len(images) - args.validation]
+    return images
+
+
+#: Prom-PATE's teachers and votes per set of parties: a deterministic function of the shards and the queries,
+#: so the benchmark makes them once per partition and seed and answers them at every ε (fresh noise each).
+_PROMPT_VOTES: dict[tuple[int, bytes], tuple[Any, np.ndarray, float, float]] = {}
+
+
+def prom_pate(
+    parties: list[PartyData],
+    ex: np.ndarray,
+    ey: np.ndarray,
+    *,
+    epsilon: float,
+    seed: int,
+    images: np.ndarray,
+    queries: tuple[np.ndarray, np.ndarray],
+) -> dict[str, Any]:
+    """Prompted teachers on every party's shards, Confident-GNMax within the budget, the library's student."""
+    import hashlib
+
+    from capc_common.learn.prompts import PromptRecipe, train_prompted_teachers
+    from capc_common.mechanisms import ConfidentGNMax
+    from capc_common.mechanisms.prompate import run_prom_pate
+    from capc_common.models import default_backbone, load_backbone
+
+    h = HYPER["prompate"]
+    k, size = h["teachers_per_party"], h["shard"]
+    shards, labels = [], np.full(len(images), -1, np.int64)
+    for p in parties:
+        if p.index is None or len(p.index) < k * size:
+            raise SystemExit(f"{p.name} holds fewer than {k}×{size} records; lower prompate.shard")
+        shards += [p.index[i * size : (i + 1) * size] for i in range(k)]
+        labels[p.index] = p.labels
+    query_features, query_images = queries
+    key = (seed, hashlib.sha256(np.concatenate(shards).tobytes()).digest())
+    if key not in _PROMPT_VOTES:
+        t0 = time.perf_counter()
+        side = images.shape[1]
+        recipe = PromptRecipe(kind=h["kind"], width=h["width"], steps=h["steps"], prompt_lr=h["prompt_lr"])
+        teachers = train_prompted_teachers(
+            load_backbone(default_backbone(side, side, 1)), images, labels, shards, classes=10, recipe=recipe
+        )
+        trained = time.perf_counter() - t0
+        hist = teachers.histograms(query_images)
+        voting = time.perf_counter() - t0 - trained
+        _PROMPT_VOTES[key] = (teachers, hist, trained / len(shards), voting)
+        log(f"prom-pate: {len(shards)} teachers, {trained / len(shards):.2f} s each, votes {voting:.0f} s")
+    teachers, hist, per_teacher, voting = _PROMPT_VOTES[key]
+    n = len(shards)
+    mechanism = ConfidentGNMax(
+        classes=10, teachers=n, threshold=h["threshold"] * n, sigma1=h["sigma1"] * n, sigma2=h["sigma2"] * n
+    )
+    result = run_prom_pate(
+        teachers,
+        query_images,
+        student_features=query_features,
+        mechanism=mechanism,
+        epsilon=epsilon,
+        delta=DELTA,
+        histograms=hist,
+        seed=seed,
+    )
+    a = result.answers
+    return {
+        "accuracy": 0.0 if result.student is None else accuracy(result.student.predict(ex), ey),
+        "epsilon": a.epsilon,
+        "released": a.answered,
+        "noise": f"T={mechanism.threshold:g} σ1={mechanism.sigma1:g} σ2={mechanism.sigma2:g}, {n} teachers "
+        f"({per_teacher:.2f} s each, votes {voting:.0f} s), {a.queries} asked",
+    }
+
+
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     "local-only": local_only,
     "secagg-dpsgd": secagg_dpsgd,
     "central-dpsgd": central_dpsgd,
     "dppl": dppl,
     "private-knn": private_knn,
+    "prom-pate": prom_pate,
 }
 
 
@@ -460,6 +560,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     extra: dict[str, dict[str, Any]] = {m: {} for m in METHODS}
     if "private-knn" in args.methods:
         extra["private-knn"]["queries"] = _query_features(args)
+    if "prom-pate" in args.methods:
+        h = HYPER["prompate"]
+        extra["prom-pate"] = {
+            "images": _train_images(args),
+            "queries": (_query_features(args, h), _query_images(args, h)),
+        }
     for part in args.partitions:
         for seed in args.seeds:
             parties = parties_of(tx, ty, scheme=part, parties=args.parties, seed=seed)
