@@ -9,6 +9,10 @@ Two families share the engine's parties, sharing, guardian and ledger:
 * release (:class:`ReleaseMechanism`): parties contribute fixed-point integer vectors and the guardian's
   noisy total is released — :class:`DPPrototypes` (DPPL) and :class:`SecureDPSGD` (one release per round).
 
+Prom-PATE is a selection mechanism with another kind of teacher (:mod:`capc_common.learn.prompts`); its
+central runner is :func:`run_prom_pate`, which charges any selection mechanism through
+:func:`answer_within_budget`.
+
 The central runners (:mod:`capc_common.mechanisms.central`, ``capc dietpate run``) and the federation's
 services take such an object; neither branches on a mechanism's name.
 """
@@ -17,6 +21,7 @@ from capc_common.mechanisms.base import BatchNoise, SelectionMechanism
 from capc_common.mechanisms.dpsgd import SecureDPSGD, poisson_sample
 from capc_common.mechanisms.knn import PrivateKNN
 from capc_common.mechanisms.pate import ConfidentGNMax, GNMax, LNMax
+from capc_common.mechanisms.prompate import Answers, PromPATEResult, answer_within_budget, run_prom_pate
 from capc_common.mechanisms.prototypes import DPPrototypes, nearest_prototype, normalise
 from capc_common.mechanisms.release import (
     FixedPoint,
@@ -28,6 +33,7 @@ from capc_common.mechanisms.release import (
 )
 
 __all__ = [
+    "Answers",
     "BatchNoise",
     "ConfidentGNMax",
     "DPPrototypes",
@@ -35,14 +41,17 @@ __all__ = [
     "GNMax",
     "LNMax",
     "PrivateKNN",
+    "PromPATEResult",
     "ReleaseMechanism",
     "SecureDPSGD",
     "SelectionMechanism",
+    "answer_within_budget",
     "calibrate",
     "masked_total",
     "nearest_prototype",
     "normalise",
     "poisson_sample",
     "reveal",
+    "run_prom_pate",
     "share_contribution",
 ]
