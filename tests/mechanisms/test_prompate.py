@@ -9,7 +9,7 @@ from capc_common.aggregation import UNANSWERED, mechanism_noise
 from capc_common.data import load_dataset
 from capc_common.learn.prompts import PromptRecipe, train_prompted_teachers
 from capc_common.mechanisms import ConfidentGNMax
-from capc_common.mechanisms.prompate import answer_within_budget, run_prom_pate
+from capc_common.mechanisms.prompate import answer_within_budget, release_and_learn, run_prom_pate
 from capc_common.models import default_backbone, extract_features, load_backbone
 from capc_common.privacy import ConfidentGNMaxAccountant
 from capc_common.privacy.analysis import epsilon_from_rdp
@@ -23,18 +23,17 @@ MECHANISM = {"teachers": TEACHERS, "classes": 10, "threshold": 6.0, "sigma1": 3.
 
 def _release(teachers, queries, feats, histograms=None):
     """Votes (unless given), ε 10 of Confident-GNMax with seeded noise, the student."""
-    return run_prom_pate(
-        teachers,
-        queries,
-        student_features=feats,
-        mechanism=ConfidentGNMax(**MECHANISM),
-        epsilon=10.0,
-        delta=1e-5,
-        histograms=histograms,
-        vote_batch=2 * BN,
-        answer_batch=64,
-        noise=mechanism_noise(seed="prompate-test"),
-    )
+    settings = {
+        "student_features": feats,
+        "mechanism": ConfidentGNMax(**MECHANISM),
+        "epsilon": 10.0,
+        "delta": 1e-5,
+        "answer_batch": 64,
+        "noise": mechanism_noise(seed="prompate-test"),
+    }
+    if histograms is not None:
+        return release_and_learn(histograms, **settings)
+    return run_prom_pate(teachers, queries, vote_batch=2 * BN, **settings)
 
 
 @pytest.fixture(scope="module")

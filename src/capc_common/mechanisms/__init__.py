@@ -21,7 +21,13 @@ from capc_common.mechanisms.base import BatchNoise, SelectionMechanism
 from capc_common.mechanisms.dpsgd import SecureDPSGD, poisson_sample
 from capc_common.mechanisms.knn import PrivateKNN
 from capc_common.mechanisms.pate import ConfidentGNMax, GNMax, LNMax
-from capc_common.mechanisms.prompate import Answers, PromPATEResult, answer_within_budget, run_prom_pate
+from capc_common.mechanisms.prompate import (
+    Answers,
+    PromPATEResult,
+    answer_within_budget,
+    release_and_learn,
+    run_prom_pate,
+)
 from capc_common.mechanisms.prototypes import DPPrototypes, nearest_prototype, normalise
 from capc_common.mechanisms.release import (
     FixedPoint,
@@ -51,6 +57,7 @@ __all__ = [
     "nearest_prototype",
     "normalise",
     "poisson_sample",
+    "release_and_learn",
     "reveal",
     "run_prom_pate",
     "share_contribution",

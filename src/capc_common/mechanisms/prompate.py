@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from capc_common.learn.student import StudentFit
     from capc_common.mechanisms.base import SelectionMechanism
 
-__all__ = ["Answers", "PromPATEResult", "answer_within_budget", "run_prom_pate"]
+__all__ = ["Answers", "PromPATEResult", "answer_within_budget", "release_and_learn", "run_prom_pate"]
 
 
 @dataclass(frozen=True)
@@ -123,53 +123,43 @@ class PromPATEResult:
     student: StudentFit | None
 
 
-def run_prom_pate(
-    teachers: PromptedTeachers,
-    queries: npt.NDArray[np.uint8],
+def release_and_learn(
+    histograms: npt.ArrayLike,
     *,
     student_features: npt.ArrayLike,
     mechanism: SelectionMechanism,
     epsilon: float,
     delta: float,
-    histograms: npt.ArrayLike | None = None,
-    vote_batch: int = 256,
     answer_batch: int = 256,
     noise: MechanismNoise | None = None,
     seed: int = 0,
 ) -> PromPATEResult:
-    """The whole central Prom-PATE after training: votes, budgeted answers, student.
+    """Answer the teachers' votes within the budget and train the library's student on the answers.
+
+    The votes are a deterministic function of the teachers and the public queries (computing them costs no
+    privacy), so a caller may keep them and release them afresh at several budgets.
 
     Args:
-        teachers: the prompted teachers (:func:`~capc_common.learn.prompts.train_prompted_teachers`).
-        queries: uint8 synthetic query images ``(Q, H, W, C)`` (public).
+        histograms: ``(Q, classes)`` votes on the queries, in query order.
         student_features: ``(Q, dim)`` the student's features of the same queries.
-        mechanism: the selection mechanism (its ``classes`` must be the teachers').
+        mechanism: the selection mechanism (its ``classes`` are the histograms').
         epsilon: the budget ε.
         delta: δ.
-        histograms: the teachers' votes on ``queries`` if already computed (they are a deterministic
-            function of teachers and queries and cost nothing; a benchmark reuses them across budgets).
-        vote_batch: the teachers' voting batch (BatchNorm chunks never cross it).
         answer_batch: queries per budgeted batch.
         noise: both parties' noise sources (CSPRNGs by default; seeded only in tests).
         seed: the student's hold-out split and initialisation (public randomness).
 
     Raises:
-        InputError: mismatched classes or shapes, or a budget that cannot pay for one query.
+        InputError: mismatched shapes, or a budget that cannot pay for one query.
     """
     from capc_common.learn.student import train_student
 
-    if mechanism.classes != teachers.classes:
-        raise InputError(f"the mechanism has {mechanism.classes} classes but the teachers {teachers.classes}")
+    hist = check_histograms(histograms, classes=mechanism.classes)
     feats = np.asarray(student_features, dtype=np.float32)
-    if feats.ndim != 2 or feats.shape[0] != len(queries):
-        raise InputError(f"student_features must be ({len(queries)}, dim), got {feats.shape}")
-    hist = (
-        teachers.histograms(queries, batch=vote_batch)
-        if histograms is None
-        else check_histograms(histograms, classes=teachers.classes)
-    )
-    if len(hist) != len(queries):
-        raise InputError(f"{len(hist)} histograms for {len(queries)} queries")
+    if feats.ndim != 2 or feats.shape[0] != len(hist):
+        raise InputError(
+            f"student_features must be ({len(hist)}, dim) like the histograms, got {feats.shape}"
+        )
     answers = answer_within_budget(
         hist, mechanism=mechanism, epsilon=epsilon, delta=delta, batch=answer_batch, noise=noise
     )
@@ -180,8 +170,52 @@ def run_prom_pate(
         student = train_student(
             asked[done],
             answers.labels[done],
-            classes=teachers.classes,
+            classes=mechanism.classes,
             unlabelled=asked[~done] if np.any(~done) else None,
             seed=seed,
         )
     return PromPATEResult(histograms=hist, answers=answers, student=student)
+
+
+def run_prom_pate(
+    teachers: PromptedTeachers,
+    queries: npt.NDArray[np.uint8],
+    *,
+    student_features: npt.ArrayLike,
+    mechanism: SelectionMechanism,
+    epsilon: float,
+    delta: float,
+    vote_batch: int = 256,
+    answer_batch: int = 256,
+    noise: MechanismNoise | None = None,
+    seed: int = 0,
+) -> PromPATEResult:
+    """The whole central Prom-PATE after training: the teachers vote, then :func:`release_and_learn`.
+
+    Args:
+        teachers: the prompted teachers (:func:`~capc_common.learn.prompts.train_prompted_teachers`).
+        queries: uint8 synthetic query images ``(Q, H, W, C)`` (public).
+        student_features: ``(Q, dim)`` the student's features of the same queries.
+        mechanism: the selection mechanism (its ``classes`` must be the teachers').
+        epsilon: the budget ε.
+        delta: δ.
+        vote_batch: the teachers' voting batch (BatchNorm chunks never cross it).
+        answer_batch: queries per budgeted batch.
+        noise: both parties' noise sources (CSPRNGs by default; seeded only in tests).
+        seed: the student's hold-out split and initialisation (public randomness).
+
+    Raises:
+        InputError: mismatched classes or shapes, or a budget that cannot pay for one query.
+    """
+    if mechanism.classes != teachers.classes:
+        raise InputError(f"the mechanism has {mechanism.classes} classes but the teachers {teachers.classes}")
+    return release_and_learn(
+        teachers.histograms(queries, batch=vote_batch),
+        student_features=student_features,
+        mechanism=mechanism,
+        epsilon=epsilon,
+        delta=delta,
+        answer_batch=answer_batch,
+        noise=noise,
+        seed=seed,
+    )
