@@ -18,8 +18,8 @@ accounted rigorously:
   each party's first ``teachers_per_party × shard`` records become that many teachers, each a visual prompt
   plus a linear label map trained on its shard alone through the frozen backbone (current statistics);
   they vote on dead-leaves queries, Confident-GNMax (T, σ1, σ2 as fractions of the teacher count)
-  answers them within the budget, and the library's student learns the answers (same query features as
-  Private-kNN's student);
+  answers them within the budget, and the library's student learns the answers (on current-statistics
+  features, as ``capc dietpate run``'s student: the regime the teachers vote in);
 * ``private-knn`` — Private-kNN (:class:`~capc_common.mechanisms.PrivateKNN`) on synthetic (dead-leaves)
   queries, no public data: every party's Poisson-subsampled records vote by k nearest neighbours, GNMax
   labels every query, the student is a linear head on the labelled queries (the library's student).
