@@ -14,6 +14,12 @@ accounted rigorously:
   RDP accountant (continuous Gaussian, Mironov et al.'s exact subsampled analysis), same hyper-parameters;
 * ``dppl`` — DP prototypes (:class:`~capc_common.mechanisms.DPPrototypes`): one noisy release of per-class
   sums and counts, nearest prototype by cosine, zCDP accounting;
+* ``prom-pate`` — Prom-PATE (:mod:`capc_common.learn.prompts`, :mod:`capc_common.mechanisms.prompate`):
+  each party's first ``teachers_per_party × shard`` records become that many teachers, each a visual prompt
+  plus a linear label map trained on its shard alone through the frozen backbone (current statistics);
+  they vote on dead-leaves queries, Confident-GNMax (T, σ1, σ2 as fractions of the teacher count)
+  answers them within the budget, and the library's student learns the answers (on current-statistics
+  features, as ``capc dietpate run``'s student: the regime the teachers vote in);
 * ``private-knn`` — Private-kNN (:class:`~capc_common.mechanisms.PrivateKNN`) on synthetic (dead-leaves)
   queries, no public data: every party's Poisson-subsampled records vote by k nearest neighbours, GNMax
   labels every query, the student is a linear head on the labelled queries (the library's student).
@@ -65,7 +71,7 @@ from capc_common.privacy.analysis import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("local-only", "secagg-dpsgd", "central-dpsgd", "dppl", "private-knn")
+METHODS = ("local-only", "secagg-dpsgd", "central-dpsgd", "dppl", "private-knn", "prom-pate")
 EPSILONS = (0.5, 1.0, 2.0, 3.0, 6.0, 10.0)
 DELTA = 1e-5
 #: Rényi orders for calibration (the default grid up to 256: larger orders never win at these budgets).
@@ -76,6 +82,19 @@ HYPER = {
     "dppl": {"count_share": 0.1, "metric": "euclidean"},
     "knn": {"queries": 500, "neighbours": 50, "sampling_rate": 0.2, "generator": "dead_leaves"},
     "local": {"optimizer": "lbfgs", "l2": 1e-3, "steps": 50},
+    "prompate": {
+        "teachers_per_party": 10,
+        "shard": 64,
+        "queries": 1024,
+        "generator": "dead_leaves",
+        "kind": "pad",
+        "width": 3,
+        "steps": 3,
+        "prompt_lr": 0.05,
+        "threshold": 0.6,
+        "sigma1": 0.7,
+        "sigma2": 0.16,
+    },
 }
 FIELDS = (
     "method",
@@ -126,7 +145,7 @@ def parties_of(x: np.ndarray, y: np.ndarray, *, scheme: str, parties: int, seed:
     """The parties' disjoint shards (public, seeded assignment)."""
     extra = {"imbalance_ratio": 10.0} if scheme == "imbalanced" else {}
     shards = partition(y, shards=parties, scheme=scheme, seed=seed, **extra)
-    return [PartyData(f"party-{i}", x[s], y[s]) for i, s in enumerate(shards)]
+    return [PartyData(f"party-{i}", x[s], y[s], index=np.asarray(s)) for i, s in enumerate(shards)]
 
 
 def accuracy(predicted: npt.ArrayLike, labels: npt.ArrayLike) -> float:
@@ -253,21 +272,20 @@ def dppl(
     }
 
 
+def _query_images(args: argparse.Namespace, h: dict[str, Any]) -> np.ndarray:
+    """The synthetic query stream of a method (uint8, the dataset's image size)."""
+    from capc_common.synth import generate
+
+    side = 8 if args.dataset == "digits" else 28
+    return generate(h["generator"], seed=1, start=0, count=h["queries"], height=side, width=side, channels=1)
+
+
 def _query_features(args: argparse.Namespace) -> np.ndarray:
     """Features of the synthetic query stream (per example, like the parties'), cached; raw pixels for
     the digits proxy."""
-    from capc_common.synth import generate
-
     h = HYPER["knn"]
-    side = 8 if args.dataset == "digits" else 28
-
-    def images() -> np.ndarray:
-        return generate(
-            h["generator"], seed=1, start=0, count=h["queries"], height=side, width=side, channels=1
-        )
-
     if args.dataset == "digits":
-        return normalise(images().reshape(h["queries"], -1).astype(np.float32))
+        return normalise(_query_images(args, h).reshape(h["queries"], -1).astype(np.float32))
     from capc_common.learn.featurizers import BackboneFeaturizer
     from capc_common.models import default_backbone, load_backbone
 
@@ -279,7 +297,9 @@ def _query_features(args: argparse.Namespace) -> np.ndarray:
         "count": h["queries"],
     }
     cache = FeatureCache(args.cache_dir)
-    return normalise(cache.get_or_compute(key, lambda: fz.extract(images(), bn_batch=64, mode="running")))
+    return normalise(
+        cache.get_or_compute(key, lambda: fz.extract(_query_images(args, h), bn_batch=64, mode="running"))
+    )
 
 
 def private_knn(
@@ -313,12 +333,118 @@ def private_knn(
     }
 
 
+def _prompate_data(args: argparse.Namespace) -> dict[str, Any]:
+    """What Prom-PATE needs besides the parties: the training images (row for row with the parties'
+    features), the query images, and the student's features of the queries and of the evaluation images.
+
+    The student is the library's student as ``capc dietpate run`` uses it: a head on the shared backbone
+    with BatchNorm *current statistics* (chunks of 64), the regime the teachers vote in. (The benchmark's
+    per-example running-statistics features, which the other methods share, gave it 10–25 % on the test
+    set at ε 1–10: synthetic queries and real images are not comparable under running statistics.)
+    """
+    from capc_common.data import load_dataset
+    from capc_common.models import default_backbone, extract_features, load_backbone
+
+    h = HYPER["prompate"]
+    images = load_dataset(args.dataset, split="train").images[: args.train_limit]
+    if args.evaluate_on == "validation":
+        cut = len(images) - args.validation
+        images, evaluation = images[:cut], images[cut:]
+    else:
+        evaluation = load_dataset(args.dataset, split="test").images[: args.test_limit]
+    side = images.shape[1]
+    backbone = load_backbone(default_backbone(side, side, 1))
+    queries = _query_images(args, h)
+    return {
+        "images": images,
+        "queries": (extract_features(backbone, queries, bn_batch=64), queries),
+        "evaluation": extract_features(backbone, evaluation, bn_batch=64),
+        "cache": FeatureCache(args.cache_dir),
+    }
+
+
+def prom_pate(
+    parties: list[PartyData],
+    ex: np.ndarray,
+    ey: np.ndarray,
+    *,
+    epsilon: float,
+    seed: int,
+    images: np.ndarray,
+    queries: tuple[np.ndarray, np.ndarray],
+    evaluation: np.ndarray,
+    cache: FeatureCache,
+) -> dict[str, Any]:
+    """Prompted teachers on every party's shards, Confident-GNMax within the budget, the library's student.
+
+    The teachers' votes are a deterministic function of the shards, the recipe and the queries: they are
+    cached (``--cache-dir``) and answered afresh (new noise) at every ε.
+    """
+    import hashlib
+
+    from capc_common.dietpate.cache import digest_indices
+    from capc_common.learn.prompts import PromptRecipe, train_prompted_teachers
+    from capc_common.mechanisms import ConfidentGNMax
+    from capc_common.mechanisms.prompate import release_and_learn
+    from capc_common.models import default_backbone, load_backbone
+
+    h = HYPER["prompate"]
+    k, size = h["teachers_per_party"], h["shard"]
+    shards, labels = [], np.full(len(images), -1, np.int64)
+    for p in parties:
+        if p.index is None or len(p.index) < k * size:
+            raise SystemExit(f"{p.name} holds fewer than {k}×{size} records; lower prompate.shard")
+        shards += [p.index[i * size : (i + 1) * size] for i in range(k)]
+        labels[p.index] = p.labels
+    query_features, query_images = queries
+    side = images.shape[1]
+    backbone = load_backbone(default_backbone(side, side, 1))
+    recipe = PromptRecipe(kind=h["kind"], width=h["width"], steps=h["steps"], prompt_lr=h["prompt_lr"])
+    n = len(shards)
+    timing = {"per_teacher": math.nan, "votes": math.nan}
+
+    def votes() -> np.ndarray:
+        t0 = time.perf_counter()
+        teachers = train_prompted_teachers(backbone, images, labels, shards, classes=10, recipe=recipe)
+        timing["per_teacher"] = (time.perf_counter() - t0) / n
+        t1 = time.perf_counter()
+        hist = teachers.histograms(query_images)
+        timing["votes"] = time.perf_counter() - t1
+        log(f"prom-pate: {n} teachers, {timing['per_teacher']:.2f} s each, votes {timing['votes']:.0f} s")
+        return hist
+
+    key = {
+        "kind": "prompate-votes",
+        "map": backbone.sha256,
+        "data": hashlib.sha256(images[np.concatenate(shards)].tobytes() + labels.tobytes()).hexdigest(),
+        "shards": digest_indices(np.concatenate([*shards, [n]])),
+        "recipe": recipe.describe(),
+        "queries": {"generator": h["generator"], "count": h["queries"]},
+    }
+    hist = cache.get_or_compute(key, votes)
+    mechanism = ConfidentGNMax(
+        classes=10, teachers=n, threshold=h["threshold"] * n, sigma1=h["sigma1"] * n, sigma2=h["sigma2"] * n
+    )
+    result = release_and_learn(
+        hist, student_features=query_features, mechanism=mechanism, epsilon=epsilon, delta=DELTA, seed=seed
+    )
+    a = result.answers
+    return {
+        "accuracy": 0.0 if result.student is None else accuracy(result.student.predict(evaluation), ey),
+        "epsilon": a.epsilon,
+        "released": a.answered,
+        "noise": f"T={mechanism.threshold:g} σ1={mechanism.sigma1:g} σ2={mechanism.sigma2:g}, {n} teachers "
+        f"({timing['per_teacher']:.2f} s each, votes {timing['votes']:.0f} s; nan: cached) {a.queries} asked",
+    }
+
+
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     "local-only": local_only,
     "secagg-dpsgd": secagg_dpsgd,
     "central-dpsgd": central_dpsgd,
     "dppl": dppl,
     "private-knn": private_knn,
+    "prom-pate": prom_pate,
 }
 
 
@@ -462,6 +588,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     extra: dict[str, dict[str, Any]] = {m: {} for m in METHODS}
     if "private-knn" in args.methods:
         extra["private-knn"]["queries"] = _query_features(args)
+    if "prom-pate" in args.methods:
+        extra["prom-pate"] = _prompate_data(args)
     for part in args.partitions:
         for seed in args.seeds:
             parties = parties_of(tx, ty, scheme=part, parties=args.parties, seed=seed)

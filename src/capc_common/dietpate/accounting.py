@@ -16,7 +16,7 @@ histograms and is reported as *unsanitised*.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +26,10 @@ from capc_common.errors import InputError
 from capc_common.privacy import DataDependentPATEAccountant, RenyiFilter
 from capc_common.privacy.analysis import DEFAULT_ORDERS, rdp_budget_curve
 
-__all__ = ["RunBudget", "make_budget"]
+if TYPE_CHECKING:
+    from capc_common.mechanisms import SelectionMechanism
+
+__all__ = ["RunBudget", "make_budget", "plan_budget"]
 
 
 @dataclass
@@ -111,39 +114,64 @@ class RunBudget:
 def make_budget(
     mechanism: MechanismSection, budget: BudgetSection, *, teachers: int, classes: int, smallest_batch: int
 ) -> RunBudget:
-    """Build the run's budget; with ``order: auto`` pick the order that fits the most queries.
+    """Build the run's budget from its config sections (:func:`plan_budget` on the configured mechanism).
+
+    Raises:
+        InputError: the budget cannot pay for even one batch of ``smallest_batch`` queries.
+    """
+    return plan_budget(
+        mechanism.build(teachers=teachers, classes=classes),
+        epsilon=budget.epsilon,
+        delta=budget.delta,
+        order=budget.order,
+        expected_answer_rate=budget.expected_answer_rate,
+        smallest_batch=smallest_batch,
+    )
+
+
+def plan_budget(
+    mechanism: SelectionMechanism,
+    *,
+    epsilon: float,
+    delta: float,
+    order: float | str = "auto",
+    expected_answer_rate: float = 0.3,
+    smallest_batch: int,
+) -> RunBudget:
+    """A budget for any selection mechanism; with ``order: auto`` pick the order that fits the most queries.
 
     The filter's budget at each order is :func:`~capc_common.privacy.analysis.rdp_budget_curve`, and the
     automatic order is the one that buys the most whole queries, ``⌊B(λ) / (query(λ) + r · answer(λ))⌋``, at
-    the configured ``expected_answer_rate`` r (a public planning assumption, not a data-dependent choice) —
-    the rule of :func:`capc_common.privacy.plan` (``capc budget plan``), applied to every mechanism, so a
-    Confident-GNMax run fixes the order a federation's ledger would be created with.
+    the ``expected_answer_rate`` r (a public planning assumption, not a data-dependent choice) — the rule of
+    :func:`capc_common.privacy.plan` (``capc budget plan``), applied to every mechanism, so a
+    Confident-GNMax run fixes the order a federation's ledger would be created with. Every central runner of
+    a selection mechanism (``capc dietpate run``, Prom-PATE) charges through this one budget.
 
     Raises:
         InputError: the budget cannot pay for even one batch of ``smallest_batch`` queries.
     """
     orders = np.asarray(DEFAULT_ORDERS, dtype=np.float64).ravel()
-    if budget.order != "auto":
-        orders = np.array([float(budget.order)])
-    built = mechanism.build(teachers=teachers, classes=classes)
-    per_query, per_answer = built.costs(orders)
-    budgets = rdp_budget_curve(orders, epsilon=budget.epsilon, delta=budget.delta)
-    rate = budget.expected_answer_rate
+    if order != "auto":
+        orders = np.array([float(order)])
+    per_query, per_answer = mechanism.costs(orders)
+    budgets = rdp_budget_curve(orders, epsilon=epsilon, delta=delta)
     with np.errstate(divide="ignore", invalid="ignore"):
-        capacity = np.where(budgets > 0, np.floor(budgets / (per_query + rate * per_answer)), -1.0)
+        capacity = np.where(
+            budgets > 0, np.floor(budgets / (per_query + expected_answer_rate * per_answer)), -1.0
+        )
     best = int(np.argmax(capacity))
     worst = smallest_batch * per_query[best] + smallest_batch * per_answer[best]
     if budgets[best] <= 0 or worst > budgets[best]:
         raise InputError(
-            f"budget (ε={budget.epsilon:g}, δ={budget.delta:g}) is too small for a single batch of "
+            f"budget (ε={epsilon:g}, δ={delta:g}) is too small for a single batch of "
             f"{smallest_batch} queries: its worst case needs RDP {worst:.4g} at order {orders[best]:g} "
             f"but the budget is {max(float(budgets[best]), 0.0):.4g}; raise epsilon, raise sigma, or "
             "lower bn_batch"
         )
-    order = float(orders[best])
+    chosen = float(orders[best])
     return RunBudget(
-        filter=RenyiFilter.for_budget(epsilon=budget.epsilon, delta=budget.delta, order=order),
+        filter=RenyiFilter.for_budget(epsilon=epsilon, delta=delta, order=chosen),
         query_rdp=float(per_query[best]),
         answer_rdp=float(per_answer[best]),
-        data_dependent=built.data_dependent(),
+        data_dependent=mechanism.data_dependent(),
     )

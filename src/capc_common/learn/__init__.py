@@ -1,4 +1,5 @@
-"""Learning on top of a frozen backbone: SimCLR pretraining, batched teacher heads, the student."""
+"""Learning on top of a frozen backbone: SimCLR pretraining, batched teacher heads, prompted teachers
+(Prom-PATE), the student."""
 
 from capc_common.learn.augment import AugmentConfig, augment
 from capc_common.learn.featurizers import BackboneFeaturizer, Featurizer, PixelFeaturizer
@@ -10,6 +11,7 @@ from capc_common.learn.pretrain import (
     nt_xent,
     pretrain,
 )
+from capc_common.learn.prompts import PromptedTeachers, PromptRecipe, train_prompted_teachers
 from capc_common.learn.student import StudentFit, accuracy, load_student, save_student, train_student
 from capc_common.learn.teachers import TeacherEnsemble, fit_teachers, shard_features, train_teachers
 
@@ -22,6 +24,8 @@ __all__ = [
     "PixelFeaturizer",
     "PretrainConfig",
     "PretrainResult",
+    "PromptRecipe",
+    "PromptedTeachers",
     "StudentFit",
     "TeacherEnsemble",
     "accuracy",
@@ -34,6 +38,7 @@ __all__ = [
     "save_student",
     "shard_features",
     "train_heads",
+    "train_prompted_teachers",
     "train_student",
     "train_teachers",
 ]

@@ -9,6 +9,10 @@ Two families share the engine's parties, sharing, guardian and ledger:
 * release (:class:`ReleaseMechanism`): parties contribute fixed-point integer vectors and the guardian's
   noisy total is released — :class:`DPPrototypes` (DPPL) and :class:`SecureDPSGD` (one release per round).
 
+Prom-PATE is a selection mechanism with another kind of teacher (:mod:`capc_common.learn.prompts`); its
+central runner is :func:`run_prom_pate`, which charges any selection mechanism through
+:func:`answer_within_budget`.
+
 The central runners (:mod:`capc_common.mechanisms.central`, ``capc dietpate run``) and the federation's
 services take such an object; neither branches on a mechanism's name.
 """
@@ -17,6 +21,13 @@ from capc_common.mechanisms.base import BatchNoise, SelectionMechanism
 from capc_common.mechanisms.dpsgd import SecureDPSGD, poisson_sample
 from capc_common.mechanisms.knn import PrivateKNN
 from capc_common.mechanisms.pate import ConfidentGNMax, GNMax, LNMax
+from capc_common.mechanisms.prompate import (
+    Answers,
+    PromPATEResult,
+    answer_within_budget,
+    release_and_learn,
+    run_prom_pate,
+)
 from capc_common.mechanisms.prototypes import DPPrototypes, nearest_prototype, normalise
 from capc_common.mechanisms.release import (
     FixedPoint,
@@ -29,6 +40,7 @@ from capc_common.mechanisms.release import (
 from capc_common.mechanisms.voters import HeadsVoter, KNNVoter, PartyResources, Voter, per_example
 
 __all__ = [
+    "Answers",
     "BatchNoise",
     "ConfidentGNMax",
     "DPPrototypes",
@@ -39,16 +51,20 @@ __all__ = [
     "LNMax",
     "PartyResources",
     "PrivateKNN",
+    "PromPATEResult",
     "ReleaseMechanism",
     "SecureDPSGD",
     "SelectionMechanism",
     "Voter",
+    "answer_within_budget",
     "calibrate",
     "masked_total",
     "nearest_prototype",
     "normalise",
     "per_example",
     "poisson_sample",
+    "release_and_learn",
     "reveal",
+    "run_prom_pate",
     "share_contribution",
 ]
