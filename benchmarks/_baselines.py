@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import venv
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +27,17 @@ def opacus_fit(
     model: Any,
     x: Any,
     y: Any,
+    recipe: Mapping[str, float],
     *,
     epsilon: float,
     delta: float,
     sampling_rate: float,
     steps: int,
-    clip: float,
-    learning_rate: float,
-    momentum: float,
     seed: int,
 ) -> tuple[float, float]:
     """Train ``model`` in place with Opacus DP-SGD: Poisson sampling at ``sampling_rate`` for ``steps`` steps,
-    noise calibrated to ``(epsilon, delta)`` by Opacus's RDP accountant (continuous Gaussian, Mironov et al.).
+    noise calibrated to ``(epsilon, delta)`` by Opacus's RDP accountant (continuous Gaussian, Mironov et al.),
+    clipping at ``recipe["clip"]``, SGD with ``recipe["learning_rate"]`` and ``recipe["momentum"]``.
 
     The loss is summed and divided by the *expected* batch, as Opacus's noise scale assumes.
 
@@ -50,14 +50,18 @@ def opacus_fit(
 
     torch.manual_seed(seed)
     batch = sampling_rate * len(y)
-    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=momentum)
+    optimizer = torch.optim.SGD(model.parameters(), lr=recipe["learning_rate"], momentum=recipe["momentum"])
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=round(batch))
     z = get_noise_multiplier(
         target_epsilon=epsilon, target_delta=delta, sample_rate=sampling_rate, steps=steps, accountant="rdp"
     )
     engine = PrivacyEngine(accountant="rdp")
     model, optimizer, loader = engine.make_private(
-        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=z, max_grad_norm=clip
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        noise_multiplier=z,
+        max_grad_norm=recipe["clip"],
     )
     loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
     done = 0

@@ -99,7 +99,7 @@ HYPER = {
         "learning_rate": 2.0,
         "server_momentum": 0.9,
     },
-    "capc": {"teachers_per_party": 10, "budget_queries": 900, "threshold_share": 0.6, "sigma1_ratio": 2.0},
+    "capc": {"teachers_per_party": 10, "budget_queries": 90, "threshold_share": 0.6, "sigma1_ratio": 2.0},
 }
 FIELDS = (
     "method",
@@ -173,9 +173,9 @@ def local_only(parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, **_: An
     return {"accuracy": float(per_party.mean()), "epsilon": math.inf, "released": 0, "noise": "none"}
 
 
-def _dpsgd_plan(records: int) -> tuple[float, int, float]:
-    """``(q, rounds, expected batch)`` of the fixed DP-SGD recipe for ``records`` pooled records."""
-    h = HYPER["dpsgd"]
+def _dpsgd_plan(records: int, group: str = "dpsgd") -> tuple[float, int, float]:
+    """``(q, rounds, expected batch)`` of a DP-SGD recipe (``HYPER[group]``) for ``records`` records."""
+    h = HYPER[group]
     q = min(1.0, h["batch"] / records)
     return q, max(1, round(h["epochs"] / q)), q * records
 
@@ -225,17 +225,7 @@ def central_dpsgd(
     torch.nn.init.zeros_(model.weight)
     torch.nn.init.zeros_(model.bias)
     z, spent = opacus_fit(
-        model,
-        x,
-        y,
-        epsilon=epsilon,
-        delta=DELTA,
-        sampling_rate=q,
-        steps=rounds,
-        clip=h["clip"],
-        learning_rate=h["learning_rate"],
-        momentum=h["momentum"],
-        seed=seed,
+        model, x, y, h, epsilon=epsilon, delta=DELTA, sampling_rate=q, steps=rounds, seed=seed
     )
     return {
         "accuracy": accuracy(predict(model, torch.from_numpy(ex.astype(np.float32))), ey),
@@ -418,20 +408,9 @@ def cnn_dpsgd(
         raise ValueError("the pooled images must be exactly the parties' records")
     torch.manual_seed(seed)
     model = small_cnn(x.shape[2], x.shape[1])
-    q = min(1.0, h["batch"] / len(y))
-    steps = max(1, round(h["epochs"] / q))
+    q, steps, _ = _dpsgd_plan(len(y), "cnn")
     z, spent = opacus_fit(
-        model,
-        x,
-        y,
-        epsilon=epsilon,
-        delta=DELTA,
-        sampling_rate=q,
-        steps=steps,
-        clip=h["clip"],
-        learning_rate=h["learning_rate"],
-        momentum=h["momentum"],
-        seed=seed,
+        model, x, y, h, epsilon=epsilon, delta=DELTA, sampling_rate=q, steps=steps, seed=seed
     )
     return {
         "accuracy": accuracy(predict(model, test_x), test_y.numpy()),
