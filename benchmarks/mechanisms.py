@@ -96,7 +96,7 @@ HYPER = {
         "local_steps": 2,
         "sampling_rate": 0.1,
         "clip": 1.0,
-        "learning_rate": 2.0,
+        "learning_rate": 8.0,
         "server_momentum": 0.9,
     },
     "capc": {"teachers_per_party": 10, "budget_queries": 90, "threshold_share": 0.6, "sigma1_ratio": 2.0},
