@@ -319,6 +319,9 @@ def private_knn(
     }
 
 
+_CAPC_TEACHERS: dict[str, Any] = {}
+
+
 def _capc(
     parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, *, epsilon: float, seed: int, greedy: bool
 ) -> dict[str, Any]:
@@ -328,9 +331,15 @@ def _capc(
     done in one pass so the teachers are trained once) and averaged, like fair.
     """
     from capc_common.learn.heads import HeadRecipe
-    from capc_common.mechanisms.capc import capc_epsilon, capc_mechanism, run_capc
+    from capc_common.mechanisms.capc import capc_epsilon, capc_mechanism, capc_teachers, run_capc
 
     h = HYPER["capc"]
+    recipe = HeadRecipe(**HYPER["local"])
+    if _CAPC_TEACHERS.get("parties") is not parties:  # the same parties for every ε and split: train once
+        _CAPC_TEACHERS.update(
+            parties=parties,
+            heads=capc_teachers(parties, per_party=h["teachers_per_party"], classes=10, recipe=recipe),
+        )
     budget = h["budget_queries"]
     mechanism = capc_mechanism(
         classes=10,
@@ -348,8 +357,9 @@ def _capc(
         queriers=range(len(parties)),
         queries_per_querier=budget if greedy else budget // (len(parties) - 1),
         teachers_per_party=h["teachers_per_party"],
-        recipe=HeadRecipe(**HYPER["local"]),
+        recipe=recipe,
         seed=seed,
+        teachers=_CAPC_TEACHERS["heads"],
     )
     per_party = (result.heads.predict(ex) == ey[None, :]).mean(axis=1)
     return {

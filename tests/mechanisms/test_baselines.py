@@ -17,7 +17,7 @@ from capc_common.data import load_dataset, partition
 from capc_common.errors import InputError
 from capc_common.learn.heads import HeadRecipe
 from capc_common.mechanisms import ConfidentGNMax, normalise
-from capc_common.mechanisms.capc import capc_epsilon, capc_mechanism, run_capc
+from capc_common.mechanisms.capc import capc_epsilon, capc_mechanism, capc_teachers, run_capc
 from capc_common.mechanisms.central import PartyData
 from capc_common.privacy import ConfidentGNMaxAccountant
 from capc_common.privacy.analysis import epsilon_from_rdp
@@ -85,6 +85,20 @@ def test_capc_labels_a_querying_partys_records_with_the_other_parties_votes():
     assert all(60 < a <= 120 for a in out.answered)
     assert min(out.label_accuracy) > 0.85
     assert (out.heads.predict(ex) == ey[None, :]).mean(axis=1).min() > 0.85
+    # teachers trained once and passed in (as the benchmark does for every ε) give the same run
+    again = run_capc(
+        parties,
+        mechanism=m,
+        queriers=[0, 2],
+        queries_per_querier=120,
+        teachers_per_party=3,
+        recipe=recipe,
+        noise=mechanism_noise(seed="capc"),
+        teachers=capc_teachers(parties, per_party=3, classes=10, recipe=recipe),
+    )
+    assert again.answered == out.answered
+    same = [np.array_equal(again.heads.params[k], out.heads.params[k]) for k in out.heads.params]
+    assert all(same)
     with pytest.raises(InputError, match="build it with teachers=12"):
         run_capc(
             parties, mechanism=m, queriers=[0], queries_per_querier=5, teachers_per_party=4, recipe=recipe

@@ -38,7 +38,7 @@ from capc_common.mechanisms.pate import ConfidentGNMax
 from capc_common.mechanisms.release import calibrate
 from capc_common.privacy.analysis import epsilon_from_rdp
 
-__all__ = ["CaPCResult", "capc_epsilon", "capc_mechanism", "run_capc"]
+__all__ = ["CaPCResult", "capc_epsilon", "capc_mechanism", "capc_teachers", "run_capc"]
 
 
 def capc_epsilon(mechanism: ConfidentGNMax, *, queries: int, orders: npt.ArrayLike, delta: float) -> float:
@@ -109,10 +109,14 @@ class CaPCResult:
     label_accuracy: list[float]
 
 
-def _teachers(
+def capc_teachers(
     parties: Sequence[PartyData], *, per_party: int, classes: int, recipe: HeadRecipe
 ) -> tuple[HeadEnsemble, npt.NDArray[np.int64]]:
-    """Every party's ``per_party`` heads on contiguous, disjoint parts of its shard; each head's party."""
+    """Every party's ``per_party`` heads on contiguous, disjoint parts of its shard; each head's party.
+
+    Deterministic (fixed-step Adam from zero), so a benchmark may train them once and pass them to
+    :func:`run_capc` for every ε and budget split.
+    """
     small = [p.name for p in parties if len(p.labels) < per_party]
     if small:
         raise InputError(f"parties {small} hold fewer records than teachers_per_party={per_party}; lower it")
@@ -143,6 +147,7 @@ def run_capc(
     recipe: HeadRecipe,
     noise: MechanismNoise | None = None,
     seed: int = 0,
+    teachers: tuple[HeadEnsemble, npt.NDArray[np.int64]] | None = None,
 ) -> CaPCResult:
     """Each querying party in turn: the other parties' heads label a random subset of its own records through
     ``mechanism``; it retrains its head on its records plus the answered ones.
@@ -156,6 +161,7 @@ def run_capc(
         recipe: how every head (teachers and the retrained querying heads) is fitted.
         noise: both noise sources (default: CSPRNGs).
         seed: which of its records a querying party sends (its own public choice).
+        teachers: :func:`capc_teachers` of these parties with this recipe, if already trained.
 
     Raises:
         InputError: a mechanism for a different number of voters, or a shard too small.
@@ -167,14 +173,16 @@ def run_capc(
             f"heads ({len(parties) - 1} parties × {teachers_per_party}); build it with teachers={voters}"
         )
     classes = mechanism.classes
-    teachers, party_of = _teachers(parties, per_party=teachers_per_party, classes=classes, recipe=recipe)
+    heads, party_of = teachers or capc_teachers(
+        parties, per_party=teachers_per_party, classes=classes, recipe=recipe
+    )
     noise = noise or mechanism_noise()
     rng = np.random.default_rng(seed)  # which own records to send: public, not secret
     xs, ys, owners, sent, answered, agree = [], [], [], [], [], []
     for k, i in enumerate(queriers):
         own = parties[i]
         pick = rng.permutation(len(own.labels))[: min(queries_per_querier, len(own.labels))]
-        votes = teachers.predict(own.features[pick])[party_of != i]
+        votes = heads.predict(own.features[pick])[party_of != i]
         histograms = np.stack([np.bincount(v, minlength=classes) for v in votes.T])
         labels = mechanism.answer(histograms, noise)
         ok = labels != UNANSWERED
@@ -184,7 +192,7 @@ def run_capc(
         sent.append(len(pick))
         answered.append(int(ok.sum()))
         agree.append(float(np.mean(labels[ok] == own.labels[pick][ok])) if ok.any() else float("nan"))
-    heads = train_heads(
+    retrained = train_heads(
         np.concatenate(xs),
         np.concatenate(ys),
         owners=np.concatenate(owners),
@@ -192,4 +200,4 @@ def run_capc(
         classes=classes,
         recipe=recipe,
     )
-    return CaPCResult(list(queriers), heads, sent, answered, agree)
+    return CaPCResult(list(queriers), retrained, sent, answered, agree)
