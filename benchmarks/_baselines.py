@@ -124,15 +124,29 @@ FLOWER_REQUIREMENT = "flwr==1.42.0"
 
 
 def flower_python(cache_dir: Path) -> Path:
-    """The interpreter of the Flower virtual environment under ``cache_dir`` (created on first use, ≈ 1 min
-    with PyPI or the local wheel mirror reachable)."""
+    """The interpreter of the Flower virtual environment under ``cache_dir``, created on first use.
+
+    A marker file is written only after the install succeeded, so an interrupted build is redone rather
+    than used half-installed.
+
+    Raises:
+        RuntimeError: the install failed or timed out; the message gives the command to run by hand.
+    """
     env = cache_dir / "flower-venv"
-    python = env / "bin" / "python"
-    if not python.exists():
+    python, marker = env / "bin" / "python", env / ".capc-installed"
+    if marker.exists():
+        return python
+    by_hand = f"python3 -m venv {env} && {env}/bin/pip install {FLOWER_REQUIREMENT} numpy && touch {marker}"
+    try:
         venv.EnvBuilder(with_pip=True, clear=True).create(env)
         subprocess.run(
             [str(python), "-m", "pip", "install", "-q", FLOWER_REQUIREMENT, "numpy"], check=True, timeout=900
         )
+    except (subprocess.SubprocessError, OSError) as exc:
+        raise RuntimeError(
+            f"could not build Flower's environment ({exc}); build it by hand: {by_hand}"
+        ) from exc
+    marker.touch()
     return python
 
 
