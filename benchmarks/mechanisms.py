@@ -22,7 +22,15 @@ accounted rigorously:
   features, as ``capc dietpate run``'s student: the regime the teachers vote in);
 * ``private-knn`` — Private-kNN (:class:`~capc_common.mechanisms.PrivateKNN`) on synthetic (dead-leaves)
   queries, no public data: every party's Poisson-subsampled records vote by k nearest neighbours, GNMax
-  labels every query, the student is a linear head on the labelled queries (the library's student).
+  labels every query, the student is a linear head on the labelled queries (the library's student);
+* ``capc-fair`` / ``capc-greedy`` — CaPC in plaintext (:mod:`capc_common.mechanisms.capc`): a querying
+  party's own records are labelled by the other parties' heads through Confident-GNMax and it retrains its
+  head on its records plus the answered ones; fair splits the query budget over all parties, greedy gives it
+  to one (mean over which); the accounting is the Confident-GNMax object's, all queries charged as answered;
+* ``cnn-dpsgd`` — a small CNN end to end on the pooled images (no backbone), Opacus DP-SGD (``_baselines``);
+* ``dp-fedavg`` — DP federated averaging of the linear head on Flower, real server and client processes on
+  localhost in Flower's own virtual environment (built on first use under ``--cache-dir``: its pins conflict
+  with the project's); example-level DP from each client's local DP-SGD steps (``_flower_app``).
 
 Hyper-parameters are fixed below (``HYPER``); they were chosen on a validation split held out of the
 training images (``--evaluate-on validation``), never on the test set and without spending the reported
@@ -52,6 +60,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from _baselines import as_tensor_images, dp_fedavg, flower_python, opacus_fit, predict, small_cnn
 
 from capc_common.data import partition
 from capc_common.dietpate.cache import FeatureCache
@@ -68,10 +77,22 @@ from capc_common.privacy.analysis import (
     epsilon_from_rdp,
     epsilon_from_zcdp,
     rdp_subsampled_discrete_gaussian,
+    rdp_subsampled_gaussian,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = ("local-only", "secagg-dpsgd", "central-dpsgd", "dppl", "private-knn", "prom-pate")
+METHODS = (
+    "local-only",
+    "secagg-dpsgd",
+    "central-dpsgd",
+    "dppl",
+    "private-knn",
+    "capc-fair",
+    "capc-greedy",
+    "cnn-dpsgd",
+    "dp-fedavg",
+    "prom-pate",
+)
 EPSILONS = (0.5, 1.0, 2.0, 3.0, 6.0, 10.0)
 DELTA = 1e-5
 #: Rényi orders for calibration (the default grid up to 256: larger orders never win at these budgets).
@@ -81,7 +102,6 @@ HYPER = {
     "dpsgd": {"clip": 1.0, "batch": 1024, "epochs": 10, "learning_rate": 8.0, "momentum": 0.9},
     "dppl": {"count_share": 0.1, "metric": "euclidean"},
     "knn": {"queries": 500, "neighbours": 50, "sampling_rate": 0.2, "generator": "dead_leaves"},
-    "local": {"optimizer": "lbfgs", "l2": 1e-3, "steps": 50},
     "prompate": {
         "teachers_per_party": 10,
         "shard": 64,
@@ -95,6 +115,17 @@ HYPER = {
         "sigma1": 0.7,
         "sigma2": 0.16,
     },
+    "local": {"optimizer": "adam", "steps": 100, "lr": 0.1, "l2": 0.0},
+    "cnn": {"clip": 0.1, "batch": 512, "epochs": 10, "learning_rate": 4.0, "momentum": 0.9},
+    "fedavg": {
+        "rounds": 50,
+        "local_steps": 2,
+        "sampling_rate": 0.1,
+        "clip": 1.0,
+        "learning_rate": 8.0,
+        "server_momentum": 0.9,
+    },
+    "capc": {"teachers_per_party": 10, "budget_queries": 90, "threshold_share": 0.6, "sigma1_ratio": 2.0},
 }
 FIELDS = (
     "method",
@@ -168,9 +199,9 @@ def local_only(parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, **_: An
     return {"accuracy": float(per_party.mean()), "epsilon": math.inf, "released": 0, "noise": "none"}
 
 
-def _dpsgd_plan(records: int) -> tuple[float, int, float]:
-    """``(q, rounds, expected batch)`` of the fixed DP-SGD recipe for ``records`` pooled records."""
-    h = HYPER["dpsgd"]
+def _dpsgd_plan(records: int, group: str = "dpsgd") -> tuple[float, int, float]:
+    """``(q, rounds, expected batch)`` of a DP-SGD recipe (``HYPER[group]``) for ``records`` records."""
+    h = HYPER[group]
     q = min(1.0, h["batch"] / records)
     return q, max(1, round(h["epochs"] / q)), q * records
 
@@ -211,42 +242,20 @@ def central_dpsgd(
 ) -> dict[str, Any]:
     """Opacus DP-SGD of the same linear head on the pooled features (Poisson sampling, RDP accountant)."""
     import torch
-    from opacus import PrivacyEngine
-    from opacus.accountants.utils import get_noise_multiplier
 
     h = HYPER["dpsgd"]
     x = torch.from_numpy(np.concatenate([p.features for p in parties]).astype(np.float32))
     y = torch.from_numpy(np.concatenate([p.labels for p in parties]))
-    q, rounds, batch = _dpsgd_plan(len(y))
-    torch.manual_seed(seed)
+    q, rounds, _ = _dpsgd_plan(len(y))
     model = torch.nn.Linear(x.shape[1], 10)
     torch.nn.init.zeros_(model.weight)
     torch.nn.init.zeros_(model.bias)
-    optimizer = torch.optim.SGD(model.parameters(), lr=h["learning_rate"], momentum=h["momentum"])
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=round(batch))
-    z = get_noise_multiplier(
-        target_epsilon=epsilon, target_delta=DELTA, sample_rate=q, steps=rounds, accountant="rdp"
+    z, spent = opacus_fit(
+        model, x, y, h, epsilon=epsilon, delta=DELTA, sampling_rate=q, steps=rounds, seed=seed
     )
-    engine = PrivacyEngine(accountant="rdp")
-    model, optimizer, loader = engine.make_private(
-        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=z, max_grad_norm=h["clip"]
-    )
-    loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")  # Opacus averages by the expected batch
-    steps = 0
-    while steps < rounds:
-        for xb, yb in loader:
-            optimizer.zero_grad()
-            if len(yb):
-                (loss_fn(model(xb), yb) / batch).backward()
-            optimizer.step()
-            steps += 1
-            if steps == rounds:
-                break
-    with torch.no_grad():
-        predicted = model(torch.from_numpy(ex.astype(np.float32))).argmax(dim=1).numpy()
     return {
-        "accuracy": accuracy(predicted, ey),
-        "epsilon": float(engine.get_epsilon(DELTA)),
+        "accuracy": accuracy(predict(model, torch.from_numpy(ex.astype(np.float32))), ey),
+        "epsilon": spent,
         "released": rounds,
         "noise": f"z={z:.3f} (continuous)",
     }
@@ -330,6 +339,152 @@ def private_knn(
         "epsilon": eps_of(sigma),
         "released": len(queries),
         "noise": f"σ={sigma:.1f} over {len(parties) * h['neighbours']} votes",
+    }
+
+
+_CAPC_TEACHERS: dict[str, Any] = {}
+
+
+def _capc(
+    parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, *, epsilon: float, seed: int, greedy: bool
+) -> dict[str, Any]:
+    """CaPC in plaintext (:mod:`capc_common.mechanisms.capc`), the querying parties' mean accuracy.
+
+    Greedy is computed for every party as the one greedy querier (ten alternative runs, each costing ε,
+    done in one pass so the teachers are trained once) and averaged, like fair.
+    """
+    from capc_common.learn.heads import HeadRecipe
+    from capc_common.mechanisms.capc import capc_epsilon, capc_mechanism, capc_teachers, run_capc
+
+    h = HYPER["capc"]
+    recipe = HeadRecipe(**HYPER["local"])
+    if _CAPC_TEACHERS.get("parties") is not parties:  # the same parties for every ε and split: train once
+        _CAPC_TEACHERS.update(
+            parties=parties,
+            heads=capc_teachers(parties, per_party=h["teachers_per_party"], classes=10, recipe=recipe),
+        )
+    budget = h["budget_queries"]
+    mechanism = capc_mechanism(
+        classes=10,
+        teachers=(len(parties) - 1) * h["teachers_per_party"],
+        budget_queries=budget,
+        epsilon=epsilon,
+        delta=DELTA,
+        orders=ORDERS,
+        threshold_share=h["threshold_share"],
+        sigma1_ratio=h["sigma1_ratio"],
+    )
+    result = run_capc(
+        parties,
+        mechanism=mechanism,
+        queriers=range(len(parties)),
+        queries_per_querier=budget if greedy else budget // (len(parties) - 1),
+        teachers_per_party=h["teachers_per_party"],
+        recipe=recipe,
+        seed=seed,
+        teachers=_CAPC_TEACHERS["heads"],
+    )
+    per_party = (result.heads.predict(ex) == ey[None, :]).mean(axis=1)
+    return {
+        "accuracy": float(per_party.mean()),
+        "epsilon": capc_epsilon(mechanism, queries=budget, orders=ORDERS, delta=DELTA),
+        "released": int(np.mean(result.answered)),
+        "noise": f"T={mechanism.threshold:g} σ1={mechanism.sigma1:.1f} σ2={mechanism.sigma2:.1f}, "
+        f"{np.mean(result.answered):.0f}/{np.mean(result.queries):.0f} answered per querier, "
+        f"label accuracy {np.nanmean(result.label_accuracy):.3f}",
+    }
+
+
+def capc_fair(parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, **kw: Any) -> dict[str, Any]:
+    """CaPC, fair: every party queries, the budget split evenly."""
+    return _capc(parties, ex, ey, greedy=False, **kw)
+
+
+def capc_greedy(parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, **kw: Any) -> dict[str, Any]:
+    """CaPC, greedy: one party takes the whole budget (the upper bound), averaged over which party."""
+    return _capc(parties, ex, ey, greedy=True, **kw)
+
+
+def _pooled_images(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The raw images behind :func:`load_features`' rows, same order and split: ``(train images, labels,
+    evaluation images, labels)`` as tensors for the end-to-end CNN."""
+    import torch
+
+    from capc_common.data import load_dataset
+
+    train, test = load_dataset(args.dataset, split="train"), load_dataset(args.dataset, split="test")
+    tx, ty = train.images[: args.train_limit], train.labels[: args.train_limit]
+    ex, ey = test.images[: args.test_limit], test.labels[: args.test_limit]
+    if args.evaluate_on == "validation":
+        cut = len(ty) - args.validation
+        tx, ty, ex, ey = tx[:cut], ty[:cut], tx[cut:], ty[cut:]
+    as_labels = lambda v: torch.from_numpy(np.array(v, dtype=np.int64))  # noqa: E731  (a writable copy)
+    return as_tensor_images(tx), as_labels(ty), as_tensor_images(ex), as_labels(ey)
+
+
+def cnn_dpsgd(
+    parties: list[PartyData],
+    ex: np.ndarray,
+    ey: np.ndarray,
+    *,
+    epsilon: float,
+    seed: int,
+    images: tuple[Any, Any, Any, Any],
+) -> dict[str, Any]:
+    """A small CNN trained end to end on the pooled images by Opacus DP-SGD (no backbone: the Tramèr & Boneh
+    end-to-end anchor). The parties' union is the whole pooled set, so the partition cannot matter."""
+    import torch
+
+    h = HYPER["cnn"]
+    x, y, test_x, test_y = images
+    if len(y) != sum(len(p.labels) for p in parties):
+        raise ValueError("the pooled images must be exactly the parties' records")
+    torch.manual_seed(seed)
+    model = small_cnn(x.shape[2], x.shape[1])
+    q, steps, _ = _dpsgd_plan(len(y), "cnn")
+    z, spent = opacus_fit(
+        model, x, y, h, epsilon=epsilon, delta=DELTA, sampling_rate=q, steps=steps, seed=seed
+    )
+    return {
+        "accuracy": accuracy(predict(model, test_x), test_y.numpy()),
+        "epsilon": spent,
+        "released": steps,
+        "noise": f"z={z:.3f} (continuous), {sum(p.numel() for p in model.parameters())} parameters",
+    }
+
+
+def fedavg_epsilon(noise_multiplier: float) -> float:
+    """Per-record ε of DP-FedAvg: one client's ``rounds × local_steps`` Poisson-subsampled Gaussian steps
+    (continuous noise: Mironov et al.'s exact analysis); clients hold disjoint records, the server's
+    averaging is post-processing."""
+    h = HYPER["fedavg"]
+    rdp = rdp_subsampled_gaussian(ORDERS, sampling_rate=h["sampling_rate"], noise_multiplier=noise_multiplier)
+    return epsilon_from_rdp(ORDERS, h["rounds"] * h["local_steps"] * rdp, delta=DELTA)[0]
+
+
+def dp_fedavg_flower(
+    parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, *, epsilon: float, seed: int, python: Path
+) -> dict[str, Any]:
+    """DP-FedAvg of the linear head on Flower (real server and client processes), example-level DP."""
+    h = HYPER["fedavg"]
+    z = calibrate(fedavg_epsilon, target=epsilon)
+    weights, info = dp_fedavg(
+        [(p.features, p.labels) for p in parties],
+        python=python,
+        rounds=h["rounds"],
+        local_steps=h["local_steps"],
+        sampling_rate=h["sampling_rate"],
+        noise_multiplier=z,
+        clip=h["clip"],
+        learning_rate=h["learning_rate"],
+        server_momentum=h["server_momentum"],
+    )
+    predicted = np.argmax(ex @ weights[:, :-1].T + weights[:, -1], axis=1)
+    return {
+        "accuracy": accuracy(predicted, ey),
+        "epsilon": fedavg_epsilon(z),
+        "released": h["rounds"],
+        "noise": f"z={z:.3f} per client step (continuous), Flower {info['seconds']} s",
     }
 
 
@@ -445,6 +600,10 @@ RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     "dppl": dppl,
     "private-knn": private_knn,
     "prom-pate": prom_pate,
+    "capc-fair": capc_fair,
+    "capc-greedy": capc_greedy,
+    "cnn-dpsgd": cnn_dpsgd,
+    "dp-fedavg": dp_fedavg_flower,
 }
 
 
@@ -590,6 +749,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         extra["private-knn"]["queries"] = _query_features(args)
     if "prom-pate" in args.methods:
         extra["prom-pate"] = _prompate_data(args)
+    if "cnn-dpsgd" in args.methods:
+        extra["cnn-dpsgd"]["images"] = _pooled_images(args)
+    if "dp-fedavg" in args.methods:
+        extra["dp-fedavg"]["python"] = flower_python(args.cache_dir)
     for part in args.partitions:
         for seed in args.seeds:
             parties = parties_of(tx, ty, scheme=part, parties=args.parties, seed=seed)
