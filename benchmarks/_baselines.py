@@ -123,7 +123,7 @@ def predict(model: Any, x: Any, *, chunk: int = 2048) -> npt.NDArray[np.int64]:
 FLOWER_REQUIREMENT = "flwr==1.42.0"
 
 
-def flower_python(cache_dir: Path) -> Path:
+def flower_python(cache_dir: Path, *, timeout: float = 900) -> Path:
     """The interpreter of the Flower virtual environment under ``cache_dir``, created on first use.
 
     A marker file is written only after the install succeeded, so an interrupted build is redone rather
@@ -140,7 +140,9 @@ def flower_python(cache_dir: Path) -> Path:
     try:
         venv.EnvBuilder(with_pip=True, clear=True).create(env)
         subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", FLOWER_REQUIREMENT, "numpy"], check=True, timeout=900
+            [str(python), "-m", "pip", "install", "-q", FLOWER_REQUIREMENT, "numpy"],
+            check=True,
+            timeout=timeout,
         )
     except (subprocess.SubprocessError, OSError) as exc:
         raise RuntimeError(
@@ -156,6 +158,26 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _wait_all(
+    server: subprocess.Popen[bytes], clients: list[subprocess.Popen[bytes]], *, timeout: float
+) -> tuple[int | None, list[int | None]]:
+    """Wait for the server and every client to exit; stop early when any of them fails (a client that
+    crashes at start would otherwise leave the server waiting for it until ``timeout``).
+
+    Returns:
+        the exit codes, None for a process still running when the wait ended (the caller kills it).
+    """
+    deadline = time.monotonic() + timeout
+    processes = [server, *clients]
+    while time.monotonic() < deadline:
+        codes = [p.poll() for p in processes]
+        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+            break
+        time.sleep(0.2)
+    codes = [p.poll() for p in processes]
+    return codes[0], codes[1:]
 
 
 def dp_fedavg(
@@ -217,8 +239,7 @@ def dp_fedavg(
                 for i in range(len(shards))
             ]
             try:
-                code = server.wait(timeout=timeout)
-                codes = [c.wait(timeout=60) for c in clients]
+                code, codes = _wait_all(server, clients, timeout=timeout)
             finally:
                 for p in [server, *clients]:
                     if p.poll() is None:
@@ -230,7 +251,10 @@ def dp_fedavg(
         server_log = (work / "server.log").read_text()
         if code != 0 or any(codes) or not (work / "weights.npy").exists():
             tails = {n.name: n.read_text()[-1500:] for n in sorted(work.glob("*.log"))}
-            raise RuntimeError(f"Flower run failed (server {code}, clients {codes}): {json.dumps(tails)}")
+            raise RuntimeError(
+                f"Flower run failed (server {code}, clients {codes}; None: still running after "
+                f"{timeout:g} s or stopped because another process failed): {json.dumps(tails)}"
+            )
         weights = np.load(work / "weights.npy")
     return weights, {"seconds": round(seconds, 1), "rounds": rounds, "log": server_log[-400:]}
 

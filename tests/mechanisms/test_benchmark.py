@@ -14,22 +14,21 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "mechanisms.py"
 
 
-def _run(out: Path) -> dict:
+def _run(out: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     args = "--dataset digits --train-limit 1400 --parties 3 --methods local-only dppl secagg-dpsgd "
     args += "--epsilons 1 4 --seeds 0 1 --partitions imbalanced --format json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *args.split(), "--out", str(out)],
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args.split(), "--out", str(out), *extra],
         capture_output=True,
         text=True,
         timeout=600,
-        check=True,
+        check=check,
     )
-    return json.loads(proc.stdout)
 
 
 @pytest.mark.slow
 def test_json_table_outputs_and_resume(tmp_path: Path) -> None:
-    result = _run(tmp_path)
+    result = json.loads(_run(tmp_path).stdout)
     assert result["setting"]["train_images"] == 1400 and result["setting"]["delta"] == 1e-5
     cells = {(t["method"], t["epsilon_target"]): t for t in result["table"]}
     # local-only is one non-private value shown at every ε; the DP methods have one cell per ε, 2 seeds each.
@@ -49,5 +48,9 @@ def test_json_table_outputs_and_resume(tmp_path: Path) -> None:
     assert (tmp_path / "mechanisms.md").read_text().count("| dppl |") == 1
     assert (tmp_path / "mechanisms.png").stat().st_size > 10_000
     # Resumed: nothing new is computed.
-    again = _run(tmp_path)
+    again = json.loads(_run(tmp_path).stdout)
     assert again["rows"] == len(rows)
+    # Another setting (a validation run, a --set sweep) must not resume these rows as if they were its own.
+    for other in (["--evaluate-on", "validation", "--validation", "400"], ["--set", "dppl.metric=cosine"]):
+        refused = _run(tmp_path, *other, check=False)
+        assert refused.returncode != 0 and "holds rows of another setting" in refused.stderr
