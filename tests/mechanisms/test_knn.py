@@ -51,6 +51,23 @@ def test_votes_use_a_fresh_poisson_sample_per_query():
         knn.votes(x, y, queries[:, :4], source=SeededNoise("s"))
 
 
+def test_ties_cannot_move_more_than_the_added_record():
+    """Duplicated records tie in similarity; adding a record that no query selects must leave every
+    histogram unchanged (an unstable partition of the scores could swap tied records of other classes)."""
+    rng = np.random.default_rng(3)
+    x = np.zeros((200, 9))
+    x[:, :8] = np.repeat(rng.normal(size=(5, 8)), 40, axis=0)  # 5 distinct points, 40 copies each
+    y = rng.integers(0, 4, size=len(x))
+    queries = x[::40] + 1e-6
+    orthogonal = np.eye(9)[8]  # similarity 0 to every query, below every copy's
+    knn = PrivateKNN(classes=4, sigma=1.0, neighbours=4, sampling_rate=1.0)
+    before = knn.votes(x, y, queries, source=SeededNoise("a"))
+    after = knn.votes(
+        np.insert(x, 0, orthogonal, axis=0), np.insert(y, 0, 0), queries, source=SeededNoise("a")
+    )
+    np.testing.assert_array_equal(before, after)
+
+
 def test_answers_are_gnmax_of_the_summed_votes():
     rng = np.random.default_rng(1)
     knn = PrivateKNN(classes=4, sigma=2.0, neighbours=7, sampling_rate=0.3)

@@ -149,3 +149,14 @@ def test_secure_dpsgd_trains_a_head_on_digits(digits):
     )
     assert result.rounds == 60 and abs(np.mean(result.sampled) - 350) < 40
     assert float(np.mean(result.predict(test_x) == test_y)) > 0.85
+
+
+def test_a_head_with_inf_or_nan_is_refused() -> None:
+    """inf − inf in the logits would make a clipped gradient NaN, encoded far beyond the sensitivity."""
+    mechanism = SecureDPSGD(classes=3, dim=4, clip=1.0, noise_multiplier=1.0, sampling_rate=0.5)
+    x, y = np.ones((5, 4)), np.zeros(5, dtype=np.int64)
+    head = np.zeros((3, 5))
+    mechanism.contribution(head, x, y)
+    head[0, 0] = np.inf
+    with pytest.raises(InputError, match="inf or NaN"):
+        mechanism.contribution(head, x, y)

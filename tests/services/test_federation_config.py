@@ -223,3 +223,20 @@ def test_release_federations_have_no_batches_and_must_fit_the_budget(federation_
     greedy = FederationConfig.from_dict(federation_dict(mechanism={**DPSGD, "rounds": 100_000}))
     with pytest.raises(InputError, match=r"100000 release\(s\) of RDP .* more than the budget"):
         protocol_for(greedy, dim=8)
+
+
+def test_release_fixed_point_must_hold_the_largest_federation(federation_dict) -> None:
+    """A fixed point whose total of MAX_RECORDS records could wrap the ring is refused before any party
+    starts (a wrap would corrupt the released model silently), and a party above its share is refused."""
+    from capc_common.federation.releases import MAX_RECORDS, check_records, protocol_for
+
+    fine = FederationConfig.from_dict(federation_dict(mechanism={"name": "dppl", "rho": 0.2}))
+    protocol_for(fine, dim=16)
+    wide = FederationConfig.from_dict(
+        federation_dict(mechanism={"name": "dppl", "rho": 0.2, "fixed_point_bits": 40})
+    )
+    with pytest.raises(InputError, match="beyond the signed range of the ring"):
+        protocol_for(wide, dim=16)
+    check_records(fine, MAX_RECORDS // len(fine.teachers))
+    with pytest.raises(InputError, match="split the data over more parties"):
+        check_records(fine, MAX_RECORDS // len(fine.teachers) + 1)

@@ -65,3 +65,30 @@ def test_the_cap_is_charged_before_the_seed_leaves(pki: Path, tmp_path: Path) ->
         contributor.contribute(_item(contributor))
     assert contributor.cap.batches == 1 and contributor.cap.epsilon > 0
     contributor.close()
+
+
+def test_a_re_offered_release_is_charged_once_and_resends_the_same_share(pki: Path, tmp_path: Path) -> None:
+    contributor = _contributor(pki, tmp_path, epsilon_cap=5.0)
+    for _ in range(3):  # the guardian stays unreachable: the student would keep offering r0
+        with pytest.raises(UnavailableError):
+            contributor.contribute(_item(contributor))
+    assert contributor.cap.batches == 1
+    contributor.close()
+
+
+def test_a_malformed_offer_costs_nothing(pki: Path, tmp_path: Path) -> None:
+    from capc_common.errors import InputError
+
+    contributor = _contributor(pki, tmp_path, epsilon_cap=5.0)
+    bad = pb.ReleaseItem(release_id="r1", round=0, state=_item(contributor).state, length=3)
+    nan = pb.ReleaseItem(
+        release_id="r2",
+        round=0,
+        state=ndarray_to_proto(np.array([np.nan]).view(np.int64)),
+        length=contributor.protocol.length,
+    )
+    for item in (bad, nan):
+        with pytest.raises(InputError):
+            contributor.contribute(item)
+    assert contributor.cap.batches == 0
+    contributor.close()

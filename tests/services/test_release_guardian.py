@@ -167,6 +167,14 @@ def test_bad_contributions_and_requests_change_nothing(guardian: Guardian) -> No
     )
     guardian.contribute("r", "hospital-a", vector)
     assert _code(lambda: guardian.contribute("r", "hospital-a", vector)) == grpc.StatusCode.ALREADY_EXISTS
+    # the same seed again is a retry of the same contribution (accepted, nothing new); another is refused
+    same = pb.SubmitContributionRequest(release_id="r2", party="hospital-a", seed=b"\1" * 16, length=length)
+    for _ in range(2):
+        guardian.stub("hospital-a").SubmitContribution(same, timeout=10)
+    other = pb.SubmitContributionRequest(release_id="r2", party="hospital-a", seed=b"\2" * 16, length=length)
+    assert _code(lambda: guardian.stub("hospital-a").SubmitContribution(other, timeout=10)) == (
+        grpc.StatusCode.ALREADY_EXISTS
+    )
     # hospital-b never sent its seed: asked too early (FAILED_PRECONDITION), for a stranger or twice the same
     # party, or below the quorum (INVALID_ARGUMENT)
     assert _code(lambda: guardian.release("r", ["hospital-a", "hospital-b"])) == (

@@ -124,9 +124,11 @@ class ReleaseGuardian:
         self._refuse_charged(release_id)
         with self._lock:
             held = self._seeds.setdefault(release_id, {})
+            if held.get(party) == bytes(seed):  # a retry of the same contribution: nothing new is learnt
+                return len(held)
             if party in held:
                 raise ReleaseReplayError(
-                    f"{party} already sent its seed for release {release_id}; a party contributes once"
+                    f"{party} already sent another seed for release {release_id}; a party contributes once"
                 )
             held[party] = bytes(seed)
             received = len(held)

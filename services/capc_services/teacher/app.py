@@ -13,7 +13,7 @@ from fastapi import APIRouter
 from capc_common.aggregation import sampling_noise
 from capc_common.errors import InputError
 from capc_common.federation import ReleaseMember, mechanism_of
-from capc_common.federation.releases import protocol_for
+from capc_common.federation.releases import check_records, protocol_for
 from capc_common.learn.heads import HeadEnsemble
 from capc_common.mechanisms import Voter
 from capc_services.common.admin import api_router
@@ -130,11 +130,13 @@ def serve_releases(settings: TeacherSettings, party: PartyRuntime, *, stop: thre
     contribute to every release the student opens until ``stop`` is set."""
     from capc_common.learn import BackboneFeaturizer
     from capc_common.mechanisms.central import extract_per_example
-    from capc_services.teacher.train import party_examples
+    from capc_services.teacher.train import check_labels, party_examples
 
     config = party.config
     protocol = protocol_for(config, dim=party.backbone.feature_dim)
     images, labels, name = party_examples(settings)
+    check_labels(np.asarray(labels), classes=config.classes, name=name)
+    check_records(config, len(labels))
     features = extract_per_example(BackboneFeaturizer(party.backbone), images)
     _log.info("features ready", extra={"records": len(labels), "data": name})
     contributor = ReleaseContributor(

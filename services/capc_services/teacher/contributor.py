@@ -34,6 +34,8 @@ from capc_services.tls import TlsFiles
 _log = logging.getLogger(__name__)
 POLL_TIMEOUT_S = 40.0
 """Deadline of one NextRelease call (the student holds it at most 30 s before answering ``pending``)."""
+KEPT_RELEASES = 4
+"""Seeds and shares kept for re-offers (the student offers one release at a time; a few cover its retries)."""
 DONE_POLL_S = 5.0
 """How often a party polls once the student said every release is done (a restarted student may open more)."""
 
@@ -91,28 +93,26 @@ class ReleaseContributor:
         self.done = False
         self.contributed = 0
         self.last_error = ""
+        self._prepared: dict[str, tuple[bytes, npt.NDArray[np.int64]]] = {}
 
     def contribute(self, item: pb.ReleaseItem) -> None:
         """Compute, split and send this party's contribution to one release (seed first, then the share).
 
+        The item is checked and the contribution computed before the party's cap is charged, so a malformed
+        offer costs nothing. Each release id is charged once: a re-offer of the same release (the guardian
+        or the student was unreachable, or refused the share) re-sends the *same* seed and share, which
+        reveals nothing new, instead of a fresh sample charged again. A restarted party, which kept no
+        shares, charges a re-offered release once more (an over-count, never an under-count).
+
         Raises:
-            InputError: the item's length does not match the federation's mechanism.
+            InputError: the item's length or state does not match the federation's mechanism.
             BudgetExhaustedError: the release would cross this party's own ε cap (nothing was sent).
             CapcError: the guardian or the student refused, or could not be reached.
         """
-        if item.length != self.protocol.length:
-            raise InputError(
-                f"release {item.release_id} asks for {item.length} coordinates; federation.yaml's "
-                f"{self.protocol.mechanism.name} has {self.protocol.length}"
-            )
-        bits = ndarray_from_proto(item.state)
-        if bits.dtype != np.int64:
-            raise InputError(f"release {item.release_id} state is {bits.dtype}; float64 bits travel as int64")
-        state = bits.view(np.float64)
-        # The party's own bound, durable before its seed or share leaves (a re-sent release counts again).
-        self.cap.charge(batch_id=item.release_id, attempt=item.round, count=1)
-        vector = self.protocol.contribute(state, self._features, self._labels, self._source)
-        seed, share = share_contribution(vector)
+        prepared = self._prepared.get(item.release_id)
+        if prepared is None:
+            prepared = self._prepare(item)
+        seed, share = prepared
         request = pb.SubmitContributionRequest(
             release_id=item.release_id, party=self.party, seed=seed, length=item.length
         )
@@ -130,20 +130,44 @@ class ReleaseContributor:
         self.contributed += 1
         _log.info("contributed", extra={"release_id": item.release_id, "round": item.round})
 
+    def _prepare(self, item: pb.ReleaseItem) -> tuple[bytes, npt.NDArray[np.int64]]:
+        """Check the offer, compute and split the contribution, then charge the cap (durable before anything
+        leaves) and keep the seed and share for re-offers of this release."""
+        if item.length != self.protocol.length:
+            raise InputError(
+                f"release {item.release_id} asks for {item.length} coordinates; federation.yaml's "
+                f"{self.protocol.mechanism.name} has {self.protocol.length}"
+            )
+        bits = ndarray_from_proto(item.state)
+        if bits.dtype != np.int64:
+            raise InputError(f"release {item.release_id} state is {bits.dtype}; float64 bits travel as int64")
+        state = bits.view(np.float64)
+        if not np.isfinite(state).all():
+            raise InputError(f"release {item.release_id} state holds inf or NaN; refusing to contribute")
+        vector = self.protocol.contribute(state, self._features, self._labels, self._source)
+        seed, share = share_contribution(vector)
+        self.cap.charge(batch_id=item.release_id, attempt=item.round, count=1)
+        self._prepared[item.release_id] = (seed, share)
+        while len(self._prepared) > KEPT_RELEASES:
+            del self._prepared[next(iter(self._prepared))]
+        return seed, share
+
     def run(self, stop: threading.Event) -> None:
-        """Poll and contribute until ``stop`` is set (backing off while the student is away)."""
+        """Poll and contribute until ``stop`` is set (backing off while the student is away or a
+        contribution fails; the backoff resets only after a poll that needed nothing or a contribution
+        that went through)."""
         backoff = 0.5
         while not stop.is_set():
             try:
                 item = self._student.NextRelease(
                     pb.NextReleaseRequest(party=self.party), timeout=POLL_TIMEOUT_S
                 )
-                self.connected, self.last_error, backoff = True, "", 0.5
-                self.done = item.done
+                self.connected, self.done = True, item.done
                 if item.done:
                     stop.wait(DONE_POLL_S)
                 elif not item.pending:
                     self.contribute(item)
+                self.last_error, backoff = "", 0.5
                 continue
             except grpc.RpcError as exc:
                 self.connected = False

@@ -29,12 +29,33 @@ if TYPE_CHECKING:
     from capc_common.privacy import NoiseSource
 
 __all__ = [
+    "MAX_RECORDS",
     "DPSGDProtocol",
     "PrototypesProtocol",
     "ReleaseProtocol",
+    "check_records",
     "protocol_for",
     "prototype_head",
 ]
+
+
+MAX_RECORDS = 2**24
+"""The most records a release federation may hold in all (16.7 M): the fixed point is checked against it."""
+
+
+def check_records(config: FederationConfig, records: int) -> None:
+    """Refuse a party holding more than its share of :data:`MAX_RECORDS` (the bound the ring was checked for).
+
+    Raises:
+        InputError: naming the count and the bound.
+    """
+    share = MAX_RECORDS // len(config.teachers)
+    if records > share:
+        raise InputError(
+            f"this party holds {records} records; a release federation of {len(config.teachers)} parties "
+            f"checks its fixed point for at most {share} per party ({MAX_RECORDS} in all); split the data "
+            "over more parties or lower mechanism.fixed_point_bits"
+        )
 
 
 def protocol_for(config: FederationConfig, *, dim: int) -> ReleaseProtocol:
@@ -51,6 +72,9 @@ def protocol_for(config: FederationConfig, *, dim: int) -> ReleaseProtocol:
     if not isinstance(m, ReleaseMember):
         raise InputError(f"federation {config.name!r} runs {m.name!r}, not a release mechanism")
     protocol = m.protocol(classes=config.classes, dim=dim)
+    # The ring must hold the noisy total of every record the federation could hold (a wrap would corrupt
+    # the released model silently); each teacher also refuses a share of more than its part of this bound.
+    protocol.mechanism.check_capacity(records=MAX_RECORDS)
     b = config.budget
     budget = rdp_budget_at_order(epsilon=b.epsilon, delta=b.delta, order=b.order)
     per_release = protocol.release_rdp(b.order)

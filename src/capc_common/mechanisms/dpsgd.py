@@ -189,6 +189,10 @@ class SecureDPSGD(ReleaseMechanism):
             )
         if y.shape != (x.shape[0],) or (y.size and (y.min() < 0 or y.max() >= self.classes)):
             raise InputError(f"labels must be {x.shape[0]} class indices in [0, {self.classes})")
+        if not (np.isfinite(w).all() and np.isfinite(x).all()):
+            # inf − inf in the logits would make a record's clipped gradient NaN, which encodes far beyond
+            # the sensitivity Δ: a party must not trust the head it is sent.
+            raise InputError("the head or the features hold inf or NaN; refusing to compute a contribution")
         xt = np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
         logits = xt @ w.T
         logits -= logits.max(axis=1, keepdims=True)

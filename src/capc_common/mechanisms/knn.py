@@ -126,6 +126,9 @@ class PrivateKNN(GNMax):
                 continue
             k = min(self.neighbours, sample.size)
             scores = similarity[i, sample]
-            nearest = sample[np.argpartition(-scores, k - 1)[:k]]
+            # A total order (similarity, then record order) so that adding or removing one record changes
+            # the k nearest by at most that record: an unstable partition could swap tied records and move
+            # several votes (L2 sensitivity √2 assumed by the accounting).
+            nearest = sample[np.argsort(-scores, kind="stable")[:k]]
             hist[i] += np.bincount(y[nearest], minlength=self.classes)
         return hist
