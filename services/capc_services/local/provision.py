@@ -129,7 +129,7 @@ def _private_knn(options: LocalOptions) -> tuple[dict[str, Any], int]:
 
 #: The prompt recipe of ``capc local up --mechanism prom-pate``: few joint steps, since each costs a forward
 #: and a backward pass of the party's whole data through the backbone (the rest: the library's recipe).
-PROMPATE_DEFAULTS = {"steps": 3}
+PROMPATE_DEFAULTS = {"steps": 1}
 
 
 def _prom_pate(options: LocalOptions) -> tuple[dict[str, Any], int]:

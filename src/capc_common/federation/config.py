@@ -105,6 +105,17 @@ class _ConfidentMember(_MechanismConfig):
     sigma1: float = Field(gt=0)
     sigma2: float = Field(gt=0)
 
+    def confident(self, *, classes: int, teachers: int, min_teachers: int | None) -> dict[str, Any]:
+        """The arguments of :class:`~capc_common.mechanisms.ConfidentGNMax` (or a subclass)."""
+        return {
+            "classes": classes,
+            "teachers": teachers,
+            "threshold": self.threshold,
+            "sigma1": self.sigma1,
+            "sigma2": self.sigma2,
+            "min_teachers": min_teachers,
+        }
+
     def noise_hint(self) -> str:
         """Which field to raise for more noise per answer (named in errors about a budget too small)."""
         return f"mechanism.sigma2 (now {self.sigma2:g})"
@@ -126,14 +137,7 @@ class Mechanism(_ConfidentMember):
         """The mechanism object every party of the federation plugs into the engine."""
         from capc_common.mechanisms import ConfidentGNMax
 
-        return ConfidentGNMax(
-            classes=classes,
-            teachers=teachers,
-            threshold=self.threshold,
-            sigma1=self.sigma1,
-            sigma2=self.sigma2,
-            min_teachers=min_teachers,
-        )
+        return ConfidentGNMax(**self.confident(classes=classes, teachers=teachers, min_teachers=min_teachers))
 
 
 class PromPATEMechanism(_ConfidentMember):
@@ -167,12 +171,7 @@ class PromPATEMechanism(_ConfidentMember):
 
         return PromPATE(
             recipe=self.recipe(),
-            classes=classes,
-            teachers=teachers,
-            threshold=self.threshold,
-            sigma1=self.sigma1,
-            sigma2=self.sigma2,
-            min_teachers=min_teachers,
+            **self.confident(classes=classes, teachers=teachers, min_teachers=min_teachers),
         )
 
 

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from capc_common.errors import InputError
 from capc_common.learn.featurizers import BackboneFeaturizer
-from capc_common.learn.heads import HeadRecipe, train_heads
+from capc_common.learn.heads import HeadRecipe, read_safetensors, train_heads
 from capc_common.learn.teachers import shard_features
 from capc_common.models import Backbone, bn_stats, chunk_starts, to_tensor
 
@@ -261,17 +261,10 @@ class PromptedTeachers:
             InputError: the file is missing or not a prompted-teachers file, or it was trained on another
                 backbone or with another recipe (retrain them).
         """
-        from safetensors import safe_open
-
         source = Path(path)
         if not source.is_file():
             raise InputError(f"prompted-teachers file {source} does not exist; train the teachers first")
-        try:
-            with safe_open(str(source), framework="pt") as handle:
-                meta = handle.metadata() or {}
-                tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
-        except Exception as exc:
-            raise InputError(f"{source} is not a readable safetensors file: {exc}") from exc
+        meta, tensors = read_safetensors(source)
         if meta.get("format") != _FORMAT:
             raise InputError(f"{source} is not a prompted-teachers file (format {meta.get('format')!r})")
         if meta.get("backbone_sha256") != backbone.sha256:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -51,30 +51,13 @@ class PromPATE(ConfidentGNMax):
 
     Args:
         recipe: how every party trains its prompted teachers (federation.yaml's, so the hash covers it).
-        classes / teachers / threshold / sigma1 / sigma2 / min_teachers: as :class:`ConfidentGNMax`.
+        **confident: :class:`ConfidentGNMax`'s arguments (classes, teachers, threshold, σ1, σ2, min_teachers).
     """
 
     name = "prom-pate"
 
-    def __init__(
-        self,
-        *,
-        recipe: PromptRecipe,
-        classes: int,
-        teachers: int,
-        threshold: float,
-        sigma1: float,
-        sigma2: float,
-        min_teachers: int | None = None,
-    ) -> None:
-        super().__init__(
-            classes=classes,
-            teachers=teachers,
-            threshold=threshold,
-            sigma1=sigma1,
-            sigma2=sigma2,
-            min_teachers=min_teachers,
-        )
+    def __init__(self, *, recipe: PromptRecipe, **confident: Any) -> None:
+        super().__init__(**confident)
         self.recipe = recipe
 
     def voter(self, party: PartyResources) -> Voter:
