@@ -103,3 +103,44 @@ def test_bad_inputs_are_refused_before_training(digits, backbone):
         PromptRecipe(width=4).mask((8, 8, 1))
     with pytest.raises(InputError, match="prompt kind"):
         PromptRecipe(kind="frame")  # type: ignore[arg-type]
+
+
+def test_saved_teachers_load_bit_identical_and_vote_the_same(digits, backbone, tmp_path):
+    """A party saves its prompted teachers after training and its voter loads them: nothing may change."""
+    images, labels = digits
+    teachers = _train(backbone, images, labels, [np.arange(0, 64), np.arange(64, 128)])
+    path = tmp_path / "teachers.safetensors"
+    teachers.save(path)
+    loaded = PromptedTeachers.load(path, backbone=backbone, recipe=RECIPE)
+    assert _changed(teachers, loaded) == [] and loaded.teachers == 2 and loaded.bn_batch == BN
+    np.testing.assert_array_equal(loaded.losses, teachers.losses)
+    queries = images[300:364]
+    np.testing.assert_array_equal(
+        loaded.histograms(queries, batch=64), teachers.histograms(queries, batch=64)
+    )
+    assert not list(tmp_path.glob("*.partial"))  # written atomically
+
+
+def test_teachers_of_another_recipe_or_backbone_are_refused(digits, backbone, tmp_path):
+    """Prompts learned under another recipe or on another backbone would vote as teachers nobody trained."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    images, labels = digits
+    path = tmp_path / "teachers.safetensors"
+    _train(backbone, images, labels, [np.arange(0, 64)]).save(path)
+    with pytest.raises(
+        InputError, match=r"prompt recipe .*'steps': 3.*federation's is .*'steps': 4.*retrain"
+    ):
+        PromptedTeachers.load(path, backbone=backbone, recipe=PromptRecipe(width=1, map_steps=20, steps=4))
+    with safe_open(str(path), framework="pt") as handle:
+        meta = {**(handle.metadata() or {}), "backbone_sha256": "0" * 64}
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+    save_file(tensors, str(tmp_path / "other.safetensors"), metadata=meta)
+    with pytest.raises(
+        InputError,
+        match=f"backbone with SHA-256 0{{64}}, but this party's backbone is {backbone.sha256}: retrain",
+    ):
+        PromptedTeachers.load(tmp_path / "other.safetensors", backbone=backbone, recipe=RECIPE)
+    with pytest.raises(InputError, match="does not exist; train the teachers first"):
+        PromptedTeachers.load(tmp_path / "missing.safetensors", backbone=backbone, recipe=RECIPE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from capc_common.errors import InputError
@@ -240,3 +241,47 @@ def test_release_fixed_point_must_hold_the_largest_federation(federation_dict) -
     check_records(fine, MAX_RECORDS // len(fine.teachers))
     with pytest.raises(InputError, match="split the data over more parties"):
         check_records(fine, MAX_RECORDS // len(fine.teachers) + 1)
+
+
+PROMPATE = {"name": "prom-pate", "threshold": 3, "sigma1": 2.0, "sigma2": 1.0, "steps": 2, "width": 2}
+
+
+def test_prom_pate_builds_confident_gnmax_over_prompted_teachers(tmp_path: Path, federation_dict) -> None:
+    """Prom-PATE is Confident-GNMax's accounting with the prompt recipe in the hash."""
+    from capc_common.federation import batch_costs, mechanism_of, mpc_config
+    from capc_common.learn.prompts import PromptRecipe
+    from capc_common.mechanisms import ConfidentGNMax, PromPATE
+
+    config = FederationConfig.from_dict(federation_dict(mechanism=PROMPATE))
+    mechanism = mechanism_of(config)
+    assert isinstance(mechanism, PromPATE) and mechanism.trains_heads
+    assert mechanism.recipe == PromptRecipe(steps=2, width=2)
+    plain = ConfidentGNMax(
+        classes=config.classes, teachers=config.total_heads, threshold=3, sigma1=2, sigma2=1
+    )
+    orders = [2.0, 10.0, 64.0]
+    for ours, theirs in zip(mechanism.costs(orders), plain.costs(orders), strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    assert mechanism.params() == plain.params() and mpc_config(config).mode == "confident"
+    assert batch_costs(config).answer_rdp == pytest.approx(10.0 / 1.0**2)
+    config.save(tmp_path / "f.yaml")
+    assert FederationConfig.load(tmp_path / "f.yaml").config_hash() == config.config_hash()
+    hashes = {config.config_hash()} | {
+        FederationConfig.from_dict(federation_dict(mechanism={**PROMPATE, **change})).config_hash()
+        for change in ({"steps": 3}, {"kind": "additive"}, {"prompt_lr": 0.1}, {"map_steps": 20})
+    }
+    assert len(hashes) == 5
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"kind": "frame"}, r"mechanism\.prom-pate\.kind.*'pad' or 'additive'"),
+        ({"steps": -1}, r"steps.*greater than or equal to 0"),
+        ({"prompt_lr": 0}, r"prompt_lr.*greater than 0"),
+        ({"sigma": 1.0}, r"sigma.*Extra inputs"),
+    ],
+)
+def test_bad_prom_pate_configs_name_the_field(federation_dict, change: dict[str, object], match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        FederationConfig.from_dict(federation_dict(mechanism={**PROMPATE, **change}))

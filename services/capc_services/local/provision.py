@@ -31,10 +31,10 @@ class LocalOptions:
 
     Attributes:
         parties: teacher parties.
-        teachers_per_party: teacher heads per party (PATE mechanisms; a Private-kNN party casts
-            ``neighbours`` votes instead).
-        mechanism: ``confident-gnmax`` (the default), ``gnmax``, ``private-knn``, ``dppl`` or
-            ``secagg-dpsgd`` (:data:`MECHANISMS`).
+        teachers_per_party: teacher heads per party (PATE mechanisms; prompted teachers under Prom-PATE;
+            a Private-kNN party casts ``neighbours`` votes instead).
+        mechanism: ``confident-gnmax`` (the default), ``gnmax``, ``private-knn``, ``prom-pate``, ``dppl``
+            or ``secagg-dpsgd`` (:data:`MECHANISMS`).
         dataset: the teachers' private data (split disjointly between parties).
         epsilon / delta / order: the federation's budget (order None: the order ``capc budget plan`` picks
             for the mechanism; the fixed default 10 lets teachers set local caps well below ε).
@@ -127,6 +127,17 @@ def _private_knn(options: LocalOptions) -> tuple[dict[str, Any], int]:
     return fields, options.neighbours
 
 
+#: The prompt recipe of ``capc local up --mechanism prom-pate``: few joint steps, since each costs a forward
+#: and a backward pass of the party's whole data through the backbone (the rest: the library's recipe).
+PROMPATE_DEFAULTS = {"steps": 1}
+
+
+def _prom_pate(options: LocalOptions) -> tuple[dict[str, Any], int]:
+    """Prom-PATE: Confident-GNMax (scaled to the heads, as for DIET-PATE) over prompted teachers."""
+    fields, per_party = _confident(options)
+    return {"name": "prom-pate", **fields, **PROMPATE_DEFAULTS}, per_party
+
+
 def _order(options: LocalOptions, heads: int) -> float:
     """The ledger's Rényi order: the options', or the one ``capc budget plan`` picks for Confident-GNMax
     (the planner's model; other mechanisms get the default 10)."""
@@ -211,6 +222,7 @@ MECHANISMS: dict[str, Callable[[LocalOptions], tuple[dict[str, Any], int]]] = {
     "confident-gnmax": _confident,
     "gnmax": _gnmax,
     "private-knn": _private_knn,
+    "prom-pate": _prom_pate,
     "dppl": _dppl,
     "secagg-dpsgd": _secagg_dpsgd,
 }

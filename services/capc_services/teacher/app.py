@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,8 +52,8 @@ def load_heads(settings: TeacherSettings) -> HeadEnsemble:
 
 class SiteResources:
     """What a teacher site lends its voter (:class:`~capc_common.mechanisms.PartyResources`), loaded only
-    when the mechanism's voter asks: heads for PATE, the site's own records and sampling stream for
-    Private-kNN.
+    when the mechanism's voter asks: heads for PATE, prompted teachers for Prom-PATE, the site's own records
+    and sampling stream for Private-kNN.
 
     Args:
         settings: the site's settings.
@@ -67,6 +68,11 @@ class SiteResources:
     def backbone(self) -> Backbone:
         """The shared backbone."""
         return self._backbone
+
+    @property
+    def teachers_file(self) -> Path:
+        """The site's teachers file (``heads:`` in its site file; ``capc teacher train`` writes it)."""
+        return self.settings.heads
 
     def heads(self) -> HeadEnsemble:
         """The site's heads file (:func:`load_heads`)."""

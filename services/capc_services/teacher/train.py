@@ -3,10 +3,10 @@
 The party's examples (its ``data:`` section: a named dataset, or its own ``npz:``/``folder:``/``idx:``
 files, optionally one shard of a shared dataset when several sites are simulated) are split into as many
 disjoint shards as the party has teacher heads in federation.yaml, each example by a keyed hash of its own
-content (so adding or removing one example changes one shard). Then the library's one training path
-(:func:`capc_common.learn.teachers.fit_teachers`, the same as the central pipeline's) featurises every shard
-on its own — current statistics over chunks of ``bn_batch`` of that shard's images, the setting the party
-answers queries in — and trains each head on its own shard, so one example can move one vote only. Nothing
+content (so adding or removing one example changes one shard). Then the federation's mechanism trains one
+teacher per shard on that shard alone (:meth:`~capc_common.mechanisms.SelectionMechanism.train_teachers`):
+PATE heads by the library's one training path (the central pipeline's), Prom-PATE's prompted teachers by
+:func:`~capc_common.learn.prompts.train_prompted_teachers` — so one example can move one vote only. Nothing
 leaves the site.
 """
 
@@ -20,8 +20,7 @@ import numpy as np
 
 from capc_common.data import load_dataset, partition
 from capc_common.errors import InputError
-from capc_common.federation import load_shared_backbone
-from capc_common.learn import BackboneFeaturizer, fit_teachers, shard_features
+from capc_common.federation import load_shared_backbone, mechanism_of
 from capc_services.common.party import apply_torch_threads
 from capc_services.teacher.settings import TeacherSettings
 
@@ -102,23 +101,16 @@ def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
         )
     check_labels(labels, classes=config.classes, name=name)
     shards = partition(labels, shards=heads, scheme="hash", seed=config.queries.seed, images=images)
-    featurizer = BackboneFeaturizer(load_shared_backbone(config))
-    bn_batch = config.queries.bn_batch
-    features, owners, index = shard_features(featurizer, images, shards, bn_batch=bn_batch, mode="current")
-    ensemble = fit_teachers(
-        featurizer,
+    trained = mechanism_of(config).train_teachers(
+        load_shared_backbone(config),
         images,
-        labels,
+        np.asarray(labels, dtype=np.int64),
         shards,
-        classes=config.classes,
-        bn_batch=bn_batch,
-        features=lambda: features,
+        bn_batch=config.queries.bn_batch,
     )
     settings.heads.parent.mkdir(parents=True, exist_ok=True)
-    ensemble.save(settings.heads)
-    # Each head on its own shard: a sanity figure for the operator (it stays on site).
-    own = ensemble.predict(features)[owners, np.arange(len(owners))]
-    train_accuracy = float((own == labels[index]).mean())
+    trained.save(settings.heads)
+    train_accuracy = trained.train_accuracy
     seconds = time.perf_counter() - start
     return {
         "party": settings.party,

@@ -65,15 +65,16 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
     type=click.IntRange(min=1),
     default=25,
     show_default=True,
-    help="Teacher heads per party (PATE mechanisms).",
+    help="Teacher heads per party (PATE mechanisms; prompted teachers under prom-pate).",
 )
 @click.option(
     "--mechanism",
-    type=click.Choice(["confident-gnmax", "gnmax", "private-knn", "dppl", "secagg-dpsgd"]),
+    type=click.Choice(["confident-gnmax", "gnmax", "private-knn", "prom-pate", "dppl", "secagg-dpsgd"]),
     default="confident-gnmax",
     show_default=True,
     help="How the federation learns: teachers' votes through Confident-GNMax (the default) or GNMax, "
-    "Private-kNN votes, DP prototypes (dppl, one release) or secure-aggregation DP-SGD (secagg-dpsgd, one "
+    "Private-kNN votes, prompted teachers' votes through Confident-GNMax (prom-pate), DP prototypes "
+    "(dppl, one release) or secure-aggregation DP-SGD (secagg-dpsgd, one "
     "release per round); see docs/mechanisms.md.",
 )
 @click.option("--dataset", default="fashion-mnist", show_default=True, help="The teachers' private data.")

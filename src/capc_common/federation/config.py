@@ -32,6 +32,7 @@ from capc_common.errors import InputError
 
 if TYPE_CHECKING:
     from capc_common.federation.releases import ReleaseProtocol
+    from capc_common.learn.prompts import PromptRecipe
     from capc_common.mechanisms import SelectionMechanism
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -97,29 +98,23 @@ class _MechanismConfig(_Frozen):
         return None
 
 
-class Mechanism(_MechanismConfig):
-    """Confident-GNMax: pass if max votes + N_Z(0, σ1²) ≥ T, then answer argmax(votes + N_Z(0, σ2²)).
+class _ConfidentMember(_MechanismConfig):
+    """Confident-GNMax's public parameters, shared by every member aggregated by it."""
 
-    The default member of ``mechanism:`` (a config without ``name`` means this one).
-    """
-
-    name: Literal["confident-gnmax"] = "confident-gnmax"
     threshold: float = Field(ge=0)
     sigma1: float = Field(gt=0)
     sigma2: float = Field(gt=0)
 
-    def build(self, *, classes: int, teachers: int, min_teachers: int | None) -> SelectionMechanism:
-        """The mechanism object every party of the federation plugs into the engine."""
-        from capc_common.mechanisms import ConfidentGNMax
-
-        return ConfidentGNMax(
-            classes=classes,
-            teachers=teachers,
-            threshold=self.threshold,
-            sigma1=self.sigma1,
-            sigma2=self.sigma2,
-            min_teachers=min_teachers,
-        )
+    def confident(self, *, classes: int, teachers: int, min_teachers: int | None) -> dict[str, Any]:
+        """The arguments of :class:`~capc_common.mechanisms.ConfidentGNMax` (or a subclass)."""
+        return {
+            "classes": classes,
+            "teachers": teachers,
+            "threshold": self.threshold,
+            "sigma1": self.sigma1,
+            "sigma2": self.sigma2,
+            "min_teachers": min_teachers,
+        }
 
     def noise_hint(self) -> str:
         """Which field to raise for more noise per answer (named in errors about a budget too small)."""
@@ -128,6 +123,56 @@ class Mechanism(_MechanismConfig):
     def noise_sigmas(self) -> tuple[float, ...]:
         """Every σ the parties sample discrete Gaussians at (for the samplers' distance in δ)."""
         return (self.sigma1, self.sigma2)
+
+
+class Mechanism(_ConfidentMember):
+    """Confident-GNMax: pass if max votes + N_Z(0, σ1²) ≥ T, then answer argmax(votes + N_Z(0, σ2²)).
+
+    The default member of ``mechanism:`` (a config without ``name`` means this one).
+    """
+
+    name: Literal["confident-gnmax"] = "confident-gnmax"
+
+    def build(self, *, classes: int, teachers: int, min_teachers: int | None) -> SelectionMechanism:
+        """The mechanism object every party of the federation plugs into the engine."""
+        from capc_common.mechanisms import ConfidentGNMax
+
+        return ConfidentGNMax(**self.confident(classes=classes, teachers=teachers, min_teachers=min_teachers))
+
+
+class PromPATEMechanism(_ConfidentMember):
+    """Prom-PATE: every party's prompted teachers (one per shard of its data, a visual prompt and a label map
+    on the frozen shared backbone) vote, aggregated by Confident-GNMax.
+
+    The prompt recipe is public and the same for every party: it is part of the config hash, and a party's
+    teachers file trained under another recipe is refused. Fields as
+    :class:`~capc_common.learn.prompts.PromptRecipe` (validated by it).
+    """
+
+    name: Literal["prom-pate"]
+    kind: Literal["pad", "additive"] = "pad"
+    width: int = Field(default=3, ge=1)
+    map_steps: int = Field(default=50, ge=1)
+    map_lr: float = Field(default=1e-3, gt=0)
+    steps: int = Field(default=10, ge=0)
+    prompt_lr: float = Field(default=0.05, gt=0)
+    joint_map_lr: float = Field(default=1e-3, gt=0)
+
+    def recipe(self) -> PromptRecipe:
+        """The prompt recipe every party trains its teachers with."""
+        from capc_common.learn.prompts import PromptRecipe
+
+        fields = PromptRecipe.__dataclass_fields__
+        return PromptRecipe(**{k: getattr(self, k) for k in fields})
+
+    def build(self, *, classes: int, teachers: int, min_teachers: int | None) -> SelectionMechanism:
+        """A :class:`~capc_common.mechanisms.PromPATE`: Confident-GNMax's accounting, prompted voters."""
+        from capc_common.mechanisms import PromPATE
+
+        return PromPATE(
+            recipe=self.recipe(),
+            **self.confident(classes=classes, teachers=teachers, min_teachers=min_teachers),
+        )
 
 
 class GNMaxMechanism(_MechanismConfig):
@@ -256,20 +301,21 @@ def _mechanism_name(value: Any) -> str:
     return str(getattr(value, "name", "confident-gnmax"))
 
 
-SelectionMember = Mechanism | GNMaxMechanism | PrivateKNNMechanism
+SelectionMember = Mechanism | GNMaxMechanism | PrivateKNNMechanism | PromPATEMechanism
 """The members whose parties vote on query batches (2PC noisy argmax, labels for a student)."""
 
 MechanismConfig = Annotated[
     Annotated[Mechanism, Tag("confident-gnmax")]
     | Annotated[GNMaxMechanism, Tag("gnmax")]
     | Annotated[PrivateKNNMechanism, Tag("private-knn")]
+    | Annotated[PromPATEMechanism, Tag("prom-pate")]
     | Annotated[DPPLMechanism, Tag("dppl")]
     | Annotated[SecAggDPSGDMechanism, Tag("secagg-dpsgd")],
     Discriminator(
         _mechanism_name,
         custom_error_type="mechanism_name",
         custom_error_message=(
-            "mechanism.name must be one of confident-gnmax, gnmax, private-knn, dppl, secagg-dpsgd"
+            "mechanism.name must be one of confident-gnmax, gnmax, private-knn, prom-pate, dppl, secagg-dpsgd"
         ),
     ),
 ]

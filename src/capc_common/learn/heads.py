@@ -123,21 +123,32 @@ class HeadEnsemble:
         Raises:
             InputError: if the file is missing or is not a heads file.
         """
-        from safetensors import safe_open
-
         source = Path(path)
         if not source.is_file():
             raise InputError(f"heads file {source} does not exist; train heads first and save them there")
-        try:
-            with safe_open(str(source), framework="pt") as handle:
-                meta = handle.metadata() or {}
-                params = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
-        except Exception as exc:
-            raise InputError(f"{source} is not a readable safetensors file: {exc}") from exc
+        meta, params = read_safetensors(source)
         if meta.get("format") != _FORMAT or meta.get("kind") not in ("linear", "mlp"):
             raise InputError(f"{source} is not a capc heads file (format {meta.get('format')!r})")
         kind: HeadKind = "mlp" if meta["kind"] == "mlp" else "linear"
         return cls(kind, params, int(meta["classes"]), json.loads(meta.get("user", "{}")))
+
+
+def read_safetensors(source: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """A safetensors file's metadata and tensors, any reading failure as one clear :class:`InputError`
+    (a truncated or foreign file must not surface as a library traceback).
+
+    Raises:
+        InputError: the file cannot be read as safetensors.
+    """
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(source), framework="pt") as handle:
+            meta = handle.metadata() or {}
+            tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+    except Exception as exc:
+        raise InputError(f"{source} is not a readable safetensors file: {exc}") from exc
+    return dict(meta), tensors
 
 
 def _as_features(features: npt.ArrayLike | torch.Tensor, *, dim: int) -> torch.Tensor:

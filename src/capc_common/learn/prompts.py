@@ -31,9 +31,11 @@ teacher's prompt and map are bit-identical.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -43,13 +45,16 @@ import torch.nn.functional as F
 
 from capc_common.errors import InputError
 from capc_common.learn.featurizers import BackboneFeaturizer
-from capc_common.learn.heads import HeadRecipe, train_heads
+from capc_common.learn.heads import HeadRecipe, read_safetensors, train_heads
 from capc_common.learn.teachers import shard_features
 from capc_common.models import Backbone, bn_stats, chunk_starts, to_tensor
 
 __all__ = ["PromptKind", "PromptRecipe", "PromptedTeachers", "train_prompted_teachers"]
 
 PromptKind = Literal["pad", "additive"]
+
+#: ``format`` of a prompted-teachers file (:meth:`PromptedTeachers.save`).
+_FORMAT = "capc-prompted-teachers-v1"
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,78 @@ class PromptedTeachers:
                 logits = torch.addmm(self.biases[t], feats, self.weights[t].T)
                 out[t] = logits.argmax(dim=1).numpy()
         return out
+
+    def teacher(self, index: int) -> PromptedTeachers:
+        """Teacher ``index`` alone (e.g. to check it on its own shard without running every other teacher)."""
+        part = slice(index, index + 1)
+        return replace(
+            self,
+            prompts=self.prompts[part],
+            weights=self.weights[part],
+            biases=self.biases[part],
+            losses=self.losses[part],
+        )
+
+    def save(self, path: str | Path) -> None:
+        """Write the teachers to a safetensors file, atomically (a temporary file, then a rename).
+
+        The file names the backbone (its SHA-256) and the recipe they were trained with, so
+        :meth:`load` can refuse to vote with prompts learned on another backbone or under another recipe —
+        they would run, but vote as teachers nobody trained.
+        """
+        from safetensors.torch import save_file
+
+        target = Path(path)
+        tensors = {
+            "prompts": self.prompts,
+            "weights": self.weights,
+            "biases": self.biases,
+            "losses": torch.from_numpy(np.ascontiguousarray(self.losses)),
+        }
+        header = {
+            "format": _FORMAT,
+            "backbone_sha256": self.backbone.sha256,
+            "recipe": json.dumps(self.recipe.describe(), sort_keys=True),
+            "bn_batch": str(self.bn_batch),
+        }
+        partial = target.with_name(f"{target.name}.partial")
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(partial), metadata=header)
+        partial.replace(target)
+
+    @classmethod
+    def load(cls, path: str | Path, *, backbone: Backbone, recipe: PromptRecipe) -> PromptedTeachers:
+        """Read teachers written by :meth:`save`, for ``backbone`` under ``recipe``.
+
+        Raises:
+            InputError: the file is missing or not a prompted-teachers file, or it was trained on another
+                backbone or with another recipe (retrain them).
+        """
+        source = Path(path)
+        if not source.is_file():
+            raise InputError(f"prompted-teachers file {source} does not exist; train the teachers first")
+        meta, tensors = read_safetensors(source)
+        if meta.get("format") != _FORMAT:
+            raise InputError(f"{source} is not a prompted-teachers file (format {meta.get('format')!r})")
+        if meta.get("backbone_sha256") != backbone.sha256:
+            raise InputError(
+                f"{source} was trained on the backbone with SHA-256 {meta.get('backbone_sha256')}, but this "
+                f"party's backbone is {backbone.sha256}: retrain the prompted teachers on it"
+            )
+        stored = json.loads(meta.get("recipe", "{}"))
+        if stored != json.loads(json.dumps(recipe.describe(), sort_keys=True)):
+            raise InputError(
+                f"{source} was trained with the prompt recipe {stored}, but the federation's is "
+                f"{recipe.describe()}: retrain the prompted teachers under it"
+            )
+        return cls(
+            backbone=backbone,
+            prompts=tensors["prompts"],
+            weights=tensors["weights"],
+            biases=tensors["biases"],
+            recipe=recipe,
+            bn_batch=int(meta["bn_batch"]),
+            losses=tensors["losses"].numpy(),
+        )
 
     def histograms(self, images: npt.NDArray[np.uint8], *, batch: int = 256) -> npt.NDArray[np.int64]:
         """Vote histograms ``(N, classes)`` of the teachers on ``images``, voting batch by batch.

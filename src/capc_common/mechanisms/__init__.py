@@ -17,12 +17,13 @@ The central runners (:mod:`capc_common.mechanisms.central`, ``capc dietpate run`
 services take such an object; neither branches on a mechanism's name.
 """
 
-from capc_common.mechanisms.base import BatchNoise, SelectionMechanism
+from capc_common.mechanisms.base import BatchNoise, SelectionMechanism, TrainedTeachers
 from capc_common.mechanisms.dpsgd import SecureDPSGD, poisson_sample
 from capc_common.mechanisms.knn import PrivateKNN
 from capc_common.mechanisms.pate import ConfidentGNMax, GNMax, LNMax
 from capc_common.mechanisms.prompate import (
     Answers,
+    PromPATE,
     PromPATEResult,
     answer_within_budget,
     release_and_learn,
@@ -37,7 +38,14 @@ from capc_common.mechanisms.release import (
     reveal,
     share_contribution,
 )
-from capc_common.mechanisms.voters import HeadsVoter, KNNVoter, PartyResources, Voter, per_example
+from capc_common.mechanisms.voters import (
+    HeadsVoter,
+    KNNVoter,
+    PartyResources,
+    PromptedVoter,
+    Voter,
+    per_example,
+)
 
 __all__ = [
     "Answers",
@@ -51,10 +59,13 @@ __all__ = [
     "LNMax",
     "PartyResources",
     "PrivateKNN",
+    "PromPATE",
     "PromPATEResult",
+    "PromptedVoter",
     "ReleaseMechanism",
     "SecureDPSGD",
     "SelectionMechanism",
+    "TrainedTeachers",
     "Voter",
     "answer_within_budget",
     "calibrate",

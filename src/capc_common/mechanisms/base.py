@@ -18,6 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -28,16 +29,30 @@ from capc_common.aggregation.noise import MechanismNoise
 from capc_common.mechanisms.voters import HeadsVoter, PartyResources, Voter
 
 if TYPE_CHECKING:
+    from capc_common.models import Backbone
     from capc_common.mpc import GarblerSession, MpcConfig, Reveal
     from capc_common.privacy import DataDependentPATEAccountant, NoiseSource
 
-__all__ = ["BatchNoise", "SelectionMechanism"]
+__all__ = ["BatchNoise", "SelectionMechanism", "TrainedTeachers"]
 
 Commit = Callable[["Reveal"], None]
 """The ledger hook: gets the batch's pass bits and decoding bits (:class:`~capc_common.mpc.Reveal`) before any
 reveal, and makes the charge durable before returning."""
 Mark = Callable[[], None]
 """Called once before the first pass bit is decoded (the guardian records the computation there)."""
+
+
+@dataclass(frozen=True)
+class TrainedTeachers:
+    """What a party trained for its voter, not yet saved (it stays on site).
+
+    Attributes:
+        save: writes it, atomically, to the party's teachers file (its voter loads it from there).
+        train_accuracy: each teacher on its own shard, a sanity figure for the operator.
+    """
+
+    save: Callable[[Path], None]
+    train_accuracy: float
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,45 @@ class SelectionMechanism(ABC):
     def voter(self, party: PartyResources) -> Voter:
         """The teacher party's voter under this mechanism: by default its trained heads (PATE)."""
         return HeadsVoter(party.backbone, party.heads(), classes=self.classes)
+
+    def train_teachers(
+        self,
+        backbone: Backbone,
+        images: npt.NDArray[np.uint8],
+        labels: npt.NDArray[np.int64],
+        shards: Sequence[npt.NDArray[np.int64]],
+        *,
+        bn_batch: int,
+    ) -> TrainedTeachers:
+        """What a party trains for its voter (``capc teacher train``), one teacher per shard of its own data,
+        each on its shard alone: by default PATE heads (the central pipeline's
+        :func:`~capc_common.learn.teachers.fit_teachers`, features in current statistics over ``bn_batch``
+        chunks of the shard, the setting the party votes in).
+
+        Args:
+            backbone: the shared backbone.
+            images: the party's images.
+            labels: their labels.
+            shards: disjoint index arrays, one per teacher.
+            bn_batch: the federation's BatchNorm chunk.
+        """
+        from capc_common.learn import BackboneFeaturizer, fit_teachers, shard_features
+
+        featurizer = BackboneFeaturizer(backbone)
+        features, owners, index = shard_features(
+            featurizer, images, shards, bn_batch=bn_batch, mode="current"
+        )
+        ensemble = fit_teachers(
+            featurizer,
+            images,
+            labels,
+            shards,
+            classes=self.classes,
+            bn_batch=bn_batch,
+            features=lambda: features,
+        )
+        own = ensemble.predict(features)[owners, np.arange(len(owners))]
+        return TrainedTeachers(save=ensemble.save, train_accuracy=float((own == labels[index]).mean()))
 
     # ------------------------------------------------------------------ accounting
     @abstractmethod

@@ -12,21 +12,86 @@ Confident-GNMax accountant's for the same queries and answers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from capc_common.aggregation import UNANSWERED, MechanismNoise, check_histograms, mechanism_noise
 from capc_common.errors import InputError
+from capc_common.learn.prompts import PromptedTeachers, PromptRecipe
+from capc_common.mechanisms.base import TrainedTeachers
+from capc_common.mechanisms.pate import ConfidentGNMax
+from capc_common.mechanisms.voters import PartyResources, PromptedVoter, Voter
 
 if TYPE_CHECKING:
-    from capc_common.learn.prompts import PromptedTeachers
     from capc_common.learn.student import StudentFit
     from capc_common.mechanisms.base import SelectionMechanism
+    from capc_common.models import Backbone
 
-__all__ = ["Answers", "PromPATEResult", "answer_within_budget", "release_and_learn", "run_prom_pate"]
+__all__ = [
+    "Answers",
+    "PromPATE",
+    "PromPATEResult",
+    "answer_within_budget",
+    "release_and_learn",
+    "run_prom_pate",
+]
+
+
+class PromPATE(ConfidentGNMax):
+    """Confident-GNMax over the votes of prompted teachers: the federation's Prom-PATE.
+
+    Only what a party contributes changes — prompted teachers trained on its own shards
+    (:meth:`train_teachers`) and voting on the query images (:class:`~capc_common.mechanisms.voters.
+    PromptedVoter`); each still casts one vote per query, so the accounting, the noise, the 2PC and the
+    ledger are Confident-GNMax's, inherited unchanged.
+
+    Args:
+        recipe: how every party trains its prompted teachers (federation.yaml's, so the hash covers it).
+        **confident: :class:`ConfidentGNMax`'s arguments (classes, teachers, threshold, σ1, σ2, min_teachers).
+    """
+
+    name = "prom-pate"
+
+    def __init__(self, *, recipe: PromptRecipe, **confident: Any) -> None:
+        super().__init__(**confident)
+        self.recipe = recipe
+
+    def voter(self, party: PartyResources) -> Voter:
+        """The party's prompted teachers, refused if trained on another backbone or recipe."""
+        teachers = PromptedTeachers.load(party.teachers_file, backbone=party.backbone, recipe=self.recipe)
+        if teachers.classes != self.classes:
+            raise InputError(
+                f"{party.teachers_file} holds teachers over {teachers.classes} classes; the federation has "
+                f"{self.classes}: retrain them"
+            )
+        return PromptedVoter(teachers)
+
+    def train_teachers(
+        self,
+        backbone: Backbone,
+        images: npt.NDArray[np.uint8],
+        labels: npt.NDArray[np.int64],
+        shards: Sequence[npt.NDArray[np.int64]],
+        *,
+        bn_batch: int,
+    ) -> TrainedTeachers:
+        """One prompted teacher per shard, each on its shard alone
+        (:func:`~capc_common.learn.prompts.train_prompted_teachers`); the sanity figure is each teacher's
+        accuracy on its own shard."""
+        from capc_common.learn.prompts import train_prompted_teachers
+
+        teachers = train_prompted_teachers(
+            backbone, images, labels, shards, classes=self.classes, bn_batch=bn_batch, recipe=self.recipe
+        )
+        right = sum(
+            int(np.sum(teachers.teacher(t).predict(images[shard])[0] == labels[shard]))
+            for t, shard in enumerate(shards)
+        )
+        return TrainedTeachers(save=teachers.save, train_accuracy=right / sum(len(s) for s in shards))
 
 
 @dataclass(frozen=True)

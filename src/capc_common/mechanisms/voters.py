@@ -8,15 +8,18 @@ every voter. Two exist:
 * :class:`HeadsVoter` (PATE: Confident-GNMax, GNMax): the party's trained heads on the shared backbone in
   current-statistics mode, one one-hot vote per head;
 * :class:`KNNVoter` (Private-kNN): for each query a fresh Poisson sample of the party's records votes with
-  its ``k`` nearest (cosine on per-example features).
+  its ``k`` nearest (cosine on per-example features);
+* :class:`PromptedVoter` (Prom-PATE): the party's prompted teachers, each on its own prompted copy of the
+  query batch, one vote per teacher.
 
 The voter gets what it needs from the party through :class:`PartyResources`, which loads lazily: a kNN party
-has no heads file and a heads party never featurises its records.
+has no teachers file and a heads party never featurises its records.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -24,11 +27,12 @@ import numpy.typing as npt
 
 if TYPE_CHECKING:
     from capc_common.learn.heads import HeadEnsemble
+    from capc_common.learn.prompts import PromptedTeachers
     from capc_common.mechanisms.knn import PrivateKNN
     from capc_common.models import Backbone
     from capc_common.privacy import NoiseSource
 
-__all__ = ["HeadsVoter", "KNNVoter", "PartyResources", "Voter", "per_example"]
+__all__ = ["HeadsVoter", "KNNVoter", "PartyResources", "PromptedVoter", "Voter", "per_example"]
 
 #: Images per forward pass of per-example (running-statistics) features: the result does not depend on it.
 PER_EXAMPLE_CHUNK = 64
@@ -55,6 +59,10 @@ class PartyResources(Protocol):
     @property
     def backbone(self) -> Backbone:
         """The shared backbone (verified against federation.yaml)."""
+
+    @property
+    def teachers_file(self) -> Path:
+        """Where the party keeps what it trained for its voter (``capc teacher train`` writes it)."""
 
     def heads(self) -> HeadEnsemble:
         """The party's trained heads, checked against federation.yaml."""
@@ -159,3 +167,35 @@ class KNNVoter(Voter):
             "sampling_rate": self.mechanism.sampling_rate,
             "records": len(self.labels),
         }
+
+
+class PromptedVoter(Voter):
+    """Prom-PATE teachers: each teacher runs the backbone on its own prompted copy of the query batch (current
+    statistics, ``bn_batch`` chunks of that batch only, as they were trained) and casts one vote.
+
+    Args:
+        teachers: the party's prompted teachers (:meth:`PromptedTeachers.load`).
+    """
+
+    def __init__(self, teachers: PromptedTeachers) -> None:
+        self.teachers = teachers
+        self.heads = teachers.teachers
+
+    def vote(self, images: npt.NDArray[np.uint8], *, bn_batch: int) -> npt.NDArray[np.int64]:
+        """One vote per teacher per query (the whole batch is one voting batch).
+
+        Raises:
+            InputError: the federation's BatchNorm chunk is not the one the teachers were trained with.
+        """
+        from capc_common.errors import InputError
+
+        if bn_batch != self.teachers.bn_batch:
+            raise InputError(
+                f"the prompted teachers were trained with BatchNorm chunks of {self.teachers.bn_batch}, but "
+                f"the federation votes in chunks of {bn_batch}: retrain them"
+            )
+        return self.teachers.histograms(images, batch=len(images))
+
+    def describe(self) -> dict[str, Any]:
+        """The number of teachers and the prompt recipe (public: federation.yaml holds it)."""
+        return {"voter": "prompted", "heads": self.heads, "recipe": self.teachers.recipe.describe()}
