@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
@@ -240,9 +241,10 @@ class ReleaseMember(_MechanismConfig):
 
     fixed_point_bits: int | None = Field(default=None, ge=0, le=40)
 
+    @abstractmethod
     def protocol(self, *, classes: int, dim: int) -> ReleaseProtocol:
-        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
-        raise NotImplementedError
+        """The release protocol every party of the federation runs (see :mod:`.releases`); each member
+        builds its own."""
 
 
 class DPPLMechanism(ReleaseMember):
