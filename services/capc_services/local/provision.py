@@ -177,9 +177,10 @@ def _dppl(options: LocalOptions) -> tuple[dict[str, Any], int]:
     return {"name": "dppl", "rho": rho}, options.teachers_per_party
 
 
-#: Rounds, sampled records per round, clip and step of the default secure-aggregation DP-SGD (the
-#: learning rate chosen on validation data in docs/mechanisms.md; the rest not tuned).
-DPSGD_DEFAULTS = {"rounds": 20, "batch": 256, "clip": 1.0, "learning_rate": 8.0, "momentum": 0.9}
+#: Rounds, sampling rate, clip and step of the default secure-aggregation DP-SGD: full batch (every record
+#: in every round, so a round costs the discrete Gaussian's own RDP, with no subsampling bound and its floor
+#: at small ε), the learning rate chosen on validation data in docs/mechanisms.md.
+DPSGD_DEFAULTS = {"rounds": 30, "sampling_rate": 1.0, "clip": 1.0, "learning_rate": 8.0, "momentum": 0.9}
 
 
 def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
@@ -194,7 +195,7 @@ def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
     )
     records = options.parties * per_party
     rounds = int(given.get("rounds", DPSGD_DEFAULTS["rounds"]))
-    rate = float(given.get("sampling_rate", min(1.0, DPSGD_DEFAULTS["batch"] / records)))
+    rate = float(given.get("sampling_rate", DPSGD_DEFAULTS["sampling_rate"]))
     order = options.order or _FALLBACK_ORDER
     budget = 0.999 * _budget_rdp(options)
     z = calibrate(

@@ -264,8 +264,7 @@ class DPSGDProtocol(ReleaseProtocol):
         source: NoiseSource,
     ) -> npt.NDArray[np.int64]:
         """The clipped gradient sum at head ``state`` over this round's Poisson sample of the records."""
-        rows = self.sgd.sample(len(labels), source)
-        return self.sgd.contribution(state, normalise(features)[rows], labels[rows])
+        return self.sgd.sampled_contribution(state, normalise(features), labels, source)[0]
 
     def absorb(self, total: npt.NDArray[np.int64]) -> None:
         """One momentum-SGD step on the noisy gradient sum."""

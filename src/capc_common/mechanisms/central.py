@@ -262,9 +262,11 @@ def run_secure_dpsgd(
         contributions = []
         count = 0
         for party, x in zip(parties, features, strict=True):
-            rows = mechanism.sample(len(party.labels), sources[party.name])
-            count += len(rows)
-            contributions.append(mechanism.contribution(weights, x[rows], party.labels[rows]))
+            contribution, sampled_records = mechanism.sampled_contribution(
+                weights, x, party.labels, sources[party.name]
+            )
+            count += sampled_records
+            contributions.append(contribution)
         total = release_once(mechanism, contributions, guardian=guardian)
         velocity = momentum * velocity + mechanism.gradient(total) / expected_batch
         weights = weights - learning_rate * velocity

@@ -163,6 +163,24 @@ class SecureDPSGD(ReleaseMechanism):
         """This round's Poisson sample of a party's ``records`` (indices)."""
         return poisson_sample(records, rate=self.sampling_rate, source=source)
 
+    def sampled_contribution(
+        self,
+        weights: npt.ArrayLike,
+        features: npt.NDArray[np.float64],
+        labels: npt.NDArray[np.int64],
+        source: NoiseSource,
+    ) -> tuple[npt.NDArray[np.int64], int]:
+        """This round's Poisson sample of a party's records and its :meth:`contribution`.
+
+        Returns:
+            ``(contribution, sampled records)``. At ``q = 1`` every record is used in place (no copy of the
+            features, which full-batch rounds would otherwise make every round).
+        """
+        rows = self.sample(len(labels), source)
+        if len(rows) == len(labels):  # indices are distinct and sorted: this is every record
+            return self.contribution(weights, features, labels), len(rows)
+        return self.contribution(weights, features[rows], labels[rows]), len(rows)
+
     def contribution(
         self, weights: npt.ArrayLike, features: npt.ArrayLike, labels: npt.ArrayLike
     ) -> npt.NDArray[np.int64]:
@@ -180,7 +198,7 @@ class SecureDPSGD(ReleaseMechanism):
             InputError: shapes that do not match the head.
         """
         w = np.asarray(weights, dtype=np.float64)
-        x = np.asarray(features, dtype=np.float64)
+        x = np.asarray(features, dtype=np.float64)  # no copy when the caller keeps float64 features
         y = np.asarray(labels, dtype=np.int64)
         if w.shape != (self.classes, self.dim + 1) or x.ndim != 2 or x.shape[1] != self.dim:
             raise InputError(
@@ -193,16 +211,16 @@ class SecureDPSGD(ReleaseMechanism):
             # inf − inf in the logits would make a record's clipped gradient NaN, which encodes far beyond
             # the sensitivity Δ: a party must not trust the head it is sent.
             raise InputError("the head or the features hold inf or NaN; refusing to compute a contribution")
-        xt = np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
-        logits = xt @ w.T
+        # The bias is a weight on a constant feature 1, kept apart so that the features are never copied.
+        logits = x @ w[:, :-1].T + w[:, -1]
         logits -= logits.max(axis=1, keepdims=True)
         p = np.exp(logits)
         p /= p.sum(axis=1, keepdims=True)
         p[np.arange(len(y)), y] -= 1.0  # d loss / d logits
         # The per-example gradient is an outer product: its norm is the product of the two norms.
-        norms = np.linalg.norm(p, axis=1) * np.linalg.norm(xt, axis=1)
-        scale = np.minimum(1.0, self.clip_effective / np.maximum(norms, 1e-300))
-        total = (p * scale[:, None]).T @ xt
+        norms = np.sqrt((p * p).sum(axis=1) * (np.einsum("ij,ij->i", x, x) + 1.0))
+        g = p * np.minimum(1.0, self.clip_effective / np.maximum(norms, 1e-300))[:, None]
+        total = np.concatenate([g.T @ x, g.sum(axis=0)[:, None]], axis=1)
         return self.fixed_point.encode(total).ravel()
 
     def gradient(self, total: npt.ArrayLike) -> npt.NDArray[np.float64]:
