@@ -218,6 +218,9 @@ class TeacherOfStudent:
             self.guardian.close()
 
 
+ONE_PARTY_QUORUM = {"min_parties": 1, "vote_deadline_s": 3, "share_deadline_s": 3}
+
+
 @pytest.fixture
 def late_guardian(tmp_path: Path, pki: Path, federation_dict, heads_and_backbone) -> Iterator:
     """A one-party federation whose guardian is not started yet (``vote_deadline_s`` 3)."""
@@ -226,7 +229,7 @@ def late_guardian(tmp_path: Path, pki: Path, federation_dict, heads_and_backbone
         federation_dict(
             teachers=[{"name": "hospital-a", "heads": 2}],
             backbone={"name": "scatter-28x28x1", "sha256": backbone.sha256},
-            **{**GUARDIAN_TEST_FEDERATION, "quorum": {"min_parties": 1, "vote_deadline_s": 3, "share_deadline_s": 3}},
+            **{**GUARDIAN_TEST_FEDERATION, "quorum": ONE_PARTY_QUORUM},
         )
     )
     party = TeacherOfStudent(tmp_path, pki, config, heads)
