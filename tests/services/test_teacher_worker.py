@@ -159,36 +159,48 @@ def test_specs_that_contradict_the_federation_and_the_local_cap_are_refused(
     assert worker.cap.batches == 0
 
 
+def _free_port() -> int:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return int(free.getsockname()[1])
+
+
 class TeacherOfStudent:
     """A teacher party's links to a real student gRPC server (which dispatches its work), and to a guardian
     address where nothing listens until :meth:`start_guardian`."""
 
     def __init__(self, tmp_path: Path, pki: Path, config: FederationConfig, heads) -> None:
         self.tmp_path, self.pki, self.config = tmp_path, pki, config
-        self.registry = TeacherRegistry()
-        self.student = start_grpc_server(
-            bind="127.0.0.1:0",
-            tls=tls_files(pki, "student"),
-            register=[add_student(StudentServicer(config=config, registry=self.registry))],
-            services=[rpc.STUDENT_SERVICE],
-            interceptors=[AuthInterceptor(config=config, policy=STUDENT_POLICY)],
-        )
-        with socket.socket() as free:
-            free.bind(("127.0.0.1", 0))
-            self.guardian_port = free.getsockname()[1]
+        self.student_port, self.guardian_port = _free_port(), _free_port()
+        self.start_student()
         self.worker = _worker(tmp_path, pki, config, heads)
         self.links = TeacherLinks(
             config=config,
             party="hospital-a",
             tls=tls_files(pki, "hospital-a"),
-            student_address=f"127.0.0.1:{self.student.port}",
+            student_address=f"127.0.0.1:{self.student_port}",
             guardian_address=f"127.0.0.1:{self.guardian_port}",
             worker=self.worker,
         )
         self.stop = threading.Event()
         threading.Thread(target=self.links.run, args=(self.stop,), daemon=True).start()
-        assert self.registry.wait_for(1, timeout=30, stop=self.stop)
+        assert self.connected(timeout=30)
         self.guardian: Setup | None = None
+
+    def start_student(self) -> None:
+        """(Re)start the student's gRPC server on its port, with a registry of its own."""
+        self.registry = TeacherRegistry()
+        self.student = start_grpc_server(
+            bind=f"127.0.0.1:{self.student_port}",
+            tls=tls_files(self.pki, "student"),
+            register=[add_student(StudentServicer(config=self.config, registry=self.registry))],
+            services=[rpc.STUDENT_SERVICE],
+            interceptors=[AuthInterceptor(config=self.config, policy=STUDENT_POLICY)],
+        )
+
+    def connected(self, *, timeout: float) -> bool:
+        """Whether the party's work stream reaches the running student within ``timeout`` seconds."""
+        return self.registry.wait_for(1, timeout=timeout, stop=threading.Event())
 
     def start_guardian(self) -> Setup:
         self.guardian = Setup(self.pki, self.tmp_path, self.config, bind=f"127.0.0.1:{self.guardian_port}")
@@ -222,7 +234,7 @@ ONE_PARTY_QUORUM = {"min_parties": 1, "vote_deadline_s": 3, "share_deadline_s": 
 
 
 @pytest.fixture
-def late_guardian(tmp_path: Path, pki: Path, federation_dict, heads_and_backbone) -> Iterator:
+def teacher_of_student(tmp_path: Path, pki: Path, federation_dict, heads_and_backbone) -> Iterator:
     """A one-party federation whose guardian is not started yet (``vote_deadline_s`` 3)."""
     heads, backbone = heads_and_backbone
     config = FederationConfig.from_dict(
@@ -237,10 +249,10 @@ def late_guardian(tmp_path: Path, pki: Path, federation_dict, heads_and_backbone
     party.close()
 
 
-def test_a_party_started_before_the_guardian_answers_once_it_listens(late_guardian) -> None:
+def test_a_party_started_before_the_guardian_answers_once_it_listens(teacher_of_student) -> None:
     # `capc local up` starts every party at once and polls each one's /readyz, whose guardian check found
     # nothing listening yet: the party's guardian link backs off between attempts to connect.
-    party = late_guardian
+    party = teacher_of_student
     probing = time.monotonic() + 3
     while time.monotonic() < probing:
         assert not party.links.guardian_reachable(timeout=0.25)
@@ -254,8 +266,8 @@ def test_a_party_started_before_the_guardian_answers_once_it_listens(late_guardi
     assert party.worker.cap.batches == 1 and party.worker.stats.refused == 0
 
 
-def test_a_guardian_that_never_comes_costs_the_party_nothing(late_guardian) -> None:
-    party = late_guardian
+def test_a_guardian_that_never_comes_costs_the_party_nothing(teacher_of_student) -> None:
+    party = teacher_of_student
     started = time.monotonic()
     answer = party.ask(batch_plan(party.config, first_index=0, count=32))
     # Refused after waiting the vote deadline for the guardian, before charging or computing anything.
@@ -264,3 +276,20 @@ def test_a_guardian_that_never_comes_costs_the_party_nothing(late_guardian) -> N
     assert "nothing was charged" in answer.refusal
     assert party.worker.cap.batches == 0 and party.worker.cap.epsilon == 0
     assert 2.5 < time.monotonic() - started < 30
+
+
+def test_a_student_restarted_twice_gets_its_teacher_back_at_once(teacher_of_student) -> None:
+    party = teacher_of_student
+    # A first outage long enough for the party's reconnection backoff to grow to its cap.
+    party.student.stop(0)
+    time.sleep(4)
+    party.start_student()
+    assert party.connected(timeout=30)
+    # Restarted again soon after, the student has its teacher back within ~1 s (its backoff started afresh
+    # with the welcomed session: it used to stay at 5 s until a session had lasted 30 s).
+    party.student.stop(0)
+    time.sleep(0.8)
+    party.start_student()
+    back = time.monotonic()
+    assert party.connected(timeout=30)
+    assert time.monotonic() - back < 2.5
