@@ -45,6 +45,7 @@ class Setup:
         *,
         ledger_class: type[BudgetLedger] = BudgetLedger,
         frame_deadline_s: float = 60.0,
+        bind: str = "127.0.0.1:0",
     ) -> None:
         self.pki, self.config = pki, config
         self.ledger = ledger_class.open_or_create(
@@ -63,7 +64,7 @@ class Setup:
         noise = party_noise("guardian", seed=SEED)
         self.guardian = Guardian(config=config, ledger=self.ledger, noise=noise, metrics=metrics)
         self.server: GrpcServer = start_grpc_server(
-            bind="127.0.0.1:0",
+            bind=bind,
             tls=tls_files(pki, "guardian"),
             register=[add_to_server(GuardianServicer(self.guardian, frame_deadline_s=frame_deadline_s))],
             services=[rpc.GUARDIAN_SERVICE],

@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from guardian_harness import GUARDIAN_TEST_FEDERATION, Setup, tls_files
 
 from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone, mpc_config
 from capc_common.learn.heads import train_heads
 from capc_common.mechanisms import HeadsVoter
 from capc_common.models import extract_features
 from capc_common.mpc import expand_share_seed, sum_shares
-from capc_common.wire import RawQuery, query_to_proto
+from capc_common.wire import RawQuery, query_to_proto, rpc
 from capc_common.wire import messages as pb
+from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.metrics import PartyMetrics
+from capc_services.common.runtime import start_grpc_server
+from capc_services.student.links import Answer, TeacherRegistry
+from capc_services.student.servicer import POLICY as STUDENT_POLICY
+from capc_services.student.servicer import StudentServicer
+from capc_services.student.servicer import add_to_server as add_student
 from capc_services.teacher.cap import LocalCap
+from capc_services.teacher.client import TeacherLinks
 from capc_services.teacher.worker import TeacherWorker
 from capc_services.tls import certificate_info
 
@@ -145,3 +157,139 @@ def test_specs_that_contradict_the_federation_and_the_local_cap_are_refused(
     )
     assert capped.refusal.reason == pb.RefusalReason.Value("REFUSAL_REASON_LOCAL_BUDGET_EXHAUSTED")
     assert worker.cap.batches == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return int(free.getsockname()[1])
+
+
+class TeacherOfStudent:
+    """A teacher party's links to a real student gRPC server (which dispatches its work), and to a guardian
+    address where nothing listens until :meth:`start_guardian`."""
+
+    def __init__(self, tmp_path: Path, pki: Path, config: FederationConfig, heads) -> None:
+        self.tmp_path, self.pki, self.config = tmp_path, pki, config
+        self.student_port, self.guardian_port = _free_port(), _free_port()
+        self.start_student()
+        self.worker = _worker(tmp_path, pki, config, heads)
+        self.links = TeacherLinks(
+            config=config,
+            party="hospital-a",
+            tls=tls_files(pki, "hospital-a"),
+            student_address=f"127.0.0.1:{self.student_port}",
+            guardian_address=f"127.0.0.1:{self.guardian_port}",
+            worker=self.worker,
+        )
+        self.stop = threading.Event()
+        threading.Thread(target=self.links.run, args=(self.stop,), daemon=True).start()
+        assert self.connected(timeout=30)
+        self.guardian: Setup | None = None
+
+    def start_student(self) -> None:
+        """(Re)start the student's gRPC server on its port, with a registry of its own."""
+        self.registry = TeacherRegistry()
+        self.student = start_grpc_server(
+            bind=f"127.0.0.1:{self.student_port}",
+            tls=tls_files(self.pki, "student"),
+            register=[add_student(StudentServicer(config=self.config, registry=self.registry))],
+            services=[rpc.STUDENT_SERVICE],
+            interceptors=[AuthInterceptor(config=self.config, policy=STUDENT_POLICY)],
+        )
+
+    def connected(self, *, timeout: float) -> bool:
+        """Whether the party's work stream reaches the running student within ``timeout`` seconds."""
+        return self.registry.wait_for(1, timeout=timeout, stop=threading.Event())
+
+    def start_guardian(self) -> Setup:
+        self.guardian = Setup(self.pki, self.tmp_path, self.config, bind=f"127.0.0.1:{self.guardian_port}")
+        return self.guardian
+
+    def ask(self, plan) -> Answer:
+        """Send one batch to the party through the student's registry, as the scheduler does."""
+        item = pb.WorkItem(
+            batch_id=plan.batch_id,
+            attempt=1,
+            query=plan.query_proto(),
+            ring_width=mpc_config(self.config).width,
+            classes=self.config.classes,
+        )
+        collection = self.registry.dispatch(item)
+        try:
+            return collection.wait(timeout=60)["hospital-a"]
+        finally:
+            self.registry.finish(collection)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.links.close()
+        self.registry.close_all()
+        self.student.stop(0)
+        if self.guardian is not None:
+            self.guardian.close()
+
+
+ONE_PARTY_QUORUM = {"min_parties": 1, "vote_deadline_s": 3, "share_deadline_s": 3}
+
+
+@pytest.fixture
+def teacher_of_student(tmp_path: Path, pki: Path, federation_dict, heads_and_backbone) -> Iterator:
+    """A one-party federation whose guardian is not started yet (``vote_deadline_s`` 3)."""
+    heads, backbone = heads_and_backbone
+    config = FederationConfig.from_dict(
+        federation_dict(
+            teachers=[{"name": "hospital-a", "heads": 2}],
+            backbone={"name": "scatter-28x28x1", "sha256": backbone.sha256},
+            **{**GUARDIAN_TEST_FEDERATION, "quorum": ONE_PARTY_QUORUM},
+        )
+    )
+    party = TeacherOfStudent(tmp_path, pki, config, heads)
+    yield party
+    party.close()
+
+
+def test_a_party_started_before_the_guardian_answers_once_it_listens(teacher_of_student) -> None:
+    # `capc local up` starts every party at once and polls each one's /readyz, whose guardian check found
+    # nothing listening yet: the party's guardian link backs off between attempts to connect.
+    party = teacher_of_student
+    probing = time.monotonic() + 3
+    while time.monotonic() < probing:
+        assert not party.links.guardian_reachable(timeout=0.25)
+    guardian = party.start_guardian()
+    plan = batch_plan(party.config, first_index=0, count=32)
+    guardian.student.open_batch(plan.batch_id, count=plan.count, digest=plan.digest)
+    # The student opens its first batch as soon as the guardian listens: the party answers it (it used to
+    # refuse it, GUARDIAN_UNAVAILABLE, its cap charged, and the batch failed its quorum).
+    answer = party.ask(plan)
+    assert answer.share is not None, answer.refusal
+    assert party.worker.cap.batches == 1 and party.worker.stats.refused == 0
+
+
+def test_a_guardian_that_never_comes_costs_the_party_nothing(teacher_of_student) -> None:
+    party = teacher_of_student
+    started = time.monotonic()
+    answer = party.ask(batch_plan(party.config, first_index=0, count=32))
+    # Refused after waiting the vote deadline for the guardian, before charging or computing anything.
+    assert answer.share is None and answer.refusal.startswith("guardian_unavailable: ")
+    assert "did not accept a TLS connection within 3 s" in answer.refusal
+    assert "nothing was charged" in answer.refusal
+    assert party.worker.cap.batches == 0 and party.worker.cap.epsilon == 0
+    assert 2.5 < time.monotonic() - started < 30
+
+
+def test_a_student_restarted_twice_gets_its_teacher_back_at_once(teacher_of_student) -> None:
+    party = teacher_of_student
+    # A first outage long enough for the party's reconnection backoff to grow to its cap.
+    party.student.stop(0)
+    time.sleep(4)
+    party.start_student()
+    assert party.connected(timeout=30)
+    # Restarted again soon after, the student has its teacher back within ~1 s (its backoff started afresh
+    # with the welcomed session: it used to stay at 5 s until a session had lasted 30 s).
+    party.student.stop(0)
+    time.sleep(0.8)
+    party.start_student()
+    back = time.monotonic()
+    assert party.connected(timeout=30)
+    assert time.monotonic() - back < 2.5

@@ -51,7 +51,8 @@ from capc_services.student.store import LabelStore
 _log = logging.getLogger(__name__)
 _DONE = object()
 BACKOFF_S = (0.5, 15.0)
-"""First and largest wait between reconnection attempts to the guardian (doubling in between)."""
+"""First and largest wait between reconnection attempts to the guardian (doubling in between, from the first
+again at each outage)."""
 
 
 @dataclass
@@ -497,6 +498,7 @@ class Scheduler:
                 delay = min(2 * delay, BACKOFF_S[1])
                 while not self._stop.is_set() and not self.guardian.reachable(timeout=delay):
                     delay = min(2 * delay, BACKOFF_S[1])
+                delay = BACKOFF_S[0]  # back: the next outage starts its backoff afresh
                 continue
             except BaseException as exc:
                 self.progress.state = "failed"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,9 +28,10 @@ from capc_services.tls import TlsFiles
 
 _log = logging.getLogger(__name__)
 _END = object()
-BACKOFF_MAX_S = 5.0
-"""Longest wait between reconnection attempts to the student (from 0.5 s, doubling): a restarted student
-gets its teachers back within a few seconds, and a student that stays away costs one attempt per 5 s."""
+BACKOFF_S = (0.5, 2.0)
+"""First and longest wait between reconnection attempts to the student (doubling in between, back to the
+first once a session was welcomed): a restarted student gets its teachers back within about 2 s of
+listening, and a student that stays away costs one refused connection per 2 s."""
 
 
 class TeacherLinks:
@@ -76,10 +76,12 @@ class TeacherLinks:
             receive=limits.control,
             send=limits.control,
         )
+        self._guardian_address = guardian_address
         self._student = rpc.StudentServiceStub(self._student_channel)
         self._guardian = rpc.GuardianServiceStub(self._guardian_channel)
         self._submit_timeout = submit_timeout
         self.connected = False
+        self.welcomes = 0  # sessions the student welcomed (a welcomed session resets the backoff)
         self.last_error = ""
         self._call: Any = None
 
@@ -93,9 +95,26 @@ class TeacherLinks:
             batch_id=batch_id, attempt=attempt, party=self.party, seed=seed, shape=shape
         )
         try:
-            self._guardian.SubmitShares(request, timeout=self._submit_timeout)
+            # wait_for_ready: a link that is reconnecting delays the call instead of failing it at once
+            self._guardian.SubmitShares(request, timeout=self._submit_timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, peer=self.config.guardian) from None
+
+    def await_guardian(self) -> str:
+        """Wait until a TLS connection to the guardian is up, at most the federation's vote deadline (the
+        student waits no longer for this party's share); '' once it is, else why not.
+
+        A party started before the guardian listens (``capc local up`` starts every party at once), or
+        whose guardian restarts, otherwise fails the calls it makes while its link backs off between
+        attempts, and refuses batches it could have answered a moment later.
+        """
+        timeout = self.config.quorum.vote_deadline_s
+        if self.guardian_reachable(timeout=timeout):
+            return ""
+        return (
+            f"guardian {self.config.guardian} at {self._guardian_address} did not accept a TLS connection "
+            f"within {timeout:.0f} s (vote_deadline_s); check that it runs and the address in this site file"
+        )
 
     def guardian_reachable(self, *, timeout: float = 1.0) -> bool:
         """Whether a TLS connection to the guardian is up (or comes up within ``timeout``)."""
@@ -135,12 +154,17 @@ class TeacherLinks:
                             f"this party has {self._hash[:16]}; refusing to vote"
                         )
                     self.connected = True
+                    self.welcomes += 1
                     self.last_error = ""
                     _log.info("connected to student", extra={"student": welcome.student})
                 elif kind == "work":
                     if not self.connected:
                         raise ProtocolError("student sent work before its welcome")
-                    outgoing.put(self.worker.answer(message.work, submit_seed=self.submit_seed))
+                    outgoing.put(
+                        self.worker.answer(
+                            message.work, submit_seed=self.submit_seed, await_guardian=self.await_guardian
+                        )
+                    )
                 if stop.is_set():
                     break
         finally:
@@ -150,9 +174,9 @@ class TeacherLinks:
 
     def run(self, stop: threading.Event) -> None:
         """Stay connected and answer until ``stop`` is set (reconnecting with backoff)."""
-        backoff = 0.5
+        backoff = BACKOFF_S[0]
         while not stop.is_set():
-            started = time.monotonic()
+            welcomes = self.welcomes
             try:
                 self._session(stop)
             except grpc.RpcError as exc:
@@ -163,11 +187,11 @@ class TeacherLinks:
                 self.last_error = str(exc)
             if stop.is_set():
                 break
-            if time.monotonic() - started > 30:
-                backoff = 0.5
+            if self.welcomes > welcomes:  # the student was there: it restarts, so try again soon
+                backoff = BACKOFF_S[0]
             _log.warning("work stream ended; reconnecting", extra={"error": self.last_error, "in_s": backoff})
             stop.wait(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            backoff = min(backoff * 2, BACKOFF_S[1])
 
     def close(self) -> None:
         """Cancel the stream and close both channels."""

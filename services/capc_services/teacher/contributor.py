@@ -28,7 +28,7 @@ from capc_services.common.errors import error_from_rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor
 from capc_services.common.limits import HEADROOM
 from capc_services.teacher.cap import LocalCap
-from capc_services.teacher.client import BACKOFF_MAX_S
+from capc_services.teacher.client import BACKOFF_S
 from capc_services.tls import TlsFiles
 
 _log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ class ReleaseContributor:
         """Poll and contribute until ``stop`` is set (backing off while the student is away or a
         contribution fails; the backoff resets only after a poll that needed nothing or a contribution
         that went through)."""
-        backoff = 0.5
+        backoff = BACKOFF_S[0]
         while not stop.is_set():
             try:
                 item = self._student.NextRelease(
@@ -167,7 +167,7 @@ class ReleaseContributor:
                     stop.wait(DONE_POLL_S)
                 elif not item.pending:
                     self.contribute(item)
-                self.last_error, backoff = "", 0.5
+                self.last_error, backoff = "", BACKOFF_S[0]
                 continue
             except grpc.RpcError as exc:
                 self.connected = False
@@ -176,7 +176,7 @@ class ReleaseContributor:
                 self.last_error = str(exc)
             _log.warning("release poll failed; retrying", extra={"error": self.last_error, "in_s": backoff})
             stop.wait(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            backoff = min(backoff * 2, BACKOFF_S[1])
 
     def status(self) -> dict[str, Any]:
         """For ``/api/v1/status``."""

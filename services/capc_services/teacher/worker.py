@@ -29,6 +29,8 @@ from capc_services.teacher.cap import LocalCap
 
 _log = logging.getLogger(__name__)
 SubmitSeed = Callable[[str, int, bytes, tuple[int, int]], None]
+AwaitGuardian = Callable[[], str]
+"""Waits (boundedly) until the guardian can be reached; returns '' then, or why it cannot be."""
 
 
 @dataclass
@@ -107,13 +109,23 @@ class TeacherWorker:
             )
         return query
 
-    def answer(self, item: pb.WorkItem, *, submit_seed: SubmitSeed) -> pb.TeacherMessage:
+    def answer(
+        self,
+        item: pb.WorkItem,
+        *,
+        submit_seed: SubmitSeed,
+        await_guardian: AwaitGuardian | None = None,
+    ) -> pb.TeacherMessage:
         """Vote on one work item and return the message for the student (a share or a refusal).
 
         Args:
             item: the work item.
             submit_seed: sends ``(batch_id, attempt, seed, shape)`` to the guardian; raises a CapcError on
                 failure.
+            await_guardian: called before anything is charged or computed: a party that cannot reach the
+                guardian (it started first, or the guardian restarts) waits for it rather than charge its
+                cap and vote for a seed it could not hand over; if it never comes, the refusal costs
+                nothing.
         """
         try:
             query = self._check(item)
@@ -126,6 +138,9 @@ class TeacherWorker:
                 "this site answers synthetic queries only "
                 "(set allow_raw_queries: true in its site file to change)",
             )
+        unreachable = await_guardian() if await_guardian is not None else ""
+        if unreachable:
+            return self._refuse(item, "GUARDIAN_UNAVAILABLE", f"{unreachable}; nothing was charged")
         count = query.count
         try:
             self.cap.charge(batch_id=item.batch_id, attempt=item.attempt, count=count)

@@ -22,6 +22,11 @@ _KEEPALIVE: tuple[tuple[str, Any], ...] = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )
+RECONNECT_BACKOFF_MS = (250, 1000)
+"""First and largest wait of a client channel between two attempts to connect (gRPC's defaults, 1 s growing
+to 120 s, leave a channel that failed a few times refusing calls for seconds after its peer is back: a
+restarted party then waits, and the calls made meanwhile fail). A federation has a handful of parties, and a
+refused connection costs the peer nothing, so each channel tries again within a second."""
 
 
 def grpc_options(
@@ -87,6 +92,8 @@ class TlsFiles:
             *grpc_options(receive=receive, send=send),
             ("grpc.ssl_target_name_override", peer),
             ("grpc.default_authority", peer),
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
         )
         channel = grpc.secure_channel(address, creds, options=options)
         return grpc.intercept_channel(channel, *interceptors) if interceptors else channel

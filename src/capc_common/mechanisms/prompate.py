@@ -21,12 +21,12 @@ import numpy.typing as npt
 
 from capc_common.aggregation import UNANSWERED, MechanismNoise, check_histograms, mechanism_noise
 from capc_common.errors import InputError
-from capc_common.learn.prompts import PromptedTeachers, PromptRecipe
 from capc_common.mechanisms.base import TrainedTeachers
 from capc_common.mechanisms.pate import ConfidentGNMax
 from capc_common.mechanisms.voters import PartyResources, PromptedVoter, Voter
 
 if TYPE_CHECKING:
+    from capc_common.learn.prompts import PromptedTeachers, PromptRecipe
     from capc_common.learn.student import StudentFit
     from capc_common.mechanisms.base import SelectionMechanism
     from capc_common.models import Backbone
@@ -62,6 +62,8 @@ class PromPATE(ConfidentGNMax):
 
     def voter(self, party: PartyResources) -> Voter:
         """The party's prompted teachers, refused if trained on another backbone or recipe."""
+        from capc_common.learn.prompts import PromptedTeachers  # torch: only the parties that vote pay for it
+
         teachers = PromptedTeachers.load(party.teachers_file, backbone=party.backbone, recipe=self.recipe)
         if teachers.classes != self.classes:
             raise InputError(
