@@ -18,7 +18,12 @@ import numpy.typing as npt
 from capc_common.errors import InputError
 from capc_common.privacy.noise.source import NoiseSource
 
-__all__ = ["bernoulli_exp_neg", "discrete_gaussian_exact", "discrete_laplace_exact"]
+__all__ = [
+    "bernoulli_exp_neg",
+    "discrete_gaussian_exact",
+    "discrete_laplace_exact",
+    "exponential_mechanism_exact",
+]
 
 
 class _Randomness:
@@ -162,3 +167,41 @@ def discrete_gaussian_exact(*, sigma: float | Fraction, n: int, source: NoiseSou
                 out[i] = y
                 break
     return out
+
+
+def exponential_mechanism_exact(scores: npt.ArrayLike, *, eta: float | Fraction, source: NoiseSource) -> int:
+    """One draw of the exponential mechanism, ``Pr[j] ∝ exp(η · scores[j])``, exactly.
+
+    Rejection from the uniform proposal: a candidate ``j`` drawn uniformly is accepted with probability
+    ``exp(-η (max − scores[j]))`` (an exact Bernoulli of CKS 2020, Algorithm 1), so the accepted index has
+    exactly the target law and no floating point touches it; the best candidate is accepted with
+    probability 1, so a draw takes at most ``len(scores)`` proposals on average. (Gumbel-max on floats would
+    approximate the same law, with the rounding problems of floating-point DP samplers; Mironov 2012,
+    Ilvento 2020.) The number of proposals depends on the scores: run it where its timing is not observed.
+
+    Args:
+        scores: integer scores ``(M,)`` (fixed point), ``M ≥ 1``.
+        eta: ``η ≥ 0`` (a float is taken as its exact binary value); 0 draws uniformly.
+        source: the randomness.
+
+    Returns:
+        The index drawn.
+
+    Raises:
+        InputError: no candidate, non-integer scores, or ``η < 0``.
+    """
+    u = np.asarray(scores)
+    if u.ndim != 1 or u.size == 0 or not np.issubdtype(u.dtype, np.integer):
+        raise InputError(
+            f"the exponential mechanism needs a non-empty 1-D integer score vector, got {u.dtype} {u.shape}"
+        )
+    e = Fraction(eta)
+    if e < 0:
+        raise InputError(f"the exponential mechanism needs eta ≥ 0, got {eta}")
+    gaps = (int(u.max()) - u.astype(object)).tolist()
+    rng = _Randomness(source)
+    while True:
+        j = rng.randbelow(len(gaps))
+        gamma = e * gaps[j]
+        if _bernoulli_exp_neg(gamma.numerator, gamma.denominator, rng):
+            return j
