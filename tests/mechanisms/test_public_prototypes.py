@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from capc_common.errors import InputError
-from capc_common.mechanisms import PublicPrototypes
+from capc_common.mechanisms import DPPrototypes, PublicPrototypes
 from capc_common.mechanisms.central import PartyData, run_public_prototypes
 from capc_common.privacy import SeededNoise
 from capc_common.privacy.noise import exponential_mechanism_exact
@@ -48,6 +48,8 @@ def test_exact_sampler_draws_the_exponential_mechanism() -> None:
         (np.array([], dtype=np.int64), 1.0, "non-empty"),
         (np.array([0.5, 1.0]), 1.0, "integer"),
         (np.array([1]), -1.0, "eta"),
+        (np.array([1]), math.nan, "finite"),
+        (np.array([1]), math.inf, "finite"),
     ],
 )
 def test_exact_sampler_refuses_bad_input(scores: np.ndarray, eta: float, match: str) -> None:
@@ -110,7 +112,8 @@ def test_exact_law_on_neighbouring_data_is_within_the_accounting() -> None:
     mechanism = PublicPrototypes(
         classes=4, candidates=pool, epsilon=eps, similarity_range=(0.0, 2.0), bits=12
     )
-    eta = eps / mechanism.sensitivity
+    eta = float(mechanism.eta)  # the η ``select`` draws with
+    assert mechanism.eta == Fraction(eps) / mechanism.sensitivity
     orders = np.array([1.5, 2.0, 8.0, 64.0])
     bound = mechanism.release_rdp(orders)
     worst = 0.0
@@ -160,6 +163,8 @@ def test_central_runner_selects_from_the_summed_scores_and_the_student_learns() 
         ({"similarity_range": (1.5, 1.0)}, "similarity_range"),
         ({"per_class": 50}, "per_class"),
         ({"epsilon": 0.0}, "epsilon"),
+        ({"candidates": np.vstack([np.eye(4), [0.0, np.inf, 0.0, 0.0]])}, "candidate pool.*inf or NaN"),
+        ({"candidates": np.vstack([np.eye(4), [0.0, np.nan, 0.0, 0.0]])}, "candidate pool.*inf or NaN"),
     ],
 )
 def test_bad_parameters_are_refused(kwargs: dict, match: str) -> None:
@@ -188,3 +193,36 @@ def test_select_draws_each_class_with_eta_epsilon_over_the_sensitivity() -> None
         observed = np.bincount(draws[:, c], minlength=4)
         expected = 3_000 * _em_law(scores[c].astype(float), 0.5 / 4)
         assert float(((observed - expected) ** 2 / expected).sum()) < 16.3  # χ²(3) 99.9 % quantile
+
+
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_a_non_finite_record_is_refused_not_scored(value: float) -> None:
+    """A record with inf/NaN used to normalise to NaN and encode as −2^63: one added record moved a score by
+    2^63, far beyond Δ (unbounded privacy loss). It is refused with a clear error, for both prototype
+    mechanisms that share the record check."""
+    rng = np.random.default_rng(4)
+    centres, pool = _pool(rng)
+    x = np.repeat(centres, 5, axis=0) + rng.standard_normal((20, 16))
+    y = np.repeat(np.arange(4), 5)
+    mechanism = PublicPrototypes(classes=4, candidates=pool, epsilon=1.0)
+    bad = x.copy()
+    bad[7, 3] = value
+    with pytest.raises(InputError, match=r"1 record.*inf or NaN.*row 7"):
+        mechanism.contribution(bad, y)
+    with pytest.raises(InputError, match="inf or NaN"):
+        DPPrototypes(classes=4, dim=16, rho=1.0).contribution(bad, y)
+
+
+def test_encoded_scores_stay_within_the_sensitivity() -> None:
+    """The backstop behind the input checks: whatever the similarity, each record's encoded score is in
+    ``[0, Δ]`` (a NaN similarity, e.g. from a pool made non-finite after construction, encodes as 0)."""
+    mechanism = PublicPrototypes(classes=2, candidates=np.eye(3), epsilon=1.0, bits=4)
+    mechanism.candidates[1] = np.nan  # bypasses the constructor's check
+    scores = mechanism.contribution(np.eye(3), np.array([0, 0, 1]))
+    assert scores.min() >= 0 and scores.max() <= 2 * mechanism.sensitivity
+    assert (scores[:, 1] == 0).all()
+
+
+def test_params_name_the_neighbouring_relation() -> None:
+    mechanism = PublicPrototypes(classes=2, candidates=np.eye(3), epsilon=1.0)
+    assert mechanism.params()["neighbouring"] == "add/remove"

@@ -210,8 +210,17 @@ def run_public_prototypes(
     This runner is a *trusted curator*: it sees the summed scores. A federation would have to keep them
     secret-shared and draw the selection inside 2PC (docs/mechanisms.md says what is missing).
 
+    Args:
+        parties: each party's private records (features from the same map as the mechanism's pool).
+        mechanism: the selection and its parameters (pool, ε, prototypes per class).
+        selector: the curator's randomness; default a fresh :class:`~capc_common.privacy.SystemNoise`
+            (a seeded source only in tests).
+
     Returns:
         ``(classes, per_class)`` indices of the selected candidates.
+
+    Raises:
+        InputError: no party, or a party's records that do not fit (shapes, labels, inf/NaN features).
     """
     if not parties:
         raise InputError("DPPL-Public needs at least one party's records")

@@ -25,12 +25,13 @@ import numpy as np
 import numpy.typing as npt
 
 from capc_common.errors import InputError
+from capc_common.mechanisms._records import class_sums, labelled
 from capc_common.mechanisms.dpsgd import fixed_point_for
 from capc_common.mechanisms.release import FixedPoint, ReleaseMechanism
 from capc_common.privacy.analysis import as_orders, rdp_zcdp
 from capc_common.privacy.analysis._checks import count, positive
 
-__all__ = ["DPPrototypes", "class_sums", "labelled", "nearest_prototype", "normalise"]
+__all__ = ["DPPrototypes", "nearest_prototype", "normalise"]
 
 Metric = Literal["cosine", "euclidean"]
 
@@ -40,30 +41,6 @@ def normalise(features: npt.ArrayLike) -> npt.NDArray[np.float64]:
     x = np.asarray(features, dtype=np.float64)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
-
-
-def labelled(
-    features: npt.ArrayLike, labels: npt.ArrayLike, *, dim: int, classes: int
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
-    """A party's records as ``(features (n, dim) float64, labels (n,) int64)``, checked.
-
-    Raises:
-        InputError: shapes that do not fit, or labels outside ``[0, classes)``.
-    """
-    x = np.asarray(features, dtype=np.float64)
-    y = np.asarray(labels, dtype=np.int64)
-    if x.ndim != 2 or x.shape[1] != dim or y.shape != (x.shape[0],):
-        raise InputError(f"features {x.shape} and labels {y.shape} do not match (n, {dim}) and (n,)")
-    if y.size and (y.min() < 0 or y.max() >= classes):
-        raise InputError(f"labels must be class indices in [0, {classes})")
-    return x, y
-
-
-def class_sums(
-    values: npt.NDArray[np.int64], labels: npt.NDArray[np.int64], *, classes: int
-) -> npt.NDArray[np.int64]:
-    """``(classes, …)``: the rows of ``values`` summed per label (integers, so the parties' sums add up)."""
-    return np.stack([values[labels == c].sum(axis=0) for c in range(classes)])
 
 
 class DPPrototypes(ReleaseMechanism):
@@ -144,7 +121,7 @@ class DPPrototypes(ReleaseMechanism):
         """A party's ``[fixed-point per-class sums of normalised features, per-class counts]``.
 
         Raises:
-            InputError: shapes or labels that do not fit.
+            InputError: shapes or labels that do not fit, or inf/NaN features.
         """
         x, y = labelled(features, labels, dim=self.dim, classes=self.classes)
         sums = class_sums(self.fixed_point.encode(normalise(x) * self.radius), y, classes=self.classes)

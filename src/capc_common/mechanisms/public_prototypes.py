@@ -25,6 +25,12 @@ exponential mechanism ``K`` times without replacement, which releases the same l
 compose adaptively: the release is ``Kε``-DP and ``Kε²/8``-zCDP. (The paper's top-K variant uses a joint
 exponential mechanism over K-sets; peeling is the plainer choice with the same kind of guarantee.)
 
+**Neighbouring relation: add/remove only.** The output depends only on the union of all parties' records
+(their scores add up), so how the records are partitioned among parties does not matter. Under *replace-one*
+the guarantee above does not hold: a same-label replacement moves the class's scores by amounts in
+``[−Δ, Δ]`` (no longer monotone), so each pick is ``2ε``-DP and ``ε²/2``-zCDP (4× the charge); a label change
+moves two classes' scores, so the classes no longer compose in parallel. ``params()`` names the relation.
+
 The draw is exact (:func:`~capc_common.privacy.noise.exponential_mechanism_exact`): integer scores, a
 rational η, no floating point in the sampler.
 """
@@ -32,13 +38,14 @@ rational η, no floating point in the sampler.
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from capc_common.errors import InputError
-from capc_common.mechanisms.prototypes import class_sums, labelled, normalise
+from capc_common.mechanisms._records import class_sums, labelled
+from capc_common.mechanisms.prototypes import normalise
 from capc_common.privacy.analysis import as_orders, rdp_pure_dp
 from capc_common.privacy.analysis._checks import count, positive
 from capc_common.privacy.noise import exponential_mechanism_exact
@@ -64,7 +71,7 @@ class PublicPrototypes:
         bits: fractional bits of a record's score (its sensitivity is ``2^bits``).
     """
 
-    name = "dppl-public"
+    name: ClassVar[str] = "dppl-public"
 
     def __init__(
         self,
@@ -82,6 +89,12 @@ class PublicPrototypes:
             raise InputError(
                 f"candidates must be a non-empty (M, dim) feature matrix, got shape {pool.shape}"
             )
+        if not np.isfinite(pool).all():
+            bad = np.flatnonzero(~np.isfinite(pool).all(axis=1))
+            raise InputError(
+                f"the candidate pool holds inf or NaN features in {len(bad)} row(s) (first: row "
+                f"{int(bad[0])}); a non-finite candidate would score NaN: check the pool's feature extraction"
+            )
         self.candidates = normalise(pool)
         self.epsilon = positive("epsilon", epsilon)
         self.per_class = count("per_class", per_class, minimum=1, maximum=len(pool))
@@ -97,6 +110,11 @@ class PublicPrototypes:
         """Feature dimension."""
         return int(self.candidates.shape[1])
 
+    @property
+    def eta(self) -> Fraction:
+        """``η = ε/Δ``, the exact rational inverse temperature of every selection."""
+        return Fraction(self.epsilon) / self.sensitivity
+
     def params(self) -> dict[str, Any]:
         """Public parameters of the release (the pool is named by whoever built it)."""
         return {
@@ -108,6 +126,7 @@ class PublicPrototypes:
             "similarity_range": list(self.similarity_range),
             "bits": self.bits,
             "selection": "exponential (exact, monotone score)",
+            "neighbouring": "add/remove",
         }
 
     def release_rdp(self, orders: npt.ArrayLike) -> npt.NDArray[np.float64]:
@@ -128,12 +147,15 @@ class PublicPrototypes:
         """A party's integer ``(classes, M)`` scores: per class, its records' fixed-point similarities summed.
 
         Raises:
-            InputError: shapes or labels that do not fit.
+            InputError: shapes or labels that do not fit, or inf/NaN features.
         """
         x, y = labelled(features, labels, dim=self.dim, classes=self.classes)
         low, high = self.similarity_range
         similarity = np.clip(1.0 + normalise(x) @ self.candidates.T, low, high)
-        encoded = np.rint((similarity - low) / (high - low) * self.sensitivity).astype(np.int64)
+        scaled = np.rint((similarity - low) / (high - low) * self.sensitivity)
+        # Backstop behind the input checks: whatever the floats did (NaN casts to −2^63), a record's score
+        # stays in [0, Δ], the bound the accounting rests on.
+        encoded = np.clip(np.nan_to_num(scaled, nan=0.0), 0, self.sensitivity).astype(np.int64)
         return class_sums(encoded, y, classes=self.classes)
 
     def select(self, scores: npt.ArrayLike, source: NoiseSource) -> npt.NDArray[np.int64]:
@@ -152,7 +174,7 @@ class PublicPrototypes:
                 f"scores must be integers of shape ({self.classes}, {len(self.candidates)}), "
                 f"got {u.dtype} {u.shape}"
             )
-        eta = Fraction(self.epsilon) / self.sensitivity
+        eta = self.eta
         chosen = np.empty((self.classes, self.per_class), dtype=np.int64)
         for c in range(self.classes):
             left = np.arange(len(self.candidates))

@@ -1,10 +1,12 @@
 """Exact rejection samplers of Canonne, Kamath & Steinke 2020 ("The Discrete Gaussian for Differential
-Privacy", NeurIPS 2020, Algorithms 1–3), in pure integer/rational arithmetic.
+Privacy", NeurIPS 2020, Algorithms 1–3), in pure integer/rational arithmetic, and the exact exponential
+mechanism built on their Bernoulli(exp(−γ)).
 
-They are slow (a few Fraction operations per attempt) and serve as the reference the fast table sampler
-of :mod:`.tables` is tested against. Every random choice is a uniform integer drawn by
-rejection from the source's 64-bit words, so with a CSPRNG-backed source these samplers are exact: no
-floating point touches the distribution.
+They are slow (a few Fraction operations per attempt). The discrete Laplace and Gaussian samplers are the
+reference the fast table sampler of :mod:`.tables` is tested against; the exponential mechanism is the
+production sampler of :class:`~capc_common.mechanisms.PublicPrototypes`. Every random choice is a uniform
+integer drawn by rejection from the source's 64-bit words, so with a CSPRNG-backed source these samplers
+are exact: no floating point touches the distribution.
 """
 
 from __future__ import annotations
@@ -75,6 +77,14 @@ def _bernoulli_exp_neg(num: int, den: int, rng: _Randomness) -> bool:
     return _bernoulli_exp_neg_unit(rest, den, rng)
 
 
+def _fraction(name: str, value: float | Fraction) -> Fraction:
+    """``value`` as its exact rational (a float's binary value); inf/NaN refused (``Fraction`` would raise a
+    bare ValueError/OverflowError)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{name} must be a finite number, got {value}")
+    return Fraction(value)
+
+
 def bernoulli_exp_neg(*, gamma: float | Fraction, n: int, source: NoiseSource) -> npt.NDArray[np.bool_]:
     """Draw ``n`` exact Bernoulli(exp(-γ)) bits, the building block of both rejection samplers.
 
@@ -84,9 +94,9 @@ def bernoulli_exp_neg(*, gamma: float | Fraction, n: int, source: NoiseSource) -
         source: the randomness.
 
     Raises:
-        InputError: ``γ < 0``.
+        InputError: ``γ < 0`` or not finite.
     """
-    g = Fraction(gamma)
+    g = _fraction("gamma", gamma)
     if g < 0:
         raise InputError(f"Bernoulli(exp(-gamma)) needs gamma ≥ 0, got {gamma}")
     rng = _Randomness(source)
@@ -110,7 +120,7 @@ def _laplace_one(t: int, s: int, rng: _Randomness) -> int:
 
 
 def _positive_fraction(name: str, value: float | Fraction) -> Fraction:
-    q = Fraction(value)
+    q = _fraction(name, value)
     if q <= 0:
         raise InputError(f"{name} must be positive, got {value}")
     return q
@@ -128,7 +138,7 @@ def discrete_laplace_exact(*, scale: float | Fraction, n: int, source: NoiseSour
         int64 array of length ``n``.
 
     Raises:
-        InputError: ``scale ≤ 0``.
+        InputError: ``scale ≤ 0`` or not finite.
     """
     b = _positive_fraction("scale", scale)
     rng = _Randomness(source)
@@ -150,7 +160,7 @@ def discrete_gaussian_exact(*, sigma: float | Fraction, n: int, source: NoiseSou
         int64 array of length ``n``.
 
     Raises:
-        InputError: ``σ ≤ 0``.
+        InputError: ``σ ≤ 0`` or not finite.
     """
     s = _positive_fraction("sigma", sigma)
     sigma2 = s * s
@@ -188,14 +198,14 @@ def exponential_mechanism_exact(scores: npt.ArrayLike, *, eta: float | Fraction,
         The index drawn.
 
     Raises:
-        InputError: no candidate, non-integer scores, or ``η < 0``.
+        InputError: no candidate, non-integer scores, or ``η`` negative or not finite.
     """
     u = np.asarray(scores)
     if u.ndim != 1 or u.size == 0 or not np.issubdtype(u.dtype, np.integer):
         raise InputError(
             f"the exponential mechanism needs a non-empty 1-D integer score vector, got {u.dtype} {u.shape}"
         )
-    e = Fraction(eta)
+    e = _fraction("eta", eta)
     if e < 0:
         raise InputError(f"the exponential mechanism needs eta ≥ 0, got {eta}")
     gaps = (int(u.max()) - u.astype(object)).tolist()
