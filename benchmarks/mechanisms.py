@@ -16,6 +16,11 @@ accounted rigorously:
   1,024) and its RDP accountant (continuous Gaussian, Mironov et al.'s exact subsampled analysis);
 * ``dppl`` — DP prototypes (:class:`~capc_common.mechanisms.DPPrototypes`): one noisy release of per-class
   sums and counts, nearest prototype by cosine, zCDP accounting;
+* ``dppl-public`` — DPPL-Public (:class:`~capc_common.mechanisms.PublicPrototypes`): no public data, so the
+  candidate pool is the first ``queries`` synthetic images (per-example features); per class the exact
+  exponential mechanism selects ``per_class`` of them (peeling) by the summed clipped similarity to the
+  class's records, the student is the nearest class mean of its selections; ε from the bounded-range bound
+  (trusted curator: central only);
 * ``prom-pate`` — Prom-PATE (:mod:`capc_common.learn.prompts`, :mod:`capc_common.mechanisms.prompate`):
   each party's first ``teachers_per_party × shard`` records become that many teachers, each a visual prompt
   plus a linear label map trained on its shard alone through the frozen backbone (current statistics);
@@ -91,6 +96,7 @@ METHODS = (
     "secagg-dpsgd",
     "central-dpsgd",
     "dppl",
+    "dppl-public",
     "private-knn",
     "capc-fair",
     "capc-greedy",
@@ -107,6 +113,14 @@ HYPER = {
     "dpsgd": {"clip": 1.0, "batch": 1024, "epochs": 10, "learning_rate": 8.0, "momentum": 0.9},
     "secagg": {"clip": 1.0, "sampling_rate": 1.0, "rounds": 100, "learning_rate": 8.0, "momentum": 0.9},
     "dppl": {"count_share": 0.1, "metric": "euclidean"},
+    "dppl_public": {  # the pool: the first `queries` images of the generator's stream
+        "queries": 2000,
+        "generator": "shaders",
+        "per_class": 20,
+        "rule": "mean",
+        "d_min": 0.0,
+        "d_max": 2.0,
+    },
     "knn": {"queries": 500, "neighbours": 50, "sampling_rate": 0.2, "generator": "dead_leaves"},
     "prompate": {
         "teachers_per_party": 10,
@@ -295,10 +309,10 @@ def _query_images(args: argparse.Namespace, h: dict[str, Any]) -> np.ndarray:
     return generate(h["generator"], seed=1, start=0, count=h["queries"], height=side, width=side, channels=1)
 
 
-def _query_features(args: argparse.Namespace) -> np.ndarray:
-    """Features of the synthetic query stream (per example, like the parties'), cached; raw pixels for
-    the digits proxy."""
-    h = HYPER["knn"]
+def _query_features(args: argparse.Namespace, group: str = "knn") -> np.ndarray:
+    """Features of a method's synthetic image stream (per example, like the parties'), cached; raw pixels
+    for the digits proxy."""
+    h = HYPER[group]
     if args.dataset == "digits":
         return normalise(_query_images(args, h).reshape(h["queries"], -1).astype(np.float32))
     from capc_common.learn.featurizers import BackboneFeaturizer
@@ -315,6 +329,44 @@ def _query_features(args: argparse.Namespace) -> np.ndarray:
     return normalise(
         cache.get_or_compute(key, lambda: fz.extract(_query_images(args, h), bn_batch=64, mode="running"))
     )
+
+
+def dppl_public(
+    parties: list[PartyData],
+    ex: np.ndarray,
+    ey: np.ndarray,
+    *,
+    epsilon: float,
+    seed: int,
+    candidates: np.ndarray,
+) -> dict[str, Any]:
+    """DPPL-Public: each selection's ε calibrated so the ``per_class`` peeled selections cost ε in all."""
+    from capc_common.mechanisms import PublicPrototypes
+    from capc_common.mechanisms.central import run_public_prototypes
+    from capc_common.privacy.analysis import rdp_pure_dp
+
+    h = HYPER["dppl_public"]
+
+    def eps_of(inverse: float) -> float:
+        rdp = h["per_class"] * rdp_pure_dp(ORDERS, epsilon=1.0 / inverse, bounded_range=True)
+        return epsilon_from_rdp(ORDERS, rdp, delta=DELTA)[0]
+
+    per_selection = 1.0 / calibrate(eps_of, target=epsilon, low=1e-3, high=1e4)
+    mechanism = PublicPrototypes(
+        classes=10,
+        candidates=candidates,
+        epsilon=per_selection,
+        per_class=h["per_class"],
+        similarity_range=(h["d_min"], h["d_max"]),
+    )
+    chosen = run_public_prototypes(parties, mechanism=mechanism)
+    return {
+        "accuracy": accuracy(mechanism.predict(ex, chosen, rule=h["rule"]), ey),
+        "epsilon": epsilon_from_rdp(ORDERS, mechanism.release_rdp(ORDERS), delta=DELTA)[0],
+        "released": int(chosen.size),
+        "noise": f"ε per selection {per_selection:.4g} × {h['per_class']} per class, {len(candidates)} "
+        f"{h['generator']} candidates",
+    }
 
 
 def private_knn(
@@ -604,6 +656,7 @@ RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     "secagg-dpsgd": secagg_dpsgd,
     "central-dpsgd": central_dpsgd,
     "dppl": dppl,
+    "dppl-public": dppl_public,
     "private-knn": private_knn,
     "prom-pate": prom_pate,
     "capc-fair": capc_fair,
@@ -783,6 +836,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     extra: dict[str, dict[str, Any]] = {m: {} for m in METHODS}
     if "private-knn" in args.methods:
         extra["private-knn"]["queries"] = _query_features(args)
+    if "dppl-public" in args.methods:
+        extra["dppl-public"]["candidates"] = _query_features(args, "dppl_public")
     if "prom-pate" in args.methods:
         extra["prom-pate"] = _prompate_data(args)
     if "cnn-dpsgd" in args.methods:

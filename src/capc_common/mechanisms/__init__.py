@@ -9,6 +9,9 @@ Two families share the engine's parties, sharing, guardian and ledger:
 * release (:class:`ReleaseMechanism`): parties contribute fixed-point integer vectors and the guardian's
   noisy total is released — :class:`DPPrototypes` (DPPL) and :class:`SecureDPSGD` (one release per round).
 
+:class:`PublicPrototypes` (DPPL-Public: prototypes selected from a synthetic candidate pool by the exponential
+mechanism) runs centrally only (:func:`~capc_common.mechanisms.central.run_public_prototypes`).
+
 Prom-PATE is a selection mechanism with another kind of teacher (:mod:`capc_common.learn.prompts`); its
 central runner is :func:`run_prom_pate`, which charges any selection mechanism through
 :func:`answer_within_budget`.
@@ -30,6 +33,7 @@ from capc_common.mechanisms.prompate import (
     run_prom_pate,
 )
 from capc_common.mechanisms.prototypes import DPPrototypes, nearest_prototype, normalise
+from capc_common.mechanisms.public_prototypes import PublicPrototypes
 from capc_common.mechanisms.release import (
     FixedPoint,
     ReleaseMechanism,
@@ -62,6 +66,7 @@ __all__ = [
     "PromPATE",
     "PromPATEResult",
     "PromptedVoter",
+    "PublicPrototypes",
     "ReleaseMechanism",
     "SecureDPSGD",
     "SelectionMechanism",

@@ -25,6 +25,7 @@ from capc_common.errors import InputError
 from capc_common.mechanisms.dpsgd import SecureDPSGD
 from capc_common.mechanisms.knn import PrivateKNN
 from capc_common.mechanisms.prototypes import DPPrototypes, normalise
+from capc_common.mechanisms.public_prototypes import PublicPrototypes
 from capc_common.mechanisms.release import ReleaseMechanism, masked_total, reveal, share_contribution
 from capc_common.privacy import NoiseSource, SystemNoise
 
@@ -41,6 +42,7 @@ __all__ = [
     "release_once",
     "run_private_knn",
     "run_prototypes",
+    "run_public_prototypes",
     "run_secure_dpsgd",
 ]
 
@@ -197,6 +199,33 @@ def run_prototypes(
         guardian=guardian or SystemNoise(),
     )
     return mechanism.prototypes(total)
+
+
+def run_public_prototypes(
+    parties: Sequence[PartyData], *, mechanism: PublicPrototypes, selector: NoiseSource | None = None
+) -> npt.NDArray[np.int64]:
+    """DPPL-Public centrally: every party scores the public pool on its own records, the scores are summed
+    and one curator draws the exponential mechanism (cost ``mechanism.release_rdp``).
+
+    This runner is a *trusted curator*: it sees the summed scores. A federation would have to keep them
+    secret-shared and draw the selection inside 2PC (docs/mechanisms.md says what is missing).
+
+    Args:
+        parties: each party's private records (features from the same map as the mechanism's pool).
+        mechanism: the selection and its parameters (pool, ε, prototypes per class).
+        selector: the curator's randomness; default a fresh :class:`~capc_common.privacy.SystemNoise`
+            (a seeded source only in tests).
+
+    Returns:
+        ``(classes, per_class)`` indices of the selected candidates.
+
+    Raises:
+        InputError: no party, or a party's records that do not fit (shapes, labels, inf/NaN features).
+    """
+    if not parties:
+        raise InputError("DPPL-Public needs at least one party's records")
+    scores = np.sum([mechanism.contribution(p.features, p.labels) for p in parties], axis=0)
+    return mechanism.select(scores, selector or SystemNoise())
 
 
 @dataclass

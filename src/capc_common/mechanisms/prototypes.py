@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capc_common.errors import InputError
+from capc_common.mechanisms._records import class_sums, labelled
 from capc_common.mechanisms.dpsgd import fixed_point_for
 from capc_common.mechanisms.release import FixedPoint, ReleaseMechanism
 from capc_common.privacy.analysis import as_orders, rdp_zcdp
@@ -120,16 +121,10 @@ class DPPrototypes(ReleaseMechanism):
         """A party's ``[fixed-point per-class sums of normalised features, per-class counts]``.
 
         Raises:
-            InputError: shapes or labels that do not fit.
+            InputError: shapes or labels that do not fit, or inf/NaN features.
         """
-        x = np.asarray(features, dtype=np.float64)
-        y = np.asarray(labels, dtype=np.int64)
-        if x.ndim != 2 or x.shape[1] != self.dim or y.shape != (x.shape[0],):
-            raise InputError(f"features {x.shape} and labels {y.shape} do not match (n, {self.dim}) and (n,)")
-        if y.size and (y.min() < 0 or y.max() >= self.classes):
-            raise InputError(f"labels must be class indices in [0, {self.classes})")
-        encoded = self.fixed_point.encode(normalise(x) * self.radius)
-        sums = np.stack([encoded[y == c].sum(axis=0) for c in range(self.classes)])
+        x, y = labelled(features, labels, dim=self.dim, classes=self.classes)
+        sums = class_sums(self.fixed_point.encode(normalise(x) * self.radius), y, classes=self.classes)
         counts = np.bincount(y, minlength=self.classes).astype(np.int64)
         return np.concatenate([sums.ravel(), counts])
 

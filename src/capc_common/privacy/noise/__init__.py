@@ -5,7 +5,12 @@ implementations :class:`SystemNoise` (production) and :class:`SeededNoise` (test
 samplers live in :mod:`.tables`; the exact reference rejection samplers in :mod:`.exact`.
 """
 
-from capc_common.privacy.noise.exact import bernoulli_exp_neg, discrete_gaussian_exact, discrete_laplace_exact
+from capc_common.privacy.noise.exact import (
+    bernoulli_exp_neg,
+    discrete_gaussian_exact,
+    discrete_laplace_exact,
+    exponential_mechanism_exact,
+)
 from capc_common.privacy.noise.source import InsecureNoiseWarning, NoiseSource, SeededNoise, SystemNoise
 from capc_common.privacy.noise.tables import SamplerTable, discrete_gaussian_table, discrete_laplace_table
 
@@ -20,4 +25,5 @@ __all__ = [
     "discrete_gaussian_table",
     "discrete_laplace_exact",
     "discrete_laplace_table",
+    "exponential_mechanism_exact",
 ]

@@ -1,10 +1,12 @@
 """Exact rejection samplers of Canonne, Kamath & Steinke 2020 ("The Discrete Gaussian for Differential
-Privacy", NeurIPS 2020, Algorithms 1–3), in pure integer/rational arithmetic.
+Privacy", NeurIPS 2020, Algorithms 1–3), in pure integer/rational arithmetic, and the exact exponential
+mechanism built on their Bernoulli(exp(−γ)).
 
-They are slow (a few Fraction operations per attempt) and serve as the reference the fast table sampler
-of :mod:`.tables` is tested against. Every random choice is a uniform integer drawn by
-rejection from the source's 64-bit words, so with a CSPRNG-backed source these samplers are exact: no
-floating point touches the distribution.
+They are slow (a few Fraction operations per attempt). The discrete Laplace and Gaussian samplers are the
+reference the fast table sampler of :mod:`.tables` is tested against; the exponential mechanism is the
+production sampler of :class:`~capc_common.mechanisms.PublicPrototypes`. Every random choice is a uniform
+integer drawn by rejection from the source's 64-bit words, so with a CSPRNG-backed source these samplers
+are exact: no floating point touches the distribution.
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ import numpy.typing as npt
 from capc_common.errors import InputError
 from capc_common.privacy.noise.source import NoiseSource
 
-__all__ = ["bernoulli_exp_neg", "discrete_gaussian_exact", "discrete_laplace_exact"]
+__all__ = [
+    "bernoulli_exp_neg",
+    "discrete_gaussian_exact",
+    "discrete_laplace_exact",
+    "exponential_mechanism_exact",
+]
 
 
 class _Randomness:
@@ -70,6 +77,14 @@ def _bernoulli_exp_neg(num: int, den: int, rng: _Randomness) -> bool:
     return _bernoulli_exp_neg_unit(rest, den, rng)
 
 
+def _fraction(name: str, value: float | Fraction) -> Fraction:
+    """``value`` as its exact rational (a float's binary value); inf/NaN refused (``Fraction`` would raise a
+    bare ValueError/OverflowError)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{name} must be a finite number, got {value}")
+    return Fraction(value)
+
+
 def bernoulli_exp_neg(*, gamma: float | Fraction, n: int, source: NoiseSource) -> npt.NDArray[np.bool_]:
     """Draw ``n`` exact Bernoulli(exp(-γ)) bits, the building block of both rejection samplers.
 
@@ -79,9 +94,9 @@ def bernoulli_exp_neg(*, gamma: float | Fraction, n: int, source: NoiseSource) -
         source: the randomness.
 
     Raises:
-        InputError: ``γ < 0``.
+        InputError: ``γ < 0`` or not finite.
     """
-    g = Fraction(gamma)
+    g = _fraction("gamma", gamma)
     if g < 0:
         raise InputError(f"Bernoulli(exp(-gamma)) needs gamma ≥ 0, got {gamma}")
     rng = _Randomness(source)
@@ -105,7 +120,7 @@ def _laplace_one(t: int, s: int, rng: _Randomness) -> int:
 
 
 def _positive_fraction(name: str, value: float | Fraction) -> Fraction:
-    q = Fraction(value)
+    q = _fraction(name, value)
     if q <= 0:
         raise InputError(f"{name} must be positive, got {value}")
     return q
@@ -123,7 +138,7 @@ def discrete_laplace_exact(*, scale: float | Fraction, n: int, source: NoiseSour
         int64 array of length ``n``.
 
     Raises:
-        InputError: ``scale ≤ 0``.
+        InputError: ``scale ≤ 0`` or not finite.
     """
     b = _positive_fraction("scale", scale)
     rng = _Randomness(source)
@@ -145,7 +160,7 @@ def discrete_gaussian_exact(*, sigma: float | Fraction, n: int, source: NoiseSou
         int64 array of length ``n``.
 
     Raises:
-        InputError: ``σ ≤ 0``.
+        InputError: ``σ ≤ 0`` or not finite.
     """
     s = _positive_fraction("sigma", sigma)
     sigma2 = s * s
@@ -162,3 +177,41 @@ def discrete_gaussian_exact(*, sigma: float | Fraction, n: int, source: NoiseSou
                 out[i] = y
                 break
     return out
+
+
+def exponential_mechanism_exact(scores: npt.ArrayLike, *, eta: float | Fraction, source: NoiseSource) -> int:
+    """One draw of the exponential mechanism, ``Pr[j] ∝ exp(η · scores[j])``, exactly.
+
+    Rejection from the uniform proposal: a candidate ``j`` drawn uniformly is accepted with probability
+    ``exp(-η (max − scores[j]))`` (an exact Bernoulli of CKS 2020, Algorithm 1), so the accepted index has
+    exactly the target law and no floating point touches it; the best candidate is accepted with
+    probability 1, so a draw takes at most ``len(scores)`` proposals on average. (Gumbel-max on floats would
+    approximate the same law, with the rounding problems of floating-point DP samplers; Mironov 2012,
+    Ilvento 2020.) The number of proposals depends on the scores: run it where its timing is not observed.
+
+    Args:
+        scores: integer scores ``(M,)`` (fixed point), ``M ≥ 1``.
+        eta: ``η ≥ 0`` (a float is taken as its exact binary value); 0 draws uniformly.
+        source: the randomness.
+
+    Returns:
+        The index drawn.
+
+    Raises:
+        InputError: no candidate, non-integer scores, or ``η`` negative or not finite.
+    """
+    u = np.asarray(scores)
+    if u.ndim != 1 or u.size == 0 or not np.issubdtype(u.dtype, np.integer):
+        raise InputError(
+            f"the exponential mechanism needs a non-empty 1-D integer score vector, got {u.dtype} {u.shape}"
+        )
+    e = _fraction("eta", eta)
+    if e < 0:
+        raise InputError(f"the exponential mechanism needs eta ≥ 0, got {eta}")
+    gaps = (int(u.max()) - u.astype(object)).tolist()
+    rng = _Randomness(source)
+    while True:
+        j = rng.randbelow(len(gaps))
+        gamma = e * gaps[j]
+        if _bernoulli_exp_neg(gamma.numerator, gamma.denominator, rng):
+            return j
