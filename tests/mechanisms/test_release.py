@@ -190,3 +190,26 @@ def test_a_head_with_inf_or_nan_is_refused() -> None:
     head[0, 0] = np.inf
     with pytest.raises(InputError, match="inf or NaN"):
         mechanism.contribution(head, x, y)
+
+
+def test_a_finite_head_cannot_turn_one_record_into_more_than_its_clip() -> None:
+    """A finite but huge head overflows the logits (inf − inf = NaN) of some records only; one NaN row used
+    to make the whole sum NaN, encoded as INT64_MIN, so one record moved the contribution by ~2^63."""
+    mechanism = SecureDPSGD(classes=3, dim=4, clip=1.0, noise_multiplier=1.0, sampling_rate=0.5)
+    x = np.eye(4)[:2]
+    y = np.array([0, 1])
+    head = np.zeros((3, 5))
+    head[0, :4] = 1.5e308  # finite: passes the inf/NaN check
+    with pytest.raises(InputError, match="would overflow the logits"):
+        mechanism.contribution(head, x, y)
+    # Within the head's bound, a record with huge (finite) features overflows its own logits: it
+    # contributes zero, and every neighbour pair stays within Δ.
+    head = np.zeros((3, 5))
+    head[0, :4] = 1e150
+    records = np.vstack([np.eye(4)[:3], np.full((1, 4), 1e200)])
+    labels = np.array([0, 1, 2, 1])
+    full = mechanism.contribution(head, records, labels)
+    assert np.abs(full).max() < 2**40
+    for i in range(len(labels)):
+        without = mechanism.contribution(head, np.delete(records, i, 0), np.delete(labels, i))
+        assert np.linalg.norm((full - without).astype(np.float64)) <= mechanism.sensitivity

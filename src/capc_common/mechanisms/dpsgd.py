@@ -39,7 +39,11 @@ from capc_common.privacy.noise.tables import MAX_SIGMA
 if TYPE_CHECKING:
     from capc_common.privacy import NoiseSource
 
-__all__ = ["SecureDPSGD", "fixed_point_for", "poisson_sample"]
+__all__ = ["MAX_HEAD_REACH", "SecureDPSGD", "fixed_point_for", "poisson_sample"]
+
+#: Largest ``‖w_c‖ + |b_c|`` over the head's rows a party computes gradients for: beyond it a unit-norm
+#: record's logits could overflow to inf (and inf − inf is NaN).
+MAX_HEAD_REACH = 1e300
 
 
 def fixed_point_for(*, sigma_per_unit: float, coordinates: int, unit: float = 1.0) -> FixedPoint:
@@ -211,15 +215,31 @@ class SecureDPSGD(ReleaseMechanism):
             # inf − inf in the logits would make a record's clipped gradient NaN, which encodes far beyond
             # the sensitivity Δ: a party must not trust the head it is sent.
             raise InputError("the head or the features hold inf or NaN; refusing to compute a contribution")
-        # The bias is a weight on a constant feature 1, kept apart so that the features are never copied.
-        logits = x @ w[:, :-1].T + w[:, -1]
-        logits -= logits.max(axis=1, keepdims=True)
-        p = np.exp(logits)
-        p /= p.sum(axis=1, keepdims=True)
-        p[np.arange(len(y)), y] -= 1.0  # d loss / d logits
-        # The per-example gradient is an outer product: its norm is the product of the two norms.
-        norms = np.sqrt((p * p).sum(axis=1) * (np.einsum("ij,ij->i", x, x) + 1.0))
-        g = p * np.minimum(1.0, self.clip_effective / np.maximum(norms, 1e-300))[:, None]
+        with np.errstate(over="ignore"):
+            reach = float((np.linalg.norm(w[:, :-1], axis=1) + np.abs(w[:, -1])).max())
+        if not reach <= MAX_HEAD_REACH:
+            # A finite head this large overflows the logits of unit-norm features. The check reads only the
+            # (public) head, so refusing reveals nothing about the records.
+            raise InputError(
+                f"the head's rows reach {reach:g} (> {MAX_HEAD_REACH:g}) and would overflow the logits; "
+                "refusing to compute a contribution (the student's head diverged or is not to be trusted)"
+            )
+        # Overflow can only come from huge features here (the head's reach is bounded); those records are
+        # zeroed below, so numpy's warnings about them are expected.
+        with np.errstate(over="ignore", invalid="ignore"):
+            # The bias is a weight on a constant feature 1, kept apart so the features are never copied.
+            logits = x @ w[:, :-1].T + w[:, -1]
+            logits -= logits.max(axis=1, keepdims=True)
+            p = np.exp(logits)
+            p /= p.sum(axis=1, keepdims=True)
+            p[np.arange(len(y)), y] -= 1.0  # d loss / d logits
+            # The per-example gradient is an outer product: its norm is the product of the two norms.
+            norms = np.sqrt((p * p).sum(axis=1) * (np.einsum("ij,ij->i", x, x) + 1.0))
+            g = p * np.minimum(1.0, self.clip_effective / np.maximum(norms, 1e-300))[:, None]
+        # A record whose gradient is not finite (huge features overflowing the logits) contributes zero: a
+        # per-record map, so it stays within the clip whatever the other records are. Refusing instead
+        # would make the party's answer depend on one record.
+        g[~np.isfinite(g).all(axis=1)] = 0.0
         total = np.concatenate([g.T @ x, g.sum(axis=0)[:, None]], axis=1)
         return self.fixed_point.encode(total).ravel()
 
