@@ -21,6 +21,10 @@ accounted rigorously:
   exponential mechanism selects ``per_class`` of them (peeling) by the summed clipped similarity to the
   class's records, the student is the nearest class mean of its selections; ε from the bounded-range bound
   (trusted curator: central only);
+* ``dppl-public-votes`` — the same pool and student, selected the way the federation runs it
+  (:class:`~capc_common.mechanisms.PublicPrototypeVotes`): every record votes for its nearest candidate,
+  one release of the noisy per-class vote counts (discrete Gaussian through real additive sharing, zCDP),
+  each class's prototype is its ``per_class`` most-voted candidates weighted by their noisy counts;
 * ``prom-pate`` — Prom-PATE (:mod:`capc_common.learn.prompts`, :mod:`capc_common.mechanisms.prompate`):
   each party's first ``teachers_per_party × shard`` records become that many teachers, each a visual prompt
   plus a linear label map trained on its shard alone through the frozen backbone (current statistics);
@@ -97,6 +101,7 @@ METHODS = (
     "central-dpsgd",
     "dppl",
     "dppl-public",
+    "dppl-public-votes",
     "private-knn",
     "capc-fair",
     "capc-greedy",
@@ -121,6 +126,7 @@ HYPER = {
         "d_min": 0.0,
         "d_max": 2.0,
     },
+    "dppl_public_votes": {"per_class": 100},  # the pool: dppl_public's
     "knn": {"queries": 500, "neighbours": 50, "sampling_rate": 0.2, "generator": "dead_leaves"},
     "prompate": {
         "teachers_per_party": 10,
@@ -366,6 +372,36 @@ def dppl_public(
         "released": int(chosen.size),
         "noise": f"ε per selection {per_selection:.4g} × {h['per_class']} per class, {len(candidates)} "
         f"{h['generator']} candidates",
+    }
+
+
+def dppl_public_votes(
+    parties: list[PartyData],
+    ex: np.ndarray,
+    ey: np.ndarray,
+    *,
+    epsilon: float,
+    seed: int,
+    candidates: np.ndarray,
+) -> dict[str, Any]:
+    """DPPL-Public by noisy votes: ρ calibrated to ε by the zCDP conversion, one release, top-K per class."""
+    from capc_common.mechanisms import PublicPrototypeVotes
+    from capc_common.mechanisms.central import run_public_prototype_votes
+
+    h = HYPER["dppl_public"]
+    rho = 1.0 / calibrate(
+        lambda s: epsilon_from_zcdp(1.0 / s, delta=DELTA)[0], target=epsilon, low=1e-3, high=1e6
+    )
+    mechanism = PublicPrototypeVotes(
+        classes=10, candidates=candidates, rho=rho, per_class=HYPER["dppl_public_votes"]["per_class"]
+    )
+    total = run_public_prototype_votes(parties, mechanism=mechanism)
+    return {
+        "accuracy": accuracy(mechanism.predict(ex, total), ey),
+        "epsilon": epsilon_from_zcdp(mechanism.zcdp, delta=DELTA)[0],
+        "released": 1,
+        "noise": f"ρ={mechanism.zcdp:.4g} σ={mechanism.sigma:.3g}, top {mechanism.per_class} of "
+        f"{len(candidates)} {h['generator']} candidates per class, count-weighted",
     }
 
 
@@ -657,6 +693,7 @@ RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     "central-dpsgd": central_dpsgd,
     "dppl": dppl,
     "dppl-public": dppl_public,
+    "dppl-public-votes": dppl_public_votes,
     "private-knn": private_knn,
     "prom-pate": prom_pate,
     "capc-fair": capc_fair,
@@ -836,8 +873,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     extra: dict[str, dict[str, Any]] = {m: {} for m in METHODS}
     if "private-knn" in args.methods:
         extra["private-knn"]["queries"] = _query_features(args)
-    if "dppl-public" in args.methods:
-        extra["dppl-public"]["candidates"] = _query_features(args, "dppl_public")
+    for method in ("dppl-public", "dppl-public-votes"):
+        if method in args.methods:
+            extra[method]["candidates"] = _query_features(args, "dppl_public")
     if "prom-pate" in args.methods:
         extra["prom-pate"] = _prompate_data(args)
     if "cnn-dpsgd" in args.methods:

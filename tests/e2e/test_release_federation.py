@@ -27,11 +27,19 @@ from capc_common.federation import FederationConfig, load_shared_backbone
 from capc_common.federation.releases import (
     DPSGDProtocol,
     PrototypesProtocol,
+    PublicVotesProtocol,
+    ReleaseProtocol,
     protocol_for,
     prototype_head,
 )
 from capc_common.learn import BackboneFeaturizer
-from capc_common.mechanisms.central import PartyData, extract_per_example, run_prototypes, run_secure_dpsgd
+from capc_common.mechanisms.central import (
+    PartyData,
+    extract_per_example,
+    run_prototypes,
+    run_public_prototype_votes,
+    run_secure_dpsgd,
+)
 from capc_common.privacy.analysis import epsilon_at_order
 from capc_services.local.federation import restart
 from capc_services.local.layout import Layout
@@ -44,6 +52,7 @@ pytestmark = pytest.mark.slow
 RECORDS = 200  # per party
 MECHANISMS: dict[str, dict[str, Any]] = {
     "dppl": {"rho": 2.0, "metric": "euclidean"},
+    "dppl-public": {"rho": 2.0, "per_class": 3, "pool_size": 300},
     "secagg-dpsgd": {
         "rounds": 3,
         "noise_multiplier": 1.5,
@@ -85,14 +94,29 @@ def released(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         running.close()
 
 
+def _protocol(config: FederationConfig) -> ReleaseProtocol:
+    """The federation's protocol as a party builds it (one torch thread: a public pool is featurised)."""
+    backbone = load_shared_backbone(config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return protocol_for(config, dim=backbone.feature_dim, backbone=backbone)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _central_head(running: Running) -> np.ndarray:
     config = running.config
     parties = _parties(running.layout, config)
-    protocol = protocol_for(config, dim=parties[0].features.shape[1])
+    protocol = _protocol(config)
     guardian = party_noise("guardian", seed=NOISE_SEED)
     if isinstance(protocol, PrototypesProtocol):
         sums, counts = run_prototypes(parties, mechanism=protocol.prototypes, guardian=guardian)
         return prototype_head(sums, counts, metric=protocol.metric)
+    if isinstance(protocol, PublicVotesProtocol):
+        total = run_public_prototype_votes(parties, mechanism=protocol.votes, guardian=guardian)
+        prototypes = protocol.votes.prototypes(total)
+        return prototype_head(prototypes, np.ones(len(prototypes)), metric="cosine")
     assert isinstance(protocol, DPSGDProtocol)
     result = run_secure_dpsgd(
         parties,
@@ -118,7 +142,7 @@ def test_published_head_equals_the_central_runner(released: Running) -> None:
 
 def test_ledger_charges_each_release_its_rdp(released: Running) -> None:
     config = released.config
-    protocol = protocol_for(config, dim=np.load(released.progress()["published"]["model"]).shape[1] - 1)
+    protocol = _protocol(config)
     budget = released.budget()
     rdp = protocol.rounds * protocol.release_rdp(config.budget.order)
     assert budget["spent_rdp"] == pytest.approx(rdp, rel=1e-6)

@@ -181,7 +181,9 @@ DPSGD = {
 }
 
 
-@pytest.mark.parametrize("mechanism", [{"name": "dppl", "rho": 0.5}, DPSGD])
+@pytest.mark.parametrize(
+    "mechanism", [{"name": "dppl", "rho": 0.5}, {"name": "dppl-public", "rho": 0.5}, DPSGD]
+)
 def test_release_members_round_trip_and_hash_their_parameters(
     tmp_path: Path, federation_dict, mechanism: dict[str, object]
 ) -> None:
@@ -203,6 +205,12 @@ def test_release_members_round_trip_and_hash_their_parameters(
         ({"name": "dppl", "rho": 1, "sigma1": 2}, r"mechanism\.dppl\.sigma1: Extra inputs"),
         ({**DPSGD, "sampling_rate": 1.5}, r"mechanism\.secagg-dpsgd\.sampling_rate"),
         ({**DPSGD, "rounds": 0}, r"mechanism\.secagg-dpsgd\.rounds"),
+        ({"name": "dppl-public"}, r"mechanism\.dppl-public\.rho: Field required"),
+        ({"name": "dppl-public", "rho": 1, "pool_size": 0}, r"mechanism\.dppl-public\.pool_size"),
+        (
+            {"name": "dppl-public", "rho": 1, "pool_size": 10, "per_class": 11},
+            r"per_class 11 is more than the pool's 10 candidates",
+        ),
         ({"name": "laplace", "rho": 1}, r"mechanism\.name must be one of confident-gnmax, .*, secagg-dpsgd"),
     ],
 )
@@ -224,6 +232,25 @@ def test_release_federations_have_no_batches_and_must_fit_the_budget(federation_
     greedy = FederationConfig.from_dict(federation_dict(mechanism={**DPSGD, "rounds": 100_000}))
     with pytest.raises(InputError, match=r"100000 release\(s\) of RDP .* more than the budget"):
         protocol_for(greedy, dim=8)
+
+
+def test_a_public_pool_needs_the_backbone_to_featurise_it(federation_dict) -> None:
+    """DPPL-Public's protocol featurises its pool: without the shared backbone it is refused by name; with a
+    backbone whose features do not have the stated width, too."""
+    from capc_common.federation.releases import protocol_for
+    from capc_common.models import default_backbone, load_backbone
+
+    config = FederationConfig.from_dict(
+        federation_dict(mechanism={"name": "dppl-public", "rho": 0.2, "pool_size": 8, "per_class": 2})
+    )
+    with pytest.raises(InputError, match="featurises its public candidate pool with the shared backbone"):
+        protocol_for(config, dim=16)
+    q = config.queries
+    backbone = load_backbone(default_backbone(q.height, q.width, q.channels))
+    protocol = protocol_for(config, dim=backbone.feature_dim, backbone=backbone)
+    assert protocol.rounds == 1 and protocol.length == config.classes * 8
+    with pytest.raises(InputError, match=r"the pool's features have shape \(8, \d+\), expected \(8, 7\)"):
+        protocol_for(config, dim=7, backbone=backbone)
 
 
 def test_release_fixed_point_must_hold_the_largest_federation(federation_dict) -> None:

@@ -64,7 +64,7 @@ def _core(
     with a 2PC (selection), or noisy totals (release)."""
     config = party.config
     if isinstance(config.mechanism, ReleaseMember):
-        protocol = protocol_for(config, dim=party.backbone.feature_dim)
+        protocol = protocol_for(config, dim=party.backbone.feature_dim, backbone=party.backbone)
         core = ReleaseGuardian(
             config=config, ledger=ledger, noise=noise, protocol=protocol, metrics=party.metrics
         )

@@ -171,10 +171,20 @@ def _budget_rdp(options: LocalOptions) -> float:
     )
 
 
+def _one_release_rho(options: LocalOptions) -> float:
+    """The zCDP ρ of a single release spending the whole budget: ``ρ·λ`` = the budget at order λ."""
+    return 0.999 * _budget_rdp(options) / (options.order or _FALLBACK_ORDER)
+
+
 def _dppl(options: LocalOptions) -> tuple[dict[str, Any], int]:
-    """DP prototypes spending the whole budget in its one release: ``ρ·λ`` = the budget at order λ."""
-    rho = 0.999 * _budget_rdp(options) / (options.order or _FALLBACK_ORDER)
-    return {"name": "dppl", "rho": rho}, options.teachers_per_party
+    """DP prototypes spending the whole budget in its one release."""
+    return {"name": "dppl", "rho": _one_release_rho(options)}, options.teachers_per_party
+
+
+def _dppl_public(options: LocalOptions) -> tuple[dict[str, Any], int]:
+    """DPPL-Public (noisy nearest-candidate votes) spending the whole budget in its one release; the pool
+    and prototypes per class are the member's defaults (docs/mechanisms.md)."""
+    return {"name": "dppl-public", "rho": _one_release_rho(options)}, options.teachers_per_party
 
 
 #: Rounds, sampling rate, clip and step of the default secure-aggregation DP-SGD: full batch (every record
@@ -225,6 +235,7 @@ MECHANISMS: dict[str, Callable[[LocalOptions], tuple[dict[str, Any], int]]] = {
     "private-knn": _private_knn,
     "prom-pate": _prom_pate,
     "dppl": _dppl,
+    "dppl-public": _dppl_public,
     "secagg-dpsgd": _secagg_dpsgd,
 }
 

@@ -112,7 +112,7 @@ def run_release_student(
 ) -> None:
     """Run a release federation's student until ``stop`` is set (or, with ``exit_when_done``, published)."""
     config = party.config
-    protocol: ReleaseProtocol = protocol_for(config, dim=party.backbone.feature_dim)
+    protocol: ReleaseProtocol = protocol_for(config, dim=party.backbone.feature_dim, backbone=party.backbone)
     rounds = ReleaseRounds(config, length=protocol.length)
     progress = ReleaseProgress(rounds=protocol.rounds)
     guardian = ReleaseClient(

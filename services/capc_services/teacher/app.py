@@ -139,7 +139,7 @@ def serve_releases(settings: TeacherSettings, party: PartyRuntime, *, stop: thre
     from capc_services.teacher.train import check_labels, party_examples
 
     config = party.config
-    protocol = protocol_for(config, dim=party.backbone.feature_dim)
+    protocol = protocol_for(config, dim=party.backbone.feature_dim, backbone=party.backbone)
     images, labels, name = party_examples(settings)
     check_labels(np.asarray(labels), classes=config.classes, name=name)
     check_records(config, len(labels))

@@ -69,12 +69,15 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
 )
 @click.option(
     "--mechanism",
-    type=click.Choice(["confident-gnmax", "gnmax", "private-knn", "prom-pate", "dppl", "secagg-dpsgd"]),
+    type=click.Choice(
+        ["confident-gnmax", "gnmax", "private-knn", "prom-pate", "dppl", "dppl-public", "secagg-dpsgd"]
+    ),
     default="confident-gnmax",
     show_default=True,
     help="How the federation learns: teachers' votes through Confident-GNMax (the default) or GNMax, "
     "Private-kNN votes, prompted teachers' votes through Confident-GNMax (prom-pate), DP prototypes "
-    "(dppl, one release) or secure-aggregation DP-SGD (secagg-dpsgd, one "
+    "(dppl, one release), DP prototypes chosen from a synthetic pool by noisy votes (dppl-public, one "
+    "release) or secure-aggregation DP-SGD (secagg-dpsgd, one "
     "release per round); see docs/mechanisms.md.",
 )
 @click.option("--dataset", default="fashion-mnist", show_default=True, help="The teachers' private data.")

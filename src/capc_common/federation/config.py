@@ -32,7 +32,7 @@ from pydantic import (
 from capc_common.errors import InputError
 
 if TYPE_CHECKING:
-    from capc_common.federation.releases import ReleaseProtocol
+    from capc_common.federation.releases import Featuriser, ReleaseProtocol
     from capc_common.learn.prompts import PromptRecipe
     from capc_common.mechanisms import SelectionMechanism
 
@@ -242,9 +242,10 @@ class ReleaseMember(_MechanismConfig):
     fixed_point_bits: int | None = Field(default=None, ge=0, le=40)
 
     @abstractmethod
-    def protocol(self, *, classes: int, dim: int) -> ReleaseProtocol:
+    def protocol(self, *, classes: int, dim: int, featuriser: Featuriser | None = None) -> ReleaseProtocol:
         """The release protocol every party of the federation runs (see :mod:`.releases`); each member
-        builds its own."""
+        builds its own. ``featuriser`` turns public images into the parties' per-example features (only a
+        member with a public pool needs it)."""
 
 
 class DPPLMechanism(ReleaseMember):
@@ -261,11 +262,48 @@ class DPPLMechanism(ReleaseMember):
     count_share: float = Field(default=0.1, gt=0, lt=1)
     metric: Literal["cosine", "euclidean"] = "euclidean"
 
-    def protocol(self, *, classes: int, dim: int) -> ReleaseProtocol:
+    def protocol(self, *, classes: int, dim: int, featuriser: Featuriser | None = None) -> ReleaseProtocol:
         """The release protocol every party of the federation runs (see :mod:`.releases`)."""
         from capc_common.federation.releases import PrototypesProtocol
 
+        del featuriser
         return PrototypesProtocol.of(self, classes=classes, dim=dim)
+
+
+class DPPLPublicMechanism(ReleaseMember):
+    """DPPL-Public as a release: every record votes for its nearest candidate of a public synthetic pool, one
+    release of the noisy per-class vote counts (``rho``-zCDP), each class's prototype is its ``per_class``
+    most-voted candidates weighted by their noisy counts
+    (:class:`~capc_common.mechanisms.PublicPrototypeVotes`).
+
+    Attributes:
+        rho: zCDP of the one release (the ledger charges ``rho · order`` RDP).
+        per_class: candidates kept per class (post-processing; 100 chosen on the validation split).
+        pool_generator / pool_seed / pool_size: the public candidate pool, the first ``pool_size`` images of
+            that generator's stream at the federation's query image size; every party featurises it with
+            the shared backbone, one image at a time.
+    """
+
+    name: Literal["dppl-public"]
+    rho: float = Field(gt=0)
+    per_class: int = Field(default=100, ge=1)
+    pool_generator: str = Field(default="shaders", min_length=1)
+    pool_seed: int = Field(default=1, ge=0, lt=2**63)
+    pool_size: int = Field(default=2000, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _fits_the_pool(self) -> Self:
+        if self.per_class > self.pool_size:
+            raise ValueError(
+                f"per_class {self.per_class} is more than the pool's {self.pool_size} candidates"
+            )
+        return self
+
+    def protocol(self, *, classes: int, dim: int, featuriser: Featuriser | None = None) -> ReleaseProtocol:
+        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
+        from capc_common.federation.releases import PublicVotesProtocol
+
+        return PublicVotesProtocol.of(self, classes=classes, dim=dim, featuriser=featuriser)
 
 
 class SecAggDPSGDMechanism(ReleaseMember):
@@ -289,10 +327,11 @@ class SecAggDPSGDMechanism(ReleaseMember):
     learning_rate: float = Field(gt=0)
     momentum: float = Field(default=0.9, ge=0, lt=1)
 
-    def protocol(self, *, classes: int, dim: int) -> ReleaseProtocol:
+    def protocol(self, *, classes: int, dim: int, featuriser: Featuriser | None = None) -> ReleaseProtocol:
         """The release protocol every party of the federation runs (see :mod:`.releases`)."""
         from capc_common.federation.releases import DPSGDProtocol
 
+        del featuriser
         return DPSGDProtocol.of(self, classes=classes, dim=dim)
 
 
@@ -312,12 +351,14 @@ MechanismConfig = Annotated[
     | Annotated[PrivateKNNMechanism, Tag("private-knn")]
     | Annotated[PromPATEMechanism, Tag("prom-pate")]
     | Annotated[DPPLMechanism, Tag("dppl")]
+    | Annotated[DPPLPublicMechanism, Tag("dppl-public")]
     | Annotated[SecAggDPSGDMechanism, Tag("secagg-dpsgd")],
     Discriminator(
         _mechanism_name,
         custom_error_type="mechanism_name",
         custom_error_message=(
-            "mechanism.name must be one of confident-gnmax, gnmax, private-knn, prom-pate, dppl, secagg-dpsgd"
+            "mechanism.name must be one of confident-gnmax, gnmax, private-knn, prom-pate, dppl, "
+            "dppl-public, secagg-dpsgd"
         ),
     ),
 ]

@@ -16,22 +16,38 @@ publishes their result bit for bit (the differential test).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from capc_common.errors import InputError
-from capc_common.mechanisms import DPPrototypes, FixedPoint, ReleaseMechanism, SecureDPSGD, normalise
+from capc_common.mechanisms import (
+    DPPrototypes,
+    FixedPoint,
+    PublicPrototypeVotes,
+    ReleaseMechanism,
+    SecureDPSGD,
+    normalise,
+)
 
 if TYPE_CHECKING:
-    from capc_common.federation.config import DPPLMechanism, FederationConfig, SecAggDPSGDMechanism
+    from capc_common.federation.config import (
+        DPPLMechanism,
+        DPPLPublicMechanism,
+        FederationConfig,
+        SecAggDPSGDMechanism,
+    )
+    from capc_common.models import Backbone
     from capc_common.privacy import NoiseSource
 
 __all__ = [
     "MAX_RECORDS",
     "DPSGDProtocol",
+    "Featuriser",
     "PrototypesProtocol",
+    "PublicVotesProtocol",
     "ReleaseProtocol",
     "check_records",
     "protocol_for",
@@ -58,9 +74,34 @@ def check_records(config: FederationConfig, records: int) -> None:
         )
 
 
-def protocol_for(config: FederationConfig, *, dim: int) -> ReleaseProtocol:
+@dataclass(frozen=True)
+class Featuriser:
+    """How a party maps public images (a candidate pool) to the per-example features its records use.
+
+    Attributes:
+        backbone: the shared backbone (each image alone, BatchNorm running statistics).
+        shape: ``(height, width, channels)`` of the federation's images.
+    """
+
+    backbone: Backbone
+    shape: tuple[int, int, int]
+
+    def __call__(self, images: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+        """Per-example features of ``images``."""
+        from capc_common.mechanisms import per_example
+
+        return per_example(self.backbone, images)
+
+
+def protocol_for(config: FederationConfig, *, dim: int, backbone: Backbone | None = None) -> ReleaseProtocol:
     """The federation's release protocol over ``dim``-dimensional features, refused unless every release
     it plans fits the budget (so no party starts a federation the ledger would stop half way).
+
+    Args:
+        config: the federation.
+        dim: the backbone's feature dimension.
+        backbone: the shared backbone, for a mechanism that featurises a public pool (DPPL-Public); the
+            others never use it.
 
     Raises:
         InputError: the mechanism is not of the release family, or its releases cost more than the budget.
@@ -71,7 +112,9 @@ def protocol_for(config: FederationConfig, *, dim: int) -> ReleaseProtocol:
     m = config.mechanism
     if not isinstance(m, ReleaseMember):
         raise InputError(f"federation {config.name!r} runs {m.name!r}, not a release mechanism")
-    protocol = m.protocol(classes=config.classes, dim=dim)
+    q = config.queries
+    featuriser = None if backbone is None else Featuriser(backbone, (q.height, q.width, q.channels))
+    protocol = m.protocol(classes=config.classes, dim=dim, featuriser=featuriser)
     # The ring must hold the noisy total of every record the federation could hold (a wrap would corrupt
     # the released model silently); each teacher also refuses a share of more than its part of this bound.
     protocol.mechanism.check_capacity(records=MAX_RECORDS)
@@ -208,6 +251,85 @@ class PrototypesProtocol(ReleaseProtocol):
         """
         if self._head is None:
             raise InputError("no prototypes were released yet; the head exists after the release")
+        return self._head
+
+
+class PublicVotesProtocol(ReleaseProtocol):
+    """DPPL-Public: one release of the noisy nearest-candidate vote counts; the head is the nearest prototype
+    by cosine, each class's most-voted candidates weighted by their noisy counts (the central runner's
+    student as a linear head)."""
+
+    rounds = 1
+
+    def __init__(self, mechanism: PublicPrototypeVotes) -> None:
+        self.mechanism = self.votes = mechanism
+        self._head: npt.NDArray[np.float64] | None = None
+
+    @classmethod
+    def of(
+        cls, config: DPPLPublicMechanism, *, classes: int, dim: int, featuriser: Featuriser | None
+    ) -> PublicVotesProtocol:
+        """From ``federation.yaml``'s ``dppl-public`` member: the pool's images generated and featurised here
+        (deterministic, so every party gets the same candidates up to floating point).
+
+        Raises:
+            InputError: no featuriser (the pool needs the shared backbone), or pool features of another width.
+        """
+        from capc_common.synth import generate
+
+        if featuriser is None:
+            raise InputError(
+                "dppl-public featurises its public candidate pool with the shared backbone; none given"
+            )
+        height, width, channels = featuriser.shape
+        images = generate(
+            config.pool_generator,
+            seed=config.pool_seed,
+            start=0,
+            count=config.pool_size,
+            height=height,
+            width=width,
+            channels=channels,
+        )
+        candidates = featuriser(images)
+        if candidates.shape != (config.pool_size, dim):
+            raise InputError(
+                f"the pool's features have shape {candidates.shape}, expected ({config.pool_size}, {dim})"
+            )
+        return cls(
+            PublicPrototypeVotes(
+                classes=classes, candidates=candidates, rho=config.rho, per_class=config.per_class
+            )
+        )
+
+    def state(self) -> npt.NDArray[np.float64]:
+        """Nothing: a party's votes do not depend on anything public but the pool."""
+        return np.zeros(0)
+
+    def contribute(
+        self,
+        state: npt.NDArray[np.float64],
+        features: npt.ArrayLike,
+        labels: npt.NDArray[np.int64],
+        source: NoiseSource,
+    ) -> npt.NDArray[np.int64]:
+        """The party's per-class nearest-candidate vote counts (every record, no sampling)."""
+        del state, source
+        return self.votes.contribution(features, labels)
+
+    def absorb(self, total: npt.NDArray[np.int64]) -> None:
+        """The released counts become the prototypes, and those the nearest-prototype head."""
+        prototypes = self.votes.prototypes(total)
+        self._head = prototype_head(prototypes, np.ones(len(prototypes)), metric="cosine")
+
+    def head(self) -> npt.NDArray[np.float64]:
+        """The nearest-prototype head.
+
+        Raises:
+            InputError: nothing was released yet.
+        """
+        if self._head is None:
+            raise InputError("no vote counts were released yet; the head exists after the release")
         return self._head
 
 

@@ -44,7 +44,7 @@ def check_runnable(config: FederationConfig) -> Backbone:
     q = config.queries
     if isinstance(config.mechanism, ReleaseMember):  # no query batches: the releases must fit instead
         backbone = _shape_checked_backbone(config)
-        protocol_for(config, dim=backbone.feature_dim)
+        protocol_for(config, dim=backbone.feature_dim, backbone=backbone)
         return backbone
     check_batch_fits(config)
     if usable_queries(config) == 0:

@@ -10,7 +10,9 @@ Two families share the engine's parties, sharing, guardian and ledger:
   noisy total is released — :class:`DPPrototypes` (DPPL) and :class:`SecureDPSGD` (one release per round).
 
 :class:`PublicPrototypes` (DPPL-Public: prototypes selected from a synthetic candidate pool by the exponential
-mechanism) runs centrally only (:func:`~capc_common.mechanisms.central.run_public_prototypes`).
+mechanism) runs centrally only (:func:`~capc_common.mechanisms.central.run_public_prototypes`); its
+report-noisy-max form :class:`PublicPrototypeVotes` (noisy nearest-candidate vote counts, top-K per class)
+is a release mechanism and runs in the federation too.
 
 Prom-PATE is a selection mechanism with another kind of teacher (:mod:`capc_common.learn.prompts`); its
 central runner is :func:`run_prom_pate`, which charges any selection mechanism through
@@ -34,6 +36,7 @@ from capc_common.mechanisms.prompate import (
 )
 from capc_common.mechanisms.prototypes import DPPrototypes, nearest_prototype, normalise
 from capc_common.mechanisms.public_prototypes import PublicPrototypes
+from capc_common.mechanisms.public_votes import PublicPrototypeVotes
 from capc_common.mechanisms.release import (
     FixedPoint,
     ReleaseMechanism,
@@ -66,6 +69,7 @@ __all__ = [
     "PromPATE",
     "PromPATEResult",
     "PromptedVoter",
+    "PublicPrototypeVotes",
     "PublicPrototypes",
     "ReleaseMechanism",
     "SecureDPSGD",

@@ -26,6 +26,7 @@ from capc_common.mechanisms.dpsgd import SecureDPSGD
 from capc_common.mechanisms.knn import PrivateKNN
 from capc_common.mechanisms.prototypes import DPPrototypes, normalise
 from capc_common.mechanisms.public_prototypes import PublicPrototypes
+from capc_common.mechanisms.public_votes import PublicPrototypeVotes
 from capc_common.mechanisms.release import ReleaseMechanism, masked_total, reveal, share_contribution
 from capc_common.privacy import NoiseSource, SystemNoise
 
@@ -42,6 +43,7 @@ __all__ = [
     "release_once",
     "run_private_knn",
     "run_prototypes",
+    "run_public_prototype_votes",
     "run_public_prototypes",
     "run_secure_dpsgd",
 ]
@@ -226,6 +228,27 @@ def run_public_prototypes(
         raise InputError("DPPL-Public needs at least one party's records")
     scores = np.sum([mechanism.contribution(p.features, p.labels) for p in parties], axis=0)
     return mechanism.select(scores, selector or SystemNoise())
+
+
+def run_public_prototype_votes(
+    parties: Sequence[PartyData], *, mechanism: PublicPrototypeVotes, guardian: NoiseSource | None = None
+) -> npt.NDArray[np.int64]:
+    """DPPL-Public as the federation runs it: one release of the parties' noisy nearest-candidate vote counts
+    through real additive sharing (cost ``mechanism.release_rdp``).
+
+    Returns:
+        The released noisy counts (``classes × M``, class by class): ``mechanism.select`` /
+        ``mechanism.prototypes`` / ``mechanism.predict`` post-process them.
+
+    Raises:
+        InputError: no party, or a party's records that do not fit (shapes, labels, inf/NaN features).
+    """
+    mechanism.check_capacity(records=sum(len(p.labels) for p in parties))
+    return release_once(
+        mechanism,
+        [mechanism.contribution(p.features, p.labels) for p in parties],
+        guardian=guardian or SystemNoise(),
+    )
 
 
 @dataclass

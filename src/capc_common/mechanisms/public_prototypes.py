@@ -53,7 +53,7 @@ from capc_common.privacy.noise import exponential_mechanism_exact
 if TYPE_CHECKING:
     from capc_common.privacy import NoiseSource
 
-__all__ = ["PublicPrototypes", "Rule"]
+__all__ = ["PublicPrototypes", "Rule", "candidate_pool"]
 
 Rule = Literal["mean", "nearest"]
 
@@ -84,20 +84,9 @@ class PublicPrototypes:
         bits: int = 16,
     ) -> None:
         self.classes = count("classes", classes, minimum=2)
-        pool = np.asarray(candidates, dtype=np.float64)
-        if pool.ndim != 2 or len(pool) == 0:
-            raise InputError(
-                f"candidates must be a non-empty (M, dim) feature matrix, got shape {pool.shape}"
-            )
-        if not np.isfinite(pool).all():
-            bad = np.flatnonzero(~np.isfinite(pool).all(axis=1))
-            raise InputError(
-                f"the candidate pool holds inf or NaN features in {len(bad)} row(s) (first: row "
-                f"{int(bad[0])}); a non-finite candidate would score NaN: check the pool's feature extraction"
-            )
-        self.candidates = normalise(pool)
+        self.candidates = candidate_pool(candidates)
         self.epsilon = positive("epsilon", epsilon)
-        self.per_class = count("per_class", per_class, minimum=1, maximum=len(pool))
+        self.per_class = count("per_class", per_class, minimum=1, maximum=len(self.candidates))
         low, high = (float(v) for v in similarity_range)
         if not 0.0 <= low < high <= 2.0:
             raise InputError(f"similarity_range must satisfy 0 ≤ d_min < d_max ≤ 2, got {similarity_range}")
@@ -204,3 +193,22 @@ class PublicPrototypes:
             per_class = similarity.reshape(len(x), self.classes, self.per_class).max(axis=2)
             return np.argmax(per_class, axis=1).astype(np.int64)
         raise InputError(f"rule must be 'mean' or 'nearest', got {rule!r}")
+
+
+def candidate_pool(candidates: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """A public candidate pool's features, checked and L2-normalised.
+
+    Raises:
+        InputError: not a non-empty ``(M, dim)`` matrix, or inf/NaN features (a non-finite candidate would
+            score NaN).
+    """
+    pool = np.asarray(candidates, dtype=np.float64)
+    if pool.ndim != 2 or len(pool) == 0:
+        raise InputError(f"candidates must be a non-empty (M, dim) feature matrix, got shape {pool.shape}")
+    if not np.isfinite(pool).all():
+        bad = np.flatnonzero(~np.isfinite(pool).all(axis=1))
+        raise InputError(
+            f"the candidate pool holds inf or NaN features in {len(bad)} row(s) (first: row "
+            f"{int(bad[0])}); a non-finite candidate would score NaN: check the pool's feature extraction"
+        )
+    return normalise(pool)
