@@ -782,14 +782,14 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
             m = np.array([100 * t["accuracy_mean"] for t in pts])
             s = np.array([100 * t["accuracy_std"] for t in pts])
             style = "--" if method == "local-only" else "-o"
-            colour = f"C{METHODS.index(method)}"
+            colour = plt.get_cmap("tab20")(METHODS.index(method) % 20)  # one colour per method (>10 methods)
             ax.plot(e, m, style, label=method, color=colour)
             ax.fill_between(e, m - s, m + s, alpha=0.2, color=colour)
         ax.set_xscale("log")
         ax.set_xlabel("ε (δ = 1e-5)")
         ax.set_title(f"partition: {part}")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small", loc="lower right")
     axes[0][0].set_ylabel("test accuracy (%)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
