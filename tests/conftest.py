@@ -1,4 +1,5 @@
-"""Shared fixtures: running the real ``capc`` entry point in a subprocess; one torch thread."""
+"""Shared fixtures: running the real ``capc`` entry point in a subprocess; one torch thread. The suite's order
+for two workers (``make test`` runs ``pytest -n 2 --dist loadscope``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,33 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: The longest modules (minutes each; measured in `make test`), started first so that the two workers finish
+#: together instead of one running them alone at the end.
+LONGEST = (
+    "tests/e2e/test_restarts.py",
+    "tests/deploy/test_compose_federation.py",
+    "tests/cli/test_demo.py",
+    "tests/mechanisms/test_baselines.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest modules first, then the other modules holding slow or container tests, then the rest; within
+    a module the written order (module-scoped fixtures and ``--dist loadscope`` keep a module together)."""
+    heavy = {
+        item.nodeid.split("::")[0]
+        for item in items
+        if item.get_closest_marker("slow") or item.get_closest_marker("docker")
+    }
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        module = item.nodeid.split("::")[0]
+        if module in LONGEST:
+            return (0, LONGEST.index(module))
+        return (1 if module in heavy else 2, 0)
+
+    items.sort(key=rank)
 
 
 def run_capc(

@@ -72,6 +72,7 @@ def test_api_needs_the_bearer_token(app_and_state) -> None:
         ("short", 0o600, "default or shorter"),
         (secrets.token_urlsafe(32), 0o644, "readable by others"),
     ],
+    ids=["default", "short", "world-readable"],
 )
 def test_bad_admin_tokens_are_refused(tmp_path: Path, content: str, mode: int, match: str) -> None:
     path = tmp_path / "t"
