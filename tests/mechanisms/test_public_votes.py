@@ -42,6 +42,13 @@ def test_accounting_known_answers() -> None:
     )
     assert m.sigmas().shape == (4 * len(pool),) and np.all(m.sigmas() == m.sigma)
     assert m.params()["neighbouring"] == "add/remove"
+    # Known answers away from ρ = 1/2 (where 2ρ = 1 hides a σ = 1/(2ρ) slip).
+    for rho, sigma in ((2.0, 0.5), (0.125, 2.0)):
+        other = PublicPrototypeVotes(classes=4, candidates=pool, rho=rho)
+        assert other.sigma == pytest.approx(sigma) and other.zcdp == pytest.approx(rho)
+        np.testing.assert_allclose(other.release_rdp([3.0]), [3.0 * rho])
+    # The ring bound: one count can hold every record.
+    assert m.max_abs_total(records=1234) == 1234.0
 
 
 @pytest.mark.parametrize("edit", ["add", "remove", "move"])
@@ -145,5 +152,9 @@ def test_bad_inputs_are_refused() -> None:
         m.select(np.zeros(8))
     with pytest.raises(InputError, match="8 integer counts"):
         m.predict(np.eye(4), np.zeros(3, dtype=np.int64))
+    with pytest.raises(InputError, match="finite with shape"):
+        m.predict(np.ones((2, 3)), np.zeros(8, dtype=np.int64))
+    with pytest.raises(InputError, match="inf or NaN"):
+        m.votes(np.array([[np.nan, 0.0, 0.0, 0.0]]))
     with pytest.raises(InputError, match="at least one party"):
         run_public_prototype_votes([], mechanism=m)

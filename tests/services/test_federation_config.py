@@ -249,6 +249,7 @@ def test_a_public_pool_needs_the_backbone_to_featurise_it(federation_dict) -> No
     backbone = load_backbone(default_backbone(q.height, q.width, q.channels))
     protocol = protocol_for(config, dim=backbone.feature_dim, backbone=backbone)
     assert protocol.rounds == 1 and protocol.length == config.classes * 8
+    assert protocol.release_rdp(10.0) == pytest.approx(0.2 * 10.0)  # the ledger charges the configured ρ
     with pytest.raises(InputError, match=r"the pool's features have shape \(8, \d+\), expected \(8, 7\)"):
         protocol_for(config, dim=7, backbone=backbone)
 

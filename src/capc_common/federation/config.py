@@ -281,7 +281,7 @@ class DPPLPublicMechanism(ReleaseMember):
         per_class: candidates kept per class (post-processing; 100 chosen on the validation split).
         pool_generator / pool_seed / pool_size: the public candidate pool, the first ``pool_size`` images of
             that generator's stream at the federation's query image size; every party featurises it with
-            the shared backbone, one image at a time.
+            the shared backbone per example (running statistics).
     """
 
     name: Literal["dppl-public"]

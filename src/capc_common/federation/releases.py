@@ -79,7 +79,7 @@ class Featuriser:
     """How a party maps public images (a candidate pool) to the per-example features its records use.
 
     Attributes:
-        backbone: the shared backbone (each image alone, BatchNorm running statistics).
+        backbone: the shared backbone (per example: BatchNorm running statistics).
         shape: ``(height, width, channels)`` of the federation's images.
     """
 

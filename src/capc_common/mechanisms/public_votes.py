@@ -7,9 +7,10 @@ the exponential mechanism needs a sampler over the *summed* scores, which the en
 2PC it does not have (an exact exponential draw in a garbled circuit). Vote counts, instead, are integer sums
 the engine already releases — the parties secret-share them, the guardian adds discrete Gaussian noise to
 the shared total and charges the ledger, only the noisy counts are revealed
-(:mod:`capc_common.mechanisms.release`) — so the federation runs it like DP prototypes. It is the
-report-noisy-max selection the DPPL paper names beside the exponential one (Wahdany et al., AAAI 2025), with
-Gaussian noise and the whole noisy histogram released (more than the argmax, and charged as such).
+(:mod:`capc_common.mechanisms.release`) — so the federation runs it like DP prototypes. It is a
+report-noisy-max variant of the DPPL-Public selection (Wahdany et al., AAAI 2025, select with the exponential
+mechanism over summed similarities; here the score is nearest-candidate votes), with Gaussian noise and the
+whole noisy histogram released (more than the argmax, and charged as such).
 
 **Score.** A record ``x`` of class ``c`` votes for ``argmax_j cos(x, e_j)`` over the pool (ties: the lowest
 index, so the vote is a function of ``x`` alone); class ``c``'s count of ``j`` is the number of its records
@@ -113,9 +114,12 @@ class PublicPrototypeVotes(ReleaseMechanism):
         Raises:
             InputError: features of the wrong width or inf/NaN.
         """
-        x = normalise(np.asarray(features, dtype=np.float64))
-        if x.ndim != 2 or x.shape[1] != self.dim:
-            raise InputError(f"features must have shape (n, {self.dim}), got {x.shape}")
+        raw = np.asarray(features, dtype=np.float64)
+        if raw.ndim != 2 or raw.shape[1] != self.dim:
+            raise InputError(f"features must have shape (n, {self.dim}), got {raw.shape}")
+        if not np.isfinite(raw).all():
+            raise InputError("features hold inf or NaN; check the feature extraction")
+        x = normalise(raw)
         out = np.empty(len(x), dtype=np.int64)
         for start in range(0, len(x), CHUNK):
             out[start : start + CHUNK] = np.argmax(x[start : start + CHUNK] @ self.candidates.T, axis=1)
@@ -169,6 +173,10 @@ class PublicPrototypeVotes(ReleaseMechanism):
         """The student: the class whose prototype is nearest by cosine.
 
         Raises:
-            InputError: a total of the wrong shape or type.
+            InputError: a total of the wrong shape or type, or features that do not fit.
         """
-        return np.argmax(normalise(features) @ normalise(self.prototypes(total)).T, axis=1).astype(np.int64)
+        prototypes = normalise(self.prototypes(total))
+        x = np.asarray(features, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.dim or not np.isfinite(x).all():
+            raise InputError(f"features must be finite with shape (n, {self.dim}), got {x.shape}")
+        return np.argmax(normalise(x) @ prototypes.T, axis=1).astype(np.int64)
