@@ -287,14 +287,19 @@ def central_dpsgd(
     }
 
 
+def rho_for(epsilon: float) -> float:
+    """The largest zCDP ρ (to 0.1 %) of one release whose (ε, δ) stays within ``epsilon``."""
+    return 1.0 / calibrate(
+        lambda s: epsilon_from_zcdp(1.0 / s, delta=DELTA)[0], target=epsilon, low=1e-3, high=1e6
+    )
+
+
 def dppl(
     parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, *, epsilon: float, seed: int
 ) -> dict[str, Any]:
     """DP prototypes: ρ calibrated to ε by the zCDP conversion, one release, nearest prototype."""
     h = HYPER["dppl"]
-    rho = 1.0 / calibrate(
-        lambda s: epsilon_from_zcdp(1.0 / s, delta=DELTA)[0], target=epsilon, low=1e-3, high=1e6
-    )
+    rho = rho_for(epsilon)
     mechanism = DPPrototypes(
         classes=10, dim=parties[0].features.shape[1], rho=rho, count_share=h["count_share"]
     )
@@ -389,9 +394,7 @@ def dppl_public_votes(
     from capc_common.mechanisms.central import run_public_prototype_votes
 
     h = HYPER["dppl_public"]
-    rho = 1.0 / calibrate(
-        lambda s: epsilon_from_zcdp(1.0 / s, delta=DELTA)[0], target=epsilon, low=1e-3, high=1e6
-    )
+    rho = rho_for(epsilon)
     mechanism = PublicPrototypeVotes(
         classes=10, candidates=candidates, rho=rho, per_class=HYPER["dppl_public_votes"]["per_class"]
     )

@@ -46,6 +46,7 @@ __all__ = [
     "MAX_RECORDS",
     "DPSGDProtocol",
     "Featuriser",
+    "OneReleaseProtocol",
     "PrototypesProtocol",
     "PublicVotesProtocol",
     "ReleaseProtocol",
@@ -204,15 +205,59 @@ class ReleaseProtocol(ABC):
         """The model so far: a linear head ``(classes, dim + 1)`` over L2-normalised features, bias last."""
 
 
-class PrototypesProtocol(ReleaseProtocol):
-    """DP prototypes: one release of the per-class sums and counts; the head is the nearest prototype."""
+class OneReleaseProtocol(ReleaseProtocol):
+    """A federation of one release whose contribution needs no public state (every record, no sampling) and
+    whose head is made from the released total (DP prototypes, DPPL-Public)."""
 
     rounds = 1
+    _head: npt.NDArray[np.float64] | None = None
+
+    def state(self) -> npt.NDArray[np.float64]:
+        """Nothing: a party's contribution depends on nothing public but the configuration."""
+        return np.zeros(0)
+
+    def contribute(
+        self,
+        state: npt.NDArray[np.float64],
+        features: npt.ArrayLike,
+        labels: npt.NDArray[np.int64],
+        source: NoiseSource,
+    ) -> npt.NDArray[np.int64]:
+        """The party's contribution over all its records."""
+        del state, source
+        return self.contribution(features, labels)
+
+    @abstractmethod
+    def contribution(self, features: npt.ArrayLike, labels: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The mechanism's integer contribution of these records."""
+
+    @abstractmethod
+    def head_of(self, total: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """The linear head the released total makes (post-processing)."""
+
+    def absorb(self, total: npt.NDArray[np.int64]) -> None:
+        """The released total becomes the head."""
+        self._head = self.head_of(total)
+
+    def head(self) -> npt.NDArray[np.float64]:
+        """The head made from the release.
+
+        Raises:
+            InputError: nothing was released yet.
+        """
+        if self._head is None:
+            raise InputError(
+                f"{self.mechanism.name}: nothing was released yet; the head exists after the release"
+            )
+        return self._head
+
+
+class PrototypesProtocol(OneReleaseProtocol):
+    """DP prototypes: one release of the per-class sums and counts; the head is the nearest prototype."""
 
     def __init__(self, mechanism: DPPrototypes, *, metric: str) -> None:
         self.mechanism = self.prototypes = mechanism
         self.metric = metric
-        self._head: npt.NDArray[np.float64] | None = None
 
     @classmethod
     def of(cls, config: DPPLMechanism, *, classes: int, dim: int) -> PrototypesProtocol:
@@ -223,47 +268,23 @@ class PrototypesProtocol(ReleaseProtocol):
         )
         return cls(mechanism, metric=config.metric)
 
-    def state(self) -> npt.NDArray[np.float64]:
-        """Nothing: a party's sums do not depend on anything public."""
-        return np.zeros(0)
-
-    def contribute(
-        self,
-        state: npt.NDArray[np.float64],
-        features: npt.ArrayLike,
-        labels: npt.NDArray[np.int64],
-        source: NoiseSource,
-    ) -> npt.NDArray[np.int64]:
-        """The party's fixed-point per-class sums and counts (every record, no sampling)."""
-        del state, source
+    def contribution(self, features: npt.ArrayLike, labels: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The party's fixed-point per-class sums and counts."""
         return self.prototypes.contribution(features, labels)
 
-    def absorb(self, total: npt.NDArray[np.int64]) -> None:
-        """The released sums and counts become the nearest-prototype head."""
+    def head_of(self, total: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """The released sums and counts as the nearest-prototype head."""
         sums, counts = self.prototypes.prototypes(total)
-        self._head = prototype_head(sums, counts, metric=self.metric)
-
-    def head(self) -> npt.NDArray[np.float64]:
-        """The nearest-prototype head.
-
-        Raises:
-            InputError: nothing was released yet.
-        """
-        if self._head is None:
-            raise InputError("no prototypes were released yet; the head exists after the release")
-        return self._head
+        return prototype_head(sums, counts, metric=self.metric)
 
 
-class PublicVotesProtocol(ReleaseProtocol):
+class PublicVotesProtocol(OneReleaseProtocol):
     """DPPL-Public: one release of the noisy nearest-candidate vote counts; the head is the nearest prototype
     by cosine, each class's most-voted candidates weighted by their noisy counts (the central runner's
     student as a linear head)."""
 
-    rounds = 1
-
     def __init__(self, mechanism: PublicPrototypeVotes) -> None:
         self.mechanism = self.votes = mechanism
-        self._head: npt.NDArray[np.float64] | None = None
 
     @classmethod
     def of(
@@ -302,35 +323,14 @@ class PublicVotesProtocol(ReleaseProtocol):
             )
         )
 
-    def state(self) -> npt.NDArray[np.float64]:
-        """Nothing: a party's votes do not depend on anything public but the pool."""
-        return np.zeros(0)
-
-    def contribute(
-        self,
-        state: npt.NDArray[np.float64],
-        features: npt.ArrayLike,
-        labels: npt.NDArray[np.int64],
-        source: NoiseSource,
-    ) -> npt.NDArray[np.int64]:
-        """The party's per-class nearest-candidate vote counts (every record, no sampling)."""
-        del state, source
+    def contribution(self, features: npt.ArrayLike, labels: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The party's per-class nearest-candidate vote counts."""
         return self.votes.contribution(features, labels)
 
-    def absorb(self, total: npt.NDArray[np.int64]) -> None:
+    def head_of(self, total: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         """The released counts become the prototypes, and those the nearest-prototype head."""
         prototypes = self.votes.prototypes(total)
-        self._head = prototype_head(prototypes, np.ones(len(prototypes)), metric="cosine")
-
-    def head(self) -> npt.NDArray[np.float64]:
-        """The nearest-prototype head.
-
-        Raises:
-            InputError: nothing was released yet.
-        """
-        if self._head is None:
-            raise InputError("no vote counts were released yet; the head exists after the release")
-        return self._head
+        return prototype_head(prototypes, np.ones(len(prototypes)), metric="cosine")
 
 
 class DPSGDProtocol(ReleaseProtocol):
