@@ -122,21 +122,6 @@ class AdminServer:
         self._thread.join(timeout=10)
 
 
-def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
-    """Whether ``channel``'s connection is up, or comes up within ``timeout`` seconds.
-
-    On a timeout the readiness future is cancelled: left alone it keeps polling the channel from a gRPC
-    thread, which raises "Channel closed!" once the channel is closed.
-    """
-    future = grpc.channel_ready_future(channel)
-    try:
-        future.result(timeout=timeout)
-    except grpc.FutureTimeoutError:
-        future.cancel()
-        return False
-    return True
-
-
 def stop_event_on_signals() -> threading.Event:
     """An event set by SIGTERM or SIGINT (install from the main thread only)."""
     event = threading.Event()

@@ -17,7 +17,6 @@ from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor, check_peer_hash
 from capc_services.common.limits import MessageLimits
-from capc_services.common.runtime import channel_ready
 from capc_services.common.streams import FRAME_DEADLINE_S, FrameChannel
 from capc_services.tls import TlsFiles
 
@@ -103,7 +102,11 @@ class GuardianClient:
 
     def reachable(self, *, timeout: float) -> bool:
         """Whether a TLS connection to the guardian is up (or comes up within ``timeout`` seconds)."""
-        return channel_ready(self._channel, timeout=timeout)
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            return False
+        return True
 
     def _call(self, method: str, request: object) -> object:
         try:
