@@ -16,7 +16,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 BASE_TAG=${CAPC_BASE_TAG:-capc-base:bookworm}
 PLUGIN_DIR=/usr/local/lib/docker/cli-plugins
-# The torch pin of scripts/bootstrap.sh and deploy/Dockerfile (tests/deploy/test_image_static.py checks all three).
+# The torch pin of scripts/bootstrap.sh and deploy/Dockerfile (tests/services/test_compose.py checks all three).
 TORCH_VERSION=2.13.0
 
 say() { echo "==> $*" >&2; }
