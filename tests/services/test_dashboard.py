@@ -4,14 +4,16 @@ Debian's ``chromium`` driven through its ``chromium-driver`` by Selenium (``scri
 both; nothing is downloaded). The guardian and the student start first, so the page is open before any
 batch exists; then the teacher parties start and the federation labels until its budget ends the stream.
 The page refuses without the token (and with a wrong one), shows exactly the figures the REST API returns,
-and updates after batches without reloading. ``capc budget watch`` is checked against the same API. The
-screenshot lands in ``build/test-output/dashboard.png`` (or ``$CAPC_TEST_OUTPUT``).
+and updates after batches without reloading; its ε chart is drawn over the entries' time; it requests nothing
+outside the guardian's origin (Chromium's performance log). ``capc budget watch`` is checked against the
+same API. The screenshot lands in ``build/test-output/dashboard.png`` (or ``$CAPC_TEST_OUTPUT``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -137,6 +139,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager look for downloads
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})  # every request the page makes
     for flag in (*FLAGS, f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
@@ -264,8 +267,16 @@ def test_with_the_token_it_shows_the_rest_numbers_and_updates_after_batches(
     for name in ("hospital-1", "hospital-2"):
         assert rows[name]["batches"] == str(parties[name]["batches"]) and parties[name]["batches"] >= 1
         assert rows[name]["queries"] == str(parties[name]["queries"])
+        epsilon = browser.execute_script(
+            "return document.querySelector(`#parties tr[data-party='${arguments[0]}'] "
+            "td[data-col=epsilon_worst_case]`).dataset.value",
+            name,
+        )
+        assert json.loads(epsilon) == parties[name]["epsilon_worst_case"] > 0
+    assert "never sees" in browser.find_element("id", "cap-note").text  # no cap invented for a hospital
     history = federation.rest("budget/history")
     assert history["points"][-1]["epsilon_settled"] == after["epsilon_settled"]
+    _assert_epsilon_chart_is_over_time(browser, history["points"])
     bars = browser.find_elements("css selector", "#chart-batches rect.answered")
     assert len(bars) == len(history["batches"])
     verified = browser.find_element("id", "verify-result")
@@ -278,6 +289,41 @@ def test_with_the_token_it_shows_the_rest_numbers_and_updates_after_batches(
     assert banner.get_attribute("data-secure") == "true" and "SystemNoise" in banner.text
     OUTPUT.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(OUTPUT / "dashboard.png"))
+    _assert_no_request_left_the_origin(browser, federation.admin)
+
+
+def _assert_epsilon_chart_is_over_time(driver: Any, points: list[dict[str, Any]]) -> None:
+    """The ε chart's x axis is the entries' time (labelled, with clock ticks), not their sequence number."""
+    chart = driver.execute_script(
+        "const svg = document.getElementById('chart-epsilon');"
+        "return {scale: svg.dataset, label: svg.querySelector('.x-label').textContent,"
+        " ticks: [...svg.querySelectorAll('.x-tick')].map(t => t.textContent),"
+        " settled: svg.querySelector('polyline.settled').getAttribute('points')};"
+    )
+    scale = {k: float(v) for k, v in chart["scale"].items()}
+    assert chart["label"].startswith("time (local, from ")
+    assert len(chart["ticks"]) >= 2 and len(set(chart["ticks"])) == len(chart["ticks"]), chart["ticks"]
+    assert all(re.fullmatch(r"\d\d:\d\d(:\d\d(\.\d)?)?", t) for t in chart["ticks"]), chart["ticks"]
+    assert scale["t0"] == points[0]["time"] and scale["t1"] == max(points[-1]["time"], points[0]["time"] + 1)
+    vertices = [float(v.split(",")[0]) for v in chart["settled"].split()]
+    per_second = (scale["x1"] - scale["x0"]) / (scale["t1"] - scale["t0"])
+    for point in points:  # each entry has a step at its own time
+        expected = scale["x0"] + (point["time"] - scale["t0"]) * per_second
+        assert min(abs(v - expected) for v in vertices) < 0.02, (point, expected)
+
+
+def _assert_no_request_left_the_origin(driver: Any, origin: str) -> None:
+    """Every request a guardian page made, in Chromium's performance log since the browser started, went to
+    the guardian (the browser's own chrome:// pages, such as its first new tab, are not the dashboard's)."""
+    requests = [
+        message["params"]
+        for entry in driver.get_log("performance")
+        if (message := json.loads(entry["message"])["message"])["method"] == "Network.requestWillBeSent"
+    ]
+    urls = [r["request"]["url"] for r in requests if r.get("documentURL", "").startswith(f"{origin}/")]
+    assert f"{origin}/dashboard/dashboard.js" in urls and f"{origin}/api/v1/budget" in urls, urls[:20]
+    outside = sorted({u for u in urls if not u.startswith(f"{origin}/") and not u.startswith("data:")})
+    assert outside == [], f"the page requested outside the guardian's origin: {outside}"
 
 
 def test_budget_watch_prints_the_same_numbers(federation: Federation, capc) -> None:

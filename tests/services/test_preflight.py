@@ -136,6 +136,16 @@ def _heads(b: Broken, count: int) -> None:
     b.data["heads"] = str(b.tmp / "heads.safetensors")
 
 
+def _heads_over_features(b: Broken, dim: int) -> None:
+    """Heads of the right count and classes whose first layer takes ``dim`` features (another backbone's)."""
+    full = HeadEnsemble.load(b.data["heads"])
+    first = "w_in" if full.kind == "mlp" else "w_out"
+    params = {k: v.clone() for k, v in full.params.items()}
+    params[first] = params[first][..., :dim].clone()
+    HeadEnsemble(full.kind, params, full.classes).save(b.tmp / "heads.safetensors")
+    b.data["heads"] = str(b.tmp / "heads.safetensors")
+
+
 def _cap_of_another_federation(b: Broken) -> None:
     record = {
         "batch_id": "q0+32",
@@ -268,6 +278,12 @@ CASES: dict[str, tuple[Callable[[Broken], None], str, str, str]] = {
         "fail",
         "holds 1 heads over 10 classes; federation.yaml gives hospital-1 2 heads",
     ),
+    "heads for another backbone's feature size": (
+        lambda b: _heads_over_features(b, 7),
+        "heads",
+        "fail",
+        r"heads over 7-d features, but the backbone '[^']+' gives \d+-d features",
+    ),
     "guardian unreachable": (
         lambda b: b.data.update(guardian_address=f"127.0.0.1:{free_port()}"),
         "guardian",
@@ -319,6 +335,17 @@ CASES: dict[str, tuple[Callable[[Broken], None], str, str, str]] = {
 }
 
 
+# cases that more checks than the table's must catch: case -> [(check, status, what its detail must say)]
+ALSO_CAUGHT_BY: dict[str, list[tuple[str, str, str]]] = {
+    "federation.yaml that differs from the guardian's and student's": [
+        ("student", "fail", "runs federation config [0-9a-f]{16}…, this site has [0-9a-f]{16}…"),
+    ],
+    "heads for another backbone's feature size": [
+        ("heads", "fail", "retrain them on this federation's backbone")
+    ],
+}
+
+
 def test_a_correct_site_passes_every_check(site: Path, tmp_path: Path) -> None:
     report = run_preflight(site, out_dir=tmp_path)
     assert report.ok, report.text()
@@ -358,6 +385,10 @@ def test_each_documented_misconfiguration_is_caught(
     assert re.search(says, check.detail), check.detail
     assert check.fix, f"{name} says what is wrong but not how to fix it"
     assert report.ok is (status == "warn" and not report.failed), report.text()
+    for other, other_status, other_says in ALSO_CAUGHT_BY.get(case, []):
+        also = next((c for c in report.checks if c.name == other), None)
+        assert also is not None and also.status == other_status, report.text()
+        assert re.search(other_says, f"{also.detail} fix: {also.fix}"), (also.detail, also.fix)
 
 
 def test_the_documented_table_lists_exactly_the_tested_cases() -> None:

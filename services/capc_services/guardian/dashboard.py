@@ -3,7 +3,7 @@
 Four static files (HTML, JS, CSS, an icon) shipped in the package: no CDN, no external asset, works
 offline. The page holds no data and no secret; every figure it shows it fetches from ``/api/v1`` with the
 admin bearer token (from the URL fragment ``#token=…``, which browsers never send to the server, or a form),
-so the API's authentication is the page's. Charts are plain SVG drawn by ~60 lines of the page's own script:
+so the API's authentication is the page's. Charts are plain SVG drawn by ~100 lines of the page's own script:
 two charts (ε over time, queries per batch) do not justify vendoring, auditing and updating a chart library.
 """
 

@@ -58,9 +58,9 @@ function el(tag, attrs = {}, text = "") {
   return node;
 }
 
-const BOX = { left: 44, right: 12, top: 12, bottom: 28, width: 640, height: 260 };
+const BOX = { left: 52, right: 12, top: 12, bottom: 40, width: 640, height: 260 };
 
-function axes(svg, ymax, xlabel) {
+function axes(svg, ymax, xlabel, ylabel) {
   const { left, right, top, bottom, width, height } = BOX;
   svg.append(el("line", { class: "axis", x1: left, y1: height - bottom, x2: width - right, y2: height - bottom }));
   svg.append(el("line", { class: "axis", x1: left, y1: top, x2: left, y2: height - bottom }));
@@ -69,24 +69,67 @@ function axes(svg, ymax, xlabel) {
     const y = height - bottom - ((height - top - bottom) * i) / 4;
     svg.append(el("text", { x: left - 6, y: y + 4, "text-anchor": "end" }, String(Number(v.toPrecision(3)))));
   }
-  svg.append(el("text", { x: (left + width - right) / 2, y: height - 6, "text-anchor": "middle" }, xlabel));
+  const middle = (top + height - bottom) / 2;
+  svg.append(el("text", { class: "axis-label", x: 12, y: middle, "text-anchor": "middle",
+    transform: `rotate(-90 12 ${middle})` }, ylabel));
+  svg.append(el("text", { class: "axis-label x-label", x: (left + width - right) / 2, y: height - 4,
+    "text-anchor": "middle" }, xlabel));
+}
+
+// Tick steps in seconds: a run whose entries are seconds apart gets second ticks, a long one hours or days.
+const TIME_STEPS = [0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+  43200, 86400, 172800, 604800];
+const pad2 = (n) => String(n).padStart(2, "0");
+
+function clock(seconds, step) {
+  const tenths = Math.round(seconds * 10); // k × 0.1 s is not exact in floating point
+  const d = new Date(Math.floor(tenths / 10) * 1000);
+  const hm = `${pad2(d.getHours())}:${pad2(d.getMinutes())}`;
+  if (step >= 86400) return `${d.getFullYear()}-${pad2(d.getMonth() + 1)}-${pad2(d.getDate())}`;
+  if (step >= 60) return hm;
+  const s = `${hm}:${pad2(d.getSeconds())}`;
+  return step < 1 ? `${s}.${tenths % 10}` : s;
 }
 
 function drawEpsilon(svg, points, limit) {
   svg.replaceChildren();
   const { left, right, top, bottom, width, height } = BOX;
   const ymax = Math.max(limit || 0, ...points.map((p) => p.epsilon_spent || 0)) * 1.1 || 1;
-  axes(svg, ymax, points.length ? `ledger entry (1 … ${points[points.length - 1].seq})` : "no entries yet");
-  const last = points.length ? points[points.length - 1].seq : 1;
-  const x = (seq) => left + ((width - left - right) * seq) / Math.max(1, last);
+  if (!points.length) {
+    axes(svg, ymax, "time: no ledger entry yet", "ε");
+    return;
+  }
+  // x is the entry's time; a span under a second is widened so that a lone entry still has an axis
+  const t0 = points[0].time;
+  const t1 = Math.max(points[points.length - 1].time, t0 + 1);
+  const first = new Date(t0 * 1000);
+  const day = `${first.getFullYear()}-${pad2(first.getMonth() + 1)}-${pad2(first.getDate())}`;
+  axes(svg, ymax, `time (local, from ${day} ${clock(t0, 1)})`, "ε");
+  const x = (t) => left + ((width - left - right) * (t - t0)) / (t1 - t0);
   const y = (v) => height - bottom - ((height - top - bottom) * v) / ymax;
+  Object.assign(svg.dataset, { t0: String(t0), t1: String(t1), x0: String(left), x1: String(width - right) });
+  const step = TIME_STEPS.find((s) => (t1 - t0) / s <= 6) || TIME_STEPS[TIME_STEPS.length - 1];
+  for (let k = Math.ceil(t0 / step); k * step <= t1; k++) {
+    const t = k * step;
+    svg.append(el("line", { class: "tick", x1: x(t), x2: x(t), y1: height - bottom, y2: height - bottom + 4 }));
+    svg.append(el("text", { class: "x-tick", x: x(t), y: height - bottom + 15, "text-anchor": "middle" },
+      clock(t, step)));
+  }
   if (limit) {
     svg.append(el("line", { class: "limit", x1: left, x2: width - right, y1: y(limit), y2: y(limit) }));
     svg.append(el("text", { x: width - right - 4, y: y(limit) - 4, "text-anchor": "end" }, `limit ε ${fmt(limit)}`));
   }
   for (const [key, cls] of [["epsilon_spent", "spent"], ["epsilon_settled", "settled"]]) {
-    const path = points.map((p) => `${x(p.seq).toFixed(1)},${y(p[key] || 0).toFixed(1)}`).join(" ");
-    svg.append(el("polyline", { class: cls, points: `${x(0)},${y(0)} ${path}` }));
+    // ε changes only at an entry: a step line, 0 before the first entry
+    let previous = 0;
+    const path = [];
+    for (const p of points) {
+      const value = p[key] || 0;
+      path.push(`${x(p.time).toFixed(2)},${y(previous).toFixed(2)}`, `${x(p.time).toFixed(2)},${y(value).toFixed(2)}`);
+      previous = value;
+    }
+    path.push(`${x(t1).toFixed(2)},${y(previous).toFixed(2)}`);
+    svg.append(el("polyline", { class: cls, points: path.join(" ") }));
   }
   svg.append(el("text", { x: left + 8, y: top + 10 }, "— settled   - - incl. open reservations"));
 }
@@ -95,7 +138,7 @@ function drawBatches(svg, batches) {
   svg.replaceChildren();
   const { left, right, top, bottom, width, height } = BOX;
   const ymax = Math.max(1, ...batches.map((b) => b.queries));
-  axes(svg, ymax, batches.length ? `${batches.length} latest batches` : "no batch finished yet");
+  axes(svg, ymax, batches.length ? `${batches.length} latest batches` : "no batch finished yet", "queries");
   const slot = (width - left - right) / Math.max(1, batches.length);
   const y = (v) => height - bottom - ((height - top - bottom) * v) / ymax;
   batches.forEach((b, i) => {
@@ -121,12 +164,14 @@ function renderParties(parties) {
   for (const [name, p] of Object.entries(parties.parties)) {
     const row = document.createElement("tr");
     row.dataset.party = name;
-    const eps = p.role === "teacher" ? fmt(p.epsilon_worst_case) : "";
-    for (const [field, text] of [["name", name], ["role", p.role], ["last_seen", ago(p.last_seen)],
-      ["batches", fmt(p.batches)], ["queries", p.role === "teacher" ? fmt(p.queries) : ""], ["epsilon_worst_case", eps]]) {
+    const teacher = p.role === "teacher";
+    for (const [field, text, value] of [["name", name], ["role", p.role], ["last_seen", ago(p.last_seen)],
+      ["batches", fmt(p.batches)], ["queries", teacher ? fmt(p.queries) : ""],
+      ["epsilon_worst_case", teacher ? fmt(p.epsilon_worst_case) : "", teacher ? p.epsilon_worst_case : undefined]]) {
       const cell = document.createElement("td");
       cell.textContent = text;
       cell.dataset.col = field;
+      if (value !== undefined) cell.dataset.value = JSON.stringify(value);
       row.append(cell);
     }
     body.append(row);

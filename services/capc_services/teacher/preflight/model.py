@@ -180,13 +180,24 @@ def heads_check(settings: TeacherSettings, config: FederationConfig, backbone: B
     from capc_common.models import extract_features
     from capc_services.teacher.app import load_heads
 
-    fix = f"train them on the site's data: `capc teacher train --site {settings.party}.yaml`"
+    train = f"`capc teacher train --site {settings.party}.yaml`"
+    fix = f"train them on the site's data: {train}"
     if not settings.heads.exists():
         return Check.fail("heads", f"no heads file at {settings.heads}", fix=fix)
     try:
         heads = load_heads(settings)
         plan = batch_plan(config, first_index=0, count=config.queries.bn_batch)
         features = extract_features(backbone, plan.spec.images(), bn_batch=plan.spec.bn_batch, mode="current")
+        if features.shape[1] != heads.dim:
+            return Check.fail(
+                "heads",
+                f"{settings.heads} holds heads over {heads.dim}-d features, but the backbone "
+                f"{config.backbone.name!r} gives {features.shape[1]}-d features: they were trained on "
+                "another backbone",
+                fix=f"retrain them on this federation's backbone: {train}",
+                heads_dim=heads.dim,
+                backbone_dim=int(features.shape[1]),
+            )
         votes = heads.predict(features)
     except CapcError as exc:
         return Check.fail("heads", str(exc), fix=fix)
