@@ -15,8 +15,9 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from fuzz_harness import FUZZ, IDS, PARTIES, UINT32, UINT64, assert_precise, status
 from guardian_harness import GUARDIAN_TEST_FEDERATION, Setup, digest, tls_files
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from capc_common.federation import FederationConfig
@@ -29,17 +30,7 @@ from capc_services.student.servicer import POLICY as STUDENT_POLICY
 from capc_services.student.servicer import StudentServicer
 from capc_services.student.servicer import add_to_server as add_student
 
-CRASH = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED}
-FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 GUARDIAN = rpc.GUARDIAN_SERVICE
-UINT32 = st.sampled_from([0, 1, 15, 16, 17, 31, 32, 33, 2**31 - 1, 2**32 - 1])
-UINT64 = st.sampled_from([0, 1, 2**32, 2**63 - 1, 2**64 - 1])
-IDS = st.one_of(
-    st.sampled_from(["", "open", "b", "x" * 128, "x" * 129, "\x00", "é" * 100]), st.text(max_size=300)
-)
-PARTIES = st.lists(
-    st.sampled_from(["hospital-a", "hospital-b", "student", "guardian", "", "nobody"]), max_size=4
-)
 
 
 @pytest.fixture(scope="module")
@@ -77,22 +68,6 @@ def servers(pki: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
     setup.close()
 
 
-def _status(call: Any) -> grpc.StatusCode:
-    """Run a call; the status it ended with (OK when it returned)."""
-    try:
-        result = call()
-        if isinstance(result, Iterator):
-            for _ in result:
-                pass
-    except grpc.RpcError as exc:
-        return exc.code()
-    return grpc.StatusCode.OK
-
-
-def _assert_precise(code: grpc.StatusCode, what: object) -> None:
-    assert code not in CRASH, f"{what!r} ended with {code}"
-
-
 def _assert_intact(servers: dict[str, Any]) -> None:
     setup = servers["setup"]
     report = setup.ledger.verify()
@@ -120,7 +95,7 @@ def test_the_students_unary_methods(
     for name, call in calls.items():
         if name == "AbortBatch" and batch_id == "open":
             continue  # keep the one open batch open for the other examples
-        _assert_precise(_status(call), (name, batch_id, count))
+        assert_precise(status(call), (name, batch_id, count))
     _assert_intact(servers)
 
 
@@ -136,7 +111,7 @@ def test_a_teachers_submit_shares(
     servers, batch_id: str, attempt: int, party: str, seed: bytes, shape: list[int]
 ) -> None:
     request = pb.SubmitSharesRequest(batch_id=batch_id, attempt=attempt, party=party, seed=seed, shape=shape)
-    _assert_precise(_status(lambda: servers["teacher_stub"].SubmitShares(request, timeout=20)), request)
+    assert_precise(status(lambda: servers["teacher_stub"].SubmitShares(request, timeout=20)), request)
     _assert_intact(servers)
 
 
@@ -148,8 +123,8 @@ def test_a_teachers_submit_shares(
 def test_undecodable_requests_are_invalid_arguments(servers, method: str, raw: bytes) -> None:
     metadata = (("capc-config-hash", servers["hash"]),)
     call = servers["student_channel"].unary_unary(f"/{GUARDIAN}/{method}")  # bytes in, bytes out
-    code = _status(lambda: call(raw, timeout=20, metadata=metadata))
-    _assert_precise(code, (method, raw))
+    code = status(lambda: call(raw, timeout=20, metadata=metadata))
+    assert_precise(code, (method, raw))
     _assert_intact(servers)
 
 
@@ -175,8 +150,8 @@ def _compute_messages() -> st.SearchStrategy[pb.ComputeMessage]:
 @given(messages=st.lists(_compute_messages(), min_size=1, max_size=5))
 def test_the_compute_stream(servers, messages: list[pb.ComputeMessage]) -> None:
     # A start for the open batch without seeds ends in "quorum not met" (released): a deliberate refusal.
-    code = _status(lambda: servers["student_stub"].Compute(iter(messages), timeout=30))
-    _assert_precise(code, messages)
+    code = status(lambda: servers["student_stub"].Compute(iter(messages), timeout=30))
+    assert_precise(code, messages)
     _assert_intact(servers)
 
 
@@ -209,11 +184,11 @@ def _teacher_messages() -> st.SearchStrategy[pb.TeacherMessage]:
 @FUZZ
 @given(messages=st.lists(_teacher_messages(), min_size=1, max_size=5))
 def test_the_work_stream(servers, messages: list[pb.TeacherMessage]) -> None:
-    code = _status(lambda: servers["work"].Work(iter(messages), timeout=5))
+    code = status(lambda: servers["work"].Work(iter(messages), timeout=5))
     # A well-formed hello opens a work stream that stays open for work: the deadline ends it, by design.
     opened = messages[0].WhichOneof("kind") == "hello" and messages[0].hello.party == "hospital-a"
     if not (opened and code == grpc.StatusCode.DEADLINE_EXCEEDED):
-        _assert_precise(code, messages)
+        assert_precise(code, messages)
 
 
 @pytest.mark.parametrize("stream", ["guardian Compute", "student Work"])
@@ -226,6 +201,6 @@ def test_streams_of_undecodable_bytes(servers, stream: str) -> None:
     metadata = (("capc-config-hash", servers["hash"]),)
     for _ in range(10):
         raw = [rng.bytes(int(rng.integers(1, 64))) for _ in range(3)]
-        code = _status(lambda raw=raw: call(iter(raw), timeout=20, metadata=metadata))
-        _assert_precise(code, raw)
+        code = status(lambda raw=raw: call(iter(raw), timeout=20, metadata=metadata))
+        assert_precise(code, raw)
     _assert_intact(servers)

@@ -13,100 +13,20 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from guardian_harness import tls_files
-from sites_harness import federation_dict
+from release_harness import BUDGET, RHO, SEED, ReleaseGuardianServer
 
 from capc_common.aggregation import party_noise
-from capc_common.federation import FederationConfig
-from capc_common.federation.releases import ReleaseProtocol, protocol_for
-from capc_common.mechanisms import reveal, share_contribution
-from capc_common.privacy import BudgetLedger
-from capc_common.privacy.analysis import rdp_budget_at_order
+from capc_common.federation.releases import ReleaseProtocol
+from capc_common.mechanisms import reveal
 from capc_common.wire import messages as pb
-from capc_common.wire import ndarray_from_proto, rpc
-from capc_services.common.interceptors import AuthInterceptor, ConfigHashClientInterceptor
-from capc_services.common.metrics import PartyMetrics
-from capc_services.common.runtime import start_grpc_server
-from capc_services.guardian.release_servicer import RELEASE_POLICY, ReleaseGuardianServicer
-from capc_services.guardian.releases import ReleaseGuardian
-from capc_services.guardian.servicer import add_to_server
-from capc_services.tls import certificate_info
-
-SEED = "release-guardian-test"
-DIM = 6
-BUDGET = {"epsilon": 4.0, "delta": 1e-5, "order": 10}
-# One release costs 60 % of the budget: the first fits, a second (a restarted student's) does not.
-RHO = 0.6 * rdp_budget_at_order(**BUDGET) / BUDGET["order"]
-
-
-class Guardian:
-    """A release guardian served over mTLS, and stubs with each party's certificate."""
-
-    def __init__(self, pki: Path, tmp_path: Path) -> None:
-        self.pki = pki
-        self.config = FederationConfig.from_dict(
-            federation_dict(mechanism={"name": "dppl", "rho": RHO}, budget=BUDGET)
-        )
-        self.protocol: ReleaseProtocol = protocol_for(self.config, dim=DIM)
-        self.ledger = BudgetLedger.open_or_create(
-            tmp_path / "ledger.sqlite",
-            epsilon_limit=BUDGET["epsilon"],
-            delta=BUDGET["delta"],
-            order=BUDGET["order"],
-            config=self.config.parameters(),
-        )
-        metrics = PartyMetrics(
-            party="guardian",
-            role="guardian",
-            config_hash=self.config.config_hash(),
-            certificate=certificate_info(pki / "guardian.crt"),
-        )
-        self.core = core = ReleaseGuardian(
-            config=self.config,
-            ledger=self.ledger,
-            noise=party_noise("guardian", seed=SEED),
-            protocol=self.protocol,
-            metrics=metrics,
-        )
-        self.server = start_grpc_server(
-            bind="127.0.0.1:0",
-            tls=tls_files(pki, "guardian"),
-            register=[add_to_server(ReleaseGuardianServicer(core))],
-            services=[rpc.GUARDIAN_SERVICE],
-            interceptors=[AuthInterceptor(config=self.config, policy=RELEASE_POLICY)],
-            max_workers=8,
-        )
-
-    def stub(self, party: str):
-        interceptor = ConfigHashClientInterceptor(self.config.config_hash(), peer="guardian")
-        channel = tls_files(self.pki, party).channel(
-            f"127.0.0.1:{self.server.port}", peer="guardian", interceptors=(interceptor,)
-        )
-        return rpc.GuardianServiceStub(channel)
-
-    def contribute(self, release_id: str, party: str, vector: np.ndarray, *, length: int | None = None):
-        seed, share = share_contribution(vector)
-        request = pb.SubmitContributionRequest(
-            release_id=release_id, party=party, seed=seed, length=length or len(vector)
-        )
-        self.stub(party).SubmitContribution(request, timeout=10)
-        return share
-
-    def release(self, release_id: str, parties: list[str]) -> pb.ReleaseReply:
-        return self.stub("student").Release(
-            pb.ReleaseRequest(release_id=release_id, parties=parties), timeout=10
-        )
-
-    def entries(self) -> int:
-        return int(self.ledger.summary()["entries"])
+from capc_common.wire import ndarray_from_proto
 
 
 @pytest.fixture
-def guardian(pki: Path, tmp_path: Path) -> Iterator[Guardian]:
-    running = Guardian(pki, tmp_path)
+def guardian(pki: Path, tmp_path: Path) -> Iterator[ReleaseGuardianServer]:
+    running = ReleaseGuardianServer(pki, tmp_path)
     yield running
-    running.server.stop(0)
-    running.ledger.close()
+    running.close()
 
 
 def _code(call) -> grpc.StatusCode:
@@ -120,7 +40,7 @@ def _vectors(protocol: ReleaseProtocol) -> dict[str, np.ndarray]:
     return {p: rng.integers(-1000, 1000, size=protocol.length) for p in ("hospital-a", "hospital-b")}
 
 
-def test_release_is_the_noisy_sum_charged_once(guardian: Guardian) -> None:
+def test_release_is_the_noisy_sum_charged_once(guardian: ReleaseGuardianServer) -> None:
     vectors = _vectors(guardian.protocol)
     shares = [guardian.contribute("r1", p, v) for p, v in vectors.items()]
     reply = guardian.release("r1", ["hospital-b", "hospital-a"])
@@ -144,7 +64,7 @@ def test_release_is_the_noisy_sum_charged_once(guardian: Guardian) -> None:
     assert guardian.ledger.summary()["spent_rdp"] == summary["spent_rdp"]
 
 
-def test_a_release_the_budget_cannot_pay_is_refused_before_anything(guardian: Guardian) -> None:
+def test_a_release_the_budget_cannot_pay_is_refused_before_anything(guardian: ReleaseGuardianServer) -> None:
     vectors = _vectors(guardian.protocol)
     for release_id in ("first", "second"):
         for party, vector in vectors.items():
@@ -159,7 +79,7 @@ def test_a_release_the_budget_cannot_pay_is_refused_before_anything(guardian: Gu
     assert guardian.ledger.batch("second") is None
 
 
-def test_bad_contributions_and_requests_change_nothing(guardian: Guardian) -> None:
+def test_bad_contributions_and_requests_change_nothing(guardian: ReleaseGuardianServer) -> None:
     vector = _vectors(guardian.protocol)["hospital-a"]
     length = guardian.protocol.length
     assert _code(lambda: guardian.contribute("r", "hospital-a", vector, length=length + 1)) == (
@@ -201,7 +121,7 @@ def test_bad_contributions_and_requests_change_nothing(guardian: Guardian) -> No
     assert guardian.entries() == 0
 
 
-def test_budget_names_the_noise_and_the_sampler_delta(guardian: Guardian) -> None:
+def test_budget_names_the_noise_and_the_sampler_delta(guardian: ReleaseGuardianServer) -> None:
     budget = guardian.core.budget()
     sampler = guardian.protocol.sampler_delta(epsilon=BUDGET["epsilon"])
     assert 0 < sampler < 1e-15  # tables within 2^-90 of the exact sampler, a few dozen draws

@@ -5,6 +5,7 @@ code, content type, body schema) and never with a server error (issue 15's REST 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,20 +14,26 @@ import pytest
 import schemathesis
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
-from sites_harness import guardian_settings
+from sites_harness import federation_dict, guardian_settings
 
 from capc_common.aggregation import party_noise
+from capc_common.federation import FederationConfig
+from capc_common.federation.releases import protocol_for
 from capc_common.learn.heads import HeadRecipe, train_heads
 from capc_common.mechanisms import HeadsVoter
 from capc_common.models import extract_features
+from capc_common.privacy import BudgetLedger
 from capc_common.synth import generate
 from capc_services.common.party import PartyRuntime
 from capc_services.guardian.api import router as guardian_router
 from capc_services.guardian.app import open_ledger
 from capc_services.guardian.core import Guardian
+from capc_services.guardian.releases import ReleaseGuardian
 from capc_services.student.app import progress_router
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
+from capc_services.student.release_app import progress_router as release_progress_router
+from capc_services.student.releases import ReleaseProgress
 from capc_services.student.scheduler import Scheduler
 from capc_services.student.settings import StudentSettings
 from capc_services.student.store import LabelStore
@@ -47,13 +54,22 @@ def _site(pki: Path, party: str, token_file: Path) -> dict[str, Any]:
     }
 
 
+@contextmanager
+def _guardian_site(
+    pki: Path, tmp_path: Path, token_file: Path, federation: Path
+) -> Iterator[tuple[PartyRuntime, BudgetLedger]]:
+    """A guardian party of ``federation`` and its opened ledger, as the guardian's app sets them up."""
+    settings = guardian_settings(pki, tmp_path, token_file, federation)
+    party = PartyRuntime(settings, role="guardian")
+    with open_ledger(settings) as ledger:
+        yield party, ledger
+
+
 @pytest.fixture
 def guardian_app(
     pki: Path, tmp_path: Path, token_file: Path, funded_federation: Path
 ) -> Iterator[tuple[FastAPI, str]]:
-    settings = guardian_settings(pki, tmp_path, token_file, funded_federation)
-    party = PartyRuntime(settings, role="guardian")
-    with open_ledger(settings) as ledger:
+    with _guardian_site(pki, tmp_path, token_file, funded_federation) as (party, ledger):
         guardian = Guardian(
             config=party.config, ledger=ledger, noise=party_noise("guardian"), metrics=party.metrics
         )
@@ -88,6 +104,48 @@ def student_app(
     )
     guardian.close()
     store.close()
+
+
+@pytest.fixture
+def release_federation(tmp_path: Path) -> Path:
+    """A saved federation.yaml of the release family (DP prototypes)."""
+    path = tmp_path / "federation.yaml"
+    FederationConfig.from_dict(federation_dict(mechanism={"name": "dppl", "rho": 0.05})).save(path)
+    return path
+
+
+@pytest.fixture
+def release_guardian_app(
+    pki: Path, tmp_path: Path, token_file: Path, release_federation: Path
+) -> Iterator[tuple[FastAPI, str]]:
+    with _guardian_site(pki, tmp_path, token_file, release_federation) as (party, ledger):
+        protocol = protocol_for(party.config, dim=party.backbone.feature_dim, backbone=party.backbone)
+        guardian = ReleaseGuardian(
+            config=party.config, ledger=ledger, noise=party_noise("guardian"), protocol=protocol,
+            metrics=party.metrics,
+        )  # fmt: skip
+        for teacher, seed in zip(party.config.teacher_names, (b"\1", b"\2"), strict=True):
+            guardian.submit_contribution(
+                release_id="r0", party=teacher, seed=seed * 16, length=protocol.length
+            )
+        guardian.release(release_id="r0", parties=party.config.teacher_names, actor="student")
+        yield _authorised(party, party.admin_app(readiness=dict, routers=[guardian_router(guardian)]))
+
+
+@pytest.fixture
+def release_student_app(
+    pki: Path, tmp_path: Path, token_file: Path, release_federation: Path
+) -> tuple[FastAPI, str]:
+    settings = StudentSettings(
+        **_site(pki, "student", token_file), federation=release_federation, guardian_address=NOWHERE,
+        store=tmp_path / "labels.sqlite", output_dir=tmp_path / "out",
+    )  # fmt: skip
+    party = PartyRuntime(settings, role="student")
+    progress = ReleaseProgress(rounds=3, rounds_done=1, rdp_spent=0.25, last_parties=["hospital-a"])
+    return _authorised(
+        party,
+        party.admin_app(readiness=dict, routers=[release_progress_router(progress, noise="SystemNoise")]),
+    )
 
 
 @pytest.fixture
@@ -149,6 +207,14 @@ def test_guardian(guardian_app: tuple[FastAPI, str]) -> None:
 
 def test_student(student_app: tuple[FastAPI, str]) -> None:
     _fuzz(student_app)
+
+
+def test_release_guardian(release_guardian_app: tuple[FastAPI, str]) -> None:
+    _fuzz(release_guardian_app)
+
+
+def test_release_student(release_student_app: tuple[FastAPI, str]) -> None:
+    _fuzz(release_student_app)
 
 
 def test_teacher(teacher_app: tuple[FastAPI, str]) -> None:

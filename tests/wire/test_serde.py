@@ -51,6 +51,19 @@ def test_refuses_negative_dimension() -> None:
         ndarray_from_proto(NdArray(dtype="uint8", shape=[-1], data=b""))
 
 
+@pytest.mark.parametrize(
+    "shape", [(2**32, 2**32), (2**62, 4), (2**40, 2**40, 2**40), (0, 2**63 - 1), (0, 2**60)]
+)
+def test_refuses_a_shape_larger_than_any_array(shape: tuple[int, ...]) -> None:
+    # Each of these once passed the byte-count check with no bytes (the int64 product wrapped to 0, or the
+    # size is 0) and numpy's ValueError escaped the decoder: a servicer answered UNKNOWN.
+    message = ndarray_to_proto(np.zeros(0, dtype=np.int64))
+    message.ClearField("shape")
+    message.shape.extend(shape)
+    with pytest.raises(ProtocolError, match=r"more than 2\^63 bytes"):
+        ndarray_from_proto(message)
+
+
 def test_refuses_to_encode_float64() -> None:
     with pytest.raises(ProtocolError, match="float64 cannot travel"):
         ndarray_to_proto(np.zeros(2))

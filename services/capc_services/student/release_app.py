@@ -43,6 +43,12 @@ MAX_POLL_S = 30.0
 """Longest a teacher's NextRelease call is held open before it answers ``pending``."""
 
 
+def release_message_bytes(length: int) -> int:
+    """The message limit of the release RPCs, either way: one int64 share of ``length`` coordinates in, one
+    state out."""
+    return length * 8 + HEADROOM
+
+
 class ReleaseStudentServicer(rpc.StudentServiceServicer):
     """Implements the release RPCs of ``capc.v1.StudentService`` over :class:`ReleaseRounds`."""
 
@@ -118,7 +124,7 @@ def run_release_student(
     guardian = ReleaseClient(
         config=config, tls=party.tls, address=settings.guardian_address, length=protocol.length
     )
-    message = protocol.length * 8 + HEADROOM  # one share in, one state out
+    message = release_message_bytes(protocol.length)
     server = start_grpc_server(
         bind=settings.grpc.bind,
         tls=party.tls,

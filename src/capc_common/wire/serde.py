@@ -7,6 +7,7 @@ what it reads and raises :class:`~capc_common.errors.ProtocolError` naming the f
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,7 +43,8 @@ def ndarray_from_proto(message: ProtoNdArray) -> np.ndarray:
     """Decode an :func:`ndarray_to_proto` message into a fresh, writable native-endian array.
 
     Raises:
-        ProtocolError: unknown dtype, negative dimension, or a byte count that does not match the shape.
+        ProtocolError: unknown dtype, negative dimension, a shape larger than any array, or a byte count that
+            does not match the shape.
     """
     if message.dtype not in _DTYPES:
         raise ProtocolError(f"peer sent an array of dtype {message.dtype!r}; allowed: {sorted(_DTYPES)}")
@@ -50,7 +52,13 @@ def ndarray_from_proto(message: ProtoNdArray) -> np.ndarray:
     if any(d < 0 for d in shape):
         raise ProtocolError(f"peer sent an array with a negative dimension: shape {shape}")
     dtype = np.dtype(message.dtype).newbyteorder("<")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    # Exact integers, not numpy's: a product of int64 dimensions can wrap around to 0 bytes. numpy refuses a
+    # shape whose non-zero dimensions span more bytes than it can address even when another dimension is 0.
+    if math.prod(d for d in shape if d) * dtype.itemsize > np.iinfo(np.intp).max:
+        raise ProtocolError(
+            f"peer sent a {message.dtype} array of shape {shape}: more than 2^63 bytes, larger than any array"
+        )
+    expected = math.prod(shape) * dtype.itemsize
     if len(message.data) != expected:
         raise ProtocolError(
             f"peer sent {len(message.data)} bytes for a {message.dtype} array of shape {shape} "
