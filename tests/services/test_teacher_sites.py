@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from sites_harness import teacher_settings
 
 from capc_common.data import load_dataset
 from capc_common.federation import FederationConfig
@@ -31,17 +32,7 @@ def pool() -> tuple[np.ndarray, np.ndarray]:
 
 def _settings(tmp: Path, data: dict, federation_dict) -> TeacherSettings:
     FederationConfig.from_dict(federation_dict()).save(tmp / "federation.yaml")
-    return TeacherSettings(
-        party="hospital-a",
-        federation=tmp / "federation.yaml",
-        tls={"ca": tmp / "ca.pem", "cert": tmp / "a.pem", "key": tmp / "a.key"},
-        admin={"token_file": tmp / "token"},
-        student_address="127.0.0.1:1",
-        guardian_address="127.0.0.1:2",
-        heads=tmp / "heads.safetensors",
-        cap={"epsilon": 10.0, "record": tmp / "cap.jsonl"},
-        data=data,
-    )
+    return teacher_settings(tmp, tmp / "federation.yaml", data)
 
 
 def _selected(
