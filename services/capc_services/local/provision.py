@@ -444,6 +444,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     }
     _write_yaml(layout.site(config.student), student_site)
     cap = options.teacher_cap if options.teacher_cap is not None else 3 * options.epsilon
+    fraction = site_fraction(options)
     for index, name in enumerate(config.teacher_names):
         _write_yaml(
             layout.site(name),
@@ -461,7 +462,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
                     "shard": index,
                     "shards": options.parties,
                     "seed": options.seed,
-                    "fraction": site_fraction(options),
+                    "fraction": fraction,
                 },
             },
         )
