@@ -52,6 +52,16 @@ def emit(result: dict[str, Any], fmt: str, text: Callable[[dict[str, Any]], str]
         click.echo(f"{key:<{width}}  {_jsonable(value)}")
 
 
+def epsilon_text(summary: dict[str, Any]) -> str:
+    """``ε spent S of L = settled A + reserved B``, from a ledger summary (``capc budget show``, ``capc local
+    status``): settled ε never falls, while the reserved part (open worst-case reservations) falls back as
+    batches settle below it, so the two are shown apart and the total alone never reads as ε going down."""
+    return (
+        f"ε spent {summary['epsilon_spent']:.4f} of {summary['epsilon_limit']:g} = settled "
+        f"{summary['epsilon_settled']:.4f} + reserved {summary['epsilon_reserved']:.4f}"
+    )
+
+
 def progress(
     iterable: Iterable[T], *, total: int | None = None, desc: str = "", unit: str = "it"
 ) -> Iterator[T]:

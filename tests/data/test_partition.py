@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capc_common.data import partition
+from capc_common.data import partition, site_part
 from capc_common.data.partition import NEIGHBOURING
 from capc_common.errors import InputError
 
@@ -138,3 +138,11 @@ def test_hash_shards_move_one_shard_when_one_example_is_added_or_removed():
         assert NEIGHBOURING[scheme] == "replace one example by one of the same label"
     with pytest.raises(InputError, match="needs the images"):
         partition(labels, shards=20, scheme="hash", seed=5)
+
+
+def test_site_part_refuses_a_part_or_fraction_out_of_range():
+    images, labels = np.zeros((10, 2, 2), dtype=np.uint8), np.arange(10) % 3
+    with pytest.raises(InputError, match=r"site part 3 is outside \[0, 3\)"):
+        site_part(images, labels, part=3, parts=3, seed=0)
+    with pytest.raises(InputError, match=r"fraction must be in \(0, 1\], got 0"):
+        site_part(images, labels, part=0, parts=3, seed=0, fraction=0)

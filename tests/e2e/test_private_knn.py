@@ -76,7 +76,8 @@ def test_private_knn_federation_equals_the_central_run(tmp_path) -> None:
             "heads": 4,
             "neighbours": 4,
             "sampling_rate": 0.5,
-            "records": 120,
+            # About train_limit: each site keeps a fixed share of the hash range (data.fraction).
+            "records": len(party_examples(TeacherSettings.load(running.layout.site("hospital-1")))[1]),
         }
     finally:
         running.close()

@@ -88,6 +88,10 @@ def test_show_and_verify(tmp_path: Path) -> None:
     text = _invoke("budget", "show", "--ledger", str(path), "--entries", "1")
     rows = [line.split() for line in text.splitlines() if line.split()[1:2] in (["reserve"], ["settle"])]
     assert "ε spent" in text and rows == [["3", "reserve", "b2", "4", "0", "0.02", "s"]]
+    # Settled ε (never falls) and the open reservation's part are shown apart, not only their sum.
+    summary = data["summary"]
+    assert summary["epsilon_settled"] > 0 and summary["epsilon_reserved"] > 0
+    assert f"settled {summary['epsilon_settled']:.4f} + reserved {summary['epsilon_reserved']:.4f}" in text
     report = json.loads(_invoke("budget", "verify", "--ledger", str(path), "--format", "json"))
     assert report["ok"] and report["entries"] == 3
 

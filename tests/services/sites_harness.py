@@ -59,3 +59,21 @@ def guardian_settings(pki: Path, tmp_path: Path, token_file: Path, federation: P
         "ledger": tmp_path / "ledger.sqlite",
     }
     return GuardianSettings(**{**base, **site})
+
+
+def teacher_settings(tmp: Path, federation: Path, data: dict[str, Any], **site: Any) -> Any:
+    """hospital-a's site settings for training (paths under ``tmp``; ``site`` overrides fields)."""
+    from capc_services.teacher.settings import TeacherSettings
+
+    base = {
+        "party": "hospital-a",
+        "federation": federation,
+        "tls": {"ca": tmp / "ca.pem", "cert": tmp / "a.pem", "key": tmp / "a.key"},
+        "admin": {"token_file": tmp / "token"},
+        "student_address": "127.0.0.1:1",
+        "guardian_address": "127.0.0.1:2",
+        "heads": tmp / "heads.safetensors",
+        "cap": {"epsilon": 10.0, "record": tmp / "cap.jsonl"},
+        "data": data,
+    }
+    return TeacherSettings(**{**base, **site})

@@ -123,3 +123,22 @@ def test_status_text_shows_a_release_federation_s_progress() -> None:
     progress = {"state": "published", "rounds": 20, "rounds_done": 20, "error": ""}
     text = _status_text({"state_dir": "/x", "parties": {}, "progress": progress})
     assert "student: published, 20 of 20 releases" in text
+
+
+def test_status_text_shows_settled_and_reserved_epsilon_apart(tmp_path: Path) -> None:
+    """The total alone falls when an open reservation settles below its worst case; the settled part never
+    does, so `capc local status` shows both (as `capc budget show` does)."""
+    from capc_cli.commands.local import _status_text
+    from capc_common.privacy import BudgetLedger
+
+    with BudgetLedger.create(tmp_path / "l.db", epsilon_limit=3.0, delta=1e-5, order=8.0, config={}) as led:
+        led.reserve("b1", queries=4, parties=["p"], mechanism="m", params={}, worst_case_rdp=0.02, actor="s")
+        led.settle("b1", answered=2, actual_rdp=0.01, actor="g")
+        led.reserve("b2", queries=4, parties=["p"], mechanism="m", params={}, worst_case_rdp=0.02, actor="s")
+        budget = dict(led.summary())
+    text = _status_text({"state_dir": "/x", "parties": {}, "budget": budget})
+    assert budget["epsilon_settled"] > 0 and budget["epsilon_reserved"] > 0
+    assert (
+        f"budget: ε spent {budget['epsilon_spent']:.4f} of 3 = settled {budget['epsilon_settled']:.4f} + "
+        f"reserved {budget['epsilon_reserved']:.4f}"
+    ) in text

@@ -7,6 +7,7 @@ with a precise status, and none of them charges anything or reveals anything.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,6 +63,18 @@ def test_release_is_the_noisy_sum_charged_once(guardian: ReleaseGuardianServer) 
     )
     assert guardian.entries() == entries
     assert guardian.ledger.summary()["spent_rdp"] == summary["spent_rdp"]
+
+
+def test_each_release_logs_the_ledger_head(guardian: ReleaseGuardianServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Like a batch's, a release's settle logs the entry and head to pin (`verify --expect-head`)."""
+    vectors = _vectors(guardian.protocol)
+    for party, vector in vectors.items():
+        guardian.contribute("pinned", party, vector)
+    with caplog.at_level(logging.INFO, logger="capc_services.guardian.releases"):
+        guardian.release("pinned", list(vectors))
+    summary = guardian.ledger.summary()
+    logged = [r for r in caplog.records if r.getMessage() == "release charged and sent"]
+    assert [(r.ledger_entry, r.ledger_head) for r in logged] == [(summary["entries"], summary["head"])]
 
 
 def test_a_release_the_budget_cannot_pay_is_refused_before_anything(guardian: ReleaseGuardianServer) -> None:

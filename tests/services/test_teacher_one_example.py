@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sites_harness import teacher_settings
 
 from capc_common.data import load_dataset, partition
 from capc_common.federation import FederationConfig
 from capc_common.learn import BackboneFeaturizer, TeacherEnsemble, shard_features
 from capc_common.models import load_backbone
 from capc_common.synth import generate
-from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.train import train_party_heads
 
 HEADS = 4
@@ -48,17 +48,8 @@ def _train(
     )
     fed["queries"] = {**fed["queries"], "bn_batch": BN}  # type: ignore[dict-item]
     FederationConfig.from_dict(fed).save(tmp / "federation.yaml")
-    settings = TeacherSettings(
-        party="hospital-a",
-        federation=tmp / "federation.yaml",
-        tls={"ca": tmp / "ca.pem", "cert": tmp / "a.pem", "key": tmp / "a.key"},
-        admin={"token_file": tmp / "token"},
-        student_address="127.0.0.1:1",
-        guardian_address="127.0.0.1:2",
-        heads=tmp / "heads.safetensors",
-        cap={"epsilon": 10.0, "record": tmp / "cap.jsonl"},
-        data={"dataset": f"npz:{tmp / 'site.npz'}"},
-        torch_threads=1,
+    settings = teacher_settings(
+        tmp, tmp / "federation.yaml", {"dataset": f"npz:{tmp / 'site.npz'}"}, torch_threads=1
     )
     summary = train_party_heads(settings)
     return TeacherEnsemble.load(settings.heads, backbone_sha256=backbone.sha256), summary

@@ -45,7 +45,7 @@ from capc_common.mpc import Channel, GarblerSession, Reveal
 from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_services.common import faults
 from capc_services.common.metrics import PartyMetrics
-from capc_services.guardian.metrics import BudgetCollector
+from capc_services.guardian.metrics import BudgetCollector, pinned_head
 
 _log = logging.getLogger(__name__)
 SEED_BYTES = 16
@@ -402,7 +402,7 @@ class Guardian:
                     f"batch {batch_id} could not be settled on the ledger; it stays charged at its worst "
                     "case and nothing was revealed"
                 ) from None
-            settled.update(answered=answered, entry=entry.seq, head=entry.hash)
+            settled.update(answered=answered, pin=pinned_head(entry))
             faults.reached("guardian.settled")
 
         try:
@@ -447,8 +447,7 @@ class Guardian:
                 "count": count,
                 "computation": nonce,
                 # Pin it elsewhere: `capc budget verify --expect-head` then detects a tail cut later.
-                "ledger_entry": settled["entry"],
-                "ledger_head": settled["head"],
+                **settled["pin"],
             },
         )
         return int(settled["answered"])

@@ -13,6 +13,8 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from capc_common.privacy import Entry
+
 _GAUGES = (
     ("capc_epsilon_spent", "epsilon_spent", "ε charged: settled batches plus open worst-case reservations."),
     ("capc_epsilon_settled", "epsilon_settled", "ε of settled batches only (never falls)."),
@@ -23,6 +25,12 @@ _GAUGES = (
     ("capc_ledger_open_batches", "open_batches", "Batches reserved and not yet settled or released."),
     ("capc_queries_answered", "answered", "Queries answered in settled batches."),
 )
+
+
+def pinned_head(entry: Entry) -> dict[str, int | str]:
+    """The log fields of a settle's ledger entry (``ledger_entry``, ``ledger_head``): every settle path (a
+    batch's, a release's) logs them, so a log collector keeps the trail of heads to pin."""
+    return {"ledger_entry": entry.seq, "ledger_head": entry.hash}
 
 
 class BudgetCollector(Collector):

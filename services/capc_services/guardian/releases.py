@@ -34,7 +34,7 @@ from capc_common.mpc.sharing import SEED_BYTES
 from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_services.common.metrics import PartyMetrics
 from capc_services.guardian.core import PartySeen
-from capc_services.guardian.metrics import BudgetCollector
+from capc_services.guardian.metrics import BudgetCollector, pinned_head
 
 _log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class ReleaseGuardian:
                 )
                 self.ledger.begin(release_id, computation=nonce, actor=actor)
                 # Settled before the noise is even drawn: whatever happens next, the release is paid for.
-                self.ledger.settle(
+                entry = self.ledger.settle(
                     release_id, answered=1, actual_rdp=self._rdp, actor=actor, computation=nonce
                 )
             masked = masked_total(
@@ -200,6 +200,8 @@ class ReleaseGuardian:
                 "parties": ordered,
                 "rdp": self._rdp,
                 "remaining_rdp": remaining,
+                # Pin it elsewhere: `capc budget verify --expect-head` then detects a tail cut later.
+                **pinned_head(entry),
             },
         )
         return masked, self._rdp, remaining

@@ -44,7 +44,9 @@ class LocalOptions:
         sigma: σ of GNMax's and Private-kNN's argmax noise (None: σ2's ratio times the votes per query).
         neighbours / sampling_rate: Private-kNN's ``k`` per party and Poisson rate ``q``.
         min_parties: quorum (None: all but one party, at least one).
-        train_limit: training examples per party (None: the party's whole shard).
+        train_limit: about this many training examples per party (None: the party's whole part): each
+            site keeps the fraction ``train_limit · parties / N`` of its part's hash range, so the count
+            varies a little (binomial) but one example never changes another's selection (``data.fraction``).
         teacher_cap: each party's local worst-case ε cap (None: 3 × epsilon, since it counts every
             query as answered).
         generator / backbone: query generator and shared backbone (None: the library defaults).
@@ -191,6 +193,16 @@ def _dppl_public(options: LocalOptions) -> tuple[dict[str, Any], int]:
 #: in every round, so a round costs the discrete Gaussian's own RDP, with no subsampling bound and its floor
 #: at small ε), the learning rate chosen on validation data in docs/mechanisms.md.
 DPSGD_DEFAULTS = {"rounds": 30, "sampling_rate": 1.0, "clip": 1.0, "learning_rate": 8.0, "momentum": 0.9}
+
+
+def site_fraction(options: LocalOptions) -> float:
+    """Each simulated site's ``data.fraction``: ``train_limit`` examples per party on average."""
+    if options.train_limit is None:
+        return 1.0
+    from capc_common.data import load_dataset
+
+    total = len(load_dataset(options.dataset, split="train").labels)
+    return min(1.0, options.train_limit * options.parties / total)
 
 
 def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
@@ -432,6 +444,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     }
     _write_yaml(layout.site(config.student), student_site)
     cap = options.teacher_cap if options.teacher_cap is not None else 3 * options.epsilon
+    fraction = site_fraction(options)
     for index, name in enumerate(config.teacher_names):
         _write_yaml(
             layout.site(name),
@@ -449,7 +462,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
                     "shard": index,
                     "shards": options.parties,
                     "seed": options.seed,
-                    "limit": options.train_limit,
+                    "fraction": fraction,
                 },
             },
         )

@@ -54,7 +54,8 @@ def privacy_of(config: FederationConfig, store: LabelStore) -> dict[str, Any]:
         "rdp": spent_rdp(config, store),
         "epsilon_limit": config.budget.epsilon,
         "accountant": ACCOUNTANT,
-        # Teacher parties assign examples to heads by a content hash (capc teacher train).
+        # Teacher parties select their examples (data.shards, data.fraction) and assign them to heads by
+        # keyed content hashes (capc teacher train), never by position or count: add/remove one example.
         "neighbouring": NEIGHBOURING["hash"],
     }
 

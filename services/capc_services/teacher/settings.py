@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capc_services.common.settings import SiteSettings
 
@@ -20,12 +21,16 @@ class CapSettings(BaseModel):
 class DataSettings(BaseModel):
     """The site's own labelled data, for ``capc teacher train``.
 
+    Every selection here is by a keyed hash of each example's own content
+    (:func:`capc_common.data.site_part`), never by position or count, so the guarantee the model card states
+    — for datasets that differ by adding or removing one example — holds for the site's whole file.
+
     Attributes:
         dataset: a dataset name the library knows (e.g. ``fashion-mnist``).
         shard / shards: this site's disjoint part of the dataset when several simulated sites share one
             (a real site uses ``shards: 1``).
-        seed: seed of the partition.
-        limit: use at most this many of the site's examples.
+        seed: seed of the split's hash.
+        fraction: keep about this share of the site's examples (each kept or not by its own hash).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -33,7 +38,19 @@ class DataSettings(BaseModel):
     shard: int = Field(default=0, ge=0)
     shards: int = Field(default=1, ge=1)
     seed: int = 0
-    limit: int | None = Field(default=None, ge=1)
+    fraction: float = Field(default=1.0, gt=0, le=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_limit(cls, data: Any) -> Any:
+        """Refuse the former ``limit`` with the reason and the replacement (not pydantic's bare message)."""
+        if isinstance(data, dict) and "limit" in data:
+            raise ValueError(
+                f"data.limit ({data['limit']}) is no longer supported: keeping the first N examples lets one "
+                "added or removed example evict or admit another, which breaks the add/remove-one guarantee; "
+                "use data.fraction (e.g. 0.1: each example kept or not by a hash of its own content)"
+            )
+        return data
 
 
 class TeacherSettings(SiteSettings):

@@ -1,11 +1,12 @@
 """``capc teacher train``: a teacher party trains its own heads on its own data.
 
 The party's examples (its ``data:`` section: a named dataset, or its own ``npz:``/``folder:``/``idx:``
-files, optionally one shard of a shared dataset when several sites are simulated) are split into as many
-disjoint shards as the party has teacher heads in federation.yaml, each example by a keyed hash of its own
-content (so adding or removing one example changes one shard). Then the federation's mechanism trains one
-teacher per shard on that shard alone (:meth:`~capc_common.mechanisms.SelectionMechanism.train_teachers`):
-PATE heads by the library's one training path (the central pipeline's), Prom-PATE's prompted teachers by
+files, optionally one hash-selected part of a shared dataset when several sites are simulated) are split
+into as many disjoint shards as the party has teacher heads in federation.yaml, each example by a keyed
+hash of its own content (so adding or removing one example changes one shard). Then the federation's
+mechanism trains one teacher per shard on that shard alone
+(:meth:`~capc_common.mechanisms.SelectionMechanism.train_teachers`): PATE heads by the library's one
+training path (the central pipeline's), Prom-PATE's prompted teachers by
 :func:`~capc_common.learn.prompts.train_prompted_teachers` — so one example can move one vote only. Nothing
 leaves the site.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from capc_common.data import load_dataset, partition
+from capc_common.data import load_dataset, partition, site_part
 from capc_common.errors import InputError
 from capc_common.federation import load_shared_backbone, mechanism_of
 from capc_services.common.party import apply_torch_threads
@@ -44,7 +45,11 @@ def _mount_hint(dataset: str) -> str:
 
 
 def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, str]:
-    """The site's training images and labels (its shard and limit applied) and a description.
+    """The site's training images and labels (its part and fraction applied) and a description.
+
+    The part and the fraction select each example by a keyed hash of its own content
+    (:func:`~capc_common.data.site_part`), so adding or removing one example of the file changes this
+    site's set by that example alone, and no other site's.
 
     Raises:
         InputError: no ``data:`` section, or a shard outside ``[0, shards)``.
@@ -61,12 +66,17 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
         dataset = load_dataset(data.dataset, split="train")
     except InputError as exc:
         raise InputError(f"{exc}{_mount_hint(data.dataset)}") from None
-    index = np.arange(len(dataset.labels))
-    if data.shards > 1:
-        index = partition(dataset.labels, shards=data.shards, scheme="iid", seed=data.seed)[data.shard]
-    if data.limit is not None:
-        index = index[: data.limit]
+    index = site_part(
+        dataset.images,
+        dataset.labels,
+        part=data.shard,
+        parts=data.shards,
+        seed=data.seed,
+        fraction=data.fraction,
+    )
     name = f"{dataset.name} shard {data.shard}/{data.shards}"
+    if data.fraction < 1:
+        name += f" (fraction {data.fraction:g})"
     return dataset.images[index], dataset.labels[index], name
 
 

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from capc_cli.output import emit, format_option
+from capc_cli.output import emit, epsilon_text, format_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -221,8 +221,7 @@ def plan_command(
 def _show_text(r: dict[str, Any]) -> str:
     s = r["summary"]
     lines = [
-        f"ledger {s['path']}: ε spent {s['epsilon_spent']:.4f} of {s['epsilon_limit']:g} = settled "
-        f"{s['epsilon_settled']:.4f} + reserved {s['epsilon_reserved']:.4f} "
+        f"ledger {s['path']}: {epsilon_text(s)} "
         f"(δ = {s['delta']:g}, order {s['order']:g}; {100 * s['fraction_used']:.1f} % of "
         f"{s['budget_rdp']:.6g} RDP)",
         f"  settled RDP {s['spent_rdp']:.6g}, reserved (open or orphaned, counted) {s['reserved_rdp']:.6g}, "

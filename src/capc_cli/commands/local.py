@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from capc_cli.output import emit, format_option
+from capc_cli.output import emit, epsilon_text, format_option
 
 _STATE = click.option(
     "--state-dir",
@@ -169,7 +169,7 @@ def _status_text(result: dict[str, Any]) -> str:
         lines.append(line)
     budget, progress = result.get("budget"), result.get("progress")
     if isinstance(budget, dict) and "epsilon_spent" in budget:
-        lines.append(f"  budget: ε {budget['epsilon_spent']:.4g} of {budget['epsilon_limit']:.4g} spent")
+        lines.append(f"  budget: {epsilon_text(budget)}")
     if isinstance(progress, dict) and "rounds" in progress:  # a release federation
         lines.append(
             f"  student: {progress['state']}, {progress['rounds_done']} of {progress['rounds']} releases"

@@ -17,6 +17,12 @@ Schemes:
         from ``Dirichlet(alpha · 1)``; small ``alpha`` means each shard sees few classes. Draws are repeated
         (seeded) until no shard is empty.
 
+:func:`site_part` splits one dataset between simulated *sites* (parties) the same way, by a second keyed
+hash (its own domain, so a site's part and its teachers' shards are independent), and can keep only a fixed
+fraction of a part: whether an example is selected depends on that example alone, never on how many others
+there are or where it sits in the file, so adding or removing one example changes one site's set by exactly
+that example.
+
 Every scheme is disjoint and covering (each index in exactly one shard) and a pure function of
 ``(labels, shards, scheme, seed, parameters)`` (``hash`` also of the images): the randomness is a seeded
 ``numpy.random.Generator`` or a seeded hash, as shard assignment is public, non-secret randomness.
@@ -32,7 +38,7 @@ import numpy.typing as npt
 
 from capc_common.errors import InputError
 
-__all__ = ["NEIGHBOURING", "PARTITION_SCHEMES", "partition"]
+__all__ = ["NEIGHBOURING", "PARTITION_SCHEMES", "partition", "site_part"]
 
 PARTITION_SCHEMES = ("hash", "iid", "imbalanced", "dirichlet")
 #: The neighbouring relation under which one example moves one shard, per scheme.
@@ -45,6 +51,9 @@ NEIGHBOURING = {
     "dirichlet": "replace one example by one of the same label",
 }
 _DIRICHLET_TRIES = 1000
+#: Domain of the site split's hash key (the teacher shards' key is the bare 8-byte seed).
+_SITE_DOMAIN = b"capc-site-part\x00"
+_HASH_RANGE = 1 << 64
 
 
 def _apportion(total: int, weights: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
@@ -58,32 +67,76 @@ def _apportion(total: int, weights: npt.NDArray[np.float64]) -> npt.NDArray[np.i
     return counts
 
 
-def _hash_shards(
-    images: npt.NDArray[np.generic], labels: npt.NDArray[np.int64], *, shards: int, seed: int
-) -> list[npt.NDArray[np.int64]]:
-    """Shard of each example: ``SHA-256(seed ‖ label ‖ image) mod shards`` (first 8 bytes, big-endian)."""
+def _content_hashes(
+    images: npt.NDArray[np.generic], labels: npt.NDArray[np.int64], *, key: bytes
+) -> list[int]:
+    """Each example's ``SHA-256(key ‖ label ‖ image)``, first 8 bytes big-endian: a function of the example
+    alone (and the public key)."""
     if images.shape[:1] != labels.shape:
         raise InputError(
             f"hash partition needs one image per label, got {images.shape[0]} images for {len(labels)}"
         )
-    prefix = int(seed).to_bytes(8, "big", signed=False)
     rows = np.ascontiguousarray(images).reshape(len(labels), -1)
-    owner = np.fromiter(
-        (
-            int.from_bytes(
-                hashlib.sha256(prefix + int(lab).to_bytes(8, "big") + row.tobytes()).digest()[:8], "big"
-            )
-            % shards
-            for lab, row in zip(labels, rows, strict=True)
-        ),
-        dtype=np.int64,
-        count=len(labels),
-    )
+    return [
+        int.from_bytes(hashlib.sha256(key + int(lab).to_bytes(8, "big") + row.tobytes()).digest()[:8], "big")
+        for lab, row in zip(labels, rows, strict=True)
+    ]
+
+
+def _hash_shards(
+    images: npt.NDArray[np.generic], labels: npt.NDArray[np.int64], *, shards: int, seed: int
+) -> list[npt.NDArray[np.int64]]:
+    """Shard of each example: ``SHA-256(seed ‖ label ‖ image) mod shards`` (first 8 bytes, big-endian)."""
+    hashes = _content_hashes(images, labels, key=int(seed).to_bytes(8, "big", signed=False))
+    owner = np.fromiter((h % shards for h in hashes), dtype=np.int64, count=len(labels))
     order = np.argsort(owner, kind="stable")
     return [
         np.asarray(p, dtype=np.int64)
         for p in np.split(order, np.cumsum(np.bincount(owner, minlength=shards))[:-1])
     ]
+
+
+def site_part(
+    images: npt.ArrayLike,
+    labels: npt.ArrayLike,
+    *,
+    part: int,
+    parts: int,
+    seed: int,
+    fraction: float = 1.0,
+) -> npt.NDArray[np.int64]:
+    """Indices (ascending) of the examples in site ``part`` of ``parts``, keeping about ``fraction`` of them.
+
+    With ``u = SHA-256("capc-site-part\\0" ‖ seed ‖ label ‖ image) / 2^64`` (first 8 bytes) an example is
+    selected iff ``part ≤ u · parts < part + fraction``: the parts are disjoint, cover the dataset when
+    ``fraction`` is 1, and each example's selection depends on that example only — adding or removing one
+    example changes exactly one part by exactly that example, unlike a permutation (which re-deals every
+    part) or a cut at a count (which evicts or admits another example). Part sizes vary (binomial).
+
+    Args:
+        images: the examples' images ``(N, ...)`` (their bytes are hashed).
+        labels: their integer labels ``(N,)``.
+        part: which part, in ``[0, parts)``.
+        parts: how many sites share the dataset.
+        seed: the split's public seed.
+        fraction: the share of the part's hash range kept, in ``(0, 1]``.
+
+    Raises:
+        InputError: ``part`` outside ``[0, parts)``, ``fraction`` outside ``(0, 1]``, or images and labels of
+            different lengths.
+    """
+    if not 0 <= part < parts:
+        raise InputError(f"site part {part} is outside [0, {parts})")
+    if not 0 < fraction <= 1:
+        raise InputError(f"fraction must be in (0, 1], got {fraction}")
+    y = np.asarray(labels).astype(np.int64)
+    if parts == 1 and fraction == 1:
+        return np.arange(len(y), dtype=np.int64)
+    key = _SITE_DOMAIN + int(seed).to_bytes(8, "big", signed=False)
+    low = part * _HASH_RANGE
+    high = low + int(fraction * _HASH_RANGE)
+    hashes = _content_hashes(np.asarray(images), y, key=key)
+    return np.asarray([i for i, h in enumerate(hashes) if low <= h * parts < high], dtype=np.int64)
 
 
 def _deal_by_class(

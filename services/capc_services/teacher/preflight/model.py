@@ -116,7 +116,8 @@ def dataset_checks(settings: TeacherSettings, config: FederationConfig, *, out_d
             Check.fail(
                 "dataset",
                 f"{name} has {len(labels)} examples for {heads} teacher heads (each needs its own shard)",
-                fix="use more of the site's data (data.limit), or ask the coordinator for fewer heads",
+                fix="use more of the site's data (a larger data.fraction), or ask the coordinator for fewer "
+                "heads",
                 **data,
             )
         ]
