@@ -109,6 +109,21 @@ METHODS = (
     "dp-fedavg",
     "prom-pate",
 )
+#: The HYPER groups each method reads: rows merged from another run must agree on these (``--merge``).
+USES = {
+    "local-only": ("local",),
+    "secagg-dpsgd": ("secagg",),
+    "central-dpsgd": ("dpsgd",),
+    "dppl": ("dppl",),
+    "dppl-public": ("dppl_public",),
+    "dppl-public-votes": ("dppl_public", "dppl_public_votes"),
+    "private-knn": ("knn",),
+    "capc-fair": ("capc", "local"),
+    "capc-greedy": ("capc", "local"),
+    "cnn-dpsgd": ("cnn",),
+    "dp-fedavg": ("fedavg",),
+    "prom-pate": ("prompate",),
+}
 EPSILONS = (0.5, 1.0, 2.0, 3.0, 6.0, 10.0)
 DELTA = 1e-5
 #: Rényi orders for calibration (the default grid up to 256: larger orders never win at these budgets).
@@ -127,7 +142,7 @@ HYPER = {
         "d_max": 2.0,
     },
     "dppl_public_votes": {"per_class": 100},  # the pool: dppl_public's
-    "knn": {"queries": 500, "neighbours": 50, "sampling_rate": 0.2, "generator": "dead_leaves"},
+    "knn": {"queries": 2000, "neighbours": 200, "sampling_rate": 0.2, "generator": "dead_leaves"},
     "prompate": {
         "teachers_per_party": 10,
         "shard": 64,
@@ -805,20 +820,34 @@ def setting_of(args: argparse.Namespace) -> dict[str, Any]:
     return {**{k: getattr(args, k) for k in keys}, "hyper": HYPER}
 
 
+def setting_differences(recorded: dict[str, Any], current: dict[str, Any], methods: set[str]) -> list[str]:
+    """What differs between two recorded settings that rows of ``methods`` depend on: every key but the
+    hyper-parameters, and the hyper-parameter groups those methods read (:data:`USES`)."""
+    groups = {g for m in methods for g in USES[m]}
+    return sorted(
+        [k for k in current.keys() | recorded.keys() if k != "hyper" and recorded.get(k) != current.get(k)]
+        + [f"hyper.{g}" for g in groups if recorded.get("hyper", {}).get(g) != current["hyper"][g]]
+    )
+
+
 def check_setting(args: argparse.Namespace, csv_path: Path) -> None:
     """Refuse to resume a CSV written under another setting (rows are keyed by method, partition, ε and seed
     only, so a validation run or a ``--set`` sweep would otherwise be skipped as done, or its rows mixed with
-    the test figures); record the setting next to a new CSV.
+    the test figures); record the setting next to the CSV. Hyper-parameters of methods the CSV holds no row of
+    may differ: no row depends on them.
 
     Raises:
-        SystemExit: the CSV's recorded setting differs from this run's.
+        SystemExit: the CSV's recorded setting differs from this run's in what its rows depend on.
     """
     path = csv_path.with_suffix(".setting.json")
     current = json.loads(json.dumps(setting_of(args)))
     if path.exists():
-        recorded = json.loads(path.read_text())
-        if recorded != current:
-            changed = sorted(k for k in current.keys() | recorded.keys() if recorded.get(k) != current.get(k))
+        methods: set[str] = set()
+        if csv_path.exists():
+            with csv_path.open() as handle:
+                methods = {r["method"] for r in csv.DictReader(handle)}
+        changed = setting_differences(json.loads(path.read_text()), current, methods)
+        if changed:
             raise SystemExit(
                 f"{csv_path} holds rows of another setting (differs in {changed}; recorded in {path}): "
                 "give this run its own --out or --name"
@@ -826,6 +855,83 @@ def check_setting(args: argparse.Namespace, csv_path: Path) -> None:
     elif csv_path.exists() and csv_path.stat().st_size:
         log(f"note: {csv_path} has no recorded setting; recording this run's in {path}")
     path.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
+
+
+def merge_rows(args: argparse.Namespace, rows: list[dict[str, Any]], sources: list[Path]) -> int:
+    """Append the rows of other runs' CSVs (cells not in ``rows`` yet), refusing a run whose recorded setting
+    differs from this one in anything its methods depend on: the table gathers runs made at different times
+    (one method or seed per command), never rows of another setting.
+
+    Returns:
+        How many rows were added to ``rows`` (and to the CSV at ``--out``/``--name``).
+
+    Raises:
+        SystemExit: a source has no recorded setting, or one that differs.
+    """
+    current = json.loads(json.dumps(setting_of(args)))
+    done = {(r["method"], r["partition"], float(r["epsilon_target"]), int(r["seed"])) for r in rows}
+    added = []
+    for source in sources:
+        recorded_path = source.with_suffix(".setting.json")
+        if not recorded_path.exists():
+            raise SystemExit(f"{source} has no recorded setting ({recorded_path}): cannot check what it ran")
+        recorded = json.loads(recorded_path.read_text())
+        with source.open() as handle:
+            incoming = list(csv.DictReader(handle))
+        differs = setting_differences(recorded, current, {r["method"] for r in incoming})
+        if differs:
+            raise SystemExit(f"{source} was run under another setting (differs in {differs}): not merged")
+        for r in incoming:
+            key = (r["method"], r["partition"], float(r["epsilon_target"]), int(r["seed"]))
+            if key not in done:
+                done.add(key)
+                added.append({k: r[k] for k in FIELDS})
+    csv_path = args.out / f"{args.name}.csv"
+    new = not csv_path.exists()
+    with csv_path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=FIELDS)
+        if new:
+            writer.writeheader()
+        writer.writerows(added)
+    rows.extend(added)
+    return len(added)
+
+
+def report(
+    args: argparse.Namespace, rows: list[dict[str, Any]], started: float, *, images: tuple[int, int]
+) -> dict[str, Any]:
+    """Write the table (MD) and plot (PNG) of every row and return the JSON result; ``images`` are the
+    training and evaluation set sizes."""
+    # local-only is not private: show its one value at every ε.
+    expanded = []
+    for r in rows:
+        if r["method"] == "local-only":
+            expanded += [{**r, "epsilon_target": e} for e in args.epsilons]
+        else:
+            expanded.append(r)
+    table = summarise(expanded)
+    write_markdown(table, args.out / f"{args.name}.md", sorted(args.epsilons))
+    plot(table, args.out / f"{args.name}.png")
+    result = {
+        "setting": {
+            "dataset": args.dataset,
+            "train_images": images[0],
+            "evaluation_images": images[1],
+            "evaluate_on": args.evaluate_on,
+            "parties": args.parties,
+            "delta": DELTA,
+            "hyper": HYPER,
+        },
+        "rows": len(rows),
+        "table": table,
+        "seconds": round(time.perf_counter() - started, 1),
+        "outputs": [str(args.out / f"{args.name}.{ext}") for ext in ("csv", "md", "png")],
+    }
+    if args.format == "json":
+        print(json.dumps(result, default=float))
+    else:
+        print((args.out / f"{args.name}.md").read_text())
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -853,6 +959,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         metavar="GROUP.KEY=VALUE",
         help="override a hyper-parameter (validation sweeps only), e.g. dpsgd.learning_rate=0.5",
     )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="CSV",
+        help="run nothing: add these runs' rows (same setting) to --out/--name and redraw its table and plot",
+    )
     parser.add_argument("--format", choices=("text", "json"), default="text")
     args = parser.parse_args(argv)
     for item in args.set:
@@ -869,8 +983,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if csv_path.exists():
         with csv_path.open() as handle:
             rows = list(csv.DictReader(handle))
-    done = {(r["method"], r["partition"], float(r["epsilon_target"]), int(r["seed"])) for r in rows}
     started = time.perf_counter()
+    if args.merge:
+        log(f"merged {merge_rows(args, rows, args.merge)} rows into {csv_path}")
+        validation = args.evaluate_on == "validation"
+        images = (
+            args.train_limit - (args.validation if validation else 0),
+            args.validation if validation else args.test_limit,
+        )
+        return report(args, rows, started, images=images)
+    done = {(r["method"], r["partition"], float(r["epsilon_target"]), int(r["seed"])) for r in rows}
     tx, ty, ex, ey = load_features(args)
     log(f"features: train {tx.shape}, evaluation {ex.shape} ({args.evaluate_on})")
     extra: dict[str, dict[str, Any]] = {m: {} for m in METHODS}
@@ -915,36 +1037,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         if new:
                             writer.writeheader()
                         writer.writerow({k: row[k] for k in FIELDS})
-    # local-only is not private: show its one value at every ε.
-    expanded = []
-    for r in rows:
-        if r["method"] == "local-only":
-            expanded += [{**r, "epsilon_target": e} for e in args.epsilons]
-        else:
-            expanded.append(r)
-    table = summarise(expanded)
-    write_markdown(table, args.out / f"{args.name}.md", sorted(args.epsilons))
-    plot(table, args.out / f"{args.name}.png")
-    result = {
-        "setting": {
-            "dataset": args.dataset,
-            "train_images": len(ty),
-            "evaluation_images": len(ey),
-            "evaluate_on": args.evaluate_on,
-            "parties": args.parties,
-            "delta": DELTA,
-            "hyper": HYPER,
-        },
-        "rows": len(rows),
-        "table": table,
-        "seconds": round(time.perf_counter() - started, 1),
-        "outputs": [str(args.out / f"{args.name}.{ext}") for ext in ("csv", "md", "png")],
-    }
-    if args.format == "json":
-        print(json.dumps(result, default=float))
-    else:
-        print((args.out / f"{args.name}.md").read_text())
-    return result
+    return report(args, rows, started, images=(len(ty), len(ey)))
 
 
 if __name__ == "__main__":

@@ -54,3 +54,55 @@ def test_json_table_outputs_and_resume(tmp_path: Path) -> None:
     for other in (["--evaluate-on", "validation", "--validation", "400"], ["--set", "dppl.metric=cosine"]):
         refused = _run(tmp_path, *other, check=False)
         assert refused.returncode != 0 and "holds rows of another setting" in refused.stderr
+    # A hyper-parameter of a method the CSV holds no row of does not matter to its rows.
+    assert json.loads(_run(tmp_path, "--set", "knn.neighbours=7").stdout)["rows"] == len(rows)
+
+
+def _merge(out: Path, *sources: Path, setting: list[str] = ()) -> subprocess.CompletedProcess[str]:
+    args = "--dataset digits --train-limit 1400 --parties 3 --epsilons 1 4 --format json"
+    return subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            *args.split(),
+            *setting,
+            "--out",
+            str(out),
+            "--merge",
+            *map(str, sources),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_merge_gathers_runs_of_the_same_setting_and_refuses_another(tmp_path: Path) -> None:
+    """``--merge`` builds the published table from runs made one method at a time, never from a run whose
+    recorded setting differs in anything its rows depend on."""
+    run = tmp_path / "run"
+    run.mkdir()
+    header = "method,partition,epsilon_target,epsilon,seed,accuracy,released,noise,seconds\n"
+    (run / "a.csv").write_text(header + "dppl,iid,1.0,0.99,0,0.9,1,x,1\ndppl,iid,4.0,3.9,0,0.92,1,x,1\n")
+    # Refused without a recorded setting; the target records the merge's own setting first, which is what a
+    # run under the same setting would have recorded.
+    probe = _merge(tmp_path / "probe", run / "a.csv")
+    assert probe.returncode != 0 and "no recorded setting" in probe.stderr
+    recorded = json.loads((tmp_path / "probe" / "mechanisms.setting.json").read_text())
+    (run / "a.setting.json").write_text(json.dumps(recorded))
+    merged = _merge(tmp_path / "out", run / "a.csv")
+    assert merged.returncode == 0, merged.stderr
+    result = json.loads(merged.stdout)
+    assert result["rows"] == 2
+    assert {(t["method"], t["epsilon_target"]) for t in result["table"]} == {("dppl", 1.0), ("dppl", 4.0)}
+    again = json.loads(_merge(tmp_path / "out", run / "a.csv").stdout)
+    assert again["rows"] == 2  # nothing merged twice
+    # A run whose dppl hyper-parameters differ is refused; one differing only in another method's is not.
+    other = dict(recorded, hyper={**recorded["hyper"], "dppl": {**recorded["hyper"]["dppl"], "metric": "x"}})
+    (run / "a.setting.json").write_text(json.dumps(other))
+    refused = _merge(tmp_path / "out2", run / "a.csv")
+    assert refused.returncode != 0 and "hyper.dppl" in refused.stderr
+    other = dict(recorded, hyper={**recorded["hyper"], "knn": {**recorded["hyper"]["knn"], "neighbours": 3}})
+    (run / "a.setting.json").write_text(json.dumps(other))
+    assert _merge(tmp_path / "out3", run / "a.csv").returncode == 0
