@@ -65,7 +65,9 @@ def test_release_is_the_noisy_sum_charged_once(guardian: ReleaseGuardianServer) 
     assert guardian.ledger.summary()["spent_rdp"] == summary["spent_rdp"]
 
 
-def test_each_release_logs_the_ledger_head(guardian: ReleaseGuardianServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_each_release_logs_the_ledger_head(
+    guardian: ReleaseGuardianServer, caplog: pytest.LogCaptureFixture
+) -> None:
     """Like a batch's, a release's settle logs the entry and head to pin (`verify --expect-head`)."""
     vectors = _vectors(guardian.protocol)
     for party, vector in vectors.items():
