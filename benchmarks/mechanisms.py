@@ -823,6 +823,9 @@ def setting_of(args: argparse.Namespace) -> dict[str, Any]:
 def setting_differences(recorded: dict[str, Any], current: dict[str, Any], methods: set[str]) -> list[str]:
     """What differs between two recorded settings that rows of ``methods`` depend on: every key but the
     hyper-parameters, and the hyper-parameter groups those methods read (:data:`USES`)."""
+    unknown = sorted(methods - USES.keys())
+    if unknown:
+        raise SystemExit(f"rows of unknown methods {unknown}: this benchmark runs {sorted(USES)}")
     groups = {g for m in methods for g in USES[m]}
     return sorted(
         [k for k in current.keys() | recorded.keys() if k != "hyper" and recorded.get(k) != current.get(k)]

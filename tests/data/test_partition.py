@@ -146,3 +146,7 @@ def test_site_part_refuses_a_part_or_fraction_out_of_range():
         site_part(images, labels, part=3, parts=3, seed=0)
     with pytest.raises(InputError, match=r"fraction must be in \(0, 1\], got 0"):
         site_part(images, labels, part=0, parts=3, seed=0, fraction=0)
+    with pytest.raises(InputError, match=r"seed must be in \[0, 2\^64\), got -1"):
+        site_part(images, labels, part=0, parts=3, seed=-1)
+    with pytest.raises(InputError, match="labels must be class indices >= 0, got -1"):
+        site_part(images, labels - 1, part=0, parts=3, seed=0)

@@ -14,9 +14,11 @@ import pytest
 
 # XML namespace names look like URLs but are never fetched: the SVG namespace is the one the page uses.
 NAMESPACES = ("http://www.w3.org/2000/svg",)
-# http(s)://… anywhere, or //host after a quote, "(", "=" or "@import " (src="//cdn…", url(//…)); a bare
-# "//" elsewhere is a JavaScript comment.
-EXTERNAL = re.compile(r"""https?://[^\s"'()<>]+|(?:["'(=]|@import\s)\s*//[A-Za-z0-9]""", re.IGNORECASE)
+# scheme://… anywhere (http, https, ws, wss, ftp, …), or //host after a quote, "(", "=" or "@import "
+# (src="//cdn…", url(//…)); a bare "//" elsewhere is a JavaScript comment.
+EXTERNAL = re.compile(
+    r"""[a-z][a-z0-9+.-]*://[^\s"'()<>]+|(?:["'(=]|@import\s)\s*//[A-Za-z0-9]""", re.IGNORECASE
+)
 
 
 def external_urls(text: str) -> list[str]:
@@ -32,6 +34,7 @@ def external_urls(text: str) -> list[str]:
         "body { background: url(//img.example.net/a.png) }",
         '@import "//example.com/x.css";',
         'fetch("HTTP://10.0.0.1/api")',
+        'new WebSocket("wss://example.org/live")',
     ],
 )
 def test_the_scan_finds_external_urls(text: str) -> None:

@@ -38,7 +38,8 @@ ALLOWED = {
 CLAIMED = st.sampled_from(["", "hospital-a", "hospital-b", "student", "x" * 300])
 FUNDED = ("funded-1", "funded-2")
 """Releases both teachers seeded: the first Release of one is paid, the next the budget refuses."""
-RELEASE_IDS = st.one_of(st.sampled_from(FUNDED), IDS)
+RELEASE_IDS = st.one_of(st.just(FUNDED[0]), IDS)
+"""The fuzz may pay ``funded-1`` only: ``funded-2`` is kept for the budget's refusal (the last test)."""
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +162,10 @@ def _arrays(length: int) -> st.SearchStrategy[pb.NdArray]:
         lambda shape: pb.NdArray(dtype="int64", shape=shape, data=b""),
         st.lists(st.sampled_from([0, 2**32, 2**40, 2**62, 2**63 - 1]), min_size=2, max_size=3),
     )
-    return st.one_of(fitting, odd, empty, st.just(pb.NdArray()))
+    deep = st.just(
+        pb.NdArray(dtype="int64", shape=[1] * 65, data=b"\0" * 8)
+    )  # more dimensions than numpy holds
+    return st.one_of(fitting, odd, empty, deep, st.just(pb.NdArray()))
 
 
 @FUZZ

@@ -46,6 +46,14 @@ def test_refuses_unknown_dtype(dtype: str) -> None:
         ndarray_from_proto(NdArray(dtype=dtype, shape=[1], data=b"\0" * 16))
 
 
+def test_refuses_more_dimensions_than_an_array_holds() -> None:
+    message = ndarray_to_proto(np.zeros(1, dtype=np.uint8))
+    del message.shape[:]
+    message.shape.extend([1] * 65)
+    with pytest.raises(ProtocolError, match="65 dimensions"):
+        ndarray_from_proto(message)
+
+
 def test_refuses_negative_dimension() -> None:
     with pytest.raises(ProtocolError, match="negative dimension"):
         ndarray_from_proto(NdArray(dtype="uint8", shape=[-1], data=b""))
@@ -60,7 +68,7 @@ def test_refuses_a_shape_larger_than_any_array(shape: tuple[int, ...]) -> None:
     message = ndarray_to_proto(np.zeros(0, dtype=np.int64))
     message.ClearField("shape")
     message.shape.extend(shape)
-    with pytest.raises(ProtocolError, match=r"more than 2\^63 bytes"):
+    with pytest.raises(ProtocolError, match=r"at least 2\^63 bytes"):
         ndarray_from_proto(message)
 
 

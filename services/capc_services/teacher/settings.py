@@ -37,7 +37,7 @@ class DataSettings(BaseModel):
     dataset: str
     shard: int = Field(default=0, ge=0)
     shards: int = Field(default=1, ge=1)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, lt=2**64)
     fraction: float = Field(default=1.0, gt=0, le=1)
 
     @model_validator(mode="before")

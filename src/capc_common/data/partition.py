@@ -76,6 +76,8 @@ def _content_hashes(
         raise InputError(
             f"hash partition needs one image per label, got {images.shape[0]} images for {len(labels)}"
         )
+    if len(labels) and int(labels.min()) < 0:
+        raise InputError(f"labels must be class indices >= 0, got {int(labels.min())}")
     rows = np.ascontiguousarray(images).reshape(len(labels), -1)
     return [
         int.from_bytes(hashlib.sha256(key + int(lab).to_bytes(8, "big") + row.tobytes()).digest()[:8], "big")
@@ -129,6 +131,8 @@ def site_part(
         raise InputError(f"site part {part} is outside [0, {parts})")
     if not 0 < fraction <= 1:
         raise InputError(f"fraction must be in (0, 1], got {fraction}")
+    if not 0 <= seed < 2**64:
+        raise InputError(f"the split's seed must be in [0, 2^64), got {seed}")
     y = np.asarray(labels).astype(np.int64)
     if parts == 1 and fraction == 1:
         return np.arange(len(y), dtype=np.int64)

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 # Arrays on the wire are shares (unsigned integers), vote counts, labels and uint8 images.
 _DTYPES = frozenset({"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32"})
+#: Dimensions accepted from a peer: numpy 1 holds 32 (numpy 2: 64) and the protocol needs at most 4, so a
+#: deeper shape is refused before ``reshape`` could raise numpy's own ValueError.
+_MAX_DIMS = 32
 
 
 def ndarray_to_proto(array: np.ndarray) -> ProtoNdArray:
@@ -51,12 +54,14 @@ def ndarray_from_proto(message: ProtoNdArray) -> np.ndarray:
     shape = tuple(int(d) for d in message.shape)
     if any(d < 0 for d in shape):
         raise ProtocolError(f"peer sent an array with a negative dimension: shape {shape}")
+    if len(shape) > _MAX_DIMS:
+        raise ProtocolError(f"peer sent an array of {len(shape)} dimensions; at most {_MAX_DIMS} are accepted")
     dtype = np.dtype(message.dtype).newbyteorder("<")
     # Exact integers, not numpy's: a product of int64 dimensions can wrap around to 0 bytes. numpy refuses a
     # shape whose non-zero dimensions span more bytes than it can address even when another dimension is 0.
     if math.prod(d for d in shape if d) * dtype.itemsize > np.iinfo(np.intp).max:
         raise ProtocolError(
-            f"peer sent a {message.dtype} array of shape {shape}: more than 2^63 bytes, larger than any array"
+            f"peer sent a {message.dtype} array of shape {shape}: at least 2^63 bytes, larger than any array"
         )
     expected = math.prod(shape) * dtype.itemsize
     if len(message.data) != expected:
