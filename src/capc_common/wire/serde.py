@@ -55,7 +55,9 @@ def ndarray_from_proto(message: ProtoNdArray) -> np.ndarray:
     if any(d < 0 for d in shape):
         raise ProtocolError(f"peer sent an array with a negative dimension: shape {shape}")
     if len(shape) > _MAX_DIMS:
-        raise ProtocolError(f"peer sent an array of {len(shape)} dimensions; at most {_MAX_DIMS} are accepted")
+        raise ProtocolError(
+            f"peer sent an array of {len(shape)} dimensions; at most {_MAX_DIMS} are accepted"
+        )
     dtype = np.dtype(message.dtype).newbyteorder("<")
     # Exact integers, not numpy's: a product of int64 dimensions can wrap around to 0 bytes. numpy refuses a
     # shape whose non-zero dimensions span more bytes than it can address even when another dimension is 0.
