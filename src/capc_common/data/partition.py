@@ -124,8 +124,8 @@ def site_part(
         fraction: the share of the part's hash range kept, in ``(0, 1]``.
 
     Raises:
-        InputError: ``part`` outside ``[0, parts)``, ``fraction`` outside ``(0, 1]``, or images and labels of
-            different lengths.
+        InputError: ``part`` outside ``[0, parts)``, ``fraction`` outside ``(0, 1]``, ``seed`` outside
+            ``[0, 2^64)``, a negative label, or images and labels of different lengths.
     """
     if not 0 <= part < parts:
         raise InputError(f"site part {part} is outside [0, {parts})")
