@@ -293,6 +293,11 @@ class DPPLPublicMechanism(ReleaseMember):
 
     @model_validator(mode="after")
     def _fits_the_pool(self) -> Self:
+        if self.fixed_point_bits is not None:  # accepted and ignored would mislead whoever set it
+            raise ValueError(
+                "fixed_point_bits does not apply to dppl-public: its contributions are whole vote counts, "
+                "shared as integers with no fixed point; remove it"
+            )
         if self.per_class > self.pool_size:
             raise ValueError(
                 f"per_class {self.per_class} is more than the pool's {self.pool_size} candidates"
