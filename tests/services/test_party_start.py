@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sites_harness import SCATTER_28_SHA256, funded_config, guardian_settings
 
-from capc_common.errors import CapcError
+from capc_common.errors import CapcError, InputError
 from capc_common.federation import FederationConfig, check_runnable
 from capc_common.models import load_backbone
 from capc_services.guardian.app import serve as serve_guardian
@@ -40,7 +40,20 @@ def _federation(tmp_path: Path, change: dict[str, Any]) -> Path:
 
 def test_the_test_federation_pins_the_shipped_backbone() -> None:
     assert load_backbone("scatter-28x28x1").sha256 == SCATTER_28_SHA256
-    check_runnable(funded_config())
+    runnable = check_runnable(funded_config())
+    assert runnable.backbone.sha256 == SCATTER_28_SHA256 and runnable.protocol is None
+    with pytest.raises(InputError, match="query batches, not a release protocol"):
+        runnable.release_protocol()
+
+
+def test_the_start_up_check_hands_over_the_release_protocol_it_built() -> None:
+    """Building DPPL-Public's protocol featurises its whole public pool: the check's protocol is the one the
+    party runs (before, every party built it twice)."""
+    data = funded_config().model_dump(mode="json")
+    data["mechanism"] = {"name": "dppl-public", "rho": 0.2, "pool_size": 8, "per_class": 2}
+    config = FederationConfig.from_dict(data)
+    protocol = check_runnable(config).release_protocol()
+    assert protocol.rounds == 1 and protocol.length == config.classes * 8
 
 
 @pytest.mark.parametrize("role", ["guardian", "student", "teacher"])

@@ -47,8 +47,10 @@ class PartyRuntime:
         self.role = role
         self.config = settings.federation_config
         self.config_hash = self.config.config_hash()
-        #: The shared backbone, verified with everything else federation.yaml pins (refused otherwise).
-        self.backbone = check_runnable(self.config)
+        #: The shared backbone (and a release mechanism's protocol), verified with everything else
+        #: federation.yaml pins (refused otherwise).
+        self.runnable = check_runnable(self.config)
+        self.backbone = self.runnable.backbone
         self.tls = settings.tls.files()
         self.certificate = certificate_info(settings.tls.cert)
         if self.certificate.common_name != settings.party:

@@ -10,7 +10,6 @@ from typing import Any
 from capc_common.aggregation import party_noise
 from capc_common.errors import IntegrityError
 from capc_common.federation import ReleaseMember
-from capc_common.federation.releases import protocol_for
 from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_common.wire import rpc
 from capc_services.common.limits import MessageLimits
@@ -64,7 +63,7 @@ def _core(
     with a 2PC (selection), or noisy totals (release)."""
     config = party.config
     if isinstance(config.mechanism, ReleaseMember):
-        protocol = protocol_for(config, dim=party.backbone.feature_dim, backbone=party.backbone)
+        protocol = party.runnable.release_protocol()
         core = ReleaseGuardian(
             config=config, ledger=ledger, noise=noise, protocol=protocol, metrics=party.metrics
         )

@@ -14,7 +14,6 @@ import grpc
 from fastapi import APIRouter
 
 from capc_common.errors import CapcError
-from capc_common.federation.releases import ReleaseProtocol, protocol_for
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, rpc
 from capc_services.common.admin import api_router
@@ -118,7 +117,7 @@ def run_release_student(
 ) -> None:
     """Run a release federation's student until ``stop`` is set (or, with ``exit_when_done``, published)."""
     config = party.config
-    protocol: ReleaseProtocol = protocol_for(config, dim=party.backbone.feature_dim, backbone=party.backbone)
+    protocol = party.runnable.release_protocol()
     rounds = ReleaseRounds(config, length=protocol.length)
     progress = ReleaseProgress(rounds=protocol.rounds)
     guardian = ReleaseClient(

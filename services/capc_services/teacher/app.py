@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from capc_common.aggregation import sampling_noise
 from capc_common.errors import InputError
 from capc_common.federation import ReleaseMember, mechanism_of
-from capc_common.federation.releases import check_records, protocol_for
+from capc_common.federation.releases import check_records
 from capc_common.learn.heads import HeadEnsemble
 from capc_common.mechanisms import Voter
 from capc_services.common.admin import api_router
@@ -139,7 +139,7 @@ def serve_releases(settings: TeacherSettings, party: PartyRuntime, *, stop: thre
     from capc_services.teacher.train import check_labels, party_examples
 
     config = party.config
-    protocol = protocol_for(config, dim=party.backbone.feature_dim, backbone=party.backbone)
+    protocol = party.runnable.release_protocol()
     images, labels, name = party_examples(settings)
     check_labels(np.asarray(labels), classes=config.classes, name=name)
     check_records(config, len(labels))

@@ -31,7 +31,7 @@ from capc_common.federation.costs import (
     smallest_quorum_heads,
 )
 from capc_common.federation.plan import BatchPlan, batch_plan, usable_queries
-from capc_common.federation.runtime import check_runnable, load_shared_backbone, mpc_config
+from capc_common.federation.runtime import Runnable, check_runnable, load_shared_backbone, mpc_config
 from capc_common.federation.sizing import MECHANISM_RATIOS, propose, scaled_mechanism
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "Quorum",
     "ReleaseMember",
     "Revocation",
+    "Runnable",
     "SecAggDPSGDMechanism",
     "TeacherParty",
     "batch_costs",

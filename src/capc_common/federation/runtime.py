@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from capc_common.errors import CapcError, InputError
@@ -10,6 +11,7 @@ from capc_common.federation.costs import mechanism_of
 from capc_common.mpc import MpcConfig
 
 if TYPE_CHECKING:
+    from capc_common.federation.releases import ReleaseProtocol
     from capc_common.models import Backbone
 
 
@@ -20,7 +22,31 @@ def mpc_config(config: FederationConfig) -> MpcConfig:
     return mechanism_of(config).mpc_config(teachers=config.total_heads)
 
 
-def check_runnable(config: FederationConfig) -> Backbone:
+@dataclass(frozen=True)
+class Runnable:
+    """What :func:`check_runnable` verified, kept for the party that runs it: building it was the check (a
+    DPPL-Public protocol featurises its whole public pool), so nothing is built twice.
+
+    Attributes:
+        backbone: the shared backbone, SHA-256 checked.
+        protocol: a release mechanism's protocol (None for mechanisms with query batches).
+    """
+
+    backbone: Backbone
+    protocol: ReleaseProtocol | None = None
+
+    def release_protocol(self) -> ReleaseProtocol:
+        """The release protocol; only release federations have one.
+
+        Raises:
+            InputError: the federation's mechanism has query batches, not releases.
+        """
+        if self.protocol is None:
+            raise InputError("this federation's mechanism has query batches, not a release protocol")
+        return self.protocol
+
+
+def check_runnable(config: FederationConfig) -> Runnable:
     """Refuse a federation that could never run, at start-up, naming the field to fix.
 
     Pydantic checks each field of ``federation.yaml`` alone; this checks what the parties will do with them:
@@ -30,7 +56,8 @@ def check_runnable(config: FederationConfig) -> Backbone:
     cap record) on a configuration that can only fail later.
 
     Returns:
-        The verified shared backbone (parties that run it keep it).
+        The verified shared backbone and, for a release mechanism, its protocol (parties that run them keep
+        them).
 
     Raises:
         InputError: a parameter no party could run with.
@@ -44,8 +71,7 @@ def check_runnable(config: FederationConfig) -> Backbone:
     q = config.queries
     if isinstance(config.mechanism, ReleaseMember):  # no query batches: the releases must fit instead
         backbone = _shape_checked_backbone(config)
-        protocol_for(config, dim=backbone.feature_dim, backbone=backbone)
-        return backbone
+        return Runnable(backbone, protocol_for(config, dim=backbone.feature_dim, backbone=backbone))
     check_batch_fits(config)
     if usable_queries(config) == 0:
         raise InputError(
@@ -55,7 +81,7 @@ def check_runnable(config: FederationConfig) -> Backbone:
         batch_plan(config, first_index=0, count=min(q.batch_size, usable_queries(config)))
     except InputError as exc:
         raise InputError(f"federation.yaml queries cannot make a batch: {exc}") from None
-    return _shape_checked_backbone(config)
+    return Runnable(_shape_checked_backbone(config))
 
 
 def _shape_checked_backbone(config: FederationConfig) -> Backbone:
