@@ -193,3 +193,30 @@ def test_a_student_certificate_naming_the_guardian_is_refused(pki, server, tmp_p
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "carries the name(s) ['GUARDIAN'] of another party" in info.value.details()
     channel.close()
+
+
+def test_a_timed_out_readiness_probe_leaves_no_poller_behind(pki: Path) -> None:
+    """A readiness probe that times out unsubscribes: left waiting, each one kept a callback on the channel
+    and gRPC's connectivity poller thread running for as long as the channel lived (a teacher probes its
+    guardian at every vote deadline while it is down), and that thread died with "Channel closed!" once
+    the channel was closed."""
+    import socket
+    import threading
+    import time
+
+    from capc_services.tls import channel_ready
+
+    with socket.socket() as free:  # a port nobody listens on
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    before = threading.active_count()
+    channel = _files(pki, "student").channel(f"127.0.0.1:{port}", peer="guardian")
+    try:
+        assert not channel_ready(channel, timeout=0.3)
+        assert not channel_ready(channel, timeout=0.3)
+        deadline = time.monotonic() + 5
+        while threading.active_count() > before and time.monotonic() < deadline:
+            time.sleep(0.05)  # the poller notices at its next wake-up (every 0.2 s)
+        assert threading.active_count() == before
+    finally:
+        channel.close()

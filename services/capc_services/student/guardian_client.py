@@ -18,7 +18,7 @@ from capc_services.common.errors import error_from_rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor, check_peer_hash
 from capc_services.common.limits import MessageLimits
 from capc_services.common.streams import FRAME_DEADLINE_S, FrameChannel
-from capc_services.tls import TlsFiles
+from capc_services.tls import TlsFiles, channel_ready
 
 _log = logging.getLogger(__name__)
 
@@ -102,11 +102,7 @@ class GuardianClient:
 
     def reachable(self, *, timeout: float) -> bool:
         """Whether a TLS connection to the guardian is up (or comes up within ``timeout`` seconds)."""
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            return False
-        return True
+        return channel_ready(self._channel, timeout=timeout)
 
     def _call(self, method: str, request: object) -> object:
         try:

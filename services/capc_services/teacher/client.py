@@ -24,7 +24,7 @@ from capc_services.common.errors import error_from_rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor
 from capc_services.common.limits import MessageLimits
 from capc_services.teacher.worker import TeacherWorker
-from capc_services.tls import TlsFiles
+from capc_services.tls import TlsFiles, channel_ready
 
 _log = logging.getLogger(__name__)
 _END = object()
@@ -118,11 +118,7 @@ class TeacherLinks:
 
     def guardian_reachable(self, *, timeout: float = 1.0) -> bool:
         """Whether a TLS connection to the guardian is up (or comes up within ``timeout``)."""
-        try:
-            grpc.channel_ready_future(self._guardian_channel).result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            return False
-        return True
+        return channel_ready(self._guardian_channel, timeout=timeout)
 
     def _session(self, stop: threading.Event) -> None:
         outgoing: queue.Queue[Any] = queue.Queue()

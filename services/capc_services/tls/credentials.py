@@ -97,3 +97,19 @@ class TlsFiles:
         )
         channel = grpc.secure_channel(address, creds, options=options)
         return grpc.intercept_channel(channel, *interceptors) if interceptors else channel
+
+
+def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
+    """Whether ``channel`` has a connection up (or gets one within ``timeout`` seconds).
+
+    A ready future that timed out stays subscribed to the channel: every probe of an absent peer added a
+    callback and kept gRPC's connectivity poller thread running for the channel's life (and that thread
+    died with "Channel closed!" when the channel was closed). Cancelling it on timeout unsubscribes.
+    """
+    ready = grpc.channel_ready_future(channel)
+    try:
+        ready.result(timeout=timeout)
+    except grpc.FutureTimeoutError:
+        ready.cancel()
+        return False
+    return True
