@@ -209,14 +209,14 @@ def test_a_timed_out_readiness_probe_leaves_no_poller_behind(pki: Path) -> None:
     with socket.socket() as free:  # a port nobody listens on
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    before = threading.active_count()
+    before = set(threading.enumerate())  # other tests' threads may end meanwhile: only new ones count
     channel = _files(pki, "student").channel(f"127.0.0.1:{port}", peer="guardian")
     try:
         assert not channel_ready(channel, timeout=0.3)
         assert not channel_ready(channel, timeout=0.3)
         deadline = time.monotonic() + 5
-        while threading.active_count() > before and time.monotonic() < deadline:
+        while set(threading.enumerate()) - before and time.monotonic() < deadline:
             time.sleep(0.05)  # the poller notices at its next wake-up (every 0.2 s)
-        assert threading.active_count() == before
+        assert not set(threading.enumerate()) - before
     finally:
         channel.close()

@@ -46,14 +46,26 @@ def test_the_test_federation_pins_the_shipped_backbone() -> None:
         runnable.release_protocol()
 
 
-def test_the_start_up_check_hands_over_the_release_protocol_it_built() -> None:
+def test_the_start_up_check_hands_over_the_release_protocol_it_built(
+    pki: Path, tmp_path: Path, token_file: Path
+) -> None:
     """Building DPPL-Public's protocol featurises its whole public pool: the check's protocol is the one the
-    party runs (before, every party built it twice)."""
+    guardian runs (before, every party built it twice)."""
+    from capc_common.aggregation import party_noise
+    from capc_services.common.party import PartyRuntime
+    from capc_services.guardian.app import _core, open_ledger
+
     data = funded_config().model_dump(mode="json")
     data["mechanism"] = {"name": "dppl-public", "rho": 0.2, "pool_size": 8, "per_class": 2}
-    config = FederationConfig.from_dict(data)
-    protocol = check_runnable(config).release_protocol()
-    assert protocol.rounds == 1 and protocol.length == config.classes * 8
+    federation = tmp_path / "federation.yaml"
+    FederationConfig.from_dict(data).save(federation)
+    settings = guardian_settings(pki, tmp_path, token_file, federation)
+    party = PartyRuntime(settings, role="guardian")
+    protocol = party.runnable.release_protocol()
+    assert protocol.rounds == 1 and protocol.length == party.config.classes * 8
+    with open_ledger(settings) as ledger:
+        core, _, _ = _core(party, ledger, party_noise("guardian", seed=None))
+        assert core.protocol is protocol
 
 
 @pytest.mark.parametrize("role", ["guardian", "student", "teacher"])

@@ -86,8 +86,8 @@ def _labelling_check(progress: Progress, *, guardian: str) -> tuple[bool, dict[s
 
 def run(settings: StudentSettings, *, stop: threading.Event) -> None:
     """Run the student until ``stop`` is set (or, with ``exit_when_done``, until it has published)."""
+    apply_torch_threads(settings.torch_threads)  # before the start-up check featurises anything
     party = PartyRuntime(settings, role="student")
-    apply_torch_threads(settings.torch_threads)
     if isinstance(party.config.mechanism, ReleaseMember):  # noisy totals, no query batches
         run_release_student(settings, party, stop=stop, noise=noise_label(party.config))
         return

@@ -191,8 +191,8 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
             "labels would be reproducible and NOT private, so this party refuses to vote. Only for a test "
             "federation: set allow_insecure_noise: true in this party's site file"
         )
+    apply_torch_threads(settings.torch_threads)  # before the start-up check featurises anything
     party = PartyRuntime(settings, role="teacher")
-    apply_torch_threads(settings.torch_threads)
     if isinstance(party.config.mechanism, ReleaseMember):  # contributions to noisy totals, no votes
         serve_releases(settings, party, stop=stop)
         return

@@ -110,6 +110,5 @@ def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
     try:
         ready.result(timeout=timeout)
     except grpc.FutureTimeoutError:
-        ready.cancel()
-        return False
+        return not ready.cancel()  # cancel() is False only if it matured in between
     return True

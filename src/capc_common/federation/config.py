@@ -235,7 +235,8 @@ class PrivateKNNMechanism(_MechanismConfig):
 
 class ReleaseMember(_MechanismConfig):
     """What every release-family member shares: the seeded-noise switch and ``fixed_point_bits`` (None: the
-    library's choice for the noise), both left out of the canonical form when unset."""
+    library's choice for the noise; refused by a member whose contributions are whole counts), both left out
+    of the canonical form when unset."""
 
     _omitted_when_unset: ClassVar[tuple[str, ...]] = ("insecure_noise_seed", "fixed_point_bits")
 
@@ -292,12 +293,16 @@ class DPPLPublicMechanism(ReleaseMember):
     pool_size: int = Field(default=2000, ge=1, le=100_000)
 
     @model_validator(mode="after")
-    def _fits_the_pool(self) -> Self:
+    def _no_fixed_point(self) -> Self:
         if self.fixed_point_bits is not None:  # accepted and ignored would mislead whoever set it
             raise ValueError(
                 "fixed_point_bits does not apply to dppl-public: its contributions are whole vote counts, "
                 "shared as integers with no fixed point; remove it"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _fits_the_pool(self) -> Self:
         if self.per_class > self.pool_size:
             raise ValueError(
                 f"per_class {self.per_class} is more than the pool's {self.pool_size} candidates"

@@ -68,10 +68,11 @@ def check_records(config: FederationConfig, records: int) -> None:
     """
     share = MAX_RECORDS // len(config.teachers)
     if records > share:
+        counts = config.mechanism.name == "dppl-public"  # whole counts: no fixed point to lower
         raise InputError(
             f"this party holds {records} records; a release federation of {len(config.teachers)} parties "
-            f"checks its fixed point for at most {share} per party ({MAX_RECORDS} in all); split the data "
-            "over more parties or lower mechanism.fixed_point_bits"
+            f"checks its ring for at most {share} per party ({MAX_RECORDS} in all); split the data over more "
+            f"parties{'' if counts else ' or lower mechanism.fixed_point_bits'}"
         )
 
 

@@ -27,6 +27,9 @@ class Runnable:
     """What :func:`check_runnable` verified, kept for the party that runs it: building it was the check (a
     DPPL-Public protocol featurises its whole public pool), so nothing is built twice.
 
+    The protocol is stateful (the student absorbs every release into it) and handed out as the same
+    instance: one party process, one consumer.
+
     Attributes:
         backbone: the shared backbone, SHA-256 checked.
         protocol: a release mechanism's protocol (None for mechanisms with query batches).
