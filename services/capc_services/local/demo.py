@@ -122,6 +122,7 @@ def run_demo(
                 "model_card": published["model_card"],
                 "accuracy": published["accuracy"],
                 "epsilon": published["epsilon"],
+                "epsilon_spent": published["epsilon_spent"],
                 "answered": published["answered"],
             },
             "parties": options.parties,

@@ -18,7 +18,7 @@ from capc_services.common.admin import api_router, problem_response
 from capc_services.common.limits import MessageLimits
 from capc_services.common.party import PartyRuntime, apply_torch_threads
 from capc_services.common.runtime import start_grpc_server
-from capc_services.student.accounting import epsilon_figures, noise_label
+from capc_services.student.accounting import epsilon_figures, guarantee, noise_label
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
 from capc_services.student.release_app import run_release_student
@@ -40,8 +40,9 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
 
     @api.get("/progress", tags=["student"])
     def progress() -> dict[str, Any]:
-        """Labelling progress, connected teacher parties, the last batches' timings (wall time, the slowest
-        party's model work, protocol = the difference) and the published model once it exists."""
+        """Labelling progress, the guarantee ``epsilon`` beside the realised ``epsilon_spent``, connected teacher
+        parties, the last batches' timings (wall time, the slowest party's model work, protocol = the
+        difference) and the published model once it exists."""
         p = scheduler.progress
         return {
             "state": p.state,
@@ -49,6 +50,7 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
             "error": p.error,
             "queries_planned": p.queries_planned,
             **scheduler.store.counts(),
+            **guarantee(scheduler.config),
             **epsilon_figures(scheduler.config, scheduler.store),
             "labels_per_s": p.labels_per_s,
             "reconnects": p.reconnects,

@@ -91,7 +91,8 @@ class RunBudget:
 
     @property
     def epsilon(self) -> float:
-        """Rigorous ε spent (data-independent, at the filter's order, improved conversion)."""
+        """ε of the charges admitted so far (data-independent charges, at the filter's order, improved
+        conversion): the odometer. The run's guarantee is the filter's limit, ``budget.epsilon``."""
         return self.filter.epsilon_spent
 
     def epsilon_data_dependent(self, delta: float) -> float | None:

@@ -237,6 +237,9 @@ class RunConfig(_Section):
     output: str = "runs/dietpate"
     plots: bool = True
     save_teachers: bool = False
+    #: Also report figures computed from the *noiseless* votes (agreement of the released labels with the
+    #: plurality, the teachers' consensus on the queries and its plot), marked NOT PRIVATE: research only.
+    diagnostics: bool = False
 
     @model_validator(mode="after")
     def _batches(self) -> Self:
@@ -261,11 +264,14 @@ class RunConfig(_Section):
         teachers: int | None = None,
         seed: int | None = None,
         output: str | None = None,
+        diagnostics: bool | None = None,
     ) -> RunConfig:
         """A copy with the CLI overrides applied and re-validated."""
         data = self.model_dump()
         if output is not None:
             data["output"] = output
+        if diagnostics is not None:
+            data["diagnostics"] = diagnostics
         if epsilon is not None:
             data["budget"]["epsilon"] = epsilon
         if teachers is not None:

@@ -231,7 +231,7 @@ class QueryLog:
         histograms: vote histograms ``(Q, c)``.
         labels: released labels ``(Q,)``, −1 where unanswered.
         batch_ends: cumulative query count after each batch.
-        batch_epsilon: rigorous ε spent after each batch.
+        batch_epsilon: ε spent after each batch (the filter's odometer).
         stop_reason: why the stage stopped.
     """
 
@@ -348,15 +348,15 @@ class CurvePoint:
     """The queries a run stopped at a smaller budget would have asked (one point of accuracy vs ε).
 
     Attributes:
-        target: the budget ε of the replayed run.
-        epsilon: rigorous ε it spent (at its own filter order).
+        target: the budget ε of the replayed run: its guarantee.
+        epsilon_spent: the ε its charges add up to at its own filter order (an odometer, not a guarantee).
         order: that filter's order.
         queries: how many queries (a prefix of the logged stream) it asked.
         epsilon_data_dependent: PATE-2018 data-dependent ε of that prefix (UNSANITISED), if tracked.
     """
 
     target: float
-    epsilon: float
+    epsilon_spent: float
     order: float
     queries: int
     epsilon_data_dependent: float | None
@@ -376,9 +376,9 @@ def curve_prefixes(prep: Prepared, log_: QueryLog, *, log: Log = _quiet) -> list
     Each point is exactly the run the pipeline would have made with ``budget.epsilon`` set to the target:
     its own automatically planned order, the same worst-case admission and tail shrinking (a shrunk batch
     asks the first queries of the logged one, whose labels have the same distribution), stopping where
-    its filter stops (or where the logged run ended). So every point's ε is rigorous on its own — unlike
-    cutting the run's log wherever its running ε first exceeds a target, a data-dependent choice made
-    at the wrong order. A target that cannot pay for one batch is skipped.
+    its filter stops (or where the logged run ended). So every point's target is a guarantee on its own —
+    unlike cutting the run's log wherever its running ε first exceeds a target, a data-dependent choice
+    made at the wrong order. A target that cannot pay for one batch is skipped.
     """
     cfg = prep.config
     smallest = cfg.backbone.bn_batch if cfg.queries.shrink_tail else cfg.queries.batch_size
@@ -403,7 +403,7 @@ def curve_prefixes(prep: Prepared, log_: QueryLog, *, log: Log = _quiet) -> list
         points.append(
             CurvePoint(
                 target=target,
-                epsilon=budget.epsilon,
+                epsilon_spent=budget.epsilon,
                 order=budget.filter.order,
                 queries=first,
                 epsilon_data_dependent=finite(budget.epsilon_data_dependent(cfg.budget.delta)),

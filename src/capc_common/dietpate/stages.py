@@ -128,7 +128,7 @@ def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) ->
         curve.append(
             {
                 "epsilon_target": point.target,
-                "epsilon": point.epsilon,
+                "epsilon_spent": point.epsilon_spent,
                 "epsilon_data_dependent": point.epsilon_data_dependent,
                 "order": point.order,
                 "queries": point.queries,
@@ -136,7 +136,10 @@ def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) ->
                 "student_accuracy": acc,
             }
         )
-        log(f"student at ε {point.epsilon:.3f} ({answered} labels): accuracy {acc:.4f}")
+        log(
+            f"student at ε {point.target:g} (spent {point.epsilon_spent:.3f}, {answered} labels): "
+            f"accuracy {acc:.4f}"
+        )
     extra: dict[str, Any] = {}
     if fit is not None and cfg.student.eval_running:
         running = eval_features(sfz, "running")

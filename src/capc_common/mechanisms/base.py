@@ -78,10 +78,14 @@ class SelectionMechanism(ABC):
 
     Attributes:
         name: registry name (``federation.yaml`` / ``run.yaml`` ``mechanism.name``).
+        accounting: what one screened and one answered query are charged, with the source.
         classes: number of classes ``c`` of the vote counts.
     """
 
     name: ClassVar[str]
+    #: What a screened and an answered query cost, with the source: the model card's ``accountant`` names it
+    #: (:func:`capc_common.privacy.claims.accountant`), so a card says which mechanism ran.
+    accounting: ClassVar[str]
     #: Whether a teacher party votes with heads it trained (``capc local up`` trains missing ones).
     trains_heads: ClassVar[bool] = True
     classes: int

@@ -50,6 +50,10 @@ class ConfidentGNMax(SelectionMechanism):
     """
 
     name = "confident-gnmax"
+    accounting = (
+        "data-independent, the exact screening supremum per query (every known shift of the threshold) + "
+        "λ/σ2² per answer (Papernot et al. 2018)"
+    )
 
     def __init__(
         self,
@@ -176,6 +180,7 @@ class GNMax(_ArgmaxOfNoisyVotes):
     """
 
     name = "gnmax"
+    accounting = "data-independent, λ/σ² per answer, L2 sensitivity √2 (Papernot et al. 2018, Prop. 8)"
 
     def __init__(self, *, classes: int, sigma: float) -> None:
         self.classes = count("classes", classes, minimum=2)
@@ -233,6 +238,7 @@ class LNMax(_ArgmaxOfNoisyVotes):
     """
 
     name = "lnmax"
+    accounting = "data-independent, the RDP of pure 2/b-DP per answer (Papernot et al. 2017; Bun & Steinke 2016)"
 
     def __init__(self, *, classes: int, scale: float) -> None:
         self.classes = count("classes", classes, minimum=2)

@@ -6,10 +6,11 @@ Front door:
 * accounting — the pure functions of :mod:`capc_common.privacy.analysis` (RDP curves, conversions),
   accountants that keep a history (:class:`ConfidentGNMaxAccountant`, …, :func:`create_accountant`),
   :func:`estimate` and :func:`plan` (``capc budget estimate|plan``);
-* enforcement — :class:`RenyiFilter` in memory and :class:`BudgetLedger` on disk (two-phase, hash-chained).
+* enforcement — :class:`RenyiFilter` in memory and :class:`BudgetLedger` on disk (two-phase, hash-chained);
+* claims — :mod:`capc_common.privacy.claims`: what a published ε means (the guarantee, not the odometer).
 """
 
-from capc_common.privacy import analysis
+from capc_common.privacy import analysis, claims
 from capc_common.privacy.accountant import (
     Accountant,
     ConfidentGNMaxAccountant,
@@ -41,6 +42,7 @@ __all__ = [
     "VerificationReport",
     "ZCDPAccountant",
     "analysis",
+    "claims",
     "create_accountant",
     "estimate",
     "plan",
