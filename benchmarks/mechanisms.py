@@ -44,8 +44,10 @@ accounted rigorously:
   with the project's); example-level DP from each client's local DP-SGD steps (``_flower_app``).
 
 Hyper-parameters are fixed below (``HYPER``); those that were tuned were chosen on a validation split held
-out of the training images (``--evaluate-on validation``), never on the test set and without spending the
-reported budgets (docs/mechanisms.md lists the candidates). Not tuned: Private-kNN's, Prom-PATE's (teachers,
+out of the training images (``--evaluate-on validation``), never on the test set (docs/mechanisms.md lists
+the candidates). That choice is a release of the protected training images that the reported budgets do not
+account for (Papernot & Steinke 2022, "Hyperparameter Tuning with Renyi Differential Privacy"): each row's ε
+covers one run at fixed settings, not the tuning. Not tuned: Private-kNN's, Prom-PATE's (teachers,
 queries, T/σ ratios taken from DIET-PATE), the CNN's (Tramèr & Boneh's clip and learning rate). The test set
 is read once per reported figure. Every run records its setting next to its CSV and refuses to resume a CSV
 of another setting. Noise multipliers are calibrated to each ε from the

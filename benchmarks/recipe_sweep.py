@@ -1,5 +1,9 @@
 """How the DIET-PATE defaults were chosen: a sweep on a VALIDATION split of the training data (never test).
 
+The choice is itself a release of that (protected) training data which no reported ε accounts for (Papernot
+& Steinke 2022, "Hyperparameter Tuning with Renyi Differential Privacy"): the published figures of a run hold
+for fixed settings, not for the tuning that picked them (docs/dietpate.md §6).
+
 Teachers are trained on Fashion-MNIST's training images minus a validation split held out as ``capc dietpate
 run`` holds it out (``dataset.validation``, seed 0); every figure is the student's accuracy on that validation
 split. Shards are assigned by content hash and featurised alone (current statistics, chunks of ``bn_batch``),

@@ -46,7 +46,8 @@ class DatasetSection(_Section):
 
     ``validation`` images are held out of the *training* split (never the test split) so that
     hyper-parameters can be tuned without touching the test set; ``evaluate_on: validation`` then reports
-    accuracy on them instead of the test set.
+    accuracy on them instead of the test set. Such tuning is a release of the protected training data that
+    the run's ε does not cover (Papernot & Steinke 2022); the report's ``not_private`` says so.
     """
 
     name: str = "fashion-mnist"
