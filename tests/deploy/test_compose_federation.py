@@ -232,7 +232,8 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
     print(
         f"\ncompose federation: first label {first_label_s:.0f} s after `up`, published after "
         f"{total_s:.0f} s; "
-        f"ε {budget['epsilon_limit']} guaranteed ({budget['epsilon_spent']:.2f} spent), {budget['queries']} queries, "
+        f"ε {budget['epsilon_limit']} guaranteed ({budget['epsilon_spent']:.2f} spent), "
+        f"{budget['queries']} queries, "
         f"{budget['answered']} answered; student accuracy {progress['published'].get('accuracy')}"
     )
 

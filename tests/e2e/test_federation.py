@@ -77,7 +77,9 @@ def test_ledger_epsilon_equals_the_accountant(differential: Running, central) ->
     card = json.loads(Path(published["model_card"]).read_text())
     # The budget stopped this stream: the published ε is the filter's limit (the guarantee), everywhere it
     # is published; the realised sum is the odometer beside it.
-    assert published["epsilon"] == progress["epsilon"] == card["privacy"]["epsilon"] == budget["epsilon_limit"]
+    assert (
+        published["epsilon"] == progress["epsilon"] == card["privacy"]["epsilon"] == budget["epsilon_limit"]
+    )
     assert published["epsilon_spent"] == pytest.approx(budget["epsilon_spent"], rel=1e-9)
     assert card["privacy"]["accountant"].startswith("confident-gnmax: ")
     for key in ("epsilon_spent", "epsilon_settled", "epsilon_reserved"):  # CLI, REST, card, /progress agree

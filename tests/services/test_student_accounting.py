@@ -37,7 +37,9 @@ FOUR_VOTES = [{"name": "hospital-a", "heads": 4}, {"name": "hospital-b", "heads"
 def test_the_accountant_names_the_mechanism_that_ran(
     federation_dict, tmp_path: Path, mechanism: dict, charge: str
 ) -> None:
-    config = FederationConfig.from_dict(federation_dict(mechanism=mechanism, budget=BUDGET, teachers=FOUR_VOTES))
+    config = FederationConfig.from_dict(
+        federation_dict(mechanism=mechanism, budget=BUDGET, teachers=FOUR_VOTES)
+    )
     store = LabelStore(tmp_path / "labels.sqlite", config_hash=config.config_hash())
     try:
         accountant = privacy_of(config, store)["accountant"]

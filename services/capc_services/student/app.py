@@ -40,8 +40,8 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
 
     @api.get("/progress", tags=["student"])
     def progress() -> dict[str, Any]:
-        """Labelling progress, the guarantee ``epsilon`` beside the realised ``epsilon_spent``, connected teacher
-        parties, the last batches' timings (wall time, the slowest party's model work, protocol = the
+        """Labelling progress, the guarantee ``epsilon`` beside the realised ``epsilon_spent``, connected
+        teacher parties, the last batches' timings (wall time, the slowest party's model work, protocol = the
         difference) and the published model once it exists."""
         p = scheduler.progress
         return {

@@ -3,9 +3,9 @@
 The student regenerates every query it asked (from the batch plan: nothing but public specs), computes
 features with the shared backbone in current-statistics mode over the same ``bn_batch`` chunks the teachers
 used, and trains the head on the answered ones (unanswered ones may serve as pseudo-labels: post-processing,
-no privacy cost). The model card carries the privacy guarantee (the guardian's filter limit) and, beside it, the
-realised spend computed from the store's record of asked and answered queries with the same data-independent
-accounting the guardian's ledger charges.
+no privacy cost). The model card carries the privacy guarantee (the guardian's filter limit) and, beside it,
+the realised spend computed from the store's record of asked and answered queries with the same
+data-independent accounting the guardian's ledger charges.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ def _text(report: dict[str, Any]) -> str:
         "(NOT PRIVATE: research figures)",
         f"queries              {report['queries']} asked, {report['answered']} answered "
         f"({report['stop_reason']})",
-        f"privacy              ε = {report['epsilon']:g} at δ = {report['delta']:g} (the guarantee: the Rényi "
-        "filter's limit)",
+        f"privacy              ε = {report['epsilon']:g} at δ = {report['delta']:g} (the guarantee: the "
+        "Rényi filter's limit)",
         f"                     ε spent {report['epsilon_spent']:.4f} (data-independent charges; an odometer, "
         "not a guarantee)",
         f"                     ε = {'n/a' if dd is None else f'{dd:.4f}'} data-dependent (UNSANITISED, for "

@@ -94,10 +94,16 @@ def plot_curve(
     fig, ax = plt.subplots(figsize=(6, 4))
     if curve:
         ax.plot(
-            [c["epsilon_target"] for c in curve], [c["student_accuracy"] for c in curve], "o-", label="student"
+            [c["epsilon_target"] for c in curve],
+            [c["student_accuracy"] for c in curve],
+            "o-",
+            label="student",
         )
     ax.axhline(
-        mean_teacher, color="tab:gray", ls="--", label=f"mean single teacher ({mean_teacher:.3f}, NOT PRIVATE)"
+        mean_teacher,
+        color="tab:gray",
+        ls="--",
+        label=f"mean single teacher ({mean_teacher:.3f}, NOT PRIVATE)",
     )
     ax.axhline(
         ensemble, color="tab:green", ls=":", label=f"teacher ensemble, no noise ({ensemble:.3f}, NOT PRIVATE)"
@@ -174,7 +180,9 @@ def _diagnostics(
         "label_agreement_with_plurality": float(np.mean(labels[answered] == plurality[answered]))
         if answered.any()
         else None,
-        "query_consensus_mean": float(np.mean(qlog.histograms.max(axis=1)) / teachers) if len(labels) else None,
+        "query_consensus_mean": float(np.mean(qlog.histograms.max(axis=1)) / teachers)
+        if len(labels)
+        else None,
     }
     if not cfg.plots:
         return []

@@ -238,7 +238,9 @@ class LNMax(_ArgmaxOfNoisyVotes):
     """
 
     name = "lnmax"
-    accounting = "data-independent, the RDP of pure 2/b-DP per answer (Papernot et al. 2017; Bun & Steinke 2016)"
+    accounting = (
+        "data-independent, the RDP of pure 2/b-DP per answer (Papernot et al. 2017; Bun & Steinke 2016)"
+    )
 
     def __init__(self, *, classes: int, scale: float) -> None:
         self.classes = count("classes", classes, minimum=2)

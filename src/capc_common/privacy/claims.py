@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import ClassVar, Protocol
 
 __all__ = [
+    "CURRENT_STATISTICS",
     "FILTER_GUARANTEE",
     "FILTER_ODOMETER",
     "PLAN_GUARANTEE",
     "PLAN_ODOMETER",
-    "CURRENT_STATISTICS",
     "Accounted",
     "accountant",
 ]
@@ -48,7 +48,8 @@ PLAN_ODOMETER = (
 CURRENT_STATISTICS = (
     "predictions use BatchNorm current statistics: each image's prediction depends on the other images of "
     "its batch (query in batches of at least min_batch images, and do not mix images whose owners must not "
-    "influence each other's predictions); epsilon protects the teachers' training data, not the images queried"
+    "influence each other's predictions); epsilon protects the teachers' training data, not the images "
+    "queried"
 )
 
 
