@@ -179,6 +179,7 @@ def _status_text(result: dict[str, Any]) -> str:
         lines.append(
             f"  student: {progress['state']}, {progress.get('queries', 0)} queries asked, "
             f"{progress.get('answered', 0)} answered"
+            + (f"; waiting {progress['waiting']}" if progress.get("waiting") else "")
             + (f"; error: {progress['error']}" if progress.get("error") else "")
         )
     return "\n".join(lines)
