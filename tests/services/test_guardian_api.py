@@ -95,8 +95,15 @@ def test_the_batch_history_has_one_row_per_finished_batch(served: tuple[TestClie
             continue
         ledger.begin(batch, computation=f"c{i}", actor="guardian")
         ledger.settle(batch, answered=i, actual_rdp=0.01, actor="guardian", computation=f"c{i}")
-    ledger.reserve("q000000080+16", queries=16, parties=["hospital-a"], mechanism="m", params={},
-                   worst_case_rdp=0.05, actor="student")  # fmt: skip  (open: not finished)
+    ledger.reserve(
+        "q000000080+16",
+        queries=16,
+        parties=["hospital-a"],
+        mechanism="m",
+        params={},
+        worst_case_rdp=0.05,
+        actor="student",
+    )  # left open: not finished, so not in the history
     budget = client.get("/api/v1/budget").json()
     rows = client.get("/api/v1/budget/history").json()["batches"]
     assert len(rows) == budget["batches"] + budget["released_batches"] == 5

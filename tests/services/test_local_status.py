@@ -102,7 +102,7 @@ def test_a_student_waiting_for_its_quorum_says_so(pki: Path, tmp_path: Path) -> 
             role="student",
             config_hash=config.config_hash(),
             certificate=certificate_info(pki / "student.crt"),
-        ),  # fmt: skip
+        ),
         connect_timeout=60,
     )
     worker = threading.Thread(target=scheduler.run, daemon=True)

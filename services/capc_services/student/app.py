@@ -48,7 +48,9 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
             "state": p.state,
             "stopped_reason": p.stopped_reason,
             "error": p.error,
-            "waiting": waiting_text(p.waiting_for, connected=connected, parties=len(scheduler.config.teachers)),
+            "waiting": waiting_text(
+                p.waiting_for, connected=connected, parties=len(scheduler.config.teachers)
+            ),
             "queries_planned": p.queries_planned,
             **scheduler.store.counts(),
             **epsilon_figures(scheduler.config, scheduler.store),
