@@ -281,7 +281,10 @@ def test_the_default_cap_covers_the_federation_as_preflight_checks_it(provisione
     old_default = settings.model_copy(update={"cap": settings.cap.model_copy(update={"epsilon": 30.0})})
     warned = cap_check(old_default, config)
     assert warned.status == "warn" and "stops this party after 7 of those 8 batches" in warned.detail
-    assert f"covering a federation limited to ε 10 takes a cap of ε {cover.cap:g} here" in warned.detail
+    assert (
+        f"covering this federation takes a cap of ε {cover.cap:g}, above its limit ε 10: this cap counts "
+        "every query the party votes on as answered"
+    ) in warned.detail
 
 
 def test_down_text_lists_each_party() -> None:

@@ -137,9 +137,11 @@ def cap_check(settings: TeacherSettings, config: FederationConfig) -> Check:
         f"cap ε {cap_eps:g} (spent {cap.epsilon:.3g} on {cap.batches} batches); {plan}, and their worst case "
         f"costs at most ε {plan_eps:.3g} against this cap"
     )
-    why = (
-        f"this cap counts every query it votes on as answered (the party never sees which were), so "
-        f"covering a federation limited to ε {federation_eps:g} takes a cap of ε {cover.cap:g} here"
+    why = f"covering this federation takes a cap of ε {cover.cap:g}" + (
+        f", above its limit ε {federation_eps:g}: this cap counts every query the party votes on as answered "
+        "(it never sees which were), the federation's ledger only the answered ones"
+        if cover.cap > federation_eps
+        else ""
     )
     if fits == len(batches):
         return Check.ok("local_cap", f"{head}: fits", **data)
