@@ -117,7 +117,11 @@ def test_a_killed_guardian_is_visible_and_the_student_resumes_once_it_is_back(lo
     assert _wait(lambda: local.student("/readyz")[0] == 200, 30)
     progress = local.student("/api/v1/progress")[1]
     assert progress["reconnects"] >= 1 and progress["state"] == "labelling"
-    assert status(local.root)["parties"]["student"]["state"] == "running"
+    # The outage is over: its error ("guardian: failed to connect … Connection refused") is not shown as
+    # the student's state any more (`capc local status` printed it while the federation labelled).
+    assert progress["error"] == "", progress
+    now = status(local.root)
+    assert now["parties"]["student"]["state"] == "running" and now["progress"]["error"] == ""
 
 
 @pytest.mark.timeout(1800)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError
-from capc_common.federation import FederationConfig, batch_costs, mechanism_of
+from capc_common.federation import FederationConfig, batch_costs, cap_cover, mechanism_of, plan_batches
+from capc_common.privacy import BudgetLedger
 from capc_services.teacher.cap import LocalCap
 
 
@@ -93,3 +94,48 @@ def test_a_new_record_is_made_durable_with_its_directory_entry(
     cap = LocalCap(tmp_path / "site" / "cap.jsonl", config=config, epsilon_cap=100)
     cap.charge(batch_id="b0", attempt=1, count=16)  # the file exists: only its contents need syncing
     assert synced == [False]
+
+
+def test_the_covering_cap_answers_every_batch_the_federations_limit_can_admit(
+    tmp_path: Path, federation_dict
+) -> None:
+    """`capc local up`'s default cap and preflight's check (cap_cover): the worst case of every batch the
+    ledger can admit. The ledger admits most when nothing is answered (each batch settles at its screening
+    cost); a cap of the cover's ε takes every one of those at its worst case, and a hair less does not."""
+    config = FederationConfig.from_dict(
+        federation_dict(
+            teachers=[{"name": "hospital-a", "heads": 10}, {"name": "hospital-b", "heads": 10}],
+            mechanism={"threshold": 12, "sigma1": 12.0, "sigma2": 10.0},
+            budget={"epsilon": 10.0, "delta": 1e-5, "order": 10},
+            queries={**federation_dict()["queries"], "total": 2048, "batch_size": 32, "bn_batch": 32},  # type: ignore[dict-item]
+        )
+    )
+    cover, costs, sizes = cap_cover(config), batch_costs(config), plan_batches(config)
+    b = config.budget
+    admitted = 0
+    with BudgetLedger.create(
+        tmp_path / "ledger.sqlite", epsilon_limit=b.epsilon, delta=b.delta, order=b.order, config={}
+    ) as ledger:
+        for i, count in enumerate(sizes):
+            try:
+                ledger.reserve(f"b{i}", queries=count, parties=["hospital-a"], mechanism="m", params={},
+                               worst_case_rdp=costs.worst_case(count), actor="student")  # fmt: skip
+            except BudgetExhaustedError:
+                break
+            ledger.settle(f"b{i}", answered=0, actual_rdp=costs.actual(count, 0), actor="guardian")
+            admitted += 1
+    assert admitted == cover.admissible_batches < cover.plan_batches == len(sizes) == 64
+    assert cover.rdp == pytest.approx(sum(costs.worst_case(c) for c in sizes[:admitted]))
+    assert cover.epsilon <= cover.cap < cover.epsilon + 0.01 and cover.cap > 3 * b.epsilon
+    for cap_eps, takes in ((cover.cap, admitted), (cover.cap - 0.01, admitted - 1)):
+        cap = LocalCap(
+            LocalCap.init(tmp_path / f"{cap_eps}.jsonl", config=config), config=config, epsilon_cap=cap_eps
+        )
+        charged = 0
+        for i, count in enumerate(sizes[:admitted]):
+            try:
+                cap.charge(batch_id=f"b{i}", attempt=1, count=count)
+            except BudgetExhaustedError:
+                break
+            charged += 1
+        assert charged == takes, cap_eps

@@ -44,10 +44,14 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
         teacher parties, the last batches' timings (wall time, the slowest party's model work, protocol = the
         difference) and the published model once it exists."""
         p = scheduler.progress
+        connected = sorted(registry.live())
         return {
             "state": p.state,
             "stopped_reason": p.stopped_reason,
             "error": p.error,
+            "waiting": waiting_text(
+                p.waiting_for, connected=connected, parties=len(scheduler.config.teachers)
+            ),
             "queries_planned": p.queries_planned,
             **scheduler.store.counts(),
             **guarantee(scheduler.config),
@@ -56,7 +60,7 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
             "reconnects": p.reconnects,
             "recovered_batches": p.recovered_batches,
             "last_batch": p.last_batch,
-            "teachers_connected": sorted(registry.live()),
+            "teachers_connected": connected,
             "published": p.published,
             "recent_batches": list(p.recent),
             "noise": noise,
@@ -76,6 +80,17 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
         return card
 
     return api
+
+
+def waiting_text(quorum: int, *, connected: list[str], parties: int) -> str:
+    """What the next batch waits for, '' when nothing: ``quorum`` teacher parties must be connected first
+    (``capc local status`` shows it, so a federation that is starting reads as waiting, not as stuck)."""
+    if len(connected) >= quorum:
+        return ""
+    return (
+        f"for teacher parties: {len(connected)} of the {quorum} needed connected "
+        f"({', '.join(connected) or 'none yet'}; {parties} in the federation)"
+    )
 
 
 def _labelling_check(progress: Progress, *, guardian: str) -> tuple[bool, dict[str, Any]]:

@@ -22,6 +22,7 @@ import numpy as np
 from capc_common.data import load_dataset, partition, site_part
 from capc_common.errors import InputError
 from capc_common.federation import load_shared_backbone, mechanism_of
+from capc_common.federation.site_data import dataset_findings, label_problem, refuse
 from capc_services.common.party import apply_torch_threads
 from capc_services.teacher.settings import TeacherSettings
 
@@ -81,35 +82,36 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
 
 
 def check_labels(labels: np.ndarray, *, classes: int, name: str) -> None:
-    """Refuse labels the federation has no class for (``capc teacher train`` and the kNN voter both check).
+    """Refuse labels the federation has no class for (the kNN voter checks the records it votes with).
 
     Raises:
         InputError: a label ``≥ classes``.
     """
-    if int(labels.max(initial=0)) >= classes:
-        raise InputError(
-            f"{name} has labels up to {int(labels.max())}, but the federation has {classes} classes"
-        )
+    problem = label_problem(labels, classes=classes, name=name)
+    if problem:
+        raise InputError(problem)
 
 
 def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
     """Train and save the party's heads (atomically, to ``settings.heads``); returns a summary.
 
     Raises:
-        InputError: bad data section, too few examples for the heads, or a class count mismatch.
+        InputError: bad data section, data that does not fit the federation (its image size, its classes:
+            the checks preflight runs), or too few examples for the heads.
     """
     config = settings.federation_config
     heads = config.teacher(settings.party).heads
     apply_torch_threads(settings.torch_threads)
     start = time.perf_counter()
     images, labels, name = party_examples(settings)
+    # preflight's checks first: data of another size is converted (the backbone is pinned), not trained on
+    refuse(dataset_findings(images, labels, config=config, name=name, heads=heads))
     if len(labels) < heads * config.queries.bn_batch:
         raise InputError(
             f"{settings.party} has {len(labels)} examples for {heads} teacher heads; each head needs at "
             f"least one BatchNorm chunk ({config.queries.bn_batch} examples): `capc federation plan` "
             "proposes a head count"
         )
-    check_labels(labels, classes=config.classes, name=name)
     shards = partition(labels, shards=heads, scheme="hash", seed=config.queries.seed, images=images)
     trained = mechanism_of(config).train_teachers(
         load_shared_backbone(config),

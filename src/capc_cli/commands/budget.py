@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from capc_cli.output import emit, epsilon_text, format_option
+
+if TYPE_CHECKING:
+    from capc_common.privacy import BudgetLedger
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -240,6 +243,33 @@ def _show_text(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Where ``capc local up`` keeps the guardian's ledger, relative to its state directory.
+LOCAL_LEDGER = Path("parties") / "guardian" / "ledger.sqlite"
+
+
+def _open_ledger(ledger: Path) -> BudgetLedger:
+    """Open ``ledger``; a missing file is refused with where the ledger most likely is.
+
+    Raises:
+        InputError: no file at ``ledger``.
+    """
+    from capc_common.errors import InputError
+    from capc_common.privacy import BudgetLedger
+
+    if ledger.is_file():
+        return BudgetLedger.open(ledger)
+    found = [
+        str(path)
+        for path in (Path(".capc") / "local" / LOCAL_LEDGER, ledger.parent / "ledger.sqlite")
+        if path.is_file()
+    ]
+    raise InputError(
+        f"no budget ledger at {ledger}. The guardian's ledger is the file its site file names under "
+        f"`ledger:`; a `capc local up` federation keeps it at STATE_DIR/{LOCAL_LEDGER} (`capc local up` "
+        "prints the path)" + (f"; found here: {', '.join(dict.fromkeys(found))}" if found else "")
+    )
+
+
 @command.command(name="show")
 @_LEDGER
 @click.option(
@@ -248,9 +278,7 @@ def _show_text(r: dict[str, Any]) -> str:
 @format_option
 def show_command(ledger: Path, last: int, fmt: str) -> None:
     """The ledger's budget figures and its most recent entries."""
-    from capc_common.privacy import BudgetLedger
-
-    with BudgetLedger.open(ledger) as led:
+    with _open_ledger(ledger) as led:
         result = {
             "summary": led.summary(),
             "recent": [e.to_dict() for e in reversed(led.entries(newest=True, limit=last))],
@@ -288,9 +316,8 @@ def _verify_text(r: dict[str, Any]) -> str:
 def verify_command(ledger: Path, expect_head: str | None, fmt: str) -> None:
     """Check the hash chain and recompute every total; exit 5 if anything is inconsistent."""
     from capc_common.errors import IntegrityError
-    from capc_common.privacy import BudgetLedger
 
-    with BudgetLedger.open(ledger) as led:
+    with _open_ledger(ledger) as led:
         report = led.verify(expect_head=expect_head)
     emit(report.to_dict(), fmt, _verify_text)
     if not report.ok:

@@ -30,6 +30,7 @@ from capc_common.federation.costs import (
     selection_config,
     smallest_quorum_heads,
 )
+from capc_common.federation.cover import CapCover, cap_cover, plan_batches
 from capc_common.federation.plan import BatchPlan, batch_plan, usable_queries
 from capc_common.federation.runtime import Runnable, check_runnable, load_shared_backbone, mpc_config
 from capc_common.federation.sizing import MECHANISM_RATIOS, propose, scaled_mechanism
@@ -40,6 +41,7 @@ __all__ = [
     "BatchCosts",
     "BatchPlan",
     "Budget",
+    "CapCover",
     "DPPLMechanism",
     "DPPLPublicMechanism",
     "FederationConfig",
@@ -57,12 +59,14 @@ __all__ = [
     "TeacherParty",
     "batch_costs",
     "batch_plan",
+    "cap_cover",
     "check_batch_fits",
     "check_party_name",
     "check_runnable",
     "load_shared_backbone",
     "mechanism_of",
     "mpc_config",
+    "plan_batches",
     "propose",
     "sampler_delta",
     "scaled_mechanism",

@@ -45,7 +45,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -968,14 +968,24 @@ class BudgetLedger:
         return None if row is None else (str(row[0]), bytes(row[1]))
 
     def entries(
-        self, *, batch_id: str | None = None, after: int = 0, limit: int | None = None, newest: bool = False
+        self,
+        *,
+        batch_id: str | None = None,
+        kinds: Collection[str] | None = None,
+        after: int = 0,
+        limit: int | None = None,
+        newest: bool = False,
     ) -> list[Entry]:
-        """Rows in chain order (or newest first), optionally for one batch and after a sequence number."""
+        """Rows in chain order (or newest first), optionally for one batch, of some kinds only (e.g. the
+        rows that finish a batch: ``settle`` and ``release``) and after a sequence number."""
         query = f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE seq > ?"
         args: list[Any] = [count("after", after, maximum=MAX_SEQ)]
         if batch_id is not None:
             query += " AND batch_id = ?"
             args.append(batch_id)
+        if kinds is not None:
+            query += f" AND kind IN ({', '.join('?' * len(kinds))})" if kinds else " AND 0"
+            args.extend(kinds)
         query += " ORDER BY seq DESC" if newest else " ORDER BY seq"
         if limit is not None:
             query += " LIMIT ?"
