@@ -10,6 +10,7 @@ from capc_common.federation.config import (
     GNMaxMechanism,
     Mechanism,
     MechanismConfig,
+    MembershipChange,
     PrivateKNNMechanism,
     PromPATEMechanism,
     Queries,
@@ -30,6 +31,7 @@ from capc_common.federation.costs import (
     selection_config,
     smallest_quorum_heads,
 )
+from capc_common.federation.membership import add_party, membership_change, retire_party
 from capc_common.federation.plan import BatchPlan, batch_plan, usable_queries
 from capc_common.federation.runtime import Runnable, check_runnable, load_shared_backbone, mpc_config
 from capc_common.federation.sizing import MECHANISM_RATIOS, propose, scaled_mechanism
@@ -46,6 +48,7 @@ __all__ = [
     "GNMaxMechanism",
     "Mechanism",
     "MechanismConfig",
+    "MembershipChange",
     "PrivateKNNMechanism",
     "PromPATEMechanism",
     "Queries",
@@ -55,6 +58,7 @@ __all__ = [
     "Runnable",
     "SecAggDPSGDMechanism",
     "TeacherParty",
+    "add_party",
     "batch_costs",
     "batch_plan",
     "check_batch_fits",
@@ -62,8 +66,10 @@ __all__ = [
     "check_runnable",
     "load_shared_backbone",
     "mechanism_of",
+    "membership_change",
     "mpc_config",
     "propose",
+    "retire_party",
     "sampler_delta",
     "scaled_mechanism",
     "selection_config",
