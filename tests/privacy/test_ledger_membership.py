@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from capc_cli.main import main
 from capc_common.errors import InputError, IntegrityError
 from capc_common.privacy import BudgetLedger
 
@@ -64,7 +65,7 @@ def test_the_budget_carries_over_and_the_new_config_is_in_force(ledger: BudgetLe
     assert ledger.config_hash == _hash(OLD)  # the genesis config is unchanged
     report = ledger.verify()
     assert report.ok, report.problems
-    assert ledger.check_authorisations(TOKEN) == []
+    assert ledger.check_authorisations(TOKEN) == {}
     # A ledger opened under the new config charges on, from where the old one stopped.
     with BudgetLedger.open_or_create(path, epsilon_limit=2.0, delta=1e-5, order=10.0, config=NEW) as led:
         _reserve(led, "b")
@@ -145,5 +146,36 @@ def test_a_change_the_token_did_not_authorise_is_found(ledger: BudgetLedger, pat
     _change(ledger, key="another-token-" + "y" * 32)
     assert ledger.verify().ok  # well-formed and chained …
     problems = ledger.check_authorisations(TOKEN)  # … but not signed off by this federation's admin token
-    assert len(problems) == 1 and "entry 1 (added h3" in problems[0] and "not authorised" in problems[0]
-    assert ledger.check_authorisations("another-token-" + "y" * 32) == []
+    assert list(problems) == [1] and "entry 1 (added h3" in problems[1] and "not authorised" in problems[1]
+    assert ledger.check_authorisations("another-token-" + "y" * 32) == {}
+
+
+def _verify(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as info:
+        main(["budget", "verify", *args])
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out + err
+
+
+def test_budget_verify_checks_chains_with_membership_entries(
+    ledger: BudgetLedger, path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _reserve(ledger, "a")
+    ledger.settle("a", answered=3, actual_rdp=0.05, actor="guardian")
+    _change(ledger)
+    token, other = tmp_path / "admin.token", tmp_path / "other.token"
+    for file, secret in ((token, TOKEN), (other, "another-token-" + "y" * 32)):
+        file.write_text(secret)
+        file.chmod(0o600)
+    code, out = _verify(capsys, "--ledger", str(path))
+    assert code == 0 and "verification OK: 3 entries" in out
+    assert "membership entry 3: added h3" in out and "authorisation not checked" in out
+    code, out = _verify(capsys, "--ledger", str(path), "--admin-token-file", str(token))
+    assert code == 0 and "(authorised by the admin token)" in out
+    code, out = _verify(capsys, "--ledger", str(path), "--admin-token-file", str(other))
+    assert code == 5 and "NOT authorised by this admin token" in out
+    _edit(path, "UPDATE entries SET detail = 'added nobody' WHERE seq = 3")
+    code, out = _verify(capsys, "--ledger", str(path), "--format", "json")
+    assert code == 5
+    report = json.loads(out.splitlines()[0])
+    assert not report["ok"] and any("entry 3 (membership" in p for p in report["problems"])

@@ -107,9 +107,24 @@ class PartyRuntime:
         left = self.certificate.seconds_left()
         return left > 0, {"expires_at": self.certificate.not_after.isoformat(), "expires_in_s": round(left)}
 
-    def interceptor(self, policy: Mapping[str, frozenset[str]]) -> AuthInterceptor:
-        """The identity/config-hash interceptor for this party's gRPC server."""
-        return AuthInterceptor(config=self.config, policy=policy, on_reject=self.metrics.reject)
+    def interceptor(
+        self, policy: Mapping[str, frozenset[str]], *, superseded: Mapping[str, str] | None = None
+    ) -> AuthInterceptor:
+        """The identity/config-hash interceptor for this party's gRPC server.
+
+        Args:
+            policy: which roles may call which method.
+            superseded: earlier config hashes and why they are no longer in force (default: the membership
+                changes ``federation.yaml``'s ``history`` lists).
+        """
+        if superseded is None:
+            superseded = {
+                old: f"the federation changed ({change.describe()})"
+                for old, change in self.config.previous_hashes.items()
+            }
+        return AuthInterceptor(
+            config=self.config, policy=policy, on_reject=self.metrics.reject, superseded=superseded
+        )
 
     def admin_app(
         self, *, readiness: Callable[[], dict[str, tuple[bool, Any]]], routers: Sequence[APIRouter]

@@ -271,6 +271,11 @@ def _verify_text(r: dict[str, Any]) -> str:
             f"{t['reserved_rdp']:.6g}, {t['batches']} batches, {t['queries']} queries, {t['answered']} "
             "answered"
         )
+    said = {None: "authorisation not checked: give --admin-token-file", True: "authorised by the admin token",
+            False: "NOT authorised by this admin token"}  # fmt: skip
+    lines += [
+        f"  membership entry {m['entry']}: {m['change']} ({said[m['authorised']]})" for m in r["membership"]
+    ]
     lines += [f"  problem: {p}" for p in r["problems"]]
     return "\n".join(lines)
 
@@ -284,15 +289,41 @@ def _verify_text(r: dict[str, Any]) -> str:
     help="A head hash pinned earlier (capc budget show, the guardian's log or /metrics): it must still be in "
     "the chain, so a removed tail or a replaced file fails.",
 )
+@click.option(
+    "--admin-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The guardian's admin token: also check that it authorised every membership entry (adding or "
+    "retiring a party).",
+)
 @format_option
-def verify_command(ledger: Path, expect_head: str | None, fmt: str) -> None:
-    """Check the hash chain and recompute every total; exit 5 if anything is inconsistent."""
+def verify_command(ledger: Path, expect_head: str | None, admin_token_file: Path | None, fmt: str) -> None:
+    """Check the hash chain (membership entries included) and recompute every total; exit 5 if anything is
+    inconsistent."""
     from capc_common.errors import IntegrityError
     from capc_common.privacy import BudgetLedger
 
     with BudgetLedger.open(ledger) as led:
         report = led.verify(expect_head=expect_head)
-    emit(report.to_dict(), fmt, _verify_text)
+        changes = led.membership_changes()
+        unauthorised: dict[int, str] = {}
+        if admin_token_file is not None:
+            from capc_services.common.settings import load_admin_token
+
+            unauthorised = led.check_authorisations(load_admin_token(admin_token_file))
+            report.problems += list(unauthorised.values())
+            report.ok = report.ok and not unauthorised
+    result = report.to_dict()
+    result["membership"] = [
+        {
+            "entry": e.seq,
+            "change": e.detail,
+            "authorised_by": e.params.get("authorised_by"),
+            "authorised": None if admin_token_file is None else e.seq not in unauthorised,
+        }
+        for e in changes
+    ]
+    emit(result, fmt, _verify_text)
     if not report.ok:
         raise IntegrityError(f"ledger {ledger} failed verification: {len(report.problems)} problem(s)")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from capc_common.errors import InputError
 from capc_common.federation.config import FederationConfig, MembershipChange, ReleaseMember
-from capc_common.federation.costs import check_batch_fits
+from capc_common.federation.costs import batch_costs, check_batch_fits
 
 #: The parts of ``federation.yaml`` a membership change may alter (``revoked`` and ``history`` are not
 #: parameters at all, see :meth:`FederationConfig.parameters`).
@@ -80,7 +80,27 @@ def membership_change(old: FederationConfig, new: FederationConfig) -> Membershi
             f"the new config adds and retires no teacher party (teachers: {list(new.teacher_names)}); "
             "there is no membership change to make"
         )
+    _same_costs(old, new)
     return MembershipChange(previous=old.config_hash(), added=added, retired=retired)
+
+
+def _same_costs(old: FederationConfig, new: FederationConfig) -> None:
+    """Refuse a change that alters what one query costs.
+
+    One example still moves one vote whoever joins, so GNMax's cost per answer never changes, and the
+    deployed screening bound (discrete noise) is the supremum over every shift of the threshold, whatever
+    the heads. It moves only where a query's top count can take a single value (the pass bit then depends on
+    no data and screening costs 0): a federation of one head that grows. The student counts every batch it
+    asked at the per-query figures in force, so they must stay those the ledger charged earlier batches at.
+    """
+    before, after = batch_costs(old), batch_costs(new)
+    if (before.query_rdp, before.answer_rdp) != (after.query_rdp, after.answer_rdp):
+        raise InputError(
+            f"this change alters what one query costs at order {before.order:g} (screening RDP "
+            f"{before.query_rdp:.6g} -> {after.query_rdp:.6g}, per answer {before.answer_rdp:.6g} -> "
+            f"{after.answer_rdp:.6g}; total heads {old.total_heads} -> {new.total_heads}), and the student "
+            "counts its earlier batches at the figures in force: start a new federation with its own ledger"
+        )
 
 
 def _changed(old: FederationConfig, data: dict[str, Any], change: MembershipChange) -> FederationConfig:

@@ -1064,6 +1064,16 @@ class BudgetLedger:
                 detail=draft.detail, actor=who,
             )  # fmt: skip
 
+    @staticmethod
+    def hash_config(config: Mapping[str, Any]) -> str:
+        """The hash this ledger gives a config: its ``config_hash``, and the ``from``/``to`` of membership
+        entries (SHA-256 of canonical JSON).
+
+        Raises:
+            InputError: ``config`` is not a JSON-serialisable mapping.
+        """
+        return _sha256(_json_object("config", config))
+
     def membership_changes(self) -> list[Entry]:
         """The membership entries, oldest first (each one's ``params``: from, to, added, retired, config)."""
         with self._lock, _readable(self.path):
@@ -1096,15 +1106,19 @@ class BudgetLedger:
             f"{config_hash[:16]}… is no longer in force, the ledger continues as {now[:16]}…"
         )
 
-    def check_authorisations(self, key: str) -> list[str]:
-        """Check that ``key`` (the admin token) authorised every membership entry; one problem per entry
-        whose HMAC does not match (an entry written without the token, or under another token)."""
-        problems = []
+    def check_authorisations(self, key: str) -> dict[int, str]:
+        """Check that ``key`` (the admin token) authorised every membership entry.
+
+        Returns:
+            ``{seq: problem}`` for each membership entry whose HMAC does not match (written without the
+            token, or under another one); empty when the token authorised them all.
+        """
+        problems = {}
         for entry in self.membership_changes():
             unsigned = {k: v for k, v in entry.params.items() if k != "mac"}
             draft = Entry(**{**asdict(entry), "parties": entry.parties, "params": unsigned, "hash": ""})
             if not hmac.compare_digest(_mac(key, draft), str(entry.params.get("mac", ""))):
-                problems.append(
+                problems[entry.seq] = (
                     f"entry {entry.seq} ({entry.detail}): not authorised by this admin token (it names "
                     f"{entry.params.get('authorised_by', 'no token')})"
                 )
