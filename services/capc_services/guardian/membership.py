@@ -112,7 +112,7 @@ def membership_router(
                 config=config, ledger=ledger, proposed=proposed, token=request.app.state.admin_token
             )
         except InputError as exc:
-            raise HTTPException(status_code=status.HTTP_422_UNPROCESSABLE_ENTITY, detail=str(exc)) from None
+            raise HTTPException(status_code=422, detail=str(exc)) from None
         except IntegrityError as exc:
             raise HTTPException(status_code=status.HTTP_409_CONFLICT, detail=str(exc)) from None
         tasks.add_task(on_change)

@@ -43,12 +43,17 @@ def _release_refusal(config: FederationConfig) -> None:
 def membership_change(old: FederationConfig, new: FederationConfig) -> MembershipChange:
     """What ``new`` changes in ``old``'s membership, refusing anything but adding or retiring teacher parties.
 
+    ``new`` must record the change as the last entry of its ``history`` (what ``capc federation add-party``
+    and ``retire-party`` write): the student and each teacher party carry their records over only to a
+    config that names the one they were written under, and a file made from a stale config is caught here.
+
     Returns:
         The change (``previous`` is ``old``'s config hash).
 
     Raises:
         InputError: a privacy or stream parameter differs (named with both values), a party kept its name
-            but changed its heads, nothing was added or retired, or the federation is of the release family.
+            but changed its heads, nothing was added or retired, ``new``'s history does not record this very
+            change, or the federation is of the release family.
     """
     _release_refusal(old)
     before, after = old.parameters(), new.parameters()
@@ -80,8 +85,22 @@ def membership_change(old: FederationConfig, new: FederationConfig) -> Membershi
             f"the new config adds and retires no teacher party (teachers: {list(new.teacher_names)}); "
             "there is no membership change to make"
         )
+    change = MembershipChange(previous=old.config_hash(), added=added, retired=retired)
+    recorded = new.history[-1] if new.history else None
+    if recorded is None or recorded.previous != change.previous:
+        made_from = f"was made from config {recorded.previous[:16]}…" if recorded else "records no change"
+        raise InputError(
+            f"the new federation.yaml {made_from}, but the federation runs {change.previous[:16]}…: make it "
+            "from the current federation.yaml with `capc federation add-party` or `retire-party` (its "
+            "history: entry lets the student and the teachers carry their records over)"
+        )
+    if (recorded.added, recorded.retired) != (added, retired):
+        raise InputError(
+            f"the new federation.yaml's history says {recorded.describe()}, but its teachers say "
+            f"{change.describe()}; make it with `capc federation add-party` or `retire-party`"
+        )
     _same_costs(old, new)
-    return MembershipChange(previous=old.config_hash(), added=added, retired=retired)
+    return change
 
 
 def _same_costs(old: FederationConfig, new: FederationConfig) -> None:

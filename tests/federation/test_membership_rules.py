@@ -101,6 +101,12 @@ def test_what_is_not_a_membership_change_is_refused(config: FederationConfig) ->
     teachers = [{"name": "hospital-a", "heads": 30}, {"name": "hospital-b", "heads": 25}]
     with pytest.raises(InputError, match="heads changed for hospital-a 25 -> 30"):
         membership_change(config, _with(config, teachers=[*teachers, {"name": "hospital-d", "heads": 1}]))
+    written_by_hand = {
+        **add_party(config, name="hospital-d", heads=25).model_dump(mode="json"),
+        "history": [],
+    }
+    with pytest.raises(InputError, match="records no change, but the federation runs"):
+        membership_change(config, FederationConfig.from_dict(written_by_hand))
     release = _with(config, mechanism={"name": "dppl", "rho": 0.05})
     with pytest.raises(InputError, match=r"release mechanism 'dppl'.*start a new federation"):
         add_party(release, name="hospital-d", heads=25)
