@@ -810,6 +810,8 @@ class BudgetLedger:
             InputError: invalid arguments.
             IntegrityError: ``batch_id`` is already reserved with different parameters.
             BudgetExhaustedError: reserved + spent + this would cross the budget; nothing is written.
+            UnavailableError: a membership change (here or by another process) replaced the federation config
+                this instance was opened for; reopen it under the new one.
         """
         bid = _text("batch_id", batch_id)
         who = _text("actor", actor)
@@ -822,7 +824,7 @@ class BudgetLedger:
         with self._write() as db:
             if self._chain.config_hash != self._bound:
                 why = self.superseded(self._bound) or f"the federation config changed{self._since()}"
-                raise IntegrityError(
+                raise UnavailableError(  # a guardian about to restart: the caller retries against the new one
                     f"{why}; this ledger was opened for the earlier config, so it "
                     "reserves nothing more: restart the guardian with the new federation.yaml"
                 )
@@ -1007,8 +1009,8 @@ class BudgetLedger:
         entry under ``key`` (the admin token), so whoever holds the token can later check that it authorised
         this change (:meth:`check_authorisations`). The budget, its order and every charge so far carry over
         unchanged; batches already computing may still settle. From this entry on, ledger instances opened
-        under the old config reserve nothing (:meth:`reserve` refuses): the guardian restarts with the new
-        one.
+        under the old config reserve nothing (:meth:`reserve` raises :class:`UnavailableError`: the guardian
+        restarts with the new one, and its callers retry against that).
 
         Which changes are allowed is the federation's rule
         (:func:`capc_common.federation.membership_change`), checked by the caller; the ledger records.
