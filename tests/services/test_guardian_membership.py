@@ -124,7 +124,7 @@ def test_a_guardian_continues_its_ledger_across_an_authorised_membership_change(
         # A change of the privacy parameters through this path is refused, naming the field.
         bigger = {**body, "budget": {**body["budget"], "epsilon": 600.0}}
         reply = _post(guardian.url, bigger, token)
-        assert reply.status_code == 422, reply.text
+        assert reply.status_code == 409, reply.text
         assert "budget.epsilon: 300.0 -> 600.0" in reply.json()["detail"]
         with BudgetLedger.open(ledger_path) as ledger:
             assert [e.kind for e in ledger.entries()] == ["reserve", "settle"]
@@ -164,7 +164,7 @@ def test_a_guardian_continues_its_ledger_across_an_authorised_membership_change(
         # A second change made from the old file is refused: the federation moved on.
         stale = add_party(config, name="hospital-c", heads=2).model_dump(mode="json")
         reply = _post(guardian.url, stale, token)
-        assert reply.status_code == 422, reply.text
+        assert reply.status_code == 409, reply.text
         assert f"was made from config {config.config_hash()[:16]}" in reply.json()["detail"]
     finally:
         guardian.close()

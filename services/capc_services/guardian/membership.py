@@ -95,7 +95,8 @@ def membership_router(
         tags=["guardian"],
         responses={
             409: problem_response(
-                "The ledger is no longer on this guardian's config, or failed verification."
+                "Not a membership change of the federation in force; the detail says why (an invalid config, "
+                "a changed privacy parameter, a file made from another config, a ledger that moved on)."
             ),
         },
     )
@@ -111,9 +112,7 @@ def membership_router(
             result = record_change(
                 config=config, ledger=ledger, proposed=proposed, token=request.app.state.admin_token
             )
-        except InputError as exc:
-            raise HTTPException(status_code=422, detail=str(exc)) from None
-        except IntegrityError as exc:
+        except (InputError, IntegrityError) as exc:  # any object is well-formed: a refusal is a conflict
             raise HTTPException(status_code=status.HTTP_409_CONFLICT, detail=str(exc)) from None
         tasks.add_task(on_change)
         return result

@@ -74,7 +74,7 @@ def membership(url: str, token_file: Path, federation: Path, fmt: str) -> None:
     the admin token — the budget spent carries over — and stops: start it again with the new file."""
     import httpx
 
-    from capc_common.errors import InputError, IntegrityError, ProtocolError, UnavailableError
+    from capc_common.errors import InputError, ProtocolError, UnavailableError
     from capc_common.federation import FederationConfig
     from capc_services.common.settings import load_admin_token
 
@@ -93,10 +93,8 @@ def membership(url: str, token_file: Path, federation: Path, fmt: str) -> None:
     detail = response.json().get("detail", response.text) if response.content else ""
     if response.status_code == 401:
         raise InputError(f"the guardian at {url} refused the admin token; check --token-file ({detail})")
-    if response.status_code == 422:
+    if response.status_code in (409, 422):
         raise InputError(f"the guardian refused the change: {detail}")
-    if response.status_code == 409:
-        raise IntegrityError(f"the guardian refused the change: {detail}")
     if response.status_code != 200:
         raise ProtocolError(f"{endpoint} answered HTTP {response.status_code}: {response.text}")
     emit(response.json(), fmt, _membership_text)
