@@ -305,9 +305,9 @@ def verify_command(ledger: Path, expect_head: str | None, admin_token_file: Path
 
     with BudgetLedger.open(ledger) as led:
         report = led.verify(expect_head=expect_head)
-        changes = led.membership_changes()
+        changes = led.membership_changes() if report.ok else []  # a damaged file: the report says why
         unauthorised: dict[int, str] = {}
-        if admin_token_file is not None:
+        if admin_token_file is not None and report.ok:
             from capc_services.common.settings import load_admin_token
 
             unauthorised = led.check_authorisations(load_admin_token(admin_token_file))
