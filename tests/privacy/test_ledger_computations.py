@@ -134,8 +134,10 @@ _KINDS_NOW = "CHECK (kind IN ('reserve', 'compute', 'settle', 'release', 'member
 _PHASES_NOW = "CHECK (phase IN (0, 1, 2, 3))"
 
 
-def _narrow_checks(raw: sqlite3.Connection, *, kinds: str, phases: str) -> None:
-    """Give the entries table the CHECKs an earlier version wrote (``kinds``/``phases``: the lists inside)."""
+def _as_written_before(path: Path, *, kinds: str, phases: str, refused: tuple[str, int]) -> None:
+    """Give the entries table the CHECKs an earlier version wrote (``kinds``/``phases``: the lists inside)
+    and check that they refuse a row of kind and phase ``refused``."""
+    raw = sqlite3.connect(path, isolation_level=None)
     raw.execute("BEGIN IMMEDIATE")
     (version,) = raw.execute("PRAGMA schema_version").fetchone()
     raw.execute("PRAGMA writable_schema = ON")
@@ -148,6 +150,15 @@ def _narrow_checks(raw: sqlite3.Connection, *, kinds: str, phases: str) -> None:
     raw.execute(f"PRAGMA schema_version = {version + 1}")
     raw.execute("PRAGMA writable_schema = OFF")
     raw.execute("COMMIT")
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+        raw.execute(
+            "INSERT INTO entries SELECT seq + 10, 'x', ?, ?, queries, answered, parties, mechanism, params, "
+            "rdp, units, detail, actor, time, prev_hash, hash FROM entries WHERE seq = 2",
+            refused,
+        )
+    if "'compute'" not in kinds:  # the first version had no receipts table either
+        raw.execute("DROP TABLE receipts")
+    raw.close()
 
 
 def test_a_ledger_from_before_computations_is_upgraded_in_place(tmp_path: Path) -> None:
@@ -157,16 +168,8 @@ def test_a_ledger_from_before_computations_is_upgraded_in_place(tmp_path: Path) 
         led.settle("a", answered=3, actual_rdp=0.05, actor="g")
         _reserve(led, "b")
         head = led.summary()["head"]
-    # Make the file what the previous version wrote: the narrower CHECKs and no receipts table.
-    raw = sqlite3.connect(path, isolation_level=None)
-    _narrow_checks(raw, kinds="'reserve', 'settle', 'release'", phases="0, 1")
-    raw.execute("DROP TABLE receipts")
-    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
-        raw.execute(
-            "INSERT INTO entries SELECT seq + 10, batch_id, 'compute', 2, queries, answered, parties, "
-            "mechanism, params, rdp, units, detail, actor, time, prev_hash, hash FROM entries WHERE seq = 3"
-        )
-    raw.close()
+    # Make the file what the first version wrote: the narrower CHECKs and no receipts table.
+    _as_written_before(path, kinds="'reserve', 'settle', 'release'", phases="0, 1", refused=("compute", 2))
     with BudgetLedger.open(path) as led:
         assert led.summary()["head"] == head and led.verify().ok
         led.begin("b", computation="n", actor="g")
@@ -183,14 +186,9 @@ def test_a_ledger_from_before_membership_entries_is_upgraded_in_place(tmp_path: 
         _reserve(led, "a")
         led.settle("a", answered=3, actual_rdp=0.05, actor="g")
         head, before = led.summary()["head"], led.config_hash
-    raw = sqlite3.connect(path, isolation_level=None)
-    _narrow_checks(raw, kinds="'reserve', 'compute', 'settle', 'release'", phases="0, 1, 2")
-    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
-        raw.execute(
-            "INSERT INTO entries SELECT seq + 10, 'm', 'membership', 3, queries, answered, parties, "
-            "mechanism, params, rdp, units, detail, actor, time, prev_hash, hash FROM entries WHERE seq = 2"
-        )
-    raw.close()
+    _as_written_before(
+        path, kinds="'reserve', 'compute', 'settle', 'release'", phases="0, 1, 2", refused=("membership", 3)
+    )
     with BudgetLedger.open(path) as led:
         assert led.summary()["head"] == head and led.verify().ok
         led.change_membership(

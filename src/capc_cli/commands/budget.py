@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from capc_cli.output import emit, epsilon_text, format_option
+from capc_cli.output import emit, epsilon_text, file_option, format_option
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -289,10 +289,9 @@ def _verify_text(r: dict[str, Any]) -> str:
     help="A head hash pinned earlier (capc budget show, the guardian's log or /metrics): it must still be in "
     "the chain, so a removed tail or a replaced file fails.",
 )
-@click.option(
+@file_option(
     "--admin-token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
+    required=False,
     help="The guardian's admin token: also check that it authorised every membership entry (adding or "
     "retiring a party).",
 )

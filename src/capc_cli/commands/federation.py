@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from capc_cli.output import emit, format_option
+from capc_cli.output import emit, file_option, format_option
 
 
 def _text(r: dict[str, Any]) -> str:
@@ -75,17 +75,9 @@ def plan_command(
     emit(result, fmt, _text)
 
 
-_FEDERATION = click.option(
-    "--federation",
-    "path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="The federation.yaml every party runs now.",
-)
-_OUT = click.option(
+_FEDERATION = file_option("--federation", "path", help="The federation.yaml every party runs now.")
+_OUT = file_option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
     help="Where to write the new federation.yaml (the parties keep the current one until they switch).",
 )
 _MIN_PARTIES = click.option(

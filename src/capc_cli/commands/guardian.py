@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from capc_cli.output import emit, format_option
+from capc_cli.output import emit, file_option, format_option
 
 _SITE = click.option(
     "--site",
@@ -53,17 +53,12 @@ def _membership_text(r: dict[str, Any]) -> str:
 
 @command.command("membership")
 @click.option("--url", required=True, help="The guardian's admin API, e.g. http://127.0.0.1:8080.")
-@click.option(
+@file_option(
     "--token-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
     help="The guardian's admin token file (it authorises the change and signs the ledger entry).",
 )
-@click.option(
-    "--federation",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="The new federation.yaml (from `capc federation add-party` or `retire-party`).",
+@file_option(
+    "--federation", help="The new federation.yaml (from `capc federation add-party` or `retire-party`)."
 )
 @format_option
 def membership(url: str, token_file: Path, federation: Path, fmt: str) -> None:

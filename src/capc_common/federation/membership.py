@@ -160,12 +160,7 @@ def add_party(
 
 
 def retire_party(
-    config: FederationConfig,
-    *,
-    name: str,
-    serial: str,
-    reason: str = "",
-    min_parties: int | None = None,
+    config: FederationConfig, *, name: str, serial: str, reason: str = "", min_parties: int | None = None
 ) -> FederationConfig:
     """``config`` without teacher party ``name``, whose certificate (``serial``) is listed under ``revoked``.
 
