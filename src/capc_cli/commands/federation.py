@@ -85,6 +85,14 @@ _MIN_PARTIES = click.option(
 )
 
 
+def _step_guardian(out: Path) -> str:
+    return (
+        "guardian operator: record the change on the running guardian's ledger: `capc guardian membership "
+        f"--url ADMIN_URL --token-file TOKEN --federation {out}` (one membership entry; the budget carries "
+        f"over; the guardian stops), then start the guardian with {out} as its federation.yaml"
+    )
+
+
 def _steps_added(party: str, out: Path) -> list[str]:
     return [
         f"{party}: make its key and request on its own machine (`capc cert request {party} --out-dir DIR`) "
@@ -92,9 +100,7 @@ def _steps_added(party: str, out: Path) -> list[str]:
         f"send {party} its .crt, ca.crt, {out} and the student's and guardian's addresses",
         f"{party}: train its heads and create its cap record under the new file (`capc teacher train --site "
         "SITE`, `capc teacher init-cap --site SITE`)",
-        f"guardian operator: install {out} as the guardian's federation.yaml, then record the change on the "
-        f"ledger: `capc guardian membership --url ADMIN_URL --token-file TOKEN --federation {out}` (the "
-        "guardian writes one membership entry, carries the budget over and stops; start it again)",
+        _step_guardian(out),
         f"student and every other teacher party: install {out} as federation.yaml and restart (label store "
         "and cap records carry on; the old config is refused from now on)",
         f"{party}: `capc teacher preflight --site SITE`, then `capc teacher serve --site SITE`: it votes on "
@@ -104,9 +110,7 @@ def _steps_added(party: str, out: Path) -> list[str]:
 
 def _steps_retired(party: str, serial: str, out: Path) -> list[str]:
     return [
-        f"guardian operator: install {out} as the guardian's federation.yaml, then record the change on the "
-        f"ledger: `capc guardian membership --url ADMIN_URL --token-file TOKEN --federation {out}` (the "
-        "guardian writes one membership entry, carries the budget over and stops; start it again)",
+        _step_guardian(out),
         f"student and every remaining teacher party: install {out} as federation.yaml and restart; "
         f"certificate serial {serial} of {party} is revoked in it",
         f"{party}: stop its teacher; keep its cap record (its own account of the ε it released)",
