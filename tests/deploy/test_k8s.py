@@ -74,8 +74,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Docs]:
     certs = root / "base" / "certs"
     _capc(
         "cert", "bootstrap", "--dir", str(certs), "--name", "capc-k8s", "--party", "guardian",
-        "--party", "student", "--party", "hospital-a", "--dns", "capc-guardian", "--dns", "capc-student",
-        "--admin-token", str(certs / "admin.token"),
+        "--party", "student", "--party", "hospital-a", "--admin-token", str(certs / "admin.token"),
     )  # fmt: skip
     # hospital-b: its own key and request; the coordinator signs it against the federation it is part of.
     hospital = root / "overlays" / "hospital"
