@@ -17,7 +17,7 @@ from capc_common.federation import (
     membership_change,
     retire_party,
 )
-from capc_services.tls import init_ca, issue_certificate
+from capc_services.tls import init_ca, issue_certificate, refusal
 
 COMPOSE = Path(__file__).resolve().parents[2] / "deploy" / "compose" / "federation.yaml"
 
@@ -158,6 +158,12 @@ def test_the_cli_writes_the_new_file_and_the_next_steps(
     retired = FederationConfig.load(tmp_path / "federation-3.yaml")
     assert retired.revoked[-1].serial == cert.serial and len(retired.history) == 2
     assert any(f"serial {cert.serial}" in step for step in result["next"])
+    # The guardian's and the student's check (tests/services/test_revocation.py) refuses that certificate now,
+    # also if the name is given to a party again later.
+    readded = add_party(retired, name="hospital-b", heads=25)
+    for config in (retired, readded):
+        refused = refusal(config, common_name="hospital-b", serial=cert.serial, dns_names=cert.dns_names)
+        assert refused is not None and "is revoked in federation.yaml (hospital-b retired)" in refused
 
 
 def test_the_cli_refuses_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from guardian_harness import Setup, tls_files
 from sites_harness import funded_config, guardian_settings
 
 from capc_cli.main import main
@@ -21,8 +22,14 @@ from capc_common.federation import FederationConfig, add_party
 from capc_common.privacy import BudgetLedger
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import (
+    AuthInterceptor,
+    ConfigHashClientInterceptor,
+    superseded_by_history,
+)
+from capc_services.common.runtime import start_grpc_server
 from capc_services.guardian.app import serve
+from capc_services.guardian.servicer import POLICY, GuardianServicer, add_to_server
 from capc_services.local.provision import free_port
 from capc_services.tls import TlsFiles
 
@@ -168,3 +175,28 @@ def test_a_guardian_continues_its_ledger_across_an_authorised_membership_change(
         assert f"was made from config {config.config_hash()[:16]}" in reply.json()["detail"]
     finally:
         guardian.close()
+
+
+def test_a_party_without_a_ledger_names_the_change_from_its_history(pki: Path, tmp_path: Path) -> None:
+    """The student has no ledger: the history its new federation.yaml carries names the change to a teacher
+    still presenting the old hash (here on a guardian's service, the same interceptor)."""
+    config = funded_config()
+    new = add_party(config, name="outsider", heads=2)
+    setup = Setup(pki, tmp_path, new)
+    server = start_grpc_server(
+        bind="127.0.0.1:0", tls=tls_files(pki, "guardian"),
+        register=[add_to_server(GuardianServicer(setup.guardian))], services=[rpc.GUARDIAN_SERVICE],
+        interceptors=[AuthInterceptor(config=new, policy=POLICY, superseded=superseded_by_history(new))],
+    )  # fmt: skip
+    try:
+        refused = _submit(pki, "hospital-a", f"127.0.0.1:{server.port}", config.config_hash())
+        assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert (
+            "but the federation changed (added outsider): install the new federation.yaml"
+            in refused.details()
+        )
+        stranger = _submit(pki, "hospital-a", f"127.0.0.1:{server.port}", "0" * 64)
+        assert "federation config hash mismatch" in stranger.details()
+    finally:
+        server.stop(0)
+        setup.close()

@@ -57,6 +57,14 @@ def peer_certificate(context: grpc.ServicerContext) -> bytes:
     return bytes(pems[0]) if pems else b""
 
 
+def superseded_by_history(config: FederationConfig) -> dict[str, str]:
+    """The config hashes ``federation.yaml``'s ``history`` says this federation replaced, each with the change
+    that did (what a party without a ledger, the student, tells a peer still on one of them)."""
+    return {
+        old: f"the federation changed ({change.describe()})" for old, change in config.previous_hashes.items()
+    }
+
+
 class AuthInterceptor(grpc.ServerInterceptor):
     """Checks caller identity against ``federation.yaml`` and the method's allowed roles, and the config hash.
 

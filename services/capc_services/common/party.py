@@ -12,7 +12,7 @@ from capc_common.errors import InputError
 from capc_common.federation import check_runnable
 from capc_services.common import faults
 from capc_services.common.admin import Readiness, build_admin_app
-from capc_services.common.interceptors import AuthInterceptor
+from capc_services.common.interceptors import AuthInterceptor, superseded_by_history
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import AdminServer
 from capc_services.common.settings import SiteSettings, is_loopback
@@ -118,10 +118,7 @@ class PartyRuntime:
                 changes ``federation.yaml``'s ``history`` lists).
         """
         if superseded is None:
-            superseded = {
-                old: f"the federation changed ({change.describe()})"
-                for old, change in self.config.previous_hashes.items()
-            }
+            superseded = superseded_by_history(self.config)
         return AuthInterceptor(
             config=self.config, policy=policy, on_reject=self.metrics.reject, superseded=superseded
         )
