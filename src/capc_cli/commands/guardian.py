@@ -85,7 +85,10 @@ def membership(url: str, token_file: Path, federation: Path, fmt: str) -> None:
         )
     except httpx.HTTPError as exc:
         raise UnavailableError(f"the guardian's admin API at {url} does not answer ({exc})") from None
-    detail = response.json().get("detail", response.text) if response.content else ""
+    try:
+        detail = str(response.json().get("detail", response.text))
+    except (ValueError, AttributeError):  # not the guardian's problem JSON (a proxy's page, an empty body)
+        detail = response.text
     if response.status_code == 401:
         raise InputError(f"the guardian at {url} refused the admin token; check --token-file ({detail})")
     if response.status_code in (409, 422):
