@@ -139,3 +139,25 @@ def test_the_covering_cap_answers_every_batch_the_federations_limit_can_admit(
                 break
             charged += 1
         assert charged == takes, cap_eps
+
+
+def test_a_record_carries_on_across_a_membership_change(tmp_path: Path, config: FederationConfig) -> None:
+    """The ε a party released before a membership change still counts after it (its record is not
+    restarted at 0 by the new config hash), and new lines name the new hash."""
+    LocalCap.init(tmp_path / "cap.jsonl", config=config)
+    LocalCap(tmp_path / "cap.jsonl", config=config, epsilon_cap=100).charge(
+        batch_id="b0", attempt=1, count=16
+    )
+    data = config.model_dump(mode="json")
+    data["teachers"].append({"name": "hospital-c", "heads": 2})
+    grown = FederationConfig.from_dict(
+        {**data, "history": [{"previous": config.config_hash(), "added": ["hospital-c"]}]}
+    )
+    cap = LocalCap(tmp_path / "cap.jsonl", config=grown, epsilon_cap=100)
+    assert (cap.batches, cap.queries) == (1, 16)
+    assert cap.rdp == pytest.approx(batch_costs(config).worst_case(16))
+    cap.charge(batch_id="b1", attempt=1, count=16)
+    assert grown.config_hash() in (tmp_path / "cap.jsonl").read_text().splitlines()[-1]
+    unrelated = FederationConfig.from_dict({**grown.model_dump(mode="json"), "history": []})
+    with pytest.raises(IntegrityError, match="another federation config"):
+        LocalCap(tmp_path / "cap.jsonl", config=unrelated, epsilon_cap=100)

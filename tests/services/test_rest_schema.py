@@ -28,6 +28,7 @@ from capc_services.common.party import PartyRuntime
 from capc_services.guardian.api import router as guardian_router
 from capc_services.guardian.app import open_ledger
 from capc_services.guardian.core import Guardian
+from capc_services.guardian.membership import membership_router
 from capc_services.guardian.releases import ReleaseGuardian
 from capc_services.student.app import progress_router
 from capc_services.student.guardian_client import GuardianClient
@@ -78,7 +79,10 @@ def guardian_app(
             worst_case_rdp=1.0, actor="student",
         )  # fmt: skip
         ledger.settle("q000000000+32", answered=7, actual_rdp=0.5, actor="guardian")
-        yield _authorised(party, party.admin_app(readiness=dict, routers=[guardian_router(guardian)]))
+        membership = membership_router(config=party.config, ledger=ledger, on_change=lambda: None)
+        yield _authorised(
+            party, party.admin_app(readiness=dict, routers=[guardian_router(guardian), membership])
+        )
 
 
 @pytest.fixture

@@ -108,7 +108,9 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
     if isinstance(party.config.mechanism, ReleaseMember):  # noisy totals, no query batches
         run_release_student(settings, party, stop=stop, noise=noise_label(party.config))
         return
-    store = LabelStore(settings.store, config_hash=party.config_hash)
+    store = LabelStore(
+        settings.store, config_hash=party.config_hash, continues=party.config.previous_hashes.keys()
+    )
     registry = TeacherRegistry()
     guardian = GuardianClient(
         config=party.config,

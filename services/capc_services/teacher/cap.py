@@ -40,6 +40,10 @@ class LocalCap:
         InputError: a non-positive cap.
         IntegrityError: the record is missing (see :meth:`init`), belongs to another federation config or
             is corrupt.
+
+    A record carries on across a membership change: lines written under a config hash that
+    ``federation.yaml``'s ``history`` lists as continued from count as this federation's (each line keeps
+    the RDP it charged), and new lines name the new hash.
     """
 
     def __init__(
@@ -59,6 +63,7 @@ class LocalCap:
             epsilon=epsilon_cap, delta=config.budget.delta, order=config.budget.order
         )
         self._hash = config.config_hash()
+        self._accepted = {self._hash, *config.previous_hashes}
         self._lock = threading.Lock()
         self.batches = 0
         self.queries = 0
@@ -99,7 +104,7 @@ class LocalCap:
                 continue
             try:
                 entry = json.loads(line)
-                if entry["config_hash"] != self._hash:
+                if entry["config_hash"] not in self._accepted:
                     raise IntegrityError(
                         f"{self.path} line {number} was written under another federation config "
                         f"({entry['config_hash'][:16]}); give this federation its own record"

@@ -454,6 +454,39 @@ class Revocation(_Frozen):
         return text.lstrip("0") or "0"
 
 
+class MembershipChange(_Frozen):
+    """One earlier membership change this federation continues from (``history:`` in ``federation.yaml``).
+
+    Written by ``capc federation add-party`` / ``retire-party``. The student and each teacher party accept
+    their own records (label store, cap record) written under ``previous`` as this federation's: what they
+    spent before the change still counts. The guardian does not take the file's word for it: it continues
+    its ledger only through the admin-authorised membership entry (``POST /api/v1/membership``).
+
+    Attributes:
+        previous: the config hash before the change.
+        added / retired: teacher parties the change added or retired.
+    """
+
+    previous: str
+    added: tuple[str, ...] = ()
+    retired: tuple[str, ...] = ()
+
+    @field_validator("previous")
+    @classmethod
+    def _hex(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{64}", value):
+            raise ValueError(
+                f"history.previous must be a config hash (64 lowercase hex digits), got {value!r}"
+            )
+        return value
+
+    def describe(self) -> str:
+        """``added hospital-4; retired hospital-2``."""
+        parts = [f"added {', '.join(self.added)}" if self.added else "",
+                 f"retired {', '.join(self.retired)}" if self.retired else ""]  # fmt: skip
+        return "; ".join(p for p in parts if p) or "no party added or retired"
+
+
 def serial_hex(serial: int) -> str:
     """A certificate serial number as ``federation.yaml`` lists it: lowercase hex, no leading zeros."""
     return format(serial, "x")
@@ -464,7 +497,9 @@ class FederationConfig(_Frozen):
 
     ``revoked`` lists certificates the guardian and the student refuse. It is *not* part of
     :meth:`config_hash`: revoking a certificate changes who may connect, not what the federation computes,
-    so the ledger, the label store and every party's cap record carry on under the same hash.
+    so the ledger, the label store and every party's cap record carry on under the same hash. Nor is
+    ``history`` (the membership changes this config continues from, :class:`MembershipChange`): it says
+    which earlier hashes the parties' own records may carry, not what the federation computes.
     """
 
     version: Literal[1] = 1
@@ -479,6 +514,7 @@ class FederationConfig(_Frozen):
     backbone: Backbone
     quorum: Quorum
     revoked: tuple[Revocation, ...] = ()
+    history: tuple[MembershipChange, ...] = ()
 
     _guardian = field_validator("guardian")(check_party_name)
     _student = field_validator("student")(check_party_name)
@@ -550,9 +586,15 @@ class FederationConfig(_Frozen):
         """Serials (normalised hex) of the revoked certificates."""
         return frozenset(r.serial for r in self.revoked)
 
+    @property
+    def previous_hashes(self) -> dict[str, MembershipChange]:
+        """Config hashes this federation continues from (``history``), each with the change that left it."""
+        return {change.previous: change for change in self.history}
+
     def parameters(self) -> dict[str, Any]:
-        """Every parameter the federation computes with (all fields but ``revoked``), as JSON values."""
-        return self.model_dump(mode="json", exclude={"revoked"})
+        """Every parameter the federation computes with (all fields but ``revoked`` and ``history``), as
+        JSON values."""
+        return self.model_dump(mode="json", exclude={"revoked", "history"})
 
     def canonical_json(self) -> str:
         """Deterministic JSON of :meth:`parameters`: sorted keys, no whitespace, plain ASCII."""
@@ -600,5 +642,6 @@ class FederationConfig(_Frozen):
         """Write the config as YAML (atomic: a temporary file renamed into place)."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False))
+        data = self.model_dump(mode="json", exclude=set() if self.history else {"history"})
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False))
         tmp.replace(path)
