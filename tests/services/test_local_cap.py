@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError
+from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError, UnavailableError
 from capc_common.federation import FederationConfig, batch_costs, mechanism_of
 from capc_services.teacher.cap import LocalCap
 
@@ -32,6 +32,7 @@ def test_cap_counts_worst_cases_durably_and_refuses_past_the_cap(
     with pytest.raises(BudgetExhaustedError, match="local cap: batch b2"):
         cap.charge(batch_id="b2", attempt=1, count=16)
     # Assert: the record survives a restart and the refused batch left no trace
+    cap.close()
     again = LocalCap(tmp_path / "cap.jsonl", config=config, epsilon_cap=cap_eps)
     assert (again.batches, again.queries) == (2, 32)
     reference = mechanism_of(config).accountant
@@ -93,3 +94,62 @@ def test_a_new_record_is_made_durable_with_its_directory_entry(
     cap = LocalCap(tmp_path / "site" / "cap.jsonl", config=config, epsilon_cap=100)
     cap.charge(batch_id="b0", attempt=1, count=16)  # the file exists: only its contents need syncing
     assert synced == [False]
+
+
+_HOLD = """
+import sys
+from capc_common.federation import FederationConfig
+from capc_services.teacher.cap import LocalCap
+
+cap = LocalCap(sys.argv[1], config=FederationConfig.load(sys.argv[2]), epsilon_cap=100)
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+def test_a_second_process_on_the_same_record_is_refused_naming_the_first(
+    tmp_path: Path, config: FederationConfig
+) -> None:
+    """Issue 25.3: two processes on one cap record would each admit up to the cap (ε 17.7 against a cap of 10
+    was reproduced). The process that charges holds the record; a second is refused with its pid and host."""
+    import socket
+    import subprocess
+    import sys
+
+    record = LocalCap.init(tmp_path / "cap.jsonl", config=config)
+    config.save(tmp_path / "federation.yaml")
+    first = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(record), str(tmp_path / "federation.yaml")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None and first.stdout.readline() == "held\n"
+        with pytest.raises(
+            UnavailableError, match=f"pid {first.pid} on host {socket.gethostname()}, started 20"
+        ):
+            LocalCap(record, config=config, epsilon_cap=100)
+        # A read-only view (the preflight check) still reads the record beside the serving process.
+        view = LocalCap(record, config=config, epsilon_cap=100, exclusive=False)
+        with pytest.raises(InputError, match="read-only"):
+            view.charge(batch_id="b", attempt=1, count=16)
+    finally:
+        first.communicate(input="", timeout=30)
+    # The first process is gone: the kernel dropped its lock with it.
+    with LocalCap(record, config=config, epsilon_cap=100) as cap:
+        cap.charge(batch_id="b0", attempt=1, count=16)
+
+
+def test_the_record_is_re_read_before_each_charge(tmp_path: Path, config: FederationConfig) -> None:
+    """A line appended behind the holder's back (a file system that ignores flock) still counts."""
+    costs = batch_costs(config)
+    record = LocalCap.init(tmp_path / "cap.jsonl", config=config)
+    with LocalCap(record, config=config, epsilon_cap=costs.epsilon(costs.worst_case(16) * 2.5)) as cap:
+        cap.charge(batch_id="b0", attempt=1, count=16)
+        lines = record.read_text().splitlines()
+        with record.open("a") as handle:  # what a second writer would have appended
+            handle.write(lines[-1].replace('"b0"', '"elsewhere"') + "\n")
+        with pytest.raises(BudgetExhaustedError, match="local cap: batch b1"):
+            cap.charge(batch_id="b1", attempt=1, count=16)
+        assert (cap.batches, cap.queries) == (2, 32)
