@@ -53,6 +53,7 @@ def test_cli_run_writes_report_student_and_plots(cli_run):
     assert report["epsilon"] == 30 and 0 < report["epsilon_spent"] <= 30 and report["delta"] == 1e-5
     assert report["accountant"].startswith("confident-gnmax: ")
     assert 0.0 <= report["student_accuracy"] <= 1.0
+    assert 0 < report["epsilon"] <= 30 and report["delta"] == 1e-5
     assert report["best_teacher_accuracy"] >= report["mean_teacher_accuracy"] > 0.5
     assert json.loads((out / "report.json").read_text())["epsilon_spent"] == report["epsilon_spent"]
     for name in ("accuracy_vs_epsilon.png", "student.safetensors", "labels.npz"):
@@ -68,6 +69,21 @@ def test_cli_run_writes_report_student_and_plots(cli_run):
     assert not list(out.glob("consensus*")) and report["not_private"].startswith("NOT PRIVATE")
     # Hash-assigned shards: ε holds for adding or removing one example, and the report says so.
     assert report["neighbouring"] == card["privacy"]["neighbouring"] == "add/remove one example"
+
+
+def test_the_reported_accuracy_is_the_saved_students_and_beats_chance(cli_run):
+    """Issue 25.8: recompute the student's accuracy from its saved file on the evaluation set, featurised as
+    the run does (chunks of eval_bn_batch, current statistics); it must equal the report's and be far above
+    chance (10 classes) — a student trained on shuffled labels, or a report of another model, fails."""
+    prep = prepare(_config(cli_run))
+    cfg = prep.config
+    features = prep.student_featurizer.extract(
+        prep.evaluation.images, bn_batch=cfg.student.eval_bn_batch, mode=cfg.backbone.bn_mode
+    )
+    head, _ = load_student(cli_run["out"] / "student.safetensors")
+    accuracy = float((head.predict(features)[0] == prep.evaluation.labels).mean())
+    assert cli_run["report"]["student_accuracy"] == pytest.approx(accuracy, abs=1e-12)
+    assert accuracy > 0.25  # 0.33 measured (seeded run); chance is 0.10
 
 
 def test_curve_points_are_runs_at_smaller_budgets(cli_run):

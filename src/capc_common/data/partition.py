@@ -5,7 +5,10 @@ Schemes:
         bytes), ``SHA-256(seed ‖ label ‖ image) mod shards``. Adding or removing one example changes exactly
         one shard and leaves every other shard untouched, so a guarantee stated for neighbouring datasets
         that differ by *adding or removing* one example holds end to end (one example moves one teacher).
-        Shard sizes vary (multinomial); identical examples land in the same shard. The default for teachers.
+        Shard sizes vary (multinomial) and a shard may be short or even empty — refusing then would make
+        whether a party trains at all hinge on one example; its teacher abstains instead
+        (:func:`capc_common.learn.short_shards`). Identical examples land in the same shard. The default
+        for teachers.
     ``iid``: a seeded permutation cut into shards whose sizes differ by at most one. Adding or removing an
         example re-deals every shard, so with this scheme ε holds for the *replace-one* relation only.
     ``imbalanced``: every shard is class-imbalanced with the given ratio. Shard ``k`` favours class
@@ -173,7 +176,7 @@ def partition(
 
     Args:
         labels: 1-D integer class labels (only their values matter).
-        shards: number of shards (teachers); at most the number of examples.
+        shards: number of shards (teachers); at most the number of examples, except for ``hash``.
         scheme: ``hash``, ``iid``, ``imbalanced`` or ``dirichlet`` (see the module docstring).
         seed: seed of the (public) shuffling randomness; the same seed gives the same shards.
         imbalance_ratio: for ``imbalanced``: most/least frequent class size within a shard, ≥ 1.
@@ -184,7 +187,8 @@ def partition(
         One int64 index array per shard.
 
     Raises:
-        InputError: bad labels, more shards than examples, unknown scheme or a missing/invalid parameter.
+        InputError: bad labels, more shards than examples (but for ``hash``), unknown scheme or a
+            missing/invalid parameter.
     """
     y = np.asarray(labels)
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
@@ -194,7 +198,7 @@ def partition(
     y = y.astype(np.int64)
     if shards < 1:
         raise InputError(f"shards must be at least 1, got {shards}")
-    if shards > len(y):
+    if shards > len(y) and scheme != "hash":
         raise InputError(
             f"cannot split {len(y)} examples into {shards} non-empty shards; use at most {len(y)} shards"
         )
@@ -207,13 +211,7 @@ def partition(
             raise InputError("scheme 'hash' takes neither imbalance_ratio nor alpha")
         if images is None:
             raise InputError("scheme 'hash' needs the images (each example's shard is a hash of its content)")
-        parts = _hash_shards(np.asarray(images), y, shards=shards, seed=seed)
-        if min(len(p) for p in parts) == 0:
-            raise InputError(
-                f"scheme 'hash' left a shard empty for {len(y)} examples and {shards} shards; "
-                "use fewer shards"
-            )
-        return parts
+        return _hash_shards(np.asarray(images), y, shards=shards, seed=seed)
     rng = np.random.default_rng(seed)
     if scheme == "iid":
         if imbalance_ratio is not None or alpha is not None:

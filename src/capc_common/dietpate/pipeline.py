@@ -9,7 +9,7 @@ its part z1_s of the threshold noise). With the same seed for both sources a fed
 the same labels, query by query.
 
 :func:`prepare` performs every check that can fail on bad input (unknown dataset or generator, backbone and
-image shapes, more teachers than samples, shards smaller than a BatchNorm chunk, a budget that cannot pay
+image shapes, more teachers than samples (a position-based partition), a budget that cannot pay
 for one batch) before any expensive work; :func:`run` then executes the stages and returns the report.
 """
 
@@ -31,6 +31,7 @@ from capc_common.dietpate.cache import FeatureCache, digest_indices
 from capc_common.dietpate.config import RunConfig
 from capc_common.errors import InputError
 from capc_common.learn.featurizers import BackboneFeaturizer, Featurizer, PixelFeaturizer
+from capc_common.learn.teachers import short_shards
 
 if TYPE_CHECKING:
     from capc_common.data import Dataset
@@ -132,7 +133,8 @@ def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
 
     Raises:
         InputError: unknown dataset, generator or backbone; backbone/data shape mismatch; more teachers than
-            samples; a shard smaller than one BatchNorm chunk; an evaluation set smaller than the evaluation
+            samples under a position-based partition (under ``hash`` a shard shorter than one BatchNorm chunk
+            makes its teacher abstain, never the run refuse); an evaluation set smaller than the evaluation
             chunk; a budget too small for one batch.
     """
     from capc_common.data import partition
@@ -146,7 +148,7 @@ def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
     h, w, c = (int(v) for v in train.images.shape[1:])
     shape = (h, w, c)
     t = config.teachers
-    if t.count > len(train.labels):
+    if t.partition != "hash" and t.count > len(train.labels):
         raise InputError(
             f"{t.count} teachers but only {len(train.labels)} training images: every teacher needs its own "
             f"data; use at most {len(train.labels) // config.backbone.bn_batch} teachers with bn_batch "
@@ -161,14 +163,14 @@ def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
         alpha=t.alpha,
         images=train.images if t.partition == "hash" else None,
     )
-    smallest = min(len(s) for s in shards)
-    if smallest < config.backbone.bn_batch:
-        raise InputError(
-            f"the smallest of {t.count} teacher shards holds {smallest} images, fewer than one BatchNorm "
-            f"chunk (bn_batch {config.backbone.bn_batch}); use fewer teachers (`capc federation plan "
-            f"--examples {len(train.labels)} --bn-batch {config.backbone.bn_batch} --classes C --epsilon E` "
-            "proposes a count whose shards all hold "
-            "one chunk) or lower bn_batch"
+    short = short_shards(shards, bn_batch=config.backbone.bn_batch)
+    if short:
+        # Not refused: whether the run trains must not hinge on one example; a short shard's teacher abstains.
+        log(
+            f"warning: {len(short)} of {t.count} teacher shards hold fewer than one BatchNorm chunk "
+            f"({config.backbone.bn_batch} images): those teachers abstain (a fixed vote); `capc federation "
+            f"plan --examples {len(train.labels)} --bn-batch {config.backbone.bn_batch} --classes C "
+            "--epsilon E` proposes a count whose shards all hold one chunk"
         )
     eval_chunk = config.student.eval_bn_batch
     if len(evaluation.labels) < eval_chunk:

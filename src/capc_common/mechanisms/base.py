@@ -48,11 +48,14 @@ class TrainedTeachers:
 
     Attributes:
         save: writes it, atomically, to the party's teachers file (its voter loads it from there).
-        train_accuracy: each teacher on its own shard, a sanity figure for the operator.
+        train_accuracy: each teacher on its own shard, a sanity figure for the operator (None when every
+            teacher abstains).
+        abstaining: the teachers whose shard is shorter than one BatchNorm chunk (they cast a fixed vote).
     """
 
     save: Callable[[Path], None]
-    train_accuracy: float
+    train_accuracy: float | None
+    abstaining: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,8 @@ class SelectionMechanism(ABC):
         """What a party trains for its voter (``capc teacher train``), one teacher per shard of its own data,
         each on its shard alone: by default PATE heads (the central pipeline's
         :func:`~capc_common.learn.teachers.fit_teachers`, features in current statistics over ``bn_batch``
-        chunks of the shard, the setting the party votes in).
+        chunks of the shard, the setting the party votes in). A teacher whose shard is shorter than one
+        chunk abstains (a fixed vote) rather than refusing the party.
 
         Args:
             backbone: the shared backbone.
@@ -132,7 +136,11 @@ class SelectionMechanism(ABC):
             features=lambda: features,
         )
         own = ensemble.predict(features)[owners, np.arange(len(owners))]
-        return TrainedTeachers(save=ensemble.save, train_accuracy=float((own == labels[index]).mean()))
+        return TrainedTeachers(
+            save=ensemble.save,
+            train_accuracy=float((own == labels[index]).mean()) if len(index) else None,
+            abstaining=ensemble.abstaining,
+        )
 
     # ------------------------------------------------------------------ accounting
     @abstractmethod

@@ -89,11 +89,14 @@ class PromPATE(ConfidentGNMax):
         teachers = train_prompted_teachers(
             backbone, images, labels, shards, classes=self.classes, bn_batch=bn_batch, recipe=self.recipe
         )
-        right = sum(
-            int(np.sum(teachers.teacher(t).predict(images[shard])[0] == labels[shard]))
-            for t, shard in enumerate(shards)
+        voting = [(t, s) for t, s in enumerate(shards) if t not in teachers.abstaining]
+        right = sum(int(np.sum(teachers.teacher(t).predict(images[s])[0] == labels[s])) for t, s in voting)
+        rows = sum(len(s) for _, s in voting)
+        return TrainedTeachers(
+            save=teachers.save,
+            train_accuracy=right / rows if rows else None,
+            abstaining=teachers.abstaining,
         )
-        return TrainedTeachers(save=teachers.save, train_accuracy=right / sum(len(s) for s in shards))
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,11 @@ returns). Entries are append-only (triggers reject UPDATE and DELETE) and hash-c
 ``SHA-256(previous hash ‖ canonical JSON of the row)``, starting from the hash of the ledger's parameters, so
 :meth:`BudgetLedger.verify` detects any edited, removed or reordered row and recomputes every total.
 
+**Parameters are checked when the ledger opens.** The ``meta`` row (ε, δ, order, budget, config) must hash to
+the stored genesis, its config to its config hash, and the first entry must link to that genesis:
+:meth:`BudgetLedger.open` refuses (``IntegrityError``) a ledger whose parameters were edited, so neither
+``capc budget show`` nor the guardian ever trusts an edited budget.
+
 **Derived totals are recomputed, never trusted.** The ``state`` table (running totals and the chain head) is
 a cache for other readers: triggers only let it move one entry at a time, to the newest entry's hash, and
 every :class:`BudgetLedger` recomputes the totals itself from the chained entries — all of them when it
@@ -434,10 +439,7 @@ class BudgetLedger:
         self.path = path
         self._db = connection
         self._lock = threading.RLock()
-        row = self._db.execute(
-            "SELECT format, created, epsilon_limit, delta, rdp_order, budget_rdp, budget_units, config, "
-            "config_hash, genesis FROM meta WHERE id = 1"
-        ).fetchone()
+        row = self._db.execute(f"SELECT {', '.join(_META_KEYS)} FROM meta WHERE id = 1").fetchone()
         if row is None:
             raise IntegrityError(f"{path} has no ledger parameters; it is not a complete budget ledger")
         row = _typed(row, _META_TYPES, f"{path}'s ledger parameters")
@@ -445,6 +447,12 @@ class BudgetLedger:
          config, self.config_hash, self.genesis) = row  # fmt: skip
         if fmt != FORMAT:
             raise IntegrityError(f"{path} is ledger format {fmt}; this version reads format {FORMAT}")
+        problems = _meta_problems(dict(zip(_META_KEYS, row, strict=True)), self._db)
+        if problems:
+            raise IntegrityError(
+                f"ledger {path}'s parameters were edited: {'; '.join(problems)}. Its budget cannot be "
+                "trusted; restore the ledger from a backup"
+            )
         self.config: dict[str, Any] = json.loads(config)
         #: The filter's parameters (the ledger keeps the history on disk, not in ``filter.charges``).
         self.filter = RenyiFilter(
@@ -581,11 +589,11 @@ class BudgetLedger:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> BudgetLedger:
-        """Open an existing ledger file.
+        """Open an existing ledger file, checking its parameters against their genesis hash and the chain.
 
         Raises:
             InputError: the file does not exist.
-            IntegrityError: it is not a ledger of this format.
+            IntegrityError: it is not a ledger of this format, or its parameters were edited.
         """
         target = Path(path)
         if not target.is_file():
@@ -744,6 +752,15 @@ class BudgetLedger:
     def _new_chain(self, *, watch: str | None = None) -> _Chain:
         """An empty recomputation of this ledger's chain, from its genesis."""
         return _Chain(self.genesis, self.budget_units, watch=watch, config_hash=self.config_hash)
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """A read transaction: every statement inside sees the database as of its first read."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._db.execute("ROLLBACK")
 
     def _catch_up(self, db: sqlite3.Connection) -> None:
         """Fold the rows appended since the last look (by anyone) into the recomputed totals."""
@@ -1288,30 +1305,23 @@ class BudgetLedger:
             raise InputError(f"the expected head must be 64 lowercase hex digits, got {expect_head!r}")
         chain = self._new_chain(watch=expect_head)
         try:
-            with self._lock:
+            # One read transaction: the parameters, the stored totals and the entries come from one snapshot
+            # (WAL), so a row a live guardian appends meanwhile cannot look like a mismatch between them.
+            with self._lock, self._snapshot():
                 check = self._db.execute("PRAGMA quick_check").fetchone()[0]
                 if check != "ok":
                     chain.problems.append(f"SQLite quick_check: {check}")
-                meta = self._db.execute(
-                    "SELECT format, created, epsilon_limit, delta, rdp_order, budget_rdp, budget_units, "
-                    "config, config_hash FROM meta WHERE id = 1"
-                ).fetchone()
+                meta = self._db.execute(f"SELECT {', '.join(_META_KEYS)} FROM meta WHERE id = 1").fetchone()
+                meta_problems = _meta_problems(dict(zip(_META_KEYS, meta, strict=True)), self._db)
+                if meta[-1] != self.genesis:
+                    meta_problems.append("the genesis changed since the ledger was opened")
                 state = self._state(self._db)
                 for row in self._db.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries ORDER BY seq"):
                     chain.apply(_row_entry(row))
         except (sqlite3.DatabaseError, IntegrityError) as exc:
             chain.problems.append(f"the file cannot be read past entry {chain.seq}: {exc}")
             return VerificationReport(ok=False, entries=chain.seq, problems=chain.problems, head=chain.head)
-        keys = ("format", "created", "epsilon_limit", "delta", "rdp_order", "budget_rdp", "budget_units",
-                "config", "config_hash")  # fmt: skip
-        meta_dict = dict(zip(keys, meta, strict=True))
-        if _sha256(_canonical(meta_dict)) != self.genesis:
-            chain.problems.append(
-                "ledger parameters do not match the genesis hash (edited budget, order or config)"
-            )
-        if _sha256(meta_dict["config"]) != meta_dict["config_hash"]:
-            chain.problems.append("stored config does not match its hash")
-        chain.problems += chain.state_problems(state)
+        chain.problems += meta_problems + chain.state_problems(state)
         if expect_head is not None and chain.watched_at is None:
             chain.problems.append(
                 f"the pinned head {expect_head[:16]}… is not in the chain of {chain.seq} entries: entries "
@@ -1364,6 +1374,27 @@ def _describe(change: Mapping[str, Any]) -> str:
 
 _ENTRY_TYPES = (int, str, str, int, int, int, str, str, str, float, int, str, str, float, str, str)
 _META_TYPES = (int, float, float, float, float, float, int, str, str, str)
+_META_KEYS = ("format", "created", "epsilon_limit", "delta", "rdp_order", "budget_rdp", "budget_units",
+              "config", "config_hash", "genesis")  # fmt: skip
+
+
+def _meta_problems(meta: Mapping[str, Any], db: sqlite3.Connection) -> list[str]:
+    """How the ``meta`` row disagrees with its own genesis hash, its config hash and the chain's first link.
+
+    The genesis is the hash of the parameters (:meth:`BudgetLedger.create`) and the first entry's
+    ``prev_hash``: an edited budget breaks the first, and an edited budget with a recomputed genesis breaks
+    the second (once the ledger has an entry).
+    """
+    problems = []
+    params = {k: v for k, v in meta.items() if k != "genesis"}
+    if _sha256(_canonical(params)) != meta["genesis"]:
+        problems.append("ledger parameters do not match the genesis hash (edited budget, order or config)")
+    if _sha256(meta["config"]) != meta["config_hash"]:
+        problems.append("stored config does not match its hash")
+    first = db.execute("SELECT prev_hash FROM entries ORDER BY seq LIMIT 1").fetchone()
+    if first is not None and first[0] != meta["genesis"]:
+        problems.append("the first entry does not link to the ledger's genesis (parameters replaced)")
+    return problems
 
 
 def _typed(row: tuple[Any, ...], types: tuple[type, ...], what: str) -> tuple[Any, ...]:

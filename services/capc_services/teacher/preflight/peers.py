@@ -99,7 +99,8 @@ def cap_check(settings: TeacherSettings, config: FederationConfig) -> Check:
             fix="raise cap.epsilon (the federation's δ and Rényi order are fixed by federation.yaml)",
         )
     try:
-        cap = LocalCap(settings.cap.record, config=config, epsilon_cap=cap_eps)
+        # A read-only view: this check runs beside a serving teacher, which holds the record's lock.
+        cap = LocalCap(settings.cap.record, config=config, epsilon_cap=cap_eps, exclusive=False)
     except CapcError as exc:
         return Check.fail(
             "local_cap",
