@@ -42,8 +42,9 @@ import httpx
 import numpy as np
 import psutil
 
-from capc_common.aggregation import confident_rule, draw_confident_noise, draw_student_noise, vote_histogram
+from capc_common.aggregation import draw_confident_noise, draw_student_noise, vote_histogram
 from capc_common.federation import FederationConfig, batch_plan
+from capc_common.mechanisms import confident_rule
 from capc_common.privacy import SystemNoise
 from capc_services.local.federation import down, ensure_provisioned, token, up
 from capc_services.local.layout import Layout

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.aggregation import UNANSWERED, MechanismNoise, mechanism_noise
+from capc_common.aggregation import MechanismNoise, mechanism_noise
 from capc_common.errors import InputError
 from capc_common.learn.heads import HeadEnsemble, HeadRecipe, train_heads
+from capc_common.mechanisms.base import UNANSWERED
 from capc_common.mechanisms.central import PartyData
 from capc_common.mechanisms.pate import ConfidentGNMax
 from capc_common.mechanisms.release import calibrate
