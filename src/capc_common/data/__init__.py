@@ -11,7 +11,7 @@ from capc_common.data.catalog import DATASET_NAMES, FASHION_MNIST_CLASSES, load_
 from capc_common.data.dataset import Dataset
 from capc_common.data.files import load_image_folder, load_npz
 from capc_common.data.idx import load_idx, read_idx
-from capc_common.data.partition import PARTITION_SCHEMES, partition, site_part
+from capc_common.data.partition import PARTITION_SCHEMES, partition, site_part, site_parts
 
 __all__ = [
     "DATASET_NAMES",
@@ -25,4 +25,5 @@ __all__ = [
     "partition",
     "read_idx",
     "site_part",
+    "site_parts",
 ]
