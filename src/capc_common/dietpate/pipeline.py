@@ -16,12 +16,11 @@ for one batch) before any expensive work; :func:`capc_common.dietpate.run` then 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -32,8 +31,8 @@ from capc_common.dietpate.cache import digest_indices
 from capc_common.dietpate.config import RunConfig
 from capc_common.dietpate.report import finite
 from capc_common.errors import InputError
-from capc_common.mechanisms import UNANSWERED
 from capc_common.learn.featurizers import BackboneFeaturizer, Featurizer, PixelFeaturizer
+from capc_common.mechanisms import UNANSWERED
 
 if TYPE_CHECKING:
     from capc_common.data import Dataset
@@ -219,7 +218,7 @@ def prepare(config: RunConfig, *, log: Log = quiet) -> Prepared:
 
 
 def run_noise(config: RunConfig) -> tuple[MechanismNoise, str]:
-    """The run's two noise sources (the guardian's and the student's, as in a federation) and what they are."""
+    """The run's two noise sources (the guardian's and the student's, as in a federation) and their kind."""
     seed = config.mechanism.noise_seed
     noise = mechanism_noise(seed=seed)  # the guardian's and the student's sources, as in a federation
     if seed is None:

@@ -238,7 +238,7 @@ class ReleaseMember(_MechanismConfig):
     :func:`capc_common.federation.releases.protocol_for`: the config names parameters, it runs nothing."""
 
     _omitted_when_unset: ClassVar[tuple[str, ...]] = ("insecure_noise_seed", "fixed_point_bits")
-    #: Whether the contributions are fixed-point encodings (False: whole counts, with no fixed point to lower).
+    #: Whether contributions are fixed-point encodings (False: whole counts, with no fixed point to lower).
     fixed_point: ClassVar[bool] = True
 
     fixed_point_bits: int | None = Field(default=None, ge=0, le=40)

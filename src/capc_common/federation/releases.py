@@ -407,8 +407,8 @@ class DPSGDProtocol(ReleaseProtocol):
         return self.weights
 
 
-#: The protocol each release member of ``federation.yaml`` runs, built by its ``of`` (the config only names the
-#: parameters; this module runs them).
+#: The protocol each release member of ``federation.yaml`` runs, built by its ``of`` (the config only names
+#: the parameters; this module runs them).
 _PROTOCOLS: dict[type[ReleaseMember], Callable[..., ReleaseProtocol]] = {
     DPPLMechanism: PrototypesProtocol.of,
     DPPLPublicMechanism: PublicVotesProtocol.of,

@@ -5,8 +5,8 @@ Two families share the engine's parties, sharing, guardian and ledger:
 
 * selection (:class:`SelectionMechanism`): parties contribute per-query vote counts and a 2PC noisy argmax
   releases labels (the plaintext rules, :func:`confident_rule` and :func:`noisy_argmax`, in
-  :mod:`~capc_common.mechanisms.pate`) — :class:`ConfidentGNMax` (the federation's default), :class:`GNMax`, :class:`LNMax`,
-  :class:`PrivateKNN` (kNN votes of Poisson-subsampled records);
+  :mod:`~capc_common.mechanisms.pate`) — :class:`ConfidentGNMax` (the federation's default), :class:`GNMax`,
+  :class:`LNMax`, :class:`PrivateKNN` (kNN votes of Poisson-subsampled records);
 * release (:class:`ReleaseMechanism`): parties contribute fixed-point integer vectors and the guardian's
   noisy total is released — :class:`DPPrototypes` (DPPL) and :class:`SecureDPSGD` (one release per round).
 
