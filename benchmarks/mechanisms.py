@@ -1,9 +1,10 @@
 """The mechanisms and the baselines side by side: test accuracy against ε on the same parties' data.
 
-Every method sees the same parties (``--parties`` disjoint shards of the first ``--train-limit`` training
-images, partitioned ``iid`` or ``imbalanced``), the same per-example features (the shared backbone with
-BatchNorm running statistics, each image alone, L2-normalised), the same test images, the same δ, and is
-accounted rigorously:
+Every method sees the same parties (``--parties`` disjoint parts of the first ``--train-limit`` training
+images, ``iid`` or class-skewed ``imbalanced``, each record placed by a keyed hash of its own content as the
+services place a site's records, so every row's ε is for adding or removing one record: ``methods/data.py``),
+the same per-example features (the shared backbone with BatchNorm running statistics, each image alone,
+L2-normalised), the same test images, the same δ, and is accounted rigorously:
 
 * ``local-only`` — each party's own logistic head (non-private; the number a hospital compares against),
   the mean over parties; one value, shown at every ε;
@@ -26,8 +27,9 @@ accounted rigorously:
   one release of the noisy per-class vote counts (discrete Gaussian through real additive sharing, zCDP),
   each class's prototype is its ``per_class`` most-voted candidates weighted by their noisy counts;
 * ``prom-pate`` — Prom-PATE (:mod:`capc_common.learn.prompts`, :mod:`capc_common.mechanisms.prompate`):
-  each party's first ``teachers_per_party × shard`` records become that many teachers, each a visual prompt
-  plus a linear label map trained on its shard alone through the frozen backbone (current statistics);
+  each party deals its records to ``teachers_per_party`` teachers by keyed content hash, each a visual
+  prompt plus a linear label map trained on the first ``shard`` records of its part alone through the
+  frozen backbone (current statistics);
   they vote on dead-leaves queries, Confident-GNMax (T, σ1, σ2 as fractions of the teacher count)
   answers them within the budget, and the library's student learns the answers (on current-statistics
   features, as ``capc dietpate run``'s student: the regime the teachers vote in);
@@ -72,7 +74,7 @@ from typing import Any
 import numpy as np
 from methods import REGISTRY
 from methods.common import DELTA, HYPER, log
-from methods.data import load_features, parties_of
+from methods.data import IMBALANCE, NEIGHBOURING, SPLIT, load_features, parties_of
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The methods by name, in the order of the table's rows.
@@ -121,8 +123,9 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def write_markdown(table: list[dict[str, Any]], path: Path, epsilons: list[float]) -> None:
-    """One table per partition: methods × ε, accuracy mean ± std (%)."""
-    lines = []
+    """One table per partition: methods × ε, accuracy mean ± std (%), under the neighbouring relation every
+    row's ε is for."""
+    lines = [f"Neighbouring datasets: {NEIGHBOURING}; δ = {DELTA:g}.", ""]
     for part in sorted({t["partition"] for t in table}):
         lines += [
             f"**{part}**",
@@ -190,7 +193,7 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
 def setting_of(args: argparse.Namespace) -> dict[str, Any]:
     """Everything besides (method, partition, ε, seed) that a row's figure depends on."""
     keys = ("dataset", "train_limit", "test_limit", "evaluate_on", "validation", "parties")
-    return {**{k: getattr(args, k) for k in keys}, "hyper": HYPER}
+    return {**{k: getattr(args, k) for k in keys}, "split": SPLIT, "hyper": HYPER}
 
 
 def setting_differences(recorded: dict[str, Any], current: dict[str, Any], methods: set[str]) -> list[str]:
@@ -204,6 +207,15 @@ def setting_differences(recorded: dict[str, Any], current: dict[str, Any], metho
         [k for k in current.keys() | recorded.keys() if k != "hyper" and recorded.get(k) != current.get(k)]
         + [f"hyper.{g}" for g in groups if recorded.get("hyper", {}).get(g) != current["hyper"][g]]
     )
+
+
+def _values(recorded: dict[str, Any], current: dict[str, Any]) -> str:
+    """The recorded and current values of the party split when they differ: a setting recorded without one
+    split its parties by position and seeded permutation (replace-one only), before the keyed hash."""
+    if recorded.get("split") == current["split"]:
+        return ""
+    was = recorded.get("split", "by position and seeded permutation (no split recorded)")
+    return f"; parties split {was}, this run {current['split']}"
 
 
 def check_setting(args: argparse.Namespace, csv_path: Path) -> None:
@@ -222,10 +234,12 @@ def check_setting(args: argparse.Namespace, csv_path: Path) -> None:
         if csv_path.exists():
             with csv_path.open() as handle:
                 methods = {r["method"] for r in csv.DictReader(handle)}
-        changed = setting_differences(json.loads(path.read_text()), current, methods)
+        recorded = json.loads(path.read_text())
+        changed = setting_differences(recorded, current, methods)
         if changed:
             raise SystemExit(
-                f"{csv_path} holds rows of another setting (differs in {changed}; recorded in {path}): "
+                f"{csv_path} holds rows of another setting (differs in {changed}"
+                f"{_values(recorded, current)}; recorded in {path}): "
                 "give this run its own --out or --name"
             )
     elif csv_path.exists() and csv_path.stat().st_size:
@@ -256,7 +270,10 @@ def merge_rows(args: argparse.Namespace, rows: list[dict[str, Any]], sources: li
             incoming = list(csv.DictReader(handle))
         differs = setting_differences(recorded, current, {r["method"] for r in incoming})
         if differs:
-            raise SystemExit(f"{source} was run under another setting (differs in {differs}): not merged")
+            raise SystemExit(
+                f"{source} was run under another setting (differs in {differs}{_values(recorded, current)}): "
+                "not merged"
+            )
         for r in incoming:
             key = (r["method"], r["partition"], float(r["epsilon_target"]), int(r["seed"]))
             if key not in done:
@@ -295,6 +312,8 @@ def report(
             "evaluation_images": images[1],
             "evaluate_on": args.evaluate_on,
             "parties": args.parties,
+            "split": SPLIT,
+            "neighbouring": NEIGHBOURING,
             "delta": DELTA,
             "hyper": HYPER,
         },
@@ -316,9 +335,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument(
-        "--partitions", nargs="+", choices=("iid", "imbalanced"), default=["iid", "imbalanced"]
-    )
+    parser.add_argument("--partitions", nargs="+", choices=tuple(IMBALANCE), default=list(IMBALANCE))
     parser.add_argument("--parties", type=int, default=10)
     parser.add_argument("--dataset", choices=("fashion-mnist", "digits"), default="fashion-mnist")
     parser.add_argument("--train-limit", type=int, default=20_000)
@@ -369,12 +386,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         return report(args, rows, started, images=images)
     done = {(r["method"], r["partition"], float(r["epsilon_target"]), int(r["seed"])) for r in rows}
-    tx, ty, ex, ey = load_features(args)
+    tx, ty, images, ex, ey = load_features(args)
     log(f"features: train {tx.shape}, evaluation {ex.shape} ({args.evaluate_on})")
     needs = {m: BY_NAME[m].needs(args) for m in args.methods}
     for part in args.partitions:
         for seed in args.seeds:
-            parties = parties_of(tx, ty, scheme=part, parties=args.parties, seed=seed)
+            parties = parties_of(tx, ty, images, scheme=part, parties=args.parties, seed=seed)
             for method in args.methods:
                 targets = [max(args.epsilons)] if method == "local-only" else args.epsilons
                 for eps in targets:

@@ -30,7 +30,9 @@ def _capc(
     if _CAPC_TEACHERS.get("parties") is not parties:  # the same parties for every ε and split: train once
         _CAPC_TEACHERS.update(
             parties=parties,
-            heads=capc_teachers(parties, per_party=h["teachers_per_party"], classes=10, recipe=recipe),
+            heads=capc_teachers(
+                parties, per_party=h["teachers_per_party"], classes=10, recipe=recipe, seed=seed
+            ),
         )
     budget = h["budget_queries"]
     mechanism = capc_mechanism(

@@ -18,8 +18,8 @@ from methods.data import query_images
 
 
 def prompate_data(args: argparse.Namespace) -> dict[str, Any]:
-    """What Prom-PATE needs besides the parties: the training images (row for row with the parties'
-    features), the query images, and the student's features of the queries and of the evaluation images.
+    """What Prom-PATE needs besides the parties: the query images, and the student's features of the queries
+    and of the evaluation images.
 
     The student is the library's student as ``capc dietpate run`` uses it: a head on the shared backbone
     with BatchNorm *current statistics* (chunks of 64), the regime the teachers vote in. This choice was
@@ -30,17 +30,15 @@ def prompate_data(args: argparse.Namespace) -> dict[str, Any]:
     from capc_common.models import default_backbone, extract_features, load_backbone
 
     h = HYPER["prompate"]
-    images = load_dataset(args.dataset, split="train").images[: args.train_limit]
     if args.evaluate_on == "validation":
-        cut = len(images) - args.validation
-        images, evaluation = images[:cut], images[cut:]
+        train = load_dataset(args.dataset, split="train").images[: args.train_limit]
+        evaluation = train[len(train) - args.validation :]
     else:
         evaluation = load_dataset(args.dataset, split="test").images[: args.test_limit]
-    side = images.shape[1]
+    side = evaluation.shape[1]
     backbone = load_backbone(default_backbone(side, side, 1))
     queries = query_images(args, h)
     return {
-        "images": images,
         "queries": (extract_features(backbone, queries, bn_batch=64), queries),
         "evaluation": extract_features(backbone, evaluation, bn_batch=64),
         "cache": FeatureCache(args.cache_dir),
@@ -54,18 +52,21 @@ def prom_pate(
     *,
     epsilon: float,
     seed: int,
-    images: np.ndarray,
     queries: tuple[np.ndarray, np.ndarray],
     evaluation: np.ndarray,
     cache: FeatureCache,
 ) -> dict[str, Any]:
     """Prompted teachers on every party's shards, Confident-GNMax within the budget, the library's student.
 
-    The teachers' votes are a deterministic function of the shards, the recipe and the queries: they are
-    cached (``--cache-dir``) and answered afresh (new noise) at every ε.
+    Each party deals its records to its ``teachers_per_party`` teachers by keyed content hash (key: ``seed``,
+    as a teacher party's ``capc teacher train`` deals its shards) and each teacher trains on the first
+    ``shard`` records of its part: one record more or less changes one teacher. The teachers' votes are a
+    deterministic function of the shards, the recipe and the queries: they are cached (``--cache-dir``) and
+    answered afresh (new noise) at every ε.
     """
     import hashlib
 
+    from capc_common.data import partition
     from capc_common.dietpate.cache import digest_indices
     from capc_common.learn.prompts import PromptRecipe, train_prompted_teachers
     from capc_common.mechanisms import ConfidentGNMax
@@ -74,13 +75,21 @@ def prom_pate(
 
     h = HYPER["prompate"]
     k, size = h["teachers_per_party"], h["shard"]
-    shards, labels = [], np.full(len(images), -1, np.int64)
+    shards: list[np.ndarray] = []
+    first = 0
     for p in parties:
-        if p.index is None or len(p.index) < k * size:
-            raise SystemExit(f"{p.name} holds fewer than {k}×{size} records; lower prompate.shard")
-        shards += [p.index[i * size : (i + 1) * size] for i in range(k)]
-        labels[p.index] = p.labels
-    query_features, query_images = queries
+        parts = partition(p.labels, shards=k, scheme="hash", seed=seed, images=p.images)
+        short = min(len(part) for part in parts)
+        if short < size:
+            raise SystemExit(
+                f"{p.name}'s {k} hash parts hold as few as {short} records, fewer than "
+                f"prompate.shard={size}; lower prompate.shard or prompate.teachers_per_party"
+            )
+        shards += [first + part[:size] for part in parts]
+        first += len(p.labels)
+    images = np.concatenate([p.images for p in parties])
+    labels = np.concatenate([p.labels for p in parties])
+    query_features, query_pixels = queries
     side = images.shape[1]
     backbone = load_backbone(default_backbone(side, side, 1))
     recipe = PromptRecipe(kind=h["kind"], width=h["width"], steps=h["steps"], prompt_lr=h["prompt_lr"])
@@ -92,7 +101,7 @@ def prom_pate(
         teachers = train_prompted_teachers(backbone, images, labels, shards, classes=10, recipe=recipe)
         timing["per_teacher"] = (time.perf_counter() - t0) / n
         t1 = time.perf_counter()
-        hist = teachers.histograms(query_images)
+        hist = teachers.histograms(query_pixels)
         timing["votes"] = time.perf_counter() - t1
         log(f"prom-pate: {n} teachers, {timing['per_teacher']:.2f} s each, votes {timing['votes']:.0f} s")
         return hist
