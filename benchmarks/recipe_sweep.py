@@ -31,7 +31,7 @@ It was run on a lent NVIDIA H200 (two calls of about two minutes each); on 2 CPU
     python benchmarks/recipe_sweep.py --smoke --stages recipes,mechanism,baseline,balance --format json
 
 Outputs: ``sweep.jsonl`` (one line per measurement) under ``--out``. ``--smoke`` runs every stage's code at
-toy size (:data:`SMOKE`: a few teachers on the first 1,200 training images, one grid point, a large ε):
+toy size (:data:`SMOKE`: a few teachers on 1,200 training images, one grid point, a large ε):
 the suite's check that the script still works, not a measurement.
 """
 
