@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from capc_cli.main import main
-from capc_common.aggregation import confident_rule, draw_confident_noise, draw_student_noise, mechanism_noise
+from capc_common.aggregation import draw_confident_noise, draw_student_noise, mechanism_noise
 from capc_common.dietpate import load_config, prepare, run
 from capc_common.learn import load_student
+from capc_common.mechanisms import confident_rule
 
 pytestmark = pytest.mark.filterwarnings("ignore::capc_common.privacy.InsecureNoiseWarning")
 

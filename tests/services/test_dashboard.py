@@ -43,14 +43,19 @@ from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.train import train_party_heads
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        CHROMIUM is None or DRIVER is None,
-        reason="Debian's chromium and chromium-driver are not installed (scripts/bootstrap.sh installs them "
-        "with apt-get where it can: apt-get install chromium chromium-driver)",
-    ),
-]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _chromium(require: Callable[[bool, str], None]) -> None:
+    """Before any federation starts: a real browser, or a skip that says why (a failure under CI=true)."""
+    require(
+        CHROMIUM is not None and DRIVER is not None,
+        "Debian's chromium and chromium-driver are not installed (scripts/bootstrap.sh installs them with "
+        "apt-get where it can: apt-get install chromium chromium-driver)",
+    )
+
+
 OUTPUT = Path(
     os.environ.get("CAPC_TEST_OUTPUT", Path(__file__).resolve().parents[2] / "build" / "test-output")
 )

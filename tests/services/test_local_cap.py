@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError, UnavailableError
-from capc_common.federation import FederationConfig, batch_costs, cap_cover, plan_batches
-from capc_common.privacy import BudgetLedger
+from capc_common.federation import FederationConfig, batch_costs
 from capc_services.teacher.cap import LocalCap
 
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from capc_common.aggregation import (
-    confident_rule,
     draw_confident_noise,
     draw_student_noise,
     party_noise,
@@ -20,7 +19,7 @@ from capc_common.aggregation import (
 )
 from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone
 from capc_common.learn.heads import train_heads
-from capc_common.mechanisms import HeadsVoter
+from capc_common.mechanisms import HeadsVoter, confident_rule
 from capc_common.models import extract_features
 from capc_common.privacy import BudgetLedger
 from capc_common.wire import rpc

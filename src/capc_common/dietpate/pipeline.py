@@ -10,40 +10,43 @@ the same labels, query by query.
 
 :func:`prepare` performs every check that can fail on bad input (unknown dataset or generator, backbone and
 image shapes, more teachers than samples (a position-based partition), a budget that cannot pay
-for one batch) before any expensive work; :func:`run` then executes the stages and returns the report.
+for one batch) before any expensive work; :func:`capc_common.dietpate.run` then executes the stages
+(:mod:`capc_common.dietpate.stages`) and returns the report.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.aggregation import UNANSWERED, MechanismNoise, mechanism_noise
-from capc_common.dietpate.accounting import RunBudget, make_budget
-from capc_common.dietpate.cache import FeatureCache, digest_indices
+from capc_common.aggregation import MechanismNoise, mechanism_noise
+from capc_common.dietpate.accounting import make_budget
+from capc_common.dietpate.cache import digest_indices
 from capc_common.dietpate.config import RunConfig
+from capc_common.dietpate.report import finite
 from capc_common.errors import InputError
 from capc_common.learn.featurizers import BackboneFeaturizer, Featurizer, PixelFeaturizer
 from capc_common.learn.teachers import short_shards
+from capc_common.mechanisms import UNANSWERED
 
 if TYPE_CHECKING:
     from capc_common.data import Dataset
     from capc_common.mechanisms import SelectionMechanism
     from capc_common.models import Backbone
+    from capc_common.privacy.budget import RunBudget
 
-__all__ = ["CurvePoint", "Prepared", "curve_prefixes", "curve_targets", "next_batch", "prepare", "run"]
+__all__ = ["CurvePoint", "Prepared", "curve_prefixes", "curve_targets", "next_batch", "prepare", "run_noise"]
 
 Log = Callable[[str], None]
 
 
-def _quiet(_: str) -> None:
+def quiet(_: str) -> None:
     """Default logger: say nothing."""
 
 
@@ -128,7 +131,7 @@ def _load_backbone(name: str, shape: tuple[int, int, int], sha256: str | None) -
     return backbone
 
 
-def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
+def prepare(config: RunConfig, *, log: Log = quiet) -> Prepared:
     """Validate a run end to end and load what it needs, before any expensive stage.
 
     Raises:
@@ -216,7 +219,8 @@ def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
     )
 
 
-def _noise(config: RunConfig) -> tuple[MechanismNoise, str]:
+def run_noise(config: RunConfig) -> tuple[MechanismNoise, str]:
+    """The run's two noise sources (the guardian's and the student's, as in a federation) and their kind."""
     seed = config.mechanism.noise_seed
     noise = mechanism_noise(seed=seed)  # the guardian's and the student's sources, as in a federation
     if seed is None:
@@ -275,7 +279,7 @@ def ask_queries(
     vote: Callable[[npt.NDArray[np.uint8], npt.NDArray[np.float32], int], npt.NDArray[np.int64]],
     *,
     progress: bool,
-    log: Log = _quiet,
+    log: Log = quiet,
 ) -> QueryLog:
     """Run the query stream batch by batch until the budget or ``max_queries`` stops it.
 
@@ -291,7 +295,7 @@ def ask_queries(
     cfg = prep.config
     q = cfg.queries
     shape = prep.train.images.shape[1:]
-    noise, _ = _noise(cfg)
+    noise, _ = run_noise(cfg)
     feats: list[npt.NDArray[np.float32]] = []
     hists: list[npt.NDArray[np.int64]] = []
     labels: list[npt.NDArray[np.int64]] = []
@@ -372,7 +376,7 @@ def curve_targets(config: RunConfig) -> list[float]:
     return sorted({*(p for p in points if p <= eps), eps})
 
 
-def curve_prefixes(prep: Prepared, log_: QueryLog, *, log: Log = _quiet) -> list[CurvePoint]:
+def curve_prefixes(prep: Prepared, log_: QueryLog, *, log: Log = quiet) -> list[CurvePoint]:
     """For each curve budget, replay the logged batches through *that* budget's own Rényi filter.
 
     Each point is exactly the run the pipeline would have made with ``budget.epsilon`` set to the target:
@@ -414,26 +418,6 @@ def curve_prefixes(prep: Prepared, log_: QueryLog, *, log: Log = _quiet) -> list
     return points
 
 
-def run(
-    config: RunConfig, *, cache_dir: str | Path | None = None, progress: bool = False, log: Log = _quiet
-) -> dict[str, Any]:
-    """Run the whole central pipeline and write its outputs into ``config.output``.
-
-    Args:
-        config: the validated configuration.
-        cache_dir: feature cache directory (``None``: compute everything).
-        progress: show progress bars on stderr.
-        log: receives one line per stage.
-
-    Returns:
-        The report (also written to ``report.json`` in the output directory).
-    """
-    from capc_common.dietpate.stages import execute
-
-    prep = prepare(config, log=log)
-    return execute(prep, cache=FeatureCache(cache_dir), progress=progress, log=log)
-
-
 def split_answered(
     log_: QueryLog, upto: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
@@ -448,8 +432,3 @@ def shard_digest(prep: Prepared) -> str:
     return digest_indices(
         np.concatenate([np.asarray(s) for s in prep.shards] + [np.array([len(prep.shards)])])
     )
-
-
-def finite(value: float | None) -> float | None:
-    """``None`` for a missing or non-finite number (JSON has no infinity)."""
-    return None if value is None or not math.isfinite(value) else float(value)

@@ -18,6 +18,7 @@ What is not differentially private says so: the teachers' own accuracies (``not_
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -27,15 +28,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.aggregation import UNANSWERED
 from capc_common.data.partition import NEIGHBOURING
+from capc_common.mechanisms import UNANSWERED
 from capc_common.privacy.claims import CURRENT_STATISTICS, FILTER_GUARANTEE, FILTER_ODOMETER, accountant
 
 if TYPE_CHECKING:
     from capc_common.dietpate.config import RunConfig
     from capc_common.dietpate.pipeline import Prepared, QueryLog
 
-__all__ = ["finish_report", "plot_consensus", "plot_curve", "write_json"]
+__all__ = ["finish_report", "finite", "plot_consensus", "plot_curve", "write_json"]
 
 UNSANITISED = (
     "PATE-2018 data-dependent ε computed from the private vote histograms; it is not itself differentially "
@@ -66,6 +67,11 @@ def _neighbouring(cfg: RunConfig) -> str:
     if cut and cfg.teachers.partition == "hash":
         return "none per example (dataset.validation/train_limit cut the data by position: development only)"
     return NEIGHBOURING[cfg.teachers.partition]
+
+
+def finite(value: float | None) -> float | None:
+    """``None`` for a missing or non-finite number (JSON has no infinity)."""
+    return None if value is None or not math.isfinite(value) else float(value)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -211,11 +217,13 @@ def finish_report(
     timings: dict[str, float],
     extra: dict[str, Any],
     save_student: Callable[[Path, dict[str, Any]], list[str]] | None,
+    noise_kind: str,
     details: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble the report, save the student with its model card, draw the plots, write ``report.json``."""
-    from capc_common.dietpate.pipeline import _noise, finite
+    """Assemble the report, save the student with its model card, draw the plots, write ``report.json``.
 
+    ``noise_kind`` says where the run's noise came from (the system CSPRNG, or a seeded stream).
+    """
     cfg = prep.config
     out = Path(cfg.output)
     budget = prep.budget
@@ -226,7 +234,6 @@ def finish_report(
     ensemble_accuracy = float(np.mean(eval_plurality == prep.evaluation.labels))
     final = curve[-1]["student_accuracy"] if curve else None
     eps_dd = budget.epsilon_data_dependent(cfg.budget.delta)
-    _, noise_kind = _noise(cfg)
     m = cfg.mechanism
     report: dict[str, Any] = {
         "name": cfg.name,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
@@ -32,7 +31,6 @@ from pydantic import (
 from capc_common.errors import InputError
 
 if TYPE_CHECKING:
-    from capc_common.federation.releases import Featuriser, ReleaseProtocol
     from capc_common.learn.prompts import PromptRecipe
     from capc_common.mechanisms import SelectionMechanism
 
@@ -236,17 +234,14 @@ class PrivateKNNMechanism(_MechanismConfig):
 class ReleaseMember(_MechanismConfig):
     """What every release-family member shares: the seeded-noise switch and ``fixed_point_bits`` (None: the
     library's choice for the noise; refused by a member whose contributions are whole counts), both left out
-    of the canonical form when unset."""
+    of the canonical form when unset. Each member's protocol (what the parties run) is built from it by
+    :func:`capc_common.federation.releases.protocol_for`: the config names parameters, it runs nothing."""
 
     _omitted_when_unset: ClassVar[tuple[str, ...]] = ("insecure_noise_seed", "fixed_point_bits")
+    #: Whether contributions are fixed-point encodings (False: whole counts, with no fixed point to lower).
+    fixed_point: ClassVar[bool] = True
 
     fixed_point_bits: int | None = Field(default=None, ge=0, le=40)
-
-    @abstractmethod
-    def protocol(self, *, classes: int, dim: int, featuriser: Featuriser | None = None) -> ReleaseProtocol:
-        """The release protocol every party of the federation runs (see :mod:`.releases`); each member
-        builds its own. ``featuriser`` turns public images into the parties' per-example features (only a
-        member with a public pool needs it)."""
 
 
 class DPPLMechanism(ReleaseMember):
@@ -262,13 +257,6 @@ class DPPLMechanism(ReleaseMember):
     rho: float = Field(gt=0)
     count_share: float = Field(default=0.1, gt=0, lt=1)
     metric: Literal["cosine", "euclidean"] = "euclidean"
-
-    def protocol(self, *, classes: int, dim: int, featuriser: Featuriser | None = None) -> ReleaseProtocol:
-        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
-        from capc_common.federation.releases import PrototypesProtocol
-
-        del featuriser
-        return PrototypesProtocol.of(self, classes=classes, dim=dim)
 
 
 class DPPLPublicMechanism(ReleaseMember):
@@ -286,6 +274,7 @@ class DPPLPublicMechanism(ReleaseMember):
     """
 
     name: Literal["dppl-public"]
+    fixed_point: ClassVar[bool] = False
     rho: float = Field(gt=0)
     per_class: int = Field(default=100, ge=1)
     pool_generator: str = Field(default="shaders", min_length=1)
@@ -309,12 +298,6 @@ class DPPLPublicMechanism(ReleaseMember):
             )
         return self
 
-    def protocol(self, *, classes: int, dim: int, featuriser: Featuriser | None = None) -> ReleaseProtocol:
-        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
-        from capc_common.federation.releases import PublicVotesProtocol
-
-        return PublicVotesProtocol.of(self, classes=classes, dim=dim, featuriser=featuriser)
-
 
 class SecAggDPSGDMechanism(ReleaseMember):
     """Secure-aggregation DP-SGD of a linear head: one release of the noisy clipped gradient sum per round.
@@ -336,13 +319,6 @@ class SecAggDPSGDMechanism(ReleaseMember):
     expected_batch: float = Field(gt=0)
     learning_rate: float = Field(gt=0)
     momentum: float = Field(default=0.9, ge=0, lt=1)
-
-    def protocol(self, *, classes: int, dim: int, featuriser: Featuriser | None = None) -> ReleaseProtocol:
-        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
-        from capc_common.federation.releases import DPSGDProtocol
-
-        del featuriser
-        return DPSGDProtocol.of(self, classes=classes, dim=dim)
 
 
 def _mechanism_name(value: Any) -> str:

@@ -33,7 +33,10 @@ if TYPE_CHECKING:
     from capc_common.mpc import GarblerSession, MpcConfig, Reveal
     from capc_common.privacy import DataDependentPATEAccountant, NoiseSource
 
-__all__ = ["BatchNoise", "SelectionMechanism", "TrainedTeachers"]
+__all__ = ["UNANSWERED", "BatchNoise", "SelectionMechanism", "TrainedTeachers"]
+
+UNANSWERED = -1
+"""Label of a query a selection mechanism did not answer (its noisy top vote failed the threshold)."""
 
 Commit = Callable[["Reveal"], None]
 """The ledger hook: gets the batch's pass bits and decoding bits (:class:`~capc_common.mpc.Reveal`) before any
@@ -178,7 +181,8 @@ class SelectionMechanism(ABC):
         guardian: BatchNoise,
         student: npt.NDArray[np.int64] | None,
     ) -> npt.NDArray[np.int64]:
-        """The plaintext output for given histograms and noise: labels, −1 where a query is unanswered."""
+        """The plaintext output for given histograms and noise: labels, :data:`UNANSWERED` (−1) where a query
+        is unanswered."""
 
     def answer(self, histograms: npt.ArrayLike, noise: MechanismNoise) -> npt.NDArray[np.int64]:
         """Answer one batch in plaintext, drawing both parties' noise as a federation does.
@@ -188,7 +192,7 @@ class SelectionMechanism(ABC):
             noise: the guardian's and the student's sources (CSPRNGs, or seeded ones in tests).
 
         Returns:
-            ``int64`` labels ``(B,)``, −1 where unanswered.
+            ``int64`` labels ``(B,)``, :data:`UNANSWERED` where unanswered.
         """
         hist = check_histograms(histograms, classes=self.classes)
         guardian = self.guardian_noise(noise.guardian, batch=hist.shape[0])
