@@ -27,7 +27,18 @@ ORDERS = DEFAULT_ORDERS[DEFAULT_ORDERS <= 256]
 #: Chosen on the validation split (see the module docstring and docs/mechanisms.md).
 HYPER = {
     "dpsgd": {"clip": 1.0, "batch": 1024, "epochs": 10, "learning_rate": 8.0, "momentum": 0.9},
-    "secagg": {"clip": 1.0, "sampling_rate": 1.0, "rounds": 100, "learning_rate": 8.0, "momentum": 0.9},
+    "secagg": {  # docs/mechanisms.md, "A learning recipe"
+        "clip": 1.0,
+        "sampling_rate": 1.0,
+        "rounds": 60,
+        "statistics": True,
+        "projection": 1024,
+        "optimizer": "adam",
+        "learning_rate": 0.3,
+        "momentum": 0.9,
+        "adam_eps": 1e-4,
+        "variance_floor": 1.0,
+    },
     "dppl": {"count_share": 0.1, "metric": "euclidean"},
     "dppl_public": {  # the pool: the first `queries` images of the generator's stream
         "queries": 2000,

@@ -64,13 +64,14 @@ class ReleaseContributor:
         student_address: str,
         guardian_address: str,
         protocol: ReleaseProtocol,
-        features: npt.NDArray[np.float32],
+        features: npt.ArrayLike,
         labels: npt.NDArray[np.int64],
         source: NoiseSource,
         cap: LocalCap,
     ) -> None:
         self.config, self.party, self.protocol, self.cap = config, party, protocol, cap
-        self._features, self._labels, self._source = features, labels, source
+        # The protocol's per-record map (secagg-dpsgd: the public basis) runs once, not every release.
+        self._features, self._labels, self._source = protocol.prepare(features), labels, source
         config_hash = config.config_hash()
         message = protocol.length * 8 + HEADROOM
         self._student_channel = tls.channel(

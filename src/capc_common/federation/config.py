@@ -299,26 +299,80 @@ class DPPLPublicMechanism(ReleaseMember):
         return self
 
 
-class SecAggDPSGDMechanism(ReleaseMember):
-    """Secure-aggregation DP-SGD of a linear head: one release of the noisy clipped gradient sum per round.
+class ProjectionSection(_Frozen):
+    """The public subspace a secure-aggregation DP-SGD head lives in (:mod:`capc_common.mechanisms.basis`):
+    the top ``dim`` principal directions of the shared backbone's features on ``images`` synthetic images of
+    each generator, computed alike by every party (no data, no privacy cost).
 
     Attributes:
-        rounds: releases (each charged the Poisson-subsampled discrete Gaussian's RDP).
+        dim: directions kept (at most the backbone's feature dimension).
+        generators: synthetic generators.
+        images: images per generator.
+        seed: the generators' seed.
+        sha256: the basis's digest, if the coordinator pinned it: a party whose own computation differs (a
+            machine with other floating point) refuses instead of training in other coordinates.
+    """
+
+    dim: int = Field(default=1024, ge=1, le=65_536)
+    generators: tuple[str, ...] = Field(default=("dead_leaves", "shaders"), min_length=1)
+    images: int = Field(default=5000, ge=2, le=100_000)
+    seed: int = Field(default=7, ge=0, lt=2**63)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+
+class SecAggDPSGDMechanism(ReleaseMember):
+    """Secure-aggregation DP-SGD of a linear head: a statistics release, then one release of the noisy
+    clipped gradient sum per round (:mod:`capc_common.mechanisms.training` has the recipe and why).
+
+    Attributes:
+        rounds: gradient rounds (each charged the Poisson-subsampled discrete Gaussian's RDP; with
+            ``statistics`` one more release is charged the same).
         noise_multiplier: ``z = σ/Δ``.
         clip: per-example L2 clipping norm.
-        sampling_rate: every record's Poisson inclusion probability per round.
-        expected_batch: ``q · N``, the public normaliser of the noisy sum.
-        learning_rate / momentum: the student's heavy-ball step (post-processing).
+        sampling_rate: every record's Poisson inclusion probability per release.
+        statistics: release the projected features' noisy sums first and standardise them.
+        projection: the public subspace, or null for the backbone's own coordinates.
+        optimizer / learning_rate / momentum / beta2 / adam_eps: the student's step (post-processing;
+            ``momentum`` is Adam's β1).
+        variance_floor: added to every variance, as a multiple of the median (the standardisation).
+        expected_batch: ``q · N``, the public normaliser of the noisy sum; only without ``statistics``
+            (with it, the released count normalises).
     """
+
+    _omitted_when_unset: ClassVar[tuple[str, ...]] = (
+        "insecure_noise_seed",
+        "fixed_point_bits",
+        "expected_batch",
+    )
 
     name: Literal["secagg-dpsgd"]
     rounds: int = Field(ge=1, le=100_000)
     noise_multiplier: float = Field(gt=0)
-    clip: float = Field(gt=0)
-    sampling_rate: float = Field(gt=0, le=1)
-    expected_batch: float = Field(gt=0)
-    learning_rate: float = Field(gt=0)
+    clip: float = Field(default=1.0, gt=0)
+    sampling_rate: float = Field(default=1.0, gt=0, le=1)
+    statistics: bool = True
+    projection: ProjectionSection | None = Field(default_factory=ProjectionSection)
+    optimizer: Literal["adam", "momentum"] = "adam"
+    learning_rate: float = Field(default=0.3, gt=0)
     momentum: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.999, gt=0, lt=1)
+    adam_eps: float = Field(default=1e-4, gt=0)
+    variance_floor: float = Field(default=1.0, ge=0)
+    expected_batch: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _normaliser(self) -> Self:
+        if not self.statistics and self.expected_batch is None:
+            raise ValueError(
+                "without statistics the noisy gradient sum is normalised by expected_batch (q · N): set it, "
+                "or set statistics: true"
+            )
+        return self
+
+    @property
+    def releases(self) -> int:
+        """Releases in all: the statistics release (if any) and the gradient rounds."""
+        return self.rounds + int(self.statistics)
 
 
 def _mechanism_name(value: Any) -> str:

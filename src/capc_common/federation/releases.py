@@ -28,6 +28,7 @@ from capc_common.federation.config import (
     DPPLMechanism,
     DPPLPublicMechanism,
     FederationConfig,
+    ProjectionSection,
     ReleaseMember,
     SecAggDPSGDMechanism,
 )
@@ -39,6 +40,7 @@ from capc_common.mechanisms import (
     SecureDPSGD,
     normalise,
 )
+from capc_common.mechanisms.training import DPSGDTrainer, Recipe
 
 if TYPE_CHECKING:
     from capc_common.models import Backbone
@@ -53,6 +55,7 @@ __all__ = [
     "PublicVotesProtocol",
     "ReleaseProtocol",
     "check_records",
+    "federation_basis",
     "protocol_for",
     "prototype_head",
 ]
@@ -179,6 +182,10 @@ class ReleaseProtocol(ABC):
             discrete_gaussian_table(sigma=float(s)).distance_bound for s in np.unique(self.mechanism.sigmas())
         )
         return delta_with_sampler_distance(epsilon=epsilon, draws=self.rounds * self.length, distance=eta)
+
+    def prepare(self, features: npt.ArrayLike) -> npt.ArrayLike:
+        """A party's per-example features as its contributions use them, computed once (default: as is)."""
+        return features
 
     @abstractmethod
     def state(self) -> npt.NDArray[np.float64]:
@@ -340,52 +347,53 @@ class PublicVotesProtocol(OneReleaseProtocol):
 
 
 class DPSGDProtocol(ReleaseProtocol):
-    """Secure-aggregation DP-SGD: per round the parties' clipped gradient sums at the current head, released
-    noisily; the student takes a heavy-ball step on ``noisy sum / expected batch``."""
+    """Secure-aggregation DP-SGD by the recipe (:class:`~capc_common.mechanisms.training.DPSGDTrainer`): a
+    statistics release, then per round the parties' clipped gradient sums at the current head; the student
+    steps on the noisy mean gradient."""
 
-    def __init__(
-        self,
-        mechanism: SecureDPSGD,
-        *,
-        rounds: int,
-        expected_batch: float,
-        learning_rate: float,
-        momentum: float,
-    ) -> None:
-        self.mechanism = self.sgd = mechanism
-        self.rounds = rounds
-        self.expected_batch = expected_batch
-        self.learning_rate = learning_rate
-        self.momentum = momentum
-        self.weights = np.zeros((mechanism.classes, mechanism.dim + 1))
-        self._velocity = np.zeros_like(self.weights)
+    def __init__(self, trainer: DPSGDTrainer) -> None:
+        self.trainer = trainer
+        self.mechanism = self.sgd = trainer.mechanism
+        self.rounds = trainer.rounds
 
     @classmethod
     def of(
         cls, config: SecAggDPSGDMechanism, *, classes: int, dim: int, featuriser: Featuriser | None = None
     ) -> DPSGDProtocol:
-        """From ``federation.yaml``'s ``secagg-dpsgd`` member and the backbone's feature dimension."""
-        del featuriser
+        """From ``federation.yaml``'s ``secagg-dpsgd`` member and the backbone's feature dimension. The public
+        basis is computed on first use (only a contributing party and the publishing student need it)."""
         bits = None if config.fixed_point_bits is None else FixedPoint(config.fixed_point_bits)
+        p = config.projection
+        k = dim if p is None else min(p.dim, dim)
         mechanism = SecureDPSGD(
             classes=classes,
-            dim=dim,
+            dim=k,
             clip=config.clip,
             noise_multiplier=config.noise_multiplier,
             sampling_rate=config.sampling_rate,
             fixed_point=bits,
         )
-        return cls(
-            mechanism,
+        recipe = Recipe(
             rounds=config.rounds,
-            expected_batch=config.expected_batch,
+            statistics=config.statistics,
+            optimizer=config.optimizer,
             learning_rate=config.learning_rate,
             momentum=config.momentum,
+            beta2=config.beta2,
+            adam_eps=config.adam_eps,
+            variance_floor=config.variance_floor,
+            expected_batch=config.expected_batch,
         )
+        basis = None if p is None else (lambda: federation_basis(p, featuriser=featuriser))
+        return cls(DPSGDTrainer(mechanism, recipe, basis=basis))
+
+    def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """The party's records on the public basis (once; every round reuses them)."""
+        return self.trainer.prepare(features)
 
     def state(self) -> npt.NDArray[np.float64]:
-        """The current head."""
-        return self.weights
+        """The next release's phase, the feature map and the current head."""
+        return self.trainer.state()
 
     def contribute(
         self,
@@ -394,17 +402,54 @@ class DPSGDProtocol(ReleaseProtocol):
         labels: npt.NDArray[np.int64],
         source: NoiseSource,
     ) -> npt.NDArray[np.int64]:
-        """The clipped gradient sum at head ``state`` over this round's Poisson sample of the records."""
-        return self.sgd.sampled_contribution(state, normalise(features), labels, source)[0]
+        """The statistics or the clipped gradient sum at ``state`` over this release's Poisson sample of the
+        records (``features`` as :meth:`prepare` returned them)."""
+        return self.trainer.contribute(state, np.asarray(features, dtype=np.float64), labels, source)
 
     def absorb(self, total: npt.NDArray[np.int64]) -> None:
-        """One momentum-SGD step on the noisy gradient sum."""
-        self._velocity = self.momentum * self._velocity + self.sgd.gradient(total) / self.expected_batch
-        self.weights = self.weights - self.learning_rate * self._velocity
+        """The statistics, or one optimiser step on the noisy gradient sum."""
+        self.trainer.absorb(total)
 
     def head(self) -> npt.NDArray[np.float64]:
-        """The current head."""
-        return self.weights
+        """The current head over the L2-normalised features."""
+        return self.trainer.head()
+
+
+def federation_basis(
+    projection: ProjectionSection, *, featuriser: Featuriser | None
+) -> npt.NDArray[np.float32]:
+    """The federation's public basis, computed with the shared backbone (cached under ``$CAPC_CACHE_DIR``
+    when set: every party on a machine computes the same one).
+
+    Raises:
+        InputError: no backbone to compute it with.
+        IntegrityError: a basis whose digest differs from the one pinned in ``federation.yaml``.
+    """
+    import os
+
+    from capc_common.dietpate.cache import FeatureCache
+    from capc_common.errors import IntegrityError
+    from capc_common.mechanisms.basis import BasisSpec, basis_digest, public_basis
+
+    if featuriser is None:
+        raise InputError("secagg-dpsgd's public basis is computed with the shared backbone; none given")
+    spec = BasisSpec(
+        dim=projection.dim, generators=projection.generators, images=projection.images, seed=projection.seed
+    )
+    key = {"kind": "public-basis", "backbone": featuriser.backbone.sha256, **spec.describe(),
+           "shape": list(featuriser.shape)}  # fmt: skip
+    cache = FeatureCache(os.environ.get("CAPC_CACHE_DIR") or None)
+    basis = cache.get_or_compute(
+        key, lambda: public_basis(spec, featurize=featuriser, shape=featuriser.shape)
+    )
+    digest = basis_digest(basis)
+    if projection.sha256 is not None and digest != projection.sha256:
+        raise IntegrityError(
+            f"this machine's public basis has SHA-256 {digest}, federation.yaml pins {projection.sha256}: "
+            "floating point differs between machines; copy the coordinator's cached basis "
+            "(public-basis-*.npy) into $CAPC_CACHE_DIR"
+        )
+    return basis
 
 
 #: The protocol each release member of ``federation.yaml`` runs, built by its ``of`` (the config only names

@@ -14,7 +14,7 @@ party (its Poisson samples) and of the guardian (its noise) comes from its own
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,12 +22,12 @@ import numpy.typing as npt
 
 from capc_common.aggregation.noise import MechanismNoise, mechanism_noise
 from capc_common.errors import InputError
-from capc_common.mechanisms.dpsgd import SecureDPSGD
 from capc_common.mechanisms.knn import PrivateKNN
 from capc_common.mechanisms.prototypes import DPPrototypes, normalise
 from capc_common.mechanisms.public_prototypes import PublicPrototypes
 from capc_common.mechanisms.public_votes import PublicPrototypeVotes
 from capc_common.mechanisms.release import ReleaseMechanism, masked_total, reveal, share_contribution
+from capc_common.mechanisms.training import DPSGDTrainer
 from capc_common.privacy import NoiseSource, SystemNoise
 
 if TYPE_CHECKING:
@@ -251,19 +251,17 @@ def run_public_prototype_votes(
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class DPSGDResult:
     """A trained head and what its training did.
 
     Attributes:
         weights: ``(classes, dim + 1)`` head, bias last, over L2-normalised features.
-        rounds: rounds run (each one release).
-        sampled: records sampled per round (the parties' sample sizes summed; public only to the parties).
+        rounds: releases made (the statistics release, if any, and the gradient rounds).
     """
 
     weights: npt.NDArray[np.float64]
     rounds: int
-    sampled: list[int] = field(default_factory=list)
 
     def predict(self, features: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """Labels of ``features`` (normalised as in training)."""
@@ -280,49 +278,29 @@ def predict_head(weights: npt.NDArray[np.float64], features: npt.ArrayLike) -> n
 def run_secure_dpsgd(
     parties: Sequence[PartyData],
     *,
-    mechanism: SecureDPSGD,
-    rounds: int,
-    expected_batch: float,
-    learning_rate: float,
-    momentum: float = 0.9,
+    trainer: DPSGDTrainer,
     guardian: NoiseSource | None = None,
     party_sources: SourceOf | None = None,
-    on_round: Callable[[int, npt.NDArray[np.float64]], None] | None = None,
 ) -> DPSGDResult:
-    """Train the head: per round, every party's clipped gradient sum over its Poisson sample is released
-    noisily; the student takes a momentum-SGD step on ``noisy sum / expected batch`` (post-processing).
+    """Train the head as the federation does: per release, every party's contribution at the student's
+    state over its own Poisson sample, released noisily, folded in by the student (post-processing).
 
     Args:
-        parties: the parties' records (features are L2-normalised here, per example).
-        mechanism: the round mechanism (its ``sampling_rate`` is every record's inclusion probability).
-        rounds: number of rounds ``T`` (the ledger is charged ``T`` releases).
-        expected_batch: ``q · N`` (the normaliser of the noisy sum; public).
-        learning_rate: step size.
-        momentum: heavy-ball momentum.
+        parties: the parties' records (raw per-example features; the trainer normalises and projects them).
+        trainer: the mechanism and its recipe (:class:`~capc_common.mechanisms.training.DPSGDTrainer`); it
+            holds the student's state, and the trained head afterwards.
         guardian: the guardian's noise source (default: a CSPRNG).
         party_sources: each party's sampling source by name (default: a fresh CSPRNG each).
-        on_round: called with ``(round, weights)`` after every update (progress, checkpoints).
     """
     sources = _party_sources(parties, party_sources)
-    features = [normalise(p.features) for p in parties]
-    mechanism.check_capacity(records=sum(len(p.labels) for p in parties))
+    trainer.mechanism.check_capacity(records=sum(len(p.labels) for p in parties))
+    prepared = [trainer.prepare(p.features) for p in parties]
     guardian = guardian or SystemNoise()
-    weights = np.zeros((mechanism.classes, mechanism.dim + 1))
-    velocity = np.zeros_like(weights)
-    sampled: list[int] = []
-    for t in range(rounds):
-        contributions = []
-        count = 0
-        for party, x in zip(parties, features, strict=True):
-            contribution, sampled_records = mechanism.sampled_contribution(
-                weights, x, party.labels, sources[party.name]
-            )
-            count += sampled_records
-            contributions.append(contribution)
-        total = release_once(mechanism, contributions, guardian=guardian)
-        velocity = momentum * velocity + mechanism.gradient(total) / expected_batch
-        weights = weights - learning_rate * velocity
-        sampled.append(count)
-        if on_round is not None:
-            on_round(t, weights)
-    return DPSGDResult(weights=weights, rounds=rounds, sampled=sampled)
+    for _ in range(trainer.rounds):
+        state = trainer.state()
+        contributions = [
+            trainer.contribute(state, x, p.labels, sources[p.name])
+            for p, x in zip(parties, prepared, strict=True)
+        ]
+        trainer.absorb(release_once(trainer.mechanism, contributions, guardian=guardian))
+    return DPSGDResult(weights=trainer.head(), rounds=trainer.rounds)

@@ -170,24 +170,6 @@ class SecureDPSGD(ReleaseMechanism):
         """This round's Poisson sample of a party's ``records`` (indices)."""
         return poisson_sample(records, rate=self.sampling_rate, source=source)
 
-    def sampled_contribution(
-        self,
-        weights: npt.ArrayLike,
-        features: npt.NDArray[np.float64],
-        labels: npt.NDArray[np.int64],
-        source: NoiseSource,
-    ) -> tuple[npt.NDArray[np.int64], int]:
-        """This round's Poisson sample of a party's records and its :meth:`contribution`.
-
-        Returns:
-            ``(contribution, sampled records)``. At ``q = 1`` every record is used in place (no copy of the
-            features, which full-batch rounds would otherwise make every round).
-        """
-        rows = self.sample(len(labels), source)
-        if len(rows) == len(labels):  # indices are distinct and sorted: this is every record
-            return self.contribution(weights, features, labels), len(rows)
-        return self.contribution(weights, features[rows], labels[rows]), len(rows)
-
     def contribution(
         self, weights: npt.ArrayLike, features: npt.ArrayLike, labels: npt.ArrayLike
     ) -> npt.NDArray[np.int64]:
@@ -245,6 +227,42 @@ class SecureDPSGD(ReleaseMechanism):
         g[~np.isfinite(g).all(axis=1)] = 0.0
         total = np.concatenate([g.T @ x, g.sum(axis=0)[:, None]], axis=1)
         return self.fixed_point.encode(total).ravel()
+
+    def statistics_contribution(self, features: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """A party's fixed-point sums of its records' features, their squares and their count, as one
+        contribution of this mechanism (the recipe's statistics release, :mod:`~.training`).
+
+        Each record adds ``(u, u², 1) · C_eff/√3``, clipped to ``C_eff`` in L2 (for ``‖u‖ ≤ 1`` the clip never
+        binds: ``‖u‖² + ‖u²‖² + 1 ≤ 3``), so one record moves the contribution by at most what one clipped
+        gradient does: the same sensitivity, noise and RDP as a gradient round, and the release is charged as
+        one. The vector is zero-padded to the gradient's length.
+
+        Args:
+            features: the sampled records' features ``(n, dim)``, each of L2 norm at most 1.
+
+        Raises:
+            InputError: features of another width, or holding inf or NaN.
+        """
+        u = np.asarray(features, dtype=np.float64)
+        if u.ndim != 2 or u.shape[1] != self.dim:
+            raise InputError(f"features {u.shape} do not match (n, {self.dim})")
+        if 2 * self.dim + 1 > self.size:
+            raise InputError(f"{self.classes} classes leave no room for {2 * self.dim + 1} statistics")
+        if not np.isfinite(u).all():
+            raise InputError("the features hold inf or NaN; refusing to compute a contribution")
+        rows = np.concatenate([u, u * u, np.ones((len(u), 1))], axis=1) * (self.clip_effective / math.sqrt(3))
+        norms = np.linalg.norm(rows, axis=1)
+        rows *= np.minimum(1.0, self.clip_effective / np.maximum(norms, 1e-300))[:, None]
+        total = np.zeros(self.size)
+        total[: rows.shape[1]] = rows.sum(axis=0)
+        return self.fixed_point.encode(total)
+
+    def statistics(
+        self, total: npt.ArrayLike
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float]:
+        """A revealed statistics release as ``(sum of features, sum of their squares, count)`` (noisy)."""
+        values = self.fixed_point.decode(total)[: 2 * self.dim + 1] * (math.sqrt(3) / self.clip_effective)
+        return values[: self.dim], values[self.dim : 2 * self.dim], float(values[-1])
 
     def gradient(self, total: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """The revealed noisy sum decoded into the head's shape ``(classes, dim + 1)``."""

@@ -1,0 +1,257 @@
+"""The learning recipe of secure-aggregation DP-SGD: what the parties compute their gradients over and how the
+student steps on the noisy sums.
+
+Measured on Fashion-MNIST's validation split (docs/mechanisms.md, "A learning recipe"), the optimiser and the
+features' geometry limited the head far more than the privacy noise did (the old recipe scored 85.6 % with
+the noise off, 85.5 % with it on, at ε 3). The recipe, each step charged or free:
+
+1. **A public subspace** (free): each party's L2-normalised features are projected on the top principal
+   directions of the backbone's features on synthetic images (:mod:`~capc_common.mechanisms.basis`); fewer
+   coordinates, less noise.
+2. **Standardised from a DP release** (charged as one round): the first release is the noisy sum of the
+   projected features, of their squares and the record count (:meth:`SecureDPSGD.statistics_contribution`:
+   the same sensitivity as a gradient round). The student centres every coordinate and scales it by its
+   standard deviation (floored at the median variance, so coordinates the noise dominates are not blown
+   up), then rescales so a record's features have norm about 1. The map is public (post-processing) and
+   travels to the parties with the head.
+3. **Adam on the student's side** (post-processing) on ``noisy sum / (q · noisy count)``.
+
+The published head maps back to the L2-normalised features of the backbone (``(classes, dim + 1)``), the one
+model form every release mechanism publishes. The same object serves both sides: a party calls
+:meth:`DPSGDTrainer.prepare` once and :meth:`DPSGDTrainer.contribute` per round; the student calls
+:meth:`~DPSGDTrainer.state` before and :meth:`~DPSGDTrainer.absorb` after each release. The central runner
+drives exactly these calls, so a federation with seeded noise publishes its head bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.errors import InputError
+from capc_common.mechanisms.dpsgd import SecureDPSGD
+from capc_common.mechanisms.prototypes import normalise
+
+if TYPE_CHECKING:
+    from capc_common.privacy import NoiseSource
+
+__all__ = ["DPSGDTrainer", "FeatureMap", "Recipe", "standardiser"]
+
+#: The state's first value: the round to come is the statistics release (0) or a gradient round (1).
+_STATISTICS, _GRADIENT = 0.0, 1.0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the head is trained (post-processing except ``rounds`` and ``statistics``, which are releases).
+
+    Attributes:
+        rounds: gradient rounds (each one release).
+        statistics: release the features' noisy sums first and standardise them (one more release).
+        optimizer: ``adam`` or ``momentum`` (heavy ball), applied by the student to the noisy mean gradient.
+        learning_rate: step size.
+        momentum: heavy-ball momentum, or Adam's β1.
+        beta2: Adam's β2.
+        adam_eps: Adam's ε (next to the noise of a mean gradient coordinate, it keeps noise-only coordinates
+            from taking full steps).
+        variance_floor: added to each coordinate's variance, as a multiple of the median variance.
+        expected_batch: the normaliser of the noisy sum without a statistics release (``q · N``, public).
+    """
+
+    rounds: int
+    statistics: bool = True
+    optimizer: Literal["adam", "momentum"] = "adam"
+    learning_rate: float = 0.3
+    momentum: float = 0.9
+    beta2: float = 0.999
+    adam_eps: float = 1e-4
+    variance_floor: float = 1.0
+    expected_batch: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise InputError(f"a recipe needs at least one gradient round, got {self.rounds}")
+        if not self.statistics and not (self.expected_batch and self.expected_batch > 0):
+            raise InputError(
+                "without a statistics release the noisy sum is normalised by expected_batch (q · N): set it"
+            )
+        if self.optimizer not in ("adam", "momentum"):
+            raise InputError(f"optimizer must be adam or momentum, got {self.optimizer!r}")
+
+    @property
+    def releases(self) -> int:
+        """Releases the recipe makes: the gradient rounds, plus one for the statistics."""
+        return self.rounds + int(self.statistics)
+
+
+@dataclass(frozen=True)
+class FeatureMap:
+    """Raw per-example features → the head's input: L2-normalise, project, centre, scale.
+
+    Attributes:
+        basis: ``(feature_dim, k)`` orthonormal columns, or ``None`` (no projection, ``k = feature_dim``).
+        mean: ``(k,)`` subtracted after the projection.
+        scale: ``(k,)`` positive divisors.
+    """
+
+    basis: npt.NDArray[np.float32] | None
+    mean: npt.NDArray[np.float64]
+    scale: npt.NDArray[np.float64]
+
+    def project(self, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """L2-normalised rows on the basis: each row's norm stays at most 1."""
+        x = normalise(features)
+        return x if self.basis is None else x @ self.basis.astype(np.float64)
+
+    def standardise(self, projected: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Centre and scale projected rows."""
+        return (projected - self.mean) / self.scale
+
+    def head(self, weights: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """A head over the standardised features as the same function of the L2-normalised raw features.
+
+        ``w·(Pᵀx − m)/s + b = (w/s)Pᵀ·x + (b − (w/s)·m)``.
+        """
+        w = weights[:, :-1] / self.scale
+        bias = weights[:, -1] - w @ self.mean
+        raw = w if self.basis is None else w @ self.basis.T.astype(np.float64)
+        return np.concatenate([raw, bias[:, None]], axis=1)
+
+
+def standardiser(
+    sums: npt.NDArray[np.float64],
+    squares: npt.NDArray[np.float64],
+    count: float,
+    *,
+    floor: float,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """``(mean, scale)`` from a statistics release (post-processing).
+
+    The scale is the standard deviation with ``floor × median variance`` added, times the root of the
+    expected squared norm, so a standardised record has norm about 1 whatever the dimension (the clip is in
+    those units). A count the noise made tiny is read as 1.
+    """
+    n = max(float(count), 1.0)
+    mean = sums / n
+    variance = np.maximum(squares / n - mean**2, 0.0)
+    pad = floor * float(np.median(variance))
+    if not pad > 0:
+        pad = 1e-12
+    sd = np.sqrt(variance + pad)
+    spread = float(np.sqrt(np.sum(variance / (variance + pad)))) or 1.0
+    return mean, sd * spread
+
+
+class DPSGDTrainer:
+    """Secure-aggregation DP-SGD by the recipe: the parties' contributions and the student's state.
+
+    Args:
+        mechanism: the per-release mechanism over the ``k``-dimensional head input.
+        recipe: rounds, statistics, optimiser.
+        basis: the public basis, or a function computing it on first use (only a party that contributes and
+            the student that publishes need it; the guardian never does), or ``None`` for no projection.
+    """
+
+    def __init__(
+        self,
+        mechanism: SecureDPSGD,
+        recipe: Recipe,
+        *,
+        basis: npt.NDArray[np.float32] | Callable[[], npt.NDArray[np.float32]] | None,
+    ) -> None:
+        self.mechanism = mechanism
+        self.recipe = recipe
+        self._basis = basis
+        k = mechanism.dim
+        self.weights = np.zeros((mechanism.classes, k + 1))
+        self.mean = np.zeros(k)
+        self.scale = np.ones(k)
+        self.normaliser = recipe.expected_batch or 1.0
+        self.done = 0
+        self._m = np.zeros_like(self.weights)
+        self._v = np.zeros_like(self.weights)
+
+    @property
+    def rounds(self) -> int:
+        """Releases in all (what the ledger is charged for)."""
+        return self.recipe.releases
+
+    @property
+    def basis(self) -> npt.NDArray[np.float32] | None:
+        """The public basis (computed on first use when given as a function)."""
+        if callable(self._basis):
+            self._basis = self._basis()
+        if self._basis is not None and self._basis.shape[1] != self.mechanism.dim:
+            raise InputError(f"the basis has {self._basis.shape[1]} columns, the head {self.mechanism.dim}")
+        return self._basis
+
+    def _map(self, mean: npt.NDArray[np.float64], scale: npt.NDArray[np.float64]) -> FeatureMap:
+        return FeatureMap(self.basis, mean, scale)
+
+    # ----------------------------------------------------------------------------------------- party side
+    def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """A party's records on the basis, once (the projection is the costly step; rounds reuse it)."""
+        return self._map(self.mean, self.scale).project(features)
+
+    def contribute(
+        self,
+        state: npt.NDArray[np.float64],
+        prepared: npt.NDArray[np.float64],
+        labels: npt.NDArray[np.int64],
+        source: NoiseSource,
+    ) -> npt.NDArray[np.int64]:
+        """A party's contribution to the release ``state`` announces, over its Poisson sample.
+
+        Raises:
+            InputError: a state of another length or a non-positive scale.
+        """
+        k, m = self.mechanism.dim, self.mechanism
+        expected = 1 + 2 * k + self.weights.size
+        if state.shape != (expected,):
+            raise InputError(f"a {m.name} state has {expected} values, got shape {state.shape}")
+        phase, mean, scale = state[0], state[1 : 1 + k], state[1 + k : 1 + 2 * k]
+        rows = m.sample(len(labels), source)
+        if phase == _STATISTICS:
+            return m.statistics_contribution(prepared[rows])
+        if phase != _GRADIENT:
+            raise InputError(f"a {m.name} state's phase must be 0 or 1, got {phase!r}")
+        if not (scale > 0).all():
+            raise InputError(f"a {m.name} state's scale must be positive")
+        features = (prepared[rows] - mean) / scale
+        return m.contribution(state[1 + 2 * k :].reshape(self.weights.shape), features, labels[rows])
+
+    # --------------------------------------------------------------------------------------- student side
+    def state(self) -> npt.NDArray[np.float64]:
+        """What the parties need for the next release: its phase, the feature map's centre and scale, the
+        head."""
+        phase = _STATISTICS if self.recipe.statistics and self.done == 0 else _GRADIENT
+        return np.concatenate([[phase], self.mean, self.scale, self.weights.ravel()])
+
+    def absorb(self, total: npt.NDArray[np.int64]) -> None:
+        """Fold one revealed noisy total in: the statistics, or one optimiser step."""
+        r, m = self.recipe, self.mechanism
+        if r.statistics and self.done == 0:
+            sums, squares, count = m.statistics(total)
+            self.mean, self.scale = standardiser(sums, squares, count, floor=r.variance_floor)
+            self.normaliser = max(count, 1.0) * m.sampling_rate
+        else:
+            grad = m.gradient(total) / self.normaliser
+            step = self.done - int(r.statistics) + 1
+            if r.optimizer == "adam":
+                self._m = r.momentum * self._m + (1 - r.momentum) * grad
+                self._v = r.beta2 * self._v + (1 - r.beta2) * grad * grad
+                m_hat = self._m / (1 - r.momentum**step)
+                v_hat = self._v / (1 - r.beta2**step)
+                self.weights = self.weights - r.learning_rate * m_hat / (np.sqrt(v_hat) + r.adam_eps)
+            else:
+                self._m = r.momentum * self._m + grad
+                self.weights = self.weights - r.learning_rate * self._m
+        self.done += 1
+
+    def head(self) -> npt.NDArray[np.float64]:
+        """The head so far over the L2-normalised raw features ``(classes, feature_dim + 1)``."""
+        return self._map(self.mean, self.scale).head(self.weights)
