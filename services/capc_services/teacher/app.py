@@ -192,7 +192,7 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
             "federation: set allow_insecure_noise: true in this party's site file"
         )
     apply_torch_threads(settings.torch_threads)  # before the start-up check featurises anything
-    party = PartyRuntime(settings, role="teacher")
+    party = PartyRuntime(settings, role="teacher", model=True)
     if isinstance(party.config.mechanism, ReleaseMember):  # contributions to noisy totals, no votes
         serve_releases(settings, party, stop=stop)
         return
