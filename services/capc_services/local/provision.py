@@ -434,6 +434,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         "store": f"../parties/{config.student}/labels.sqlite",
         "output_dir": f"../parties/{config.student}/published",
         "torch_threads": options.torch_threads,
+        "feature_cache": "../feature-cache",  # the parties share one machine: public features once
         "pipeline_depth": options.pipeline_depth,
         "train": {
             "device": "auto",
@@ -457,6 +458,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
                 # The simulated hospitals opt in to what the options asked for (a real site decides itself).
                 "allow_insecure_noise": config.insecure_noise,
                 "torch_threads": options.torch_threads,
+                "feature_cache": "../feature-cache",
                 "data": {
                     "dataset": options.dataset,
                     "shard": index,
