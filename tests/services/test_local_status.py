@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from capc_services.common.admin import Readiness, build_admin_app
 from capc_services.common.runtime import AdminServer
 from capc_services.local.federation import party_state
-from capc_services.local.processes import PartyProcess
+from capc_services.local.processes import PartyProcess, pid_alive
 from capc_services.student.app import _labelling_check
 from capc_services.student.scheduler import Progress
 
@@ -70,3 +74,31 @@ def test_a_gone_process_is_not_running() -> None:
         PartyProcess(party="student", role="student", pid=gone.pid, admin_url="http://127.0.0.1:1")
     )
     assert (entry["state"], entry["running"], entry["process"]) == ("not running", False, "not running")
+
+
+def test_an_exited_process_another_process_has_not_reaped_yet_is_not_running() -> None:
+    # The parent starts a child, prints its pid and never waits for it: once killed, the child is a zombie
+    # of that parent (what a chaos campaign attached to someone else's federation sees after a kill -9).
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
+            "time.sleep(120)']); print(c.pid, flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert pid_alive(child)
+        os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pid_alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pid_alive(child)
+        assert Path(f"/proc/{child}").exists()  # still there, unreaped: a zombie, not a live party
+    finally:
+        parent.kill()
+        parent.wait()

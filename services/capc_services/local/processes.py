@@ -46,7 +46,10 @@ def _command(role: str, site: Path) -> list[str]:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists and is not a zombie we already reaped."""
+    """Whether a process with ``pid`` exists and has not exited: our own child is reaped here; another
+    process's child that exited is a zombie until its parent reaps it, and counts as dead (a tool that
+    attaches to a federation another process started, e.g. the chaos campaign, kills parties it is not
+    the parent of)."""
     try:
         waited, _ = os.waitpid(pid, os.WNOHANG)
         if waited == pid:
@@ -59,7 +62,17 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` exited and waits for its parent to reap it (its state in ``/proc``; without procfs,
+    only our own children can be told dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def start_party(
