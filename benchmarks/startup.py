@@ -108,14 +108,20 @@ def imported_modules(log: Path, *, offset: int) -> list[str]:
 
 
 def one_run(
-    layout: Layout, parties: dict[str, str], admin: dict[str, int], *, count_modules: bool, timeout: float
+    layout: Layout,
+    parties: dict[str, str],
+    admin: dict[str, int],
+    *,
+    count_modules: bool,
+    timeout: float,
+    roles: tuple[str, ...] = ROLES,
 ) -> dict[str, Any]:
-    """Start guardian, student and teacher in turn (each once the previous is ready), then stop them."""
+    """Start ``roles`` in turn (each once the previous is ready), then stop them."""
     env = {"PYTHONPROFILEIMPORTTIME": "1"} if count_modules else None
     figures: dict[str, Any] = {}
     started: list[PartyProcess] = []
     try:
-        for role in ROLES:
+        for role in roles:
             party = parties[role]
             log = layout.log(party)
             offset = log.stat().st_size if log.exists() else 0
@@ -133,15 +139,16 @@ def one_run(
     return figures
 
 
-def prepare(root: Path, *, heads: int) -> tuple[Layout, dict[str, str], dict[str, int]]:
-    """The federation in ``root`` (provisioned, hospital-1's heads trained, unless there already); returns
-    its layout, the party measured for each role and the admin ports."""
+def prepare(root: Path, *, heads: int, train: bool = True) -> tuple[Layout, dict[str, str], dict[str, int]]:
+    """The federation in ``root`` (provisioned unless there already, hospital-1's heads trained unless
+    ``train`` is False or they exist); returns its layout, the party measured for each role and the admin
+    ports."""
     from capc_services.teacher.settings import TeacherSettings
     from capc_services.teacher.train import train_party_heads
 
     layout, config = ensure_provisioned(root, options(heads))
     teacher = config.teacher_names[0]
-    if not (layout.party_dir(teacher) / "heads.safetensors").exists():
+    if train and not (layout.party_dir(teacher) / "heads.safetensors").exists():
         train_party_heads(TeacherSettings.load(layout.site(teacher)))
     parties = {"guardian": config.guardian, "student": config.student, "teacher": teacher}
     return layout, parties, Endpoints.from_dict(read_state(layout)["endpoints"]).admin

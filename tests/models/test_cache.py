@@ -56,7 +56,7 @@ def test_processes_featurising_the_same_batch_together_compute_each_chunk_once(t
         subprocess.Popen(
             [sys.executable, "-c", WORKER, str(tmp_path), spec], stdout=subprocess.PIPE, text=True
         )
-        for _ in range(3)
+        for _ in range(2)
     ]
     results = [json.loads(w.communicate(timeout=120)[0]) for w in workers]
     assert sum(r["computed"] for r in results) == 6, results

@@ -29,6 +29,7 @@ DEMO_OPTIONS = LocalOptions(
     bn_batch=64,
     train_limit=None,
     order=None,  # the order capc budget plan picks for this mechanism and budget
+    student_threads=None,  # it trains once the hospitals are done: every core
 )
 
 # `capc demo --quick`: the same code on 3 × 2,000 images, 33 teachers each (what `capc federation plan
