@@ -23,7 +23,7 @@ test: $(STAMP) docker-prereqs lint typecheck unit
 
 # The container tests (tests/deploy, marker `docker`) need a Docker engine. Where this runs as root with
 # apt-get (this project's machines, CI), deploy/docker-here.sh installs Debian's engine and Compose; elsewhere
-# the tests skip and say why. CAPC_SKIP_DOCKER=1 skips both on purpose.
+# the tests skip and say why (under CI=true they fail instead). CAPC_SKIP_DOCKER=1 skips both on purpose.
 docker-prereqs:
 	@if [ "$${CAPC_SKIP_DOCKER:-0}" != 1 ]; then \
 	  ./deploy/docker-here.sh install || echo "note: no Docker engine installed; container tests will skip"; fi

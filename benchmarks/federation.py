@@ -1,11 +1,18 @@
 """Federation throughput and protocol latency against central plaintext labelling, in the same run.
 
-Usage: ``.venv/bin/python benchmarks/federation.py [--format text|json] [--parties 4 --teachers-per-party 25
+Usage: ``.venv/bin/python benchmarks/federation.py [--format text|json] [--parties 4 --train-limit 2500
 --batch-size 1024 --batches 5 ...]``. With ``--format json`` it prints one object with at least
-``federation_labels_per_s``, ``central_labels_per_s``, ``ratio``, ``protocol_latency_256_s`` and ``stages``.
+``federation_labels_per_s``, ``central_labels_per_s``, ``ratio``, ``protocol_latency_256_s`` (the latency
+batch's size in the key), ``stages``, ``mpc_bytes_per_label``, ``guardian_rss_mb`` and ``setup``.
 
-What is compared (defaults: 4 teacher parties × 25 teachers, 10 classes, batches of 1024, the default
-backbone, this machine):
+Every party selects its examples by keyed content hash (about ``--train-limit`` each, a binomial count), so
+the teachers per party are not fixed in advance: they are what the federation planner proposes for the
+parties' actual example counts (:func:`capc_common.federation.propose`, ``capc federation plan``: the most
+heads whose shards all hold one BatchNorm chunk, but for a 0.1 % chance), the smallest over the parties;
+``--teachers-per-party`` overrides it.
+
+What is compared (defaults: 4 teacher parties of about 2,500 examples, 25 teachers each as planned at
+``bn_batch`` 64, 10 classes, batches of 1024, the default backbone, this machine):
 
 * **central**: plaintext labelling with the same model work — for every batch each party's share of the work
   runs in its own worker process (as each party must regenerate the queries and run its own backbone pass
@@ -24,6 +31,7 @@ federation that runs many small batches (64 queries).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -42,14 +50,16 @@ import httpx
 import numpy as np
 import psutil
 
-from capc_common.aggregation import confident_rule, draw_confident_noise, draw_student_noise, vote_histogram
-from capc_common.federation import FederationConfig, batch_plan
+from capc_common.aggregation import draw_confident_noise, draw_student_noise, vote_histogram
+from capc_common.errors import InputError
+from capc_common.federation import FederationConfig, batch_plan, propose
+from capc_common.mechanisms import confident_rule
 from capc_common.privacy import SystemNoise
 from capc_services.local.federation import down, ensure_provisioned, token, up
 from capc_services.local.layout import Layout
 from capc_services.local.provision import LocalOptions
 from capc_services.teacher.settings import TeacherSettings
-from capc_services.teacher.train import train_party_heads
+from capc_services.teacher.train import party_examples, train_party_heads
 
 _STAGE = re.compile(r'^capc_stage_seconds_(sum|count)\{stage="([^"]+)"\} ([0-9.e+-]+)$', re.MULTILINE)
 
@@ -200,6 +210,24 @@ def federation_run(
     }
 
 
+def planned_heads(root: Path, options: LocalOptions) -> tuple[int, dict[str, Any]]:
+    """Teachers per party as the planner proposes them for the parties' actual example counts.
+
+    The counts are read from a probe federation provisioned with these options (the sites' own data
+    sections: their hash part and fraction), so they are the examples each party will train on; only its
+    site files are read (its one head per party and its noise just make it a valid federation).
+
+    Returns:
+        ``(the smallest proposal over the parties, {"examples": [...], "heads": [...]})``.
+    """
+    probe = dataclasses.replace(options, teachers_per_party=1, threshold=1.0, sigma1=1e3, sigma2=1e3)
+    layout, config = ensure_provisioned(root, probe)
+    examples = [len(party_examples(TeacherSettings.load(layout.site(n)))[1]) for n in config.teacher_names]
+    plan = propose(examples, classes=config.classes, epsilon=options.epsilon, bn_batch=options.bn_batch)
+    shutil.rmtree(root, ignore_errors=True)
+    return min(plan["heads"]), {"examples": examples, "heads": plan["heads"]}
+
+
 def _rss_summary(samples: list[float], *, warm_up: int) -> dict[str, Any]:
     """Guardian memory across batches: after ``warm_up`` batches, at the end, and the least-squares slope
     in between (buffers are sized by the first batches; what matters is growth after that)."""
@@ -215,21 +243,30 @@ def _rss_summary(samples: list[float], *, warm_up: int) -> dict[str, Any]:
 
 @click.command()
 @click.option("--parties", type=click.IntRange(min=2), default=4, show_default=True)
-@click.option("--teachers-per-party", type=click.IntRange(min=1), default=25, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=64), default=1024, show_default=True)
+@click.option(
+    "--teachers-per-party",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Heads per party [default: what `capc federation plan` proposes for the parties' examples].",
+)
+@click.option("--batch-size", type=click.IntRange(min=16), default=1024, show_default=True)
 @click.option("--batches", type=click.IntRange(min=2), default=5, show_default=True)
 @click.option("--bn-batch", type=click.IntRange(min=16), default=64, show_default=True)
 @click.option("--latency-batch", type=click.IntRange(min=16), default=256, show_default=True)
 @click.option("--latency-batches", type=click.IntRange(min=3), default=12, show_default=True)
 @click.option(
     "--memory-batches",
-    type=click.IntRange(min=20),
+    type=click.IntRange(min=3),
     default=120,
     show_default=True,
-    help="Batches of 64 queries in the guardian-memory run.",
+    help="Batches of 64 queries in the guardian-memory run (memory is read after the first tenth).",
 )
 @click.option(
-    "--train-limit", type=click.IntRange(min=1), default=1000, show_default=True, help="Examples/party."
+    "--train-limit",
+    type=click.IntRange(min=1),
+    default=2500,
+    show_default=True,
+    help="Examples/party (on average: each site keeps a hash-selected fraction).",
 )
 @click.option(
     "--threads", type=click.IntRange(min=1), default=1, show_default=True, help="torch threads/party."
@@ -238,7 +275,7 @@ def _rss_summary(samples: list[float], *, warm_up: int) -> dict[str, Any]:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def main(
     parties: int,
-    teachers_per_party: int,
+    teachers_per_party: int | None,
     batch_size: int,
     batches: int,
     bn_batch: int,
@@ -258,7 +295,6 @@ def main(
     root = Path(work_dir or tempfile.mkdtemp(prefix="capc-bench-federation-"))
     common = {
         "parties": parties,
-        "teachers_per_party": teachers_per_party,
         "epsilon": 1000.0,  # the benchmark measures speed; the budget must not stop it
         "bn_batch": bn_batch,
         "train_limit": train_limit,
@@ -266,6 +302,14 @@ def main(
         "evaluation_images": None,
         "min_parties": parties,
     }
+    plan: dict[str, Any] = {}
+    if teachers_per_party is None:
+        try:
+            teachers_per_party, plan = planned_heads(root / "plan", LocalOptions(**common))
+        except InputError as exc:
+            raise click.ClickException(f"cannot plan the parties' teachers: {exc}") from None
+        say(f"planned {teachers_per_party} heads per party for {plan['examples']} examples")
+    common["teachers_per_party"] = teachers_per_party
     throughput = LocalOptions(**common, queries=batch_size * batches, batch_size=batch_size)
     latency = LocalOptions(
         **common, queries=latency_batch * latency_batches, batch_size=latency_batch, pipeline_depth=0
@@ -289,8 +333,9 @@ def main(
     say(f"  protocol latency {lat['protocol_latency_s']:.3f} s")
     say(f"guardian memory run ({memory_batches} batches of 64 queries)")
     mem = federation_run(root / "memory", memory, heads_from=layout, say=say)
-    rss = _rss_summary(mem["guardian_rss_mb"], warm_up=10)
-    say(f"  guardian RSS {rss['after_batch_10']:.1f} → {rss['last']:.1f} MB")
+    warm_up = max(1, min(10, memory_batches // 10))
+    rss = _rss_summary(mem["guardian_rss_mb"], warm_up=warm_up)
+    say(f"  guardian RSS {rss[f'after_batch_{warm_up}']:.1f} → {rss['last']:.1f} MB")
     result = {
         "federation_labels_per_s": fed["labels_per_s"],
         "central_labels_per_s": central["labels_per_s"],
@@ -306,6 +351,8 @@ def main(
         "setup": {
             "parties": parties,
             "teachers_per_party": teachers_per_party,
+            "planned": plan or None,
+            "train_limit": train_limit,
             "classes": config.classes,
             "batch_size": batch_size,
             "batches": batches,
@@ -331,7 +378,7 @@ def main(
         f"{result['central_labels_per_s']:.1f} labels/s: ratio {result['ratio']:.3f} (target ≥ 0.8)\n"
         f"protocol latency of a {latency_batch}-query batch: {lat['protocol_latency_s']:.3f} s "
         "(target ≤ 0.5 s)\n"
-        f"guardian RSS: {rss['after_batch_10']:.1f} MB after batch 10, "
+        f"guardian RSS: {rss[f'after_batch_{warm_up}']:.1f} MB after batch {warm_up}, "
         f"{result['guardian_rss_mb']['last']:.1f} MB after batch {result['guardian_rss_mb']['batches']} "
         f"(slope {result['guardian_rss_mb']['slope_mb_per_100_batches']:+.2f} MB / 100 batches)\n"
         f"stages: {json.dumps(result['stages'], indent=1)}\n"

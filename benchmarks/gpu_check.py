@@ -11,6 +11,8 @@ script checks them on a lent machine and prints one JSON object:
   steps/s, images/s and the first and last losses.
 
 Usage: ``python benchmarks/gpu_check.py [--steps 60] [--format json]`` (exits 2 without a GPU).
+``--device cpu`` runs the same code with the CPU in the GPU's place (the suite's smoke test: no GPU in CI);
+``--images`` and ``--batch-size`` shrink it.
 """
 
 from __future__ import annotations
@@ -33,40 +35,45 @@ from capc_common.synth import generate
 def _features(images: np.ndarray, *, device: str, bn_batch: int) -> tuple[np.ndarray, float]:
     backbone = load_backbone(default_backbone(28, 28, 1)).to(device)
     extract_features(backbone, images[: 2 * bn_batch], bn_batch=bn_batch, mode="current")  # warm-up
-    if device != "cpu":
+    if device.startswith("cuda"):
         torch.cuda.synchronize()
     start = time.perf_counter()
     feats = extract_features(backbone, images, bn_batch=bn_batch, mode="current")
-    if device != "cpu":
+    if device.startswith("cuda"):
         torch.cuda.synchronize()
     return feats, images.shape[0] / (time.perf_counter() - start)
 
 
 @click.command()
 @click.option("--steps", type=click.IntRange(min=2), default=60, show_default=True)
+@click.option("--device", default="cuda", show_default=True, help="Accelerator checked (cpu: smoke test).")
+@click.option("--images", type=click.IntRange(min=128), default=2048, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=2), default=256, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-def main(steps: int, fmt: str) -> None:
+def main(steps: int, device: str, images: int, batch_size: int, fmt: str) -> None:
     """Run both checks on the first GPU and print the figures."""
-    if not torch.cuda.is_available():
+    if device.startswith("cuda") and not torch.cuda.is_available():
         click.echo("no GPU visible to torch: this check needs one", err=True)
         sys.exit(2)
-    images = generate("dead_leaves", seed=1, start=0, count=2048, height=28, width=28, channels=1)
-    cpu, cpu_rate = _features(images, device="cpu", bn_batch=64)
-    gpu, gpu_rate = _features(images, device="cuda", bn_batch=64)
+    queries = generate("dead_leaves", seed=1, start=0, count=images, height=28, width=28, channels=1)
+    cpu, cpu_rate = _features(queries, device="cpu", bn_batch=64)
+    gpu, gpu_rate = _features(queries, device=device, bn_batch=64)
     diff = float(np.max(np.abs(cpu - gpu)))
     scale = float(np.max(np.abs(cpu)))
-    config = PretrainConfig(generator="shaders", arch="resnet18", input_shape=(32, 32, 3), batch_size=256)
+    config = PretrainConfig(
+        generator="shaders", arch="resnet18", input_shape=(32, 32, 3), batch_size=batch_size
+    )
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        result = pretrain(config, out_dir=Path(out), steps=steps, device="cuda", progress=False)
+        result = pretrain(config, out_dir=Path(out), steps=steps, device=device, progress=False)
         seconds = time.perf_counter() - start
         losses = np.loadtxt(Path(out) / "losses.csv", delimiter=",", skiprows=1, ndmin=2)[:, 1]
     report = {
-        "device": torch.cuda.get_device_name(0),
+        "device": torch.cuda.get_device_name(0) if device.startswith("cuda") else device,
         "torch": torch.__version__,
         "features": {
             "backbone": default_backbone(28, 28, 1),
-            "images": int(images.shape[0]),
+            "images": int(queries.shape[0]),
             "cpu_images_per_s": round(cpu_rate, 1),
             "gpu_images_per_s": round(gpu_rate, 1),
             "max_abs_diff": diff,

@@ -22,9 +22,9 @@ BATCHES = (64, 1024, 8192)
 DEFAULT_CSV = Path(__file__).resolve().parent / "results" / "mpc.csv"
 
 
-def _batches_for(batch: int) -> int:
-    """Enough batches that every cell times at least 8192 queries (but at least 2 batches)."""
-    return max(2, 8192 // batch)
+def _batches_for(batch: int, queries: int) -> int:
+    """Enough batches that every cell times at least ``queries`` queries (but at least 2 batches)."""
+    return max(2, queries // batch)
 
 
 def _table(rows: list[dict]) -> str:
@@ -59,12 +59,15 @@ def _write_csv(rows: list[dict], path: Path) -> None:
 @click.option("--classes", "classes", type=int, multiple=True, help="Subset of classes to run.")
 @click.option("--batch", "batches", type=int, multiple=True, help="Subset of batch sizes to run.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_CSV)
-def main(fmt: str, classes: tuple[int, ...], batches: tuple[int, ...], csv_path: Path) -> None:
+@click.option(
+    "--queries", type=click.IntRange(min=1), default=8192, show_default=True, help="Queries timed per cell."
+)
+def main(fmt: str, classes: tuple[int, ...], batches: tuple[int, ...], csv_path: Path, queries: int) -> None:
     """Run the grid and print the table (text) or one JSON object (json)."""
     rows = []
     for c in classes or CLASSES:
         for b in batches or BATCHES:
-            rows.append(run_benchmark(classes=c, batch=b, batches=_batches_for(b), threshold=True))
+            rows.append(run_benchmark(classes=c, batch=b, batches=_batches_for(b, queries), threshold=True))
             click.echo(f"c={c} B={b}: {rows[-1]['labels_per_s']:,.0f} labels/s", err=True)
     _write_csv(rows, csv_path)
     if fmt == "json":

@@ -1,5 +1,9 @@
 """How the DIET-PATE defaults were chosen: a sweep on a VALIDATION split of the training data (never test).
 
+The choice is itself a release of that (protected) training data which no reported ε accounts for (Papernot
+& Steinke 2022, "Hyperparameter Tuning with Renyi Differential Privacy"): the published figures of a run hold
+for fixed settings, not for the tuning that picked them (docs/dietpate.md §6).
+
 Teachers are trained on Fashion-MNIST's training images minus a validation split held out as ``capc dietpate
 run`` holds it out (``dataset.validation``, seed 0); every figure is the student's accuracy on that validation
 split. Shards are assigned by content hash and featurised alone (current statistics, chunks of ``bn_batch``),
@@ -28,8 +32,11 @@ It was run on a lent NVIDIA H200 (two calls of about two minutes each); on 2 CPU
 
     python benchmarks/recipe_sweep.py --device cuda --out benchmarks/results/recipe_sweep
     python benchmarks/recipe_sweep.py --format json      # one JSON object: the best point per setting
+    python benchmarks/recipe_sweep.py --smoke --stages recipes,mechanism,baseline,balance --format json
 
-Outputs: ``sweep.jsonl`` (one line per measurement) under ``--out``.
+Outputs: ``sweep.jsonl`` (one line per measurement) under ``--out``. ``--smoke`` runs every stage's code at
+toy size (:data:`SMOKE`: a few teachers on 1,200 training images, one grid point, a large ε):
+the suite's check that the script still works, not a measurement.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,16 +62,83 @@ from capc_common.models import default_backbone, extract_features, load_backbone
 from capc_common.synth import generate
 
 CLASSES = 10
-GRID = list(itertools.product([0.45, 0.6, 0.75], [0.5, 0.7, 0.9], [0.12, 0.16, 0.2]))
 STUDENT = {"steps": 200, "lr": 1e-2, "l2": 1e-4}
 TEACHER = {"steps": 50, "lr": 1e-3}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The sizes of a sweep: teacher counts, grids, budgets and seeds of every stage.
+
+    Attributes:
+        train_limit: training images used (None: all of them but the validation split).
+        recipe_teachers: teachers of the ``recipes`` stage; ``recipe_grid`` its teacher recipes.
+        recipe_queries: queries the noiseless student of the ``recipes`` stage learns from.
+        mechanism_counts: ``(teachers, bn_batch)`` of the ``mechanism`` stage.
+        grid: ``(T, σ1, σ2)`` as fractions of the teacher count.
+        grid_epsilons / grid_seeds: the grid's budgets and noise seeds.
+        curve_epsilons / curve_seeds: the chosen point's accuracy-vs-ε curve.
+        other_teachers: teachers of the ``baseline`` and ``balance`` stages.
+        balance_seeds: noise seeds of the ``balance`` stage (at each of ``grid_epsilons``).
+    """
+
+    train_limit: int | None
+    recipe_teachers: int
+    recipe_grid: list[dict[str, float]]
+    recipe_queries: int
+    mechanism_counts: list[tuple[int, int]]
+    grid: list[tuple[float, float, float]]
+    grid_epsilons: list[float]
+    grid_seeds: tuple[int, ...]
+    curve_epsilons: list[float]
+    curve_seeds: tuple[int, ...]
+    other_teachers: int
+    balance_seeds: tuple[int, ...]
+
+
+#: The sweep that chose the defaults (docs/dietpate.md).
+FULL = Plan(
+    train_limit=None,
+    recipe_teachers=250,
+    recipe_grid=[
+        dict(steps=n, lr=lr, l2=l2, ls=ls)
+        for n, lr in [(25, 1e-3), (50, 1e-3), (100, 1e-3), (200, 1e-3), (25, 1e-2), (50, 1e-2), (150, 1e-2)]
+        for l2 in (0.0, 1e-2)
+        for ls in (0.0, 0.2)
+    ],
+    recipe_queries=6000,
+    mechanism_counts=[(550, 64), (1000, 32), (550, 32), (250, 64)],
+    grid=list(itertools.product([0.45, 0.6, 0.75], [0.5, 0.7, 0.9], [0.12, 0.16, 0.2])),
+    grid_epsilons=[3, 6],
+    grid_seeds=(0, 1),
+    curve_epsilons=[1, 2, 3, 4, 6, 10],
+    curve_seeds=(2, 3, 4),
+    other_teachers=550,
+    balance_seeds=(0, 1, 2),
+)
+#: ``--smoke``: every stage's code at toy size, in seconds on a CPU.
+SMOKE = Plan(
+    train_limit=1200,
+    recipe_teachers=4,
+    recipe_grid=[dict(steps=5, lr=1e-2, l2=0.0, ls=0.0)],
+    recipe_queries=256,
+    mechanism_counts=[(8, 32)],
+    grid=[(0.6, 0.7, 0.16)],
+    grid_epsilons=[200],
+    grid_seeds=(0,),
+    curve_epsilons=[100, 200],
+    curve_seeds=(1,),
+    other_teachers=8,
+    balance_seeds=(0,),
+)
 
 
 class Sweep:
     """Shared data, features and helpers of one sweep."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, plan: Plan) -> None:
         self.args = args
+        self.plan = plan
         self.start = time.monotonic()
         self.dev = torch.device(args.device)
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -72,7 +147,7 @@ class Sweep:
         self.log = (args.out / "sweep.jsonl").open("a", encoding="utf-8")
         data = load_dataset("fashion-mnist", split="train")
         order = np.random.default_rng([0, 0x5EED]).permutation(len(data.labels))  # as dietpate's split
-        val, train = np.sort(order[: args.validation]), np.sort(order[args.validation :])
+        val, train = np.sort(order[: args.validation]), np.sort(order[args.validation :])[: plan.train_limit]
         self.train_images, self.train_labels = data.images[train], data.labels[train].astype(np.int64)
         self.val_images = data.images[val]
         self.val_labels = torch.from_numpy(data.labels[val].astype(np.int64)).to(self.dev)
@@ -164,8 +239,10 @@ class Sweep:
         return v.scatter_add_(1, pred.T, torch.ones_like(pred.T))
 
     def student(self, f: torch.Tensor, y: torch.Tensor, **recipe: Any) -> tuple[str, dict[str, torch.Tensor]]:
+        """The student on ``(f, y)`` with ``recipe`` (default :data:`STUDENT`)."""
         n = f.shape[0]
-        return self.fit(f.unsqueeze(0), y.view(1, n), torch.full((1, n), 1.0 / n, device=self.dev), **recipe)
+        weights = torch.full((1, n), 1.0 / n, device=self.dev)
+        return self.fit(f.unsqueeze(0), y.view(1, n), weights, **(recipe or STUDENT))
 
     def accuracy(self, model: tuple[str, dict[str, torch.Tensor]], val: torch.Tensor | None = None) -> float:
         return float(
@@ -258,32 +335,28 @@ class Sweep:
 
 
 def recipes(s: Sweep) -> None:
-    x, y, w, _ = s.stack(250, lambda im: s.features(im, 64))
-    f = s.query(64)[:6000]
-    grid = [
-        dict(steps=n, lr=lr, l2=l2, ls=ls)
-        for n, lr in [(25, 1e-3), (50, 1e-3), (100, 1e-3), (200, 1e-3), (25, 1e-2), (50, 1e-2), (150, 1e-2)]
-        for l2 in (0.0, 1e-2)
-        for ls in (0.0, 0.2)
-    ]
-    for g in grid:
+    count = s.plan.recipe_teachers
+    x, y, w, _ = s.stack(count, lambda im: s.features(im, 64))
+    f = s.query(64)[: s.plan.recipe_queries]
+    for g in s.plan.recipe_grid:
         model = s.fit(x, y, w, **g)
         pv = s.predict(model, s.val)
         hist = s.votes(s.predict(model, f))
         s.emit(
             stage="teachers",
-            teachers=250,
+            teachers=count,
             **g,
             mean_teacher=float((pv == s.val_labels).float().mean()),
             ensemble=float((s.votes(pv).argmax(1) == s.val_labels).float().mean()),
             student_noiseless=s.accuracy(s.student(f, hist.argmax(1))),
-            consensus_mean=float((hist.max(1).values.float() / 250).mean()),
+            consensus_mean=float((hist.max(1).values.float() / count).mean()),
         )
 
 
 def mechanism(s: Sweep) -> list[dict[str, Any]]:
     best = []
-    for count, bn in [(550, 64), (1000, 32), (550, 32), (250, 64)]:
+    plan = s.plan
+    for count, bn in plan.mechanism_counts:
         if s.left() < 60:
             break
         x, y, w, smallest = s.stack(count, lambda im, bn=bn: s.features(im, bn))
@@ -301,8 +374,10 @@ def mechanism(s: Sweep) -> list[dict[str, Any]]:
             mean_teacher=float((pv == s.val_labels).float().mean()),
             ensemble=float((s.votes(pv).argmax(1) == s.val_labels).float().mean()),
         )
-        rows = s.dp("main", hist, f, count, grid=GRID, epsilons=[3, 6], seeds=(0, 1), bn=bn)
-        for eps in (3, 6):
+        rows = s.dp(
+            "main", hist, f, count, grid=plan.grid, epsilons=plan.grid_epsilons, seeds=plan.grid_seeds, bn=bn
+        )
+        for eps in plan.grid_epsilons:
             top = max((r for r in rows if r["eps"] == eps), key=lambda r: r["student"], default=None)
             if top is None:
                 continue
@@ -313,8 +388,8 @@ def mechanism(s: Sweep) -> list[dict[str, Any]]:
                 f,
                 count,
                 grid=[mech],
-                epsilons=[1, 2, 3, 4, 6, 10],
-                seeds=(2, 3, 4),
+                epsilons=plan.curve_epsilons,
+                seeds=plan.curve_seeds,
                 bn=bn,
                 chosen_at=eps,
             )
@@ -338,7 +413,8 @@ def baseline(s: Sweep) -> None:
     def featurise(images: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(pixels.extract(images, bn_batch=64, mode="current")).to(s.dev)
 
-    x, y, w, _ = s.stack(550, featurise)
+    count = s.plan.other_teachers
+    x, y, w, _ = s.stack(count, featurise)
     teachers = {"kind": "mlp", "hidden": 256, "steps": 500, "lr": 1e-3, "l2": 1e-3}
     model = s.fit(x, y, w, **teachers)
     f = featurise(s.queries)
@@ -347,9 +423,9 @@ def baseline(s: Sweep) -> None:
         "baseline",
         hist,
         f,
-        550,
-        grid=GRID[::2],
-        epsilons=[3, 6],
+        count,
+        grid=s.plan.grid[::2],
+        epsilons=s.plan.grid_epsilons,
         seeds=(0,),
         val=featurise(s.val_images),
         student={"kind": "mlp", "hidden": 128, "steps": 200, "lr": 1e-3, "l2": 1e-4},
@@ -357,13 +433,14 @@ def baseline(s: Sweep) -> None:
 
 
 def balance(s: Sweep) -> None:
-    x, y, w, _ = s.stack(550, lambda im: s.features(im, 64))
+    teachers = s.plan.other_teachers
+    x, y, w, _ = s.stack(teachers, lambda im: s.features(im, 64))
     model = s.fit(x, y, w, **TEACHER)
     del x, y, w
     f = s.query(64)
     hist = s.votes(s.predict(model, f))
-    for eps, seed in itertools.product([3, 6], [0, 1, 2]):
-        out = s.release(hist, 550, mech=(0.6, 0.7, 0.16), eps=eps, seed=seed)
+    for eps, seed in itertools.product(s.plan.grid_epsilons, s.plan.balance_seeds):
+        out = s.release(hist, teachers, mech=(0.6, 0.7, 0.16), eps=eps, seed=seed)
         if out is None:
             continue
         labels = out[0]
@@ -388,7 +465,7 @@ def balance(s: Sweep) -> None:
                     "b_out": params["b_out"] - torch.log((count + 1) / (count.sum() + CLASSES)),
                 }
                 row["logit_adjusted"] = s.accuracy((kind, adjusted))
-        s.emit(stage="balance", teachers=550, eps=eps, seed=seed, **row)
+        s.emit(stage="balance", teachers=teachers, eps=eps, seed=seed, **row)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -400,9 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=3600.0, help="stop starting new measurements after")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/recipe_sweep"))
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--smoke", action="store_true", help="every stage at toy size (the suite's check)")
     args = parser.parse_args(argv)
-    sweep = Sweep(args)
-    summary: dict[str, Any] = {"device": str(sweep.dev), "validation": args.validation}
+    sweep = Sweep(args, SMOKE if args.smoke else FULL)
+    summary: dict[str, Any] = {"device": str(sweep.dev), "validation": args.validation, "smoke": args.smoke}
     stages = args.stages.split(",")
     if "recipes" in stages:
         recipes(sweep)

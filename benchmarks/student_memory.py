@@ -71,7 +71,11 @@ def student_command(layout: Layout) -> list[str]:
 
 def measure(*, queries: int, chunk_queries: int | None) -> dict[str, Any]:
     """Train the student on ``queries`` labelled queries in a fresh process; its peak memory and time."""
-    root = Path(tempfile.mkdtemp(prefix="capc-student-memory-")) / "state"
+    with tempfile.TemporaryDirectory(prefix="capc-student-memory-") as tmp:
+        return _measure(Path(tmp) / "state", queries=queries, chunk_queries=chunk_queries)
+
+
+def _measure(root: Path, *, queries: int, chunk_queries: int | None) -> dict[str, Any]:
     layout = labelled_student(root, queries=queries)
     env = {**os.environ, "CAPC_EXIT_WHEN_DONE": "true", "CAPC_TORCH_THREADS": "1"}
     if chunk_queries is not None:
@@ -82,7 +86,7 @@ def measure(*, queries: int, chunk_queries: int | None) -> dict[str, Any]:
     seconds = time.perf_counter() - start
     card_path = layout.party_dir("student") / "published" / "model_card.json"
     if status != 0 or not card_path.exists():
-        raise click.ClickException(f"the student did not publish (wait status {status}); see {layout.logs}")
+        raise click.ClickException(f"the student did not publish (wait status {status}); its log is above")
     card = json.loads(card_path.read_text())
     return {
         "queries": queries,

@@ -112,7 +112,7 @@ def rows_of(
                 "teachers": teachers,
                 "seed": seed,
                 "epsilon_target": eps,
-                "epsilon": point.get("epsilon"),
+                "epsilon": point.get("epsilon_spent"),
                 "epsilon_data_dependent": point.get("epsilon_data_dependent"),
                 "order": point.get("order"),
                 "queries": point.get("queries", 0),

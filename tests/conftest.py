@@ -1,5 +1,6 @@
-"""Shared fixtures: running the real ``capc`` entry point in a subprocess; one torch thread. The suite's order
-for two workers (``make test`` runs ``pytest -n 2 --dist loadscope``)."""
+"""Shared fixtures: running the real ``capc`` entry point in a subprocess; one torch thread; ``require``, the
+one way a test depends on what the machine provides. The suite's order for two workers (``make test`` runs
+``pytest -n 2 --dist loadscope``)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return (1 if module in heavy else 2, 0)
 
     items.sort(key=rank)
+
+
+Require = Callable[[bool, str], None]
+
+
+def _require(condition: bool, reason: str) -> None:
+    """Go on if ``condition`` holds; else skip the test with ``reason`` — or, under ``CI=true``, fail it.
+
+    CI must not go green by skipping: where the Docker engine cannot start, Chromium or Flower's virtualenv
+    is missing, the tests that need them would otherwise skip and ``make test`` pass. Locally a skip still
+    says why.
+    """
+    if condition:
+        return
+    if os.environ.get("CI", "").strip().lower() == "true":
+        pytest.fail(f"CI=true requires it: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def require() -> Require:
+    """``require(condition, reason)``: every test that needs something of the machine (a Docker engine, a
+    browser, a dependency, root) asks through it, never through a bare skip."""
+    return _require
 
 
 def run_capc(

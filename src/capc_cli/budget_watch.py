@@ -113,8 +113,10 @@ def render(snap: dict[str, Any], *, interval: float) -> str:
         lines.append(line)
         card = student.get("model_card")
         if card:
+            privacy = card["privacy"]
             lines.append(
-                f"published model: ε {_fmt(card['privacy']['epsilon'])} at δ {card['privacy']['delta']:g}, "
+                f"published model: ε {_fmt(privacy['epsilon'])} at δ {privacy['delta']:g} (the guarantee; "
+                f"spent {_fmt(privacy.get('epsilon_spent'))}), "
                 f"accuracy {_fmt(card.get('evaluation', {}).get('accuracy'))}"
             )
     else:

@@ -10,11 +10,13 @@ import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 format_option = click.option(
     "--format",
@@ -73,4 +75,11 @@ def progress(
 
     yield from tqdm(
         iterable, total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False
+    )
+
+
+def file_option(*names: str, help: str, required: bool = True) -> Callable[[F], F]:
+    """A ``click`` option naming one file (``Path``; a directory is refused)."""
+    return click.option(
+        *names, type=click.Path(dir_okay=False, path_type=Path), required=required, default=None, help=help
     )

@@ -5,16 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from capc_common.aggregation import (
-    check_histograms,
-    confident_gnmax,
-    gnmax,
-    lnmax,
-    sum_histograms,
-    vote_histogram,
-)
+from capc_common.aggregation import check_histograms, mechanism_noise, sum_histograms, vote_histogram
 from capc_common.errors import InputError
-from capc_common.privacy import SeededNoise
+from capc_common.mechanisms import GNMax, LNMax, confident_rule
 
 # Seeded noise is the point of these tests (reproducible draws); its once-per-process warning is expected.
 pytestmark = pytest.mark.filterwarnings("ignore::capc_common.privacy.InsecureNoiseWarning")
@@ -47,13 +40,13 @@ def test_per_party_histograms_sum_to_the_whole():
 def test_label_arrays_are_not_histograms(labels):
     with pytest.raises(InputError, match="histogram"):
         check_histograms(labels, classes=10)
-    noise = SeededNoise("test-0")
+    noise = mechanism_noise(seed="test-0")
     with pytest.raises(InputError, match="histogram"):
-        confident_gnmax(labels, threshold=1, sigma1=1.0, sigma2=1.0, noise=noise)
+        confident_rule(labels, threshold=1, z1=np.zeros(len(labels), np.int64), z2=np.zeros_like(labels))
     with pytest.raises(InputError, match="histogram"):
-        gnmax(labels, sigma=1.0, noise=noise)
+        GNMax(classes=10, sigma=1.0).answer(labels, noise)
     with pytest.raises(InputError, match="histogram"):
-        lnmax(labels, scale=1.0, noise=noise)
+        LNMax(classes=10, scale=1.0).answer(labels, noise)
 
 
 def test_histogram_checks_name_the_problem():

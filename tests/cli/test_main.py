@@ -64,7 +64,7 @@ def test_every_subcommand_has_help(capc):
         assert "Usage" in proc.stdout
 
 
-def test_a_file_this_user_cannot_read_is_bad_input_without_a_traceback(tmp_path):
+def test_a_file_this_user_cannot_read_is_bad_input_without_a_traceback(tmp_path, require):
     # A container (uid 10001) reading host files copied as root with mode 600: say who we are and the fix.
     federation = tmp_path / "federation.yaml"
     federation.write_bytes((REPO / "deploy" / "compose" / "federation.yaml").read_bytes())
@@ -75,8 +75,10 @@ def test_a_file_this_user_cannot_read_is_bad_input_without_a_traceback(tmp_path)
     site.write_text(compose_site.replace("0.0.0.0", "127.0.0.1"))
     # root reads any file unless it lacks the capabilities that override file modes
     drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
-    if drop and shutil.which("setpriv") is None:
-        pytest.skip("as root this needs setpriv (util-linux) to drop CAP_DAC_OVERRIDE")
+    require(
+        not drop or shutil.which("setpriv") is not None,
+        "as root this needs setpriv (util-linux) to drop CAP_DAC_OVERRIDE",
+    )
     proc = subprocess.run(
         [*drop, sys.executable, "-m", "capc_cli", "teacher", "train", "--site", str(site)],
         capture_output=True, text=True, timeout=120, check=False,

@@ -77,3 +77,23 @@ def test_a_present_file_gets_no_mount_hint(site: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="cannot be read") as raised:
         party_examples(TeacherSettings.load(with_dataset(site, str(corrupt))))
     assert "--mount" not in str(raised.value)
+
+
+def test_images_of_another_size_are_refused_with_preflights_advice(site: Path, tmp_path: Path) -> None:
+    """32×32 RGB images for a 28×28×1 federation: train said "pick the backbone for this shape", which
+    federation.yaml pins; preflight said to convert the images. Both now say the latter, in the same words."""
+    from capc_services.teacher.preflight.model import dataset_checks
+    from capc_services.teacher.train import train_party_heads
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(240, 32, 32, 3), dtype=np.uint8)
+    np.savez(tmp_path / "data" / "rgb.npz", images=images, labels=np.arange(240) % 10)
+    settings = TeacherSettings.load(with_dataset(site, str(tmp_path / "data" / "rgb.npz")))
+    with pytest.raises(InputError) as raised:
+        train_party_heads(settings)
+    message = str(raised.value)
+    assert "images are 32x32x3, the federation's queries are 28x28x1" in message
+    assert "capc data import SOURCE --federation federation.yaml --resize" in message
+    assert "pick the backbone" not in message and not settings.heads.exists()
+    (check,) = dataset_checks(settings, settings.federation_config, out_dir=tmp_path / "preflight")
+    assert check.status == "fail" and message == f"{check.detail}; {check.fix}"

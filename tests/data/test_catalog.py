@@ -12,8 +12,11 @@ from capc_common.data.catalog import FASHION_MNIST_DIR
 from capc_common.errors import InputError
 
 
-@pytest.mark.skipif(not Path(FASHION_MNIST_DIR).is_dir(), reason="Fashion-MNIST Debian package not installed")
-def test_fashion_mnist_real_files(monkeypatch):
+def test_fashion_mnist_real_files(monkeypatch, require):
+    require(
+        Path(FASHION_MNIST_DIR).is_dir(),
+        f"Fashion-MNIST is not installed in {FASHION_MNIST_DIR} (Debian package)",
+    )
     monkeypatch.delenv("CAPC_FASHION_MNIST", raising=False)
     test = load_dataset("fashion-mnist", split="test")
     assert test.images.shape == (10000, 28, 28, 1) and test.num_classes == 10

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capc_common.data import partition, site_part
+from capc_common.data import partition, site_part, site_parts
 from capc_common.data.partition import NEIGHBOURING
 from capc_common.errors import InputError
 
@@ -150,3 +150,61 @@ def test_site_part_refuses_a_part_or_fraction_out_of_range():
         site_part(images, labels, part=0, parts=3, seed=-1)
     with pytest.raises(InputError, match="labels must be class indices >= 0, got -1"):
         site_part(images, labels - 1, part=0, parts=3, seed=0)
+
+
+@pytest.mark.parametrize("ratio", [None, 10.0])
+def test_site_parts_move_one_part_by_one_example_when_one_is_added_or_removed(ratio):
+    """Issue 25.4: the benchmark's parties (uniform or class-skewed) under the services' add/remove relation —
+    removing or adding one record changes exactly one party's set, by exactly that record."""
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, size=(3000, 5, 5, 1), dtype=np.uint8)
+    labels = np.repeat(np.arange(10), 300)
+    parts = site_parts(images, labels, parts=10, seed=7, imbalance_ratio=ratio)
+    _check_cover(parts, len(labels))
+
+    def records(split, imgs, labs):  # each party's records as a set of (image, label)
+        return [{(imgs[i].tobytes(), int(labs[i])) for i in p} for p in split]
+
+    base = records(parts, images, labels)
+    for gone in (0, 1234, 2999):
+        keep = np.delete(np.arange(len(labels)), gone)
+        removed = records(
+            site_parts(images[keep], labels[keep], parts=10, seed=7, imbalance_ratio=ratio),
+            images[keep],
+            labels[keep],
+        )
+        record = (images[gone].tobytes(), int(labels[gone]))
+        changed = [k for k in range(10) if base[k] != removed[k]]
+        assert len(changed) == 1 and base[changed[0]] - removed[changed[0]] == {record}
+        assert removed[changed[0]] <= base[changed[0]]
+    extra = rng.integers(0, 256, size=(1, 5, 5, 1), dtype=np.uint8)
+    more_images, more_labels = np.concatenate([images, extra]), np.append(labels, 4)
+    more = site_parts(more_images, more_labels, parts=10, seed=7, imbalance_ratio=ratio)
+    added = records(more, more_images, more_labels)
+    changed = [k for k in range(10) if base[k] != added[k]]
+    assert len(changed) == 1 and added[changed[0]] - base[changed[0]] == {(extra.tobytes(), 4)}
+
+
+def test_site_parts_uniform_is_site_part_and_skewed_favours_one_class_per_party():
+    rng = np.random.default_rng(2)
+    images = rng.integers(0, 256, size=(6000, 4, 4, 1), dtype=np.uint8)
+    labels = np.repeat(np.arange(10), 600)
+    uniform = site_parts(images, labels, parts=4, seed=3)
+    for k in range(4):
+        np.testing.assert_array_equal(uniform[k], site_part(images, labels, part=k, parts=4, seed=3))
+    skewed = site_parts(images, labels, parts=10, seed=3, imbalance_ratio=10.0)
+    counts = np.stack([np.bincount(labels[p], minlength=10) for p in skewed])
+    # Party k favours class k; its rarest class (k − 1) is about 10× rarer (≈ 155 vs ≈ 15.5 records).
+    assert all(counts[k].argmax() == k for k in range(10))
+    ratios = counts[np.arange(10), np.arange(10)] / np.maximum(
+        counts[np.arange(10), (np.arange(10) - 1) % 10], 1
+    )
+    assert 5 < np.median(ratios) < 20
+    other = site_parts(images, labels, parts=10, seed=4, imbalance_ratio=10.0)
+    assert not all(np.array_equal(a, b) for a, b in zip(skewed, other, strict=True))
+    with pytest.raises(InputError, match=r"imbalance_ratio must be a finite number >= 1, got 0\.5"):
+        site_parts(images, labels, parts=3, seed=0, imbalance_ratio=0.5)
+    with pytest.raises(InputError, match="parts must be at least 1, got 0"):
+        site_parts(images, labels, parts=0, seed=0)
+    with pytest.raises(InputError, match=r"seed must be in \[0, 2\^64\), got -1"):
+        site_parts(images, labels, parts=2, seed=-1)

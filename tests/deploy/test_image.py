@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +70,10 @@ def test_no_private_key_or_token_is_baked_into_the_image(engine: Engine, image: 
     assert found.stdout.strip() == "", found.stdout
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="making host files owned by another uid needs root")
 def test_host_files_the_container_uid_cannot_read_give_a_clear_error(
-    engine: Engine, image: dict[str, Any], tmp_path: Path
+    engine: Engine, image: dict[str, Any], tmp_path: Path, require: Callable[[bool, str], None]
 ) -> None:
+    require(os.geteuid() == 0, "making host files owned by another uid needs root")
     capc = host_site(tmp_path, owner=0)  # root-owned, 0600: what a plain `cp` as root leaves behind
     proc = train(engine, "--mount", f"type=bind,src={capc},dst=/etc/capc,readonly")
     assert proc.returncode == 2, proc.stderr
@@ -100,14 +101,19 @@ def test_a_missing_host_data_directory_is_refused_or_explained(
 
 
 def test_compose_fallback_docker_compose_1_29_runs_the_certificate_job(
-    engine: Engine, image: dict[str, Any]
+    engine: Engine, image: dict[str, Any], require: Callable[[bool, str], None]
 ) -> None:
-    if not (REPO / "docker-compose.yml").is_file() or engine.compose != ["docker", "compose"]:
-        pytest.skip("the fallback is checked where both Compose v2 and docker-compose 1.29 exist")
     import shutil
 
-    if shutil.which("docker-compose") is None:
-        pytest.skip("docker-compose 1.29 is not installed (deploy/docker-here.sh install)")
+    require(
+        engine.compose == ["docker", "compose"],
+        "the fallback is checked where both Compose v2 and docker-compose 1.29 exist; no Compose v2 plugin "
+        "(deploy/docker-here.sh install)",
+    )
+    require(
+        shutil.which("docker-compose") is not None,
+        "docker-compose 1.29 is not installed (deploy/docker-here.sh install)",
+    )
     legacy = Engine(compose=["docker-compose"])
     env = {"CAPC_IMAGE": image["tag"], "CAPC_BASE_IMAGE": image["base"]}
     project = Project(legacy, f"capclegacytest{os.getpid()}", env)

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capc_common.dietpate.accounting import RunBudget, make_budget
+from capc_common.dietpate.accounting import make_budget
 from capc_common.dietpate.config import BudgetSection, MechanismSection
 from capc_common.errors import InputError
-from capc_common.privacy import RenyiFilter, plan
+from capc_common.privacy import RenyiFilter, RunBudget, plan
 from capc_common.privacy.analysis import DEFAULT_ORDERS, rdp_budget_curve, rdp_gnmax_data_independent
 
 _RDP = st.floats(min_value=1e-9, max_value=50.0, allow_nan=False, allow_infinity=False)

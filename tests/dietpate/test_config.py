@@ -45,8 +45,7 @@ def test_missing_and_malformed_files(tmp_path):
     [
         ({"dataset": {"name": "imagenet"}}, "unknown dataset 'imagenet'"),
         ({"queries": {"generator": "mandelbrot"}}, "unknown generator 'mandelbrot'"),
-        ({"teachers": {"count": 5000}}, "5000 teachers but only 1438 training images"),
-        ({"teachers": {"count": 100}}, "fewer than one BatchNorm chunk"),
+        ({"teachers": {"count": 5000, "partition": "iid"}}, "5000 teachers but only 1438 training images"),
         ({"backbone": {"name": "scatter-28x28x1"}}, "takes 28x28x1 images but the dataset has 8x8x1"),
         ({"budget": {"epsilon": 0.05}}, "too small for a single batch of 16 queries"),
     ],
@@ -56,6 +55,15 @@ def test_semantic_errors_come_before_any_work(write_config, tmp_path, overrides,
     with pytest.raises(InputError, match=message):
         prepare(config)
     assert not (tmp_path / "out").exists()  # nothing written for a refused run
+
+
+def test_short_hash_shards_abstain_instead_of_refusing_the_run(write_config):
+    """Issue 25.2: under the hash partition whether a run (or a party) trains must not hinge on one example,
+    so shards shorter than one BatchNorm chunk are announced and their teachers abstain."""
+    said: list[str] = []
+    prep = prepare(load_config(write_config(teachers={"count": 100})), log=said.append)
+    assert sum(len(s) < 16 for s in prep.shards) > 0
+    assert any("teacher shards hold fewer than one BatchNorm chunk" in line for line in said)
 
 
 def test_overrides_are_revalidated(write_config):

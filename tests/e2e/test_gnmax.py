@@ -11,7 +11,9 @@ exactly GNMax's cost ``α/σ²`` of every query (no screening: every query admit
 from __future__ import annotations
 
 import itertools
+import json
 import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,5 +87,10 @@ def test_gnmax_federation_equals_the_central_release(central, tmp_path) -> None:
         more = (len(labels) + q.bn_batch) * float(per_answer[0])
         assert float(epsilon_at_order(budget["order"], more, delta=budget["delta"])) > EPSILON
         assert "privacy budget exhausted" in progress["stopped_reason"]
+        # The card names GNMax's accounting, and its ε is the guarantee the filter stopped at, with the
+        # realised spend beside it.
+        card = json.loads(Path(progress["published"]["model_card"]).read_text())["privacy"]
+        assert card["accountant"].startswith("gnmax: ") and "screening" not in card["accountant"]
+        assert card["epsilon"] == EPSILON > card["epsilon_spent"] == pytest.approx(budget["epsilon_spent"])
     finally:
         running.close()

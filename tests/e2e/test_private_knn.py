@@ -9,6 +9,9 @@ ledger charges exactly the Poisson-subsampled cost of every query (no screening)
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 from federation_harness import NOISE_SEED, Running, federation_options
@@ -70,6 +73,8 @@ def test_private_knn_federation_equals_the_central_run(tmp_path) -> None:
         _, per_answer = mechanism_of(running.config).costs([budget["order"]])
         expected = epsilon_at_order(budget["order"], 128 * float(per_answer[0]), delta=budget["delta"])
         assert budget["epsilon_spent"] == pytest.approx(float(expected), rel=1e-9)
+        card = json.loads(Path(progress["published"]["model_card"]).read_text())["privacy"]
+        assert card["accountant"].startswith("private-knn: ") and "Poisson-subsampled" in card["accountant"]
         status = running.get(running.endpoints["teachers"]["hospital-1"]["admin"] + "/api/v1/status")
         assert status["voter"] == {
             "voter": "private-knn",

@@ -9,6 +9,7 @@ contribution, the sharing, the guardian's noise or its order, the student's arit
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -148,7 +149,15 @@ def test_ledger_charges_each_release_its_rdp(released: Running) -> None:
     assert budget["spent_rdp"] == pytest.approx(rdp, rel=1e-6)
     expected = float(epsilon_at_order(config.budget.order, rdp, delta=config.budget.delta))
     assert budget["epsilon_spent"] == pytest.approx(expected, rel=1e-6)
-    assert released.progress()["published"]["epsilon"] == pytest.approx(expected, rel=1e-6)
+    # Every planned release was made: the guarantee (the plan's charge, fixed in advance) and the spend agree,
+    # on the card, in the progress and in what was published.
+    progress = released.progress()
+    card = json.loads(Path(progress["published"]["model_card"]).read_text())["privacy"]
+    for shown in (progress, progress["published"], card):
+        assert shown["epsilon"] == pytest.approx(expected, rel=1e-12), shown
+        assert shown["epsilon_spent"] == pytest.approx(expected, rel=1e-6), shown
+    assert card["epsilon_limit"] == config.budget.epsilon and card["releases"] == card["releases_planned"]
+    assert card["accountant"].startswith(f"{protocol.mechanism.name}: ")
     assert budget["noise"] == "SeededNoise"
 
 

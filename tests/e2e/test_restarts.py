@@ -117,7 +117,11 @@ def test_a_killed_guardian_is_visible_and_the_student_resumes_once_it_is_back(lo
     assert _wait(lambda: local.student("/readyz")[0] == 200, 30)
     progress = local.student("/api/v1/progress")[1]
     assert progress["reconnects"] >= 1 and progress["state"] == "labelling"
-    assert status(local.root)["parties"]["student"]["state"] == "running"
+    # The outage is over: its error ("guardian: failed to connect … Connection refused") is not shown as
+    # the student's state any more (`capc local status` printed it while the federation labelled).
+    assert progress["error"] == "", progress
+    now = status(local.root)
+    assert now["parties"]["student"]["state"] == "running" and now["progress"]["error"] == ""
 
 
 @pytest.mark.timeout(1800)
@@ -174,7 +178,55 @@ def test_the_chaos_campaigns_short_version(local: Local) -> None:
     result = json.loads(proc.stdout)
     assert result["injections"] >= 10
     assert result["resumed"] == result["rounds"]
-    assert result["epsilon_double_charged"] == result["epsilon_uncharged"] == result["labels_lost"] == 0
-    assert result["ledger_verified_every_round"] and result["budget_verify_exit"] == 0
-    assert result["epsilon_within_limit"]
     assert result["max_resume_s"] < 120
+    assert result["ledger_verified_every_round"]  # only the campaign saw each round's ledger
+    # The verdicts, re-derived here from the real files rather than taken from the campaign's own report
+    # (issue 25.8): the ledger and the label store the federation left behind (it is still labelling).
+    _check_ledger_against_label_store(local)
+
+
+def _store(local: Local) -> dict[str, tuple[str, int, int, int]]:
+    """batch id → (state, queries, label rows, answered labels) as the student's store holds them."""
+    with sqlite3.connect(f"file:{local.store}?mode=ro", uri=True, timeout=30) as db:
+        rows = db.execute(
+            "SELECT b.batch_id, b.state, b.count, COUNT(l.label), COALESCE(SUM(l.label >= 0), 0) "
+            "FROM batches b LEFT JOIN labels l ON l.batch_id = b.batch_id GROUP BY b.batch_id"
+        ).fetchall()
+    return {b: (state, count, rows_, answered) for b, state, count, rows_, answered in rows}
+
+
+def _check_ledger_against_label_store(local: Local) -> None:
+    """Nothing charged twice, no label the ledger did not charge, no charged label lost, the filter's
+    budget never crossed — from the guardian's ledger and the student's label store alone.
+
+    The student keeps labelling meanwhile, so "stored ⇒ charged" reads the store before the ledger (what
+    was stored by then was settled by then) and "charged ⇒ stored" reads it after, waiting for the batch in
+    flight.
+    """
+    stored_before = _store(local)
+    with BudgetLedger.open(local.ledger) as ledger:  # opening checks its parameters against the chain
+        report = ledger.verify()
+        entries = ledger.entries()
+        budget_units = ledger.budget_units
+    assert report.ok, report.problems
+    kinds: dict[str, list[str]] = {}
+    for entry in entries:
+        kinds.setdefault(entry.batch_id, []).append(entry.kind)
+    twice = {b: k for b, k in kinds.items() if sorted(k) not in (["reserve"], ["compute", "reserve"],
+             ["release", "reserve"], ["reserve", "settle"], ["compute", "reserve", "settle"])}  # fmt: skip
+    assert not twice, twice
+    settles = {e.batch_id: e for e in entries if e.kind == "settle"}
+    # Spent and still-reserved (worst case) units, summed from the rows: within the filter's budget.
+    closed = {e.batch_id for e in entries if e.kind in ("settle", "release")}
+    charged = sum(e.units for e in settles.values())
+    charged += sum(e.units for e in entries if e.kind == "reserve" and e.batch_id not in closed)
+    assert 0 < charged <= budget_units
+    # Every batch with stored labels was settled, for exactly the labels stored.
+    done = {b: v for b, v in stored_before.items() if v[0] == "done"}
+    assert len(done) >= 10
+    uncharged = {b: v for b, v in done.items() if b not in settles or settles[b].answered != v[3]}
+    assert not uncharged and all(v[2] == v[1] for v in done.values()), uncharged
+    # Every settled batch ends up with its labels stored (never lost), the one in flight included.
+    assert _wait(lambda: all(_store(local).get(b, ("",))[0] == "done" for b in settles), 120), [
+        (b, _store(local).get(b)) for b in settles if _store(local).get(b, ("",))[0] != "done"
+    ]

@@ -8,7 +8,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 
 from capc_common.errors import InputError
-from capc_common.learn.heads import HeadEnsemble, HeadRecipe, train_heads
+from capc_common.learn.heads import HeadEnsemble, HeadRecipe, fixed_votes, train_heads
 
 
 def _blobs(rng: np.random.Generator, n: int, dim: int, classes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -148,6 +148,29 @@ def test_mlp_heads_train_and_roundtrip(tmp_path):
     back = HeadEnsemble.load(tmp_path / "h.safetensors")
     assert back.kind == "mlp" and back.metadata == {"backbone": "abc"} and back.heads == 2
     np.testing.assert_array_equal(back.predict(x), heads.predict(x))
+
+
+def test_an_abstaining_head_is_not_fitted_and_casts_the_fixed_vote(tmp_path):
+    """Issue 25.2: a head listed in ``abstain`` owns no rows, keeps its start and votes
+    :func:`fixed_votes`; dropping one head's rows and making it abstain changes that head alone."""
+    rng = np.random.default_rng(5)
+    sizes = [30, 30, 30]
+    x, y = _blobs(rng, sum(sizes), 12, 4)
+    owners = np.repeat(np.arange(3), sizes)
+    base = train_heads(x, y, owners=owners, heads=3, classes=4)
+    keep = owners != 1
+    idle = train_heads(x[keep], y[keep], owners=owners[keep], heads=3, classes=4, abstain=[1])
+    assert idle.abstaining == (1,) and _changed_heads(base, idle) == [1]
+    assert not idle.params["w_out"][1].any() and not idle.params["b_out"][1].any()
+    np.testing.assert_array_equal(idle.predict(x)[1], fixed_votes(1, len(x), classes=4))
+    np.testing.assert_array_equal(idle.predict(x)[[0, 2]], base.predict(x)[[0, 2]])
+    np.testing.assert_array_equal(idle.predict(x, chunk=7), idle.predict(x))  # rows count across chunks
+    idle.save(tmp_path / "h.safetensors")
+    assert HeadEnsemble.load(tmp_path / "h.safetensors").abstaining == (1,)
+    with pytest.raises(InputError, match="own training rows"):
+        train_heads(x, y, owners=owners, heads=3, classes=4, abstain=[1])
+    with pytest.raises(InputError, match=r"must lie in \[0, 3\)"):
+        train_heads(x[keep], y[keep], owners=owners[keep], heads=3, classes=4, abstain=[1, 3])
 
 
 def test_bad_inputs_are_refused(tmp_path):

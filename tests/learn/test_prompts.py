@@ -8,6 +8,7 @@ import torch
 
 from capc_common.data import load_dataset
 from capc_common.errors import InputError
+from capc_common.learn.heads import fixed_votes
 from capc_common.learn.prompts import PromptedTeachers, PromptRecipe, prompted, train_prompted_teachers
 from capc_common.models import default_backbone, load_backbone, to_tensor
 
@@ -95,10 +96,22 @@ def test_the_prompt_changes_the_input_and_training_lowers_the_loss(digits, backb
     assert hist.shape == (256, 10) and np.all(hist.sum(axis=1) == teachers.teachers)
 
 
-def test_bad_inputs_are_refused_before_training(digits, backbone):
+def test_a_short_shard_abstains_with_the_fixed_vote(digits, backbone, tmp_path):
+    """Issue 25.2: a shard of bn_batch − 1 abstains rather than refusing; one more example trains it, and
+    only its teacher changes."""
     images, labels = digits
-    with pytest.raises(InputError, match="fewer than bn_batch"):
-        _train(backbone, images, labels, [np.arange(0, 20)])
+    short = _train(backbone, images, labels, [np.arange(0, BN - 1), np.arange(100, 100 + BN)])
+    assert short.abstaining == (0,)
+    np.testing.assert_array_equal(short.predict(images[300:364])[0], fixed_votes(0, 64, classes=10))
+    short.save(tmp_path / "p.safetensors")
+    assert PromptedTeachers.load(tmp_path / "p.safetensors", backbone=backbone, recipe=RECIPE).abstaining == (
+        0,
+    )
+    full = _train(backbone, images, labels, [np.arange(0, BN), np.arange(100, 100 + BN)])
+    assert full.abstaining == () and _changed(short, full) == [0]
+
+
+def test_bad_inputs_are_refused_before_training(digits, backbone):
     with pytest.raises(InputError, match="covers the whole"):
         PromptRecipe(width=4).mask((8, 8, 1))
     with pytest.raises(InputError, match="prompt kind"):

@@ -8,8 +8,9 @@ import torch
 
 from capc_common.aggregation import vote_histogram
 from capc_common.data import load_dataset, partition
-from capc_common.errors import InputError, IntegrityError
+from capc_common.errors import IntegrityError
 from capc_common.learn.featurizers import BackboneFeaturizer, PixelFeaturizer
+from capc_common.learn.heads import fixed_votes
 from capc_common.learn.teachers import TeacherEnsemble, fit_teachers, shard_features, train_teachers
 from capc_common.models import bn_stats, load_backbone, to_tensor
 
@@ -58,9 +59,54 @@ def test_query_features_depend_on_the_batch_they_are_computed_in(digits, featuri
     assert not np.allclose(a, c)
 
 
-def test_small_shards_are_refused(digits, featurizer):
-    with pytest.raises(InputError, match="fewer than bn_batch=16"):
-        shard_features(featurizer, digits.images, [np.arange(10), np.arange(10, 50)], bn_batch=16)
+def _changed_heads(a: TeacherEnsemble, b: TeacherEnsemble) -> list[int]:
+    """Teachers any of whose parameters (weights *and* biases) differ in any bit."""
+    params = a.heads.params
+    return [
+        t
+        for t in range(a.teachers)
+        if not all(torch.equal(v[t], b.heads.params[k][t]) for k, v in params.items())
+    ]
+
+
+def test_a_short_shard_abstains_and_one_example_moves_one_head(digits, featurizer, tmp_path):
+    """Issue 25.2: a shard of bn_batch − 1 abstains (a fixed vote), one of bn_batch trains; one example that
+    crosses the boundary changes that one head's output and no other, and the party never refuses."""
+    images, labels = digits.images, digits.labels
+    queries = featurizer.extract(images[400:464], bn_batch=16, mode="current")
+
+    def fit(*shards: np.ndarray) -> TeacherEnsemble:
+        return fit_teachers(featurizer, images, labels, list(shards), classes=10, bn_batch=16)
+
+    rest = np.arange(100, 160)
+    base = fit(np.arange(0, 15), np.arange(20, 36), rest)  # 15 = bn_batch − 1, 16 = bn_batch
+    assert base.abstaining == (0,)
+    predictions = base.predict(queries)
+    np.testing.assert_array_equal(predictions[0], fixed_votes(0, len(queries), classes=10))
+    assert (base.votes(queries).sum(axis=1) == 3).all()  # every head still casts one vote per query
+    base.save(tmp_path / "t.safetensors")
+    np.testing.assert_array_equal(
+        TeacherEnsemble.load(tmp_path / "t.safetensors").predict(queries), predictions
+    )
+    features, owners, _ = shard_features(
+        featurizer, images, [np.arange(0, 15), np.arange(20, 36), rest], bn_batch=16
+    )
+    assert set(owners.tolist()) == {1, 2} and len(features) == 16 + 60
+
+    # One example added to the short shard: it reaches bn_batch and trains; only head 0 changes.
+    grown = fit(np.arange(0, 16), np.arange(20, 36), rest)
+    assert grown.abstaining == () and _changed_heads(base, grown) == [0]
+    moved = np.flatnonzero((grown.predict(queries) != predictions).any(axis=1)).tolist()
+    assert moved == [0]
+    # One example removed from the bn_batch shard: head 1 now abstains; only head 1 changes.
+    shrunk = fit(np.arange(0, 15), np.arange(20, 35), rest)
+    assert shrunk.abstaining == (0, 1) and _changed_heads(base, shrunk) == [1]
+    moved = np.flatnonzero((shrunk.predict(queries) != predictions).any(axis=1)).tolist()
+    assert moved == [1]
+    # Every shard short: nothing is refused, every head casts its fixed vote.
+    idle = fit(np.arange(0, 3), np.arange(3, 3))
+    assert idle.abstaining == (0, 1)
+    assert (idle.votes(queries).sum(axis=1) == 2).all()
 
 
 def test_pixel_featurizer_standardises_each_chunk():
@@ -120,9 +166,6 @@ def test_central_path_one_removed_example_moves_one_teacher(digits, featurizer):
     without = everyone.copy()
     without[victim] = False
     other = teachers(without)
-    changed = [
-        t for t in range(5) if not torch.equal(base.heads.params["w_out"][t], other.heads.params["w_out"][t])
-    ]
-    assert changed == [owner]
+    assert _changed_heads(base, other) == [owner]
     moved = np.flatnonzero((base.predict(queries) != other.predict(queries)).any(axis=1)).tolist()
     assert set(moved) <= {owner}

@@ -45,7 +45,10 @@ def test_json_table_outputs_and_resume(tmp_path: Path) -> None:
     assert all(
         float(r["epsilon"]) <= float(r["epsilon_target"]) * (1 + 1e-9) for r in rows if r["released"] != "0"
     )
-    assert (tmp_path / "mechanisms.md").read_text().count("| dppl |") == 1
+    table = (tmp_path / "mechanisms.md").read_text()
+    assert table.count("| dppl |") == 1
+    assert table.startswith("Neighbouring datasets: add/remove one example (parties and each party")
+    assert result["setting"]["split"] == "keyed-hash" and "add/remove" in result["setting"]["neighbouring"]
     assert (tmp_path / "mechanisms.png").stat().st_size > 10_000
     # Resumed: nothing new is computed.
     again = json.loads(_run(tmp_path).stdout)
@@ -106,3 +109,7 @@ def test_merge_gathers_runs_of_the_same_setting_and_refuses_another(tmp_path: Pa
     other = dict(recorded, hyper={**recorded["hyper"], "knn": {**recorded["hyper"]["knn"], "neighbours": 3}})
     (run / "a.setting.json").write_text(json.dumps(other))
     assert _merge(tmp_path / "out3", run / "a.csv").returncode == 0
+    # Rows of a run made before the parties were split by content hash (no split recorded) never mix in.
+    (run / "a.setting.json").write_text(json.dumps({k: v for k, v in recorded.items() if k != "split"}))
+    refused = _merge(tmp_path / "out4", run / "a.csv")
+    assert refused.returncode != 0 and "parties split by position and seeded permutation" in refused.stderr

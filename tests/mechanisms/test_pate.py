@@ -1,6 +1,6 @@
-"""The PATE mechanisms as engine plug-ins: the same labels as the plaintext functions they wrap, their
-accounting against known answers, and their secure path (a real garbler against a real evaluator) against
-their own plaintext rule."""
+"""The PATE mechanisms as engine plug-ins: their plaintext rules (ties, the inclusive threshold, the output
+law against exact probabilities), the labels of the canonical noise draws, their accounting against known
+answers, and their secure path (a real garbler against a real evaluator) against their own plaintext rule."""
 
 from __future__ import annotations
 
@@ -9,9 +9,23 @@ import threading
 import numpy as np
 import pytest
 
-from capc_common.aggregation import confident_gnmax, gnmax, lnmax, mechanism_noise, vote_histogram
+from capc_common.aggregation import (
+    draw_confident_noise,
+    draw_student_noise,
+    mechanism_noise,
+    vote_histogram,
+)
 from capc_common.errors import InputError
-from capc_common.mechanisms import ConfidentGNMax, GNMax, LNMax, PrivateKNN, SelectionMechanism
+from capc_common.mechanisms import (
+    UNANSWERED,
+    ConfidentGNMax,
+    GNMax,
+    LNMax,
+    PrivateKNN,
+    SelectionMechanism,
+    confident_rule,
+    noisy_argmax,
+)
 from capc_common.mpc import EvaluatorSession, GarblerSession, channel_pair, share_votes, sum_shares
 from capc_common.privacy import ConfidentGNMaxAccountant
 
@@ -28,28 +42,101 @@ def _histograms(queries: int, teachers: int, classes: int, seed: int) -> np.ndar
     return vote_histogram(predictions, classes=classes)
 
 
-def test_confident_gnmax_object_releases_what_the_plaintext_function_releases():
+def test_confident_gnmax_answers_with_the_rule_on_the_canonical_draws():
     hist = _histograms(300, 60, 10, seed=1)
     mechanism = ConfidentGNMax(classes=10, teachers=60, threshold=40, sigma1=20, sigma2=8)
     a, b = mechanism_noise(seed="kat"), mechanism_noise(seed="kat")
-    expected = confident_gnmax(
-        hist, threshold=40, sigma1=20, sigma2=8, noise=a.guardian, student_noise=a.student
-    )
+    z1, z2 = draw_confident_noise(a.guardian, batch=300, classes=10, sigma1=20, sigma2=8)
+    z1 = z1 + draw_student_noise(a.student, batch=300, sigma1=20)
     got = mechanism.answer(hist, b)
-    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(got, confident_rule(hist, threshold=40, z1=z1, z2=z2))
     assert 0 < (got >= 0).sum() < len(got)  # both outcomes occur: the comparison is not vacuous
 
 
-def test_gnmax_and_lnmax_objects_release_what_the_plaintext_functions_release():
+def test_gnmax_and_lnmax_answer_the_noisy_argmax_of_the_guardians_draws():
     hist = _histograms(200, 30, 5, seed=2)
     a, b = mechanism_noise(seed="g"), mechanism_noise(seed="g")
-    np.testing.assert_array_equal(
-        GNMax(classes=5, sigma=6).answer(hist, b), gnmax(hist, sigma=6, noise=a.guardian)
-    )
+    z = a.guardian.discrete_gaussian(sigma=6, shape=hist.shape)
+    np.testing.assert_array_equal(GNMax(classes=5, sigma=6).answer(hist, b), noisy_argmax(hist + z))
     a, b = mechanism_noise(seed="l"), mechanism_noise(seed="l")
-    np.testing.assert_array_equal(
-        LNMax(classes=5, scale=3).answer(hist, b), lnmax(hist, scale=3, noise=a.guardian)
-    )
+    z = a.guardian.discrete_laplace(scale=3, shape=hist.shape)
+    np.testing.assert_array_equal(LNMax(classes=5, scale=3).answer(hist, b), noisy_argmax(hist + z))
+
+
+def test_rule_ties_go_to_lowest_index_and_threshold_is_inclusive():
+    hist = np.array([[3, 3, 0], [0, 3, 3], [1, 1, 4], [2, 2, 2]])
+    zero2 = np.zeros((4, 3), np.int64)
+    z1 = np.array([0, 0, -1, -2])
+    labels = confident_rule(hist, threshold=3, z1=z1, z2=zero2)
+    # rows 0, 1 tie (lowest index wins); row 2: 4 - 1 = 3 >= T passes; row 3: 2 - 2 < 3 fails.
+    np.testing.assert_array_equal(labels, [0, 1, 2, UNANSWERED])
+    # A non-integer threshold acts like its ceiling on integer counts.
+    np.testing.assert_array_equal(confident_rule(hist, threshold=2.5, z1=z1, z2=zero2), [0, 1, 2, UNANSWERED])
+    # Noise can create a tie, and the tie still goes low.
+    z2 = np.array([[0, 0, 0], [3, 0, 0], [0, 3, 0], [0, 0, 2]])
+    np.testing.assert_array_equal(confident_rule(hist, threshold=0, z1=z1, z2=z2), [0, 0, 1, 2])
+
+
+def test_rule_rejects_mismatched_noise_and_a_bad_threshold():
+    hist = np.array([[1, 1]])
+    with pytest.raises(InputError, match="noise shapes"):
+        confident_rule(hist, threshold=0, z1=np.zeros(2, np.int64), z2=np.zeros((1, 2), np.int64))
+    with pytest.raises(InputError, match="integer"):
+        confident_rule(hist, threshold=0, z1=np.zeros(1), z2=np.zeros((1, 2)))
+    with pytest.raises(InputError, match="threshold"):
+        confident_rule(hist, threshold=-1, z1=np.zeros(1, np.int64), z2=np.zeros((1, 2), np.int64))
+
+
+def test_parameters_are_validated_before_drawing():
+    with pytest.raises(InputError, match="sigma1"):
+        ConfidentGNMax(classes=2, teachers=2, threshold=1, sigma1=0.0, sigma2=1.0)
+    with pytest.raises(InputError, match="threshold"):
+        ConfidentGNMax(classes=2, teachers=2, threshold=-1, sigma1=1.0, sigma2=1.0)
+    with pytest.raises(InputError, match="scale"):
+        LNMax(classes=2, scale=float("nan"))
+
+
+DRAWS = 100_000
+
+
+def _pmf(support: np.ndarray, *, sigma: float | None = None, scale: float | None = None) -> np.ndarray:
+    logits = -(support**2) / (2 * sigma**2) if sigma is not None else -np.abs(support) / scale
+    p = np.exp(logits - logits.max())
+    return p / p.sum()
+
+
+def test_confident_gnmax_pass_rate_and_labels_match_exact_probabilities():
+    """The mechanism's output law on a fixed histogram equals the one computed from the pmf."""
+    sigma1, sigma2, threshold = 4.0, 2.0, 10
+    hist = np.tile([[9, 8]], (DRAWS, 1))
+    mechanism = ConfidentGNMax(classes=2, teachers=17, threshold=threshold, sigma1=sigma1, sigma2=sigma2)
+    labels = mechanism.answer(hist, mechanism_noise(seed="test-8"))
+    support = np.arange(-60, 61)
+    pmf1 = _pmf(support, sigma=sigma1)
+    p_pass = np.convolve(pmf1, pmf1)[np.arange(-120, 121) >= threshold - 9].sum()  # z1 = z1_g + z1_s
+    pmf2 = _pmf(support, sigma=sigma2)
+    diff = np.convolve(pmf2, pmf2[::-1])  # law of z_0 - z_1 on [-120, 120]
+    p_zero = diff[np.arange(-120, 121) >= -1].sum()  # 9 + z0 >= 8 + z1, ties to class 0
+    passed = labels != UNANSWERED
+    assert abs(passed.mean() - p_pass) < 5 * np.sqrt(p_pass * (1 - p_pass) / DRAWS)
+    got = (labels[passed] == 0).mean()
+    assert abs(got - p_zero) < 5 * np.sqrt(p_zero * (1 - p_zero) / passed.sum())
+
+
+def test_lnmax_uses_discrete_laplace():
+    scale = 2.0
+    hist = np.tile([[5, 5]], (DRAWS, 1))
+    labels = LNMax(classes=2, scale=scale).answer(hist, mechanism_noise(seed="test-9"))
+    pmf = _pmf(np.arange(-80, 81), scale=scale)
+    p_zero = np.convolve(pmf, pmf[::-1])[np.arange(-160, 161) >= 0].sum()
+    assert abs((labels == 0).mean() - p_zero) < 5 * np.sqrt(p_zero * (1 - p_zero) / DRAWS)
+
+
+def test_default_noise_is_the_system_csprng():
+    hist = np.tile([[10, 10, 10]], (4096, 1))
+    a = GNMax(classes=3, sigma=5.0).answer(hist, mechanism_noise())
+    b = GNMax(classes=3, sigma=5.0).answer(hist, mechanism_noise())
+    assert not np.array_equal(a, b)  # fresh secret randomness each call (collision prob. ~ 3^-4096)
 
 
 def test_costs_known_answers():

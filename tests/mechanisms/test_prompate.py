@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from capc_common.aggregation import UNANSWERED, mechanism_noise
+from capc_common.aggregation import mechanism_noise
 from capc_common.data import load_dataset
 from capc_common.learn.prompts import PromptRecipe, train_prompted_teachers
-from capc_common.mechanisms import ConfidentGNMax
+from capc_common.mechanisms import UNANSWERED, ConfidentGNMax
 from capc_common.mechanisms.prompate import answer_within_budget, release_and_learn, run_prom_pate
 from capc_common.models import default_backbone, extract_features, load_backbone
 from capc_common.privacy import ConfidentGNMaxAccountant

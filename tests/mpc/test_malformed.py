@@ -46,6 +46,16 @@ def _flip(offset: int):
     return lambda frame: frame[:offset] + bytes([frame[offset] ^ 0x10]) + frame[offset + 1 :]
 
 
+def _assert_still_usable(pair: SessionPair, **kwargs: object) -> None:
+    """The sessions run a real batch after the rejection and give exactly the plaintext rule's labels
+    (issue 25.8: "usable" used to mean "returned something")."""
+    inputs = _inputs(seed=9)
+    expected = inputs.expected()
+    assert (expected >= 0).any() and (expected < 0).any()  # answered and unanswered queries both checked
+    np.testing.assert_array_equal(pair.run_ok(inputs, **kwargs).labels, expected)
+    assert not pair.garbler.closed and not pair.evaluator.closed
+
+
 def _assert_failed(pair: SessionPair, result: BatchResult, *, side: str, match: str) -> None:
     """``side`` raised ProtocolError(match); the peer saw an opaque abort; both sessions end up closed.
 
@@ -129,8 +139,7 @@ def test_mismatched_batch_is_rejected_and_both_sessions_stay_usable() -> None:
     assert isinstance(result.garbler_error, BatchRejected) and "b'batch-8'" in str(result.garbler_error)
     assert isinstance(result.evaluator_error, BatchRejected)
     assert not result.committed
-    inputs = _inputs()
-    assert (pair.run_ok(inputs, batch_id="batch-9").labels is not None) and not pair.garbler.closed
+    _assert_still_usable(pair, batch_id="batch-9")
 
 
 @pytest.mark.parametrize(
@@ -205,7 +214,7 @@ def test_bad_local_inputs_send_nothing_and_leave_the_sessions_usable() -> None:
     with pytest.raises(InputError, match="threshold noise z1"):
         pair.garbler.run_batch("b", seeds=inputs.seeds, shape=(5, 3), z2=inputs.z2, commit=print)
     assert not pair.garbler_channel.sent and not pair.evaluator_channel.sent
-    assert pair.run_ok(inputs).labels is not None
+    _assert_still_usable(pair)
 
 
 def test_gnmax_sessions_refuse_student_threshold_noise() -> None:
@@ -215,7 +224,7 @@ def test_gnmax_sessions_refuse_student_threshold_noise() -> None:
     with pytest.raises(InputError, match="GNMax mode has no threshold step: pass z1_student=None"):
         pair.evaluator.run_batch("b", share_sum=inputs.share_sum, z1_student=np.zeros(2, np.int64))
     assert not pair.evaluator_channel.sent
-    assert pair.run_ok(inputs).labels is not None
+    np.testing.assert_array_equal(pair.run_ok(inputs).labels, inputs.expected())
 
 
 def test_configurations_state_the_student_bound_in_confident_mode_only() -> None:

@@ -96,16 +96,33 @@ def test_show_and_verify(tmp_path: Path) -> None:
     assert report["ok"] and report["entries"] == 3
 
 
-def test_verify_of_a_tampered_ledger_exits_5(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "l.db"
+def _tampered(path: Path, trigger: str, edit: str) -> None:
+    """A real ledger at ``path``, then edited as someone with file access would: drop a guard, edit."""
     _ledger(path)
     raw = sqlite3.connect(path, isolation_level=None)
-    raw.execute("DROP TRIGGER entries_no_update")
-    raw.execute("UPDATE entries SET answered = 0 WHERE seq = 2")
+    raw.execute(f"DROP TRIGGER {trigger}")
+    raw.execute(edit)
     raw.close()
+
+
+def test_verify_of_a_tampered_ledger_exits_5(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "l.db"
+    _tampered(path, "entries_no_update", "UPDATE entries SET answered = 0 WHERE seq = 2")
     code, out, err = _exit_code(capsys, "budget", "verify", "--ledger", str(path), "--format", "json")
     assert code == 5
     assert json.loads(out)["ok"] is False
     assert "failed verification" in err
     code, _, err = _exit_code(capsys, "budget", "show", "--ledger", str(tmp_path / "none.db"))
     assert code == 2 and "no budget ledger" in err
+
+
+def test_show_refuses_a_ledger_whose_budget_was_edited(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 25.5: `capc budget show` of a ledger whose meta row was edited to a 100× budget exits 5."""
+    path = tmp_path / "l.db"
+    _tampered(path, "meta_no_update", "UPDATE meta SET epsilon_limit = 300.0, budget_rdp = budget_rdp * 100")
+    for command in ("show", "verify"):
+        code, out, err = _exit_code(capsys, "budget", command, "--ledger", str(path), "--format", "json")
+        assert code == 5 and out == ""
+        assert "parameters were edited" in err and "Traceback" not in err

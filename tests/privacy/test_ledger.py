@@ -12,6 +12,7 @@ import pytest
 from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError
 from capc_common.privacy import BudgetLedger, ConfidentGNMaxAccountant, RenyiFilter, plan
 from capc_common.privacy.analysis import epsilon_at_order
+from capc_common.privacy.ledger import _canonical, _sha256
 
 CONFIG = {"federation": "test", "teachers": 250, "sigma1": 100.0, "sigma2": 40.0, "threshold": 170.0}
 
@@ -233,7 +234,6 @@ def _tamper(path: Path, *statements: str) -> None:
     [
         (["UPDATE entries SET rdp = 0.001, units = 281474976711 WHERE seq = 2"], "hash mismatch"),
         (["DELETE FROM entries WHERE seq = 2"], "sequence gap"),
-        (["UPDATE meta SET epsilon_limit = 100"], "genesis"),
         (["UPDATE state SET spent_units = 0"], "stored totals differ"),
         (["UPDATE entries SET prev_hash = hash WHERE seq = 3"], "does not link"),
     ],
@@ -249,6 +249,58 @@ def test_verify_detects_tampering(tmp_path: Path, statements: list[str], problem
         report = led.verify()
     assert not report.ok
     assert any(problem in p for p in report.problems), report.problems
+
+
+def _hundredfold(path: Path) -> None:
+    """Edit the ``meta`` row to a 100× budget, as an attacker with file access would."""
+    _tamper(path, "UPDATE meta SET epsilon_limit = epsilon_limit * 100, budget_rdp = budget_rdp * 100, "
+            "budget_units = budget_units * 100")  # fmt: skip
+
+
+def test_open_refuses_edited_parameters(tmp_path: Path) -> None:
+    """Issue 25.5: an edited ``meta`` row is refused when the ledger opens, not trusted until ``verify()``."""
+    path = tmp_path / "l.db"
+    with BudgetLedger.create(path, epsilon_limit=2.0, delta=1e-5, order=10.0, config=CONFIG) as led:
+        _reserve(led, "a", 0.1)
+    _hundredfold(path)
+    with pytest.raises(IntegrityError, match=r"parameters were edited.*genesis hash"):
+        BudgetLedger.open(path)
+    # Recomputing the genesis too does not help: the first entry links to the original one.
+    raw = sqlite3.connect(path, isolation_level=None)
+    keys = "format, created, epsilon_limit, delta, rdp_order, budget_rdp, budget_units, config, config_hash"
+    meta = dict(zip(keys.split(", "), raw.execute(f"SELECT {keys} FROM meta").fetchone(), strict=True))
+    raw.execute("UPDATE meta SET genesis = ?", (_sha256(_canonical(meta)),))
+    raw.close()
+    with pytest.raises(IntegrityError, match="first entry does not link to the ledger's genesis"):
+        BudgetLedger.open(path)
+
+
+def test_verify_reads_one_snapshot_while_a_guardian_appends(tmp_path: Path, monkeypatch) -> None:
+    """Verify reads the stored totals and the entries in one read transaction: a row another process appends
+    in between (here: deterministically, right after the totals are read) is not a mismatch."""
+    path = tmp_path / "l.db"
+    reader = BudgetLedger.create(path, epsilon_limit=2.0, delta=1e-5, order=10.0, config=CONFIG)
+    writer = BudgetLedger.open(path)  # another connection: what a live guardian holds
+    _reserve(writer, "a", 0.1)
+    original = BudgetLedger._state
+    appended: list[str] = []
+
+    def state_then_append(db: sqlite3.Connection) -> dict[str, Any]:
+        state = original(db)
+        if db is reader._db and not appended:
+            appended.append("b")
+            _reserve(writer, "b", 0.1)
+        return state
+
+    monkeypatch.setattr(BudgetLedger, "_state", staticmethod(state_then_append))
+    report = reader.verify()
+    assert appended == ["b"]
+    assert report.ok, report.problems
+    assert report.entries == 1  # the snapshot taken before the append
+    monkeypatch.undo()
+    assert reader.verify().ok and reader.verify().entries == 2
+    reader.close()
+    writer.close()
 
 
 def test_threads_sharing_one_ledger_cannot_overspend(ledger: BudgetLedger) -> None:

@@ -130,6 +130,37 @@ def test_verify_flags_a_release_after_a_computation_began(ledger: BudgetLedger) 
         _reserve(ledger, "c")
 
 
+_KINDS_NOW = "CHECK (kind IN ('reserve', 'compute', 'settle', 'release', 'membership'))"
+_PHASES_NOW = "CHECK (phase IN (0, 1, 2, 3))"
+
+
+def _as_written_before(path: Path, *, kinds: str, phases: str, refused: tuple[str, int]) -> None:
+    """Give the entries table the CHECKs an earlier version wrote (``kinds``/``phases``: the lists inside)
+    and check that they refuse a row of kind and phase ``refused``."""
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("BEGIN IMMEDIATE")
+    (version,) = raw.execute("PRAGMA schema_version").fetchone()
+    raw.execute("PRAGMA writable_schema = ON")
+    (sql,) = raw.execute("SELECT sql FROM sqlite_master WHERE name = 'entries'").fetchone()
+    assert _KINDS_NOW in sql and _PHASES_NOW in sql
+    older = sql.replace(_KINDS_NOW, f"CHECK (kind IN ({kinds}))").replace(
+        _PHASES_NOW, f"CHECK (phase IN ({phases}))"
+    )
+    raw.execute("UPDATE sqlite_master SET sql = ? WHERE name = 'entries'", (older,))
+    raw.execute(f"PRAGMA schema_version = {version + 1}")
+    raw.execute("PRAGMA writable_schema = OFF")
+    raw.execute("COMMIT")
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+        raw.execute(
+            "INSERT INTO entries SELECT seq + 10, 'x', ?, ?, queries, answered, parties, mechanism, params, "
+            "rdp, units, detail, actor, time, prev_hash, hash FROM entries WHERE seq = 2",
+            refused,
+        )
+    if "'compute'" not in kinds:  # the first version had no receipts table either
+        raw.execute("DROP TABLE receipts")
+    raw.close()
+
+
 def test_a_ledger_from_before_computations_is_upgraded_in_place(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     with BudgetLedger.create(path, epsilon_limit=2.0, delta=1e-5, order=10.0, config=CONFIG) as led:
@@ -137,25 +168,8 @@ def test_a_ledger_from_before_computations_is_upgraded_in_place(tmp_path: Path) 
         led.settle("a", answered=3, actual_rdp=0.05, actor="g")
         _reserve(led, "b")
         head = led.summary()["head"]
-    # Make the file what the previous version wrote: the narrower CHECKs and no receipts table.
-    raw = sqlite3.connect(path, isolation_level=None)
-    raw.execute("BEGIN IMMEDIATE")
-    (version,) = raw.execute("PRAGMA schema_version").fetchone()
-    raw.execute("PRAGMA writable_schema = ON")
-    raw.execute(
-        "UPDATE sqlite_master SET sql = replace(replace(sql, \"'reserve', 'compute', \", \"'reserve', \"), "
-        "'phase IN (0, 1, 2)', 'phase IN (0, 1)') WHERE name = 'entries'"
-    )
-    raw.execute(f"PRAGMA schema_version = {version + 1}")
-    raw.execute("PRAGMA writable_schema = OFF")
-    raw.execute("COMMIT")
-    raw.execute("DROP TABLE receipts")
-    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
-        raw.execute(
-            "INSERT INTO entries SELECT seq + 10, batch_id, 'compute', 2, queries, answered, parties, "
-            "mechanism, params, rdp, units, detail, actor, time, prev_hash, hash FROM entries WHERE seq = 3"
-        )
-    raw.close()
+    # Make the file what the first version wrote: the narrower CHECKs and no receipts table.
+    _as_written_before(path, kinds="'reserve', 'settle', 'release'", phases="0, 1", refused=("compute", 2))
     with BudgetLedger.open(path) as led:
         assert led.summary()["head"] == head and led.verify().ok
         led.begin("b", computation="n", actor="g")
@@ -164,3 +178,23 @@ def test_a_ledger_from_before_computations_is_upgraded_in_place(tmp_path: Path) 
         assert led.verify().ok
     with BudgetLedger.open(path) as led:  # a second open finds nothing left to upgrade
         assert [e.kind for e in led.entries()] == ["reserve", "settle", "reserve", "compute", "settle"]
+
+
+def test_a_ledger_from_before_membership_entries_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    with BudgetLedger.create(path, epsilon_limit=2.0, delta=1e-5, order=10.0, config=CONFIG) as led:
+        _reserve(led, "a")
+        led.settle("a", answered=3, actual_rdp=0.05, actor="g")
+        head, before = led.summary()["head"], led.config_hash
+    _as_written_before(
+        path, kinds="'reserve', 'compute', 'settle', 'release'", phases="0, 1, 2", refused=("membership", 3)
+    )
+    with BudgetLedger.open(path) as led:
+        assert led.summary()["head"] == head and led.verify().ok
+        led.change_membership(
+            previous=before, config={**CONFIG, "teachers": 260}, added=["h3"], retired=[], key="k" * 32,
+            actor="admin",
+        )  # fmt: skip
+        assert led.verify().ok
+    with BudgetLedger.open(path) as led:
+        assert [e.kind for e in led.entries()] == ["reserve", "settle", "membership"]

@@ -43,14 +43,19 @@ from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.train import train_party_heads
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        CHROMIUM is None or DRIVER is None,
-        reason="Debian's chromium and chromium-driver are not installed (scripts/bootstrap.sh installs them "
-        "with apt-get where it can: apt-get install chromium chromium-driver)",
-    ),
-]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _chromium(require: Callable[[bool, str], None]) -> None:
+    """Before any federation starts: a real browser, or a skip that says why (a failure under CI=true)."""
+    require(
+        CHROMIUM is not None and DRIVER is not None,
+        "Debian's chromium and chromium-driver are not installed (scripts/bootstrap.sh installs them with "
+        "apt-get where it can: apt-get install chromium chromium-driver)",
+    )
+
+
 OUTPUT = Path(
     os.environ.get("CAPC_TEST_OUTPUT", Path(__file__).resolve().parents[2] / "build" / "test-output")
 )
@@ -277,8 +282,11 @@ def test_with_the_token_it_shows_the_rest_numbers_and_updates_after_batches(
     history = federation.rest("budget/history")
     assert history["points"][-1]["epsilon_settled"] == after["epsilon_settled"]
     _assert_epsilon_chart_is_over_time(browser, history["points"])
-    bars = browser.find_elements("css selector", "#chart-batches rect.answered")
-    assert len(bars) == len(history["batches"])
+    _assert_one_bar_per_batch(browser, after, history["batches"])
+    _assert_the_guarantee_is_the_headline(browser, after)
+    student_row = rows["student"]  # the guardian counts the batches the student opened
+    assert student_row["batches"] == str(parties["student"]["batches"]), (student_row, parties["student"])
+    assert parties["student"]["batches"] >= after["batches"] + after["released_batches"]  # it opened each
     verified = browser.find_element("id", "verify-result")
     assert verified.get_attribute("data-head") == after["head"], "the verification is of the current head"
     assert verified.get_attribute("data-ok") == "true" and f"ok: {after['entries']} entries" in verified.text
@@ -290,6 +298,42 @@ def test_with_the_token_it_shows_the_rest_numbers_and_updates_after_batches(
     OUTPUT.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(OUTPUT / "dashboard.png"))
     _assert_no_request_left_the_origin(browser, federation.admin)
+
+
+def _assert_one_bar_per_batch(driver: Any, budget: dict[str, Any], batches: list[dict[str, Any]]) -> None:
+    """One bar per finished batch, counted against the REST budget's batches (a batch's reserve and compute
+    rows once made 43 bars of 22 batches, every other with 0 answered)."""
+    bars = driver.execute_script(
+        "return [...document.querySelectorAll('#chart-batches rect:not(.answered)')]"
+        ".map(r => r.querySelector('title').textContent.split(':')[0])"
+    )
+    finished = budget["batches"] + budget["released_batches"]
+    assert 2 <= finished <= 60, budget  # every finished batch is in the latest 60
+    assert len(bars) == len(set(bars)) == finished == len(batches), (bars, budget)
+    assert bars == [b["batch_id"] for b in batches]
+    assert len(driver.find_elements("css selector", "#chart-batches rect.answered")) == finished
+
+
+def _assert_the_guarantee_is_the_headline(driver: Any, budget: dict[str, Any]) -> None:
+    """The published ε is the filter's limit (the guarantee); the realised spend is the odometer beside it,
+    and the "budget used" percentage says it is of the Rényi budget, with the ε fraction next to it."""
+    cards = driver.execute_script(
+        "const t = (s) => document.querySelector(s).textContent.replace(/\\s+/g, ' ').trim();"
+        "return {guarantee: t('#card-guarantee h2'), headline: t('#card-guarantee .big'),"
+        " spend: t('#card-spend h2'), spent: t('#card-spend .big'), rdp: t('#card-rdp h2'),"
+        " rdpText: t('#card-rdp .muted'), percent: t('#epsilon-percent')};"
+    )
+    assert cards["guarantee"] == "ε guarantee" and cards["headline"] == f"ε {_fmt(budget['epsilon_limit'])}"
+    assert cards["spend"] == "realised spend (odometer; the guarantee is the limit)"
+    assert cards["spent"] == f"ε {_fmt(budget['epsilon_spent'])}"
+    assert "RDP, not ε" in cards["rdp"] and "ε is not proportional to RDP" in cards["rdpText"]
+    assert cards["percent"] == f"{100 * budget['epsilon_spent'] / budget['epsilon_limit']:.1f}"
+    assert _page_fields(driver)["percent_used"] == pytest.approx(100 * budget["fraction_used"])
+
+
+def _fmt(value: float) -> str:
+    """The page's number format (fmt in dashboard.js) for the values these tests meet."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.3f}"
 
 
 def _assert_epsilon_chart_is_over_time(driver: Any, points: list[dict[str, Any]]) -> None:
@@ -324,6 +368,41 @@ def _assert_no_request_left_the_origin(driver: Any, origin: str) -> None:
     assert f"{origin}/dashboard/dashboard.js" in urls and f"{origin}/api/v1/budget" in urls, urls[:20]
     outside = sorted({u for u in urls if not u.startswith(f"{origin}/") and not u.startswith("data:")})
     assert outside == [], f"the page requested outside the guardian's origin: {outside}"
+
+
+def _documented_command(federation: Federation, out: Path) -> str:
+    """docs/operations.md's headless-Chromium command, with this federation's address and token file."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    block = text.split("<!-- headless-chromium -->", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    assert block.startswith("chromium --headless") and "--virtual-time-budget=" in block, block
+    replaced = (
+        block.replace("http://GUARDIAN:8080", federation.admin)
+        .replace("/etc/capc/certs/admin.token", str(federation.layout.token))
+        .replace("--screenshot=dashboard.png", f"--screenshot={out}")
+    )
+    return replaced.replace("chromium ", f"{CHROMIUM} ", 1)
+
+
+def test_the_documented_headless_command_captures_the_loaded_page(
+    federation: Federation, tmp_path: Path
+) -> None:
+    """A plain `--screenshot` captured "not loaded"; the documented command lets the page fetch and draw."""
+    png = tmp_path / "dashboard.png"
+    command = _documented_command(federation, png)
+    shot = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert shot.returncode == 0 and png.stat().st_size > 20_000, shot.stderr[-2000:]
+    dom = subprocess.run(
+        ["bash", "-c", command.replace(f"--screenshot={png}", "--dump-dom")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'data-state="board"' in dom.stdout and 'id="updated">updated ' in dom.stdout
+    assert "not loaded" not in dom.stdout
+    refreshes = int(re.search(r'data-refreshes="(\d+)"', dom.stdout).group(1))  # type: ignore[union-attr]
+    assert refreshes >= 2
 
 
 def test_budget_watch_prints_the_same_numbers(federation: Federation, capc) -> None:

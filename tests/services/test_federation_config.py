@@ -272,8 +272,12 @@ def test_release_fixed_point_must_hold_the_largest_federation(federation_dict) -
     with pytest.raises(InputError, match="beyond the signed range of the ring"):
         protocol_for(wide, dim=16)
     check_records(fine, MAX_RECORDS // len(fine.teachers))
-    with pytest.raises(InputError, match="split the data over more parties"):
+    with pytest.raises(InputError, match=r"more parties or lower mechanism\.fixed_point_bits"):
         check_records(fine, MAX_RECORDS // len(fine.teachers) + 1)
+    # Whole vote counts have no fixed point to lower: the advice is the class's, not a branch on its name.
+    counts = FederationConfig.from_dict(federation_dict(mechanism={"name": "dppl-public", "rho": 0.2}))
+    with pytest.raises(InputError, match=r"split the data over more parties$"):
+        check_records(counts, MAX_RECORDS // len(counts.teachers) + 1)
 
 
 PROMPATE = {"name": "prom-pate", "threshold": 3, "sigma1": 2.0, "sigma2": 1.0, "steps": 2, "width": 2}

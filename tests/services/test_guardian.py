@@ -16,9 +16,10 @@ from guardian_harness import digest as _digest
 from guardian_harness import votes as _votes
 from prometheus_client import generate_latest
 
-from capc_common.aggregation import confident_rule, draw_confident_noise, draw_student_noise, party_noise
+from capc_common.aggregation import draw_confident_noise, draw_student_noise, party_noise
 from capc_common.errors import BudgetExhaustedError, InputError
 from capc_common.federation import FederationConfig, batch_costs, mpc_config
+from capc_common.mechanisms import confident_rule
 from capc_common.mpc import Channel, EvaluatorSession, channel_pair, sum_shares
 from capc_common.privacy import SystemNoise
 from capc_common.wire import messages as pb

@@ -71,3 +71,22 @@ def test_store_of_another_federation_is_refused(tmp_path: Path) -> None:
     LabelStore(tmp_path / "s.sqlite", config_hash="a" * 64).close()
     with pytest.raises(IntegrityError, match="fresh store"):
         LabelStore(tmp_path / "s.sqlite", config_hash="b" * 64)
+
+
+def test_a_store_carries_on_across_a_membership_change(tmp_path: Path) -> None:
+    """Under a config whose history names the store's config, the store continues with its batches and
+    labels (nothing is asked twice); the old config may no longer open it, an unrelated one never could."""
+    store = LabelStore(tmp_path / "s.sqlite", config_hash="a" * 64)
+    store.begin("q000000000+16", first_index=0, count=16)
+    store.complete("q000000000+16", labels=np.arange(16) % 10, parties=("h1", "h2"))
+    store.close()
+    with pytest.raises(IntegrityError, match="fresh store"):
+        LabelStore(tmp_path / "s.sqlite", config_hash="b" * 64, continues=["c" * 64])
+    store = LabelStore(tmp_path / "s.sqlite", config_hash="b" * 64, continues=["a" * 64])
+    assert store.next_index() == 16 and store.counts()["batches_done"] == 1
+    with pytest.raises(InputError, match="already done"):
+        store.begin("q000000000+16", first_index=0, count=16)
+    store.close()
+    LabelStore(tmp_path / "s.sqlite", config_hash="b" * 64).close()  # it is the new config's store now
+    with pytest.raises(IntegrityError, match="written under federation config bbbb"):
+        LabelStore(tmp_path / "s.sqlite", config_hash="a" * 64)

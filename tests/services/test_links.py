@@ -6,9 +6,10 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from capc_common.wire import messages as pb
-from capc_services.student.links import Answer, TeacherRegistry
+from capc_services.student.links import Answer, IdentityInUse, TeacherRegistry
 
 
 def _item(batch_id: str = "b0", attempt: int = 1) -> pb.WorkItem:
@@ -68,3 +69,20 @@ def test_reconnect_replaces_the_old_stream() -> None:
     stop = threading.Event()
     assert registry.wait_for(1, timeout=0.1, stop=stop)
     assert not registry.wait_for(2, timeout=0.1, stop=stop)
+
+
+def test_another_process_of_a_party_is_refused_while_its_stream_lives() -> None:
+    """Issue 25.3: two processes of one party used to replace each other's stream for ever (both reconnecting
+    every 0.5 s with an empty error). The same process reconnecting still replaces its stream; another one is
+    refused, named, until the live one is gone."""
+    registry = TeacherRegistry()
+    first = registry.connect("hospital-a", heads=2, instance="aaaa", process="pid 1 on host h, started T")
+    named = r"another process of hospital-a \(pid 1 on host h, started T\) is connected since 20\d\d-"
+    with pytest.raises(IdentityInUse, match=named + r".*this one is pid 2"):
+        registry.connect("hospital-a", heads=2, instance="bbbb", process="pid 2 on host h, started U")
+    assert registry.live() == {"hospital-a": first} and first.alive
+    again = registry.connect("hospital-a", heads=2, instance="aaaa", process="pid 1 on host h, started T")
+    assert not first.alive and registry.live() == {"hospital-a": again}
+    registry.disconnect(again)
+    other = registry.connect("hospital-a", heads=2, instance="bbbb", process="pid 2 on host h, started U")
+    assert registry.live() == {"hospital-a": other}

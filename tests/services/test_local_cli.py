@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from capc_common.errors import InputError
-from capc_services.local.provision import LocalOptions, provision
+from capc_common.federation import cap_cover
+from capc_common.privacy import BudgetLedger
+from capc_services.local.federation import check_resume, ensure_provisioned, summary
+from capc_services.local.layout import Layout
+from capc_services.local.processes import PartyProcess, federation_of, write_state
+from capc_services.local.provision import Endpoints, LocalOptions, provision
+from capc_services.teacher.settings import TeacherSettings
 
 
 def test_status_and_down_of_a_directory_without_a_federation(capc, tmp_path: Path) -> None:
     status = capc("local", "status", "--state-dir", str(tmp_path))
     assert status.returncode == 2
     assert "no local federation was started" in status.stderr
+    # `down` from the wrong directory exited 0 with "processes {}" while the federation kept running
+    down = capc("local", "down", "--state-dir", str(tmp_path))
+    assert down.returncode == 2 and down.stdout == "", down.stdout
+    assert f"no local federation was started in {tmp_path} (no state.json there)" in down.stderr
+    assert "pass the --state-dir it was started with" in down.stderr
     (tmp_path / "precious.txt").write_text("keep me")
     purge = capc("local", "down", "--state-dir", str(tmp_path), "--purge")
     assert purge.returncode == 2
@@ -142,3 +157,144 @@ def test_status_text_shows_settled_and_reserved_epsilon_apart(tmp_path: Path) ->
         f"budget: ε spent {budget['epsilon_spent']:.4f} of 3 = settled {budget['epsilon_settled']:.4f} + "
         f"reserved {budget['epsilon_reserved']:.4f}"
     ) in text
+
+
+# A small federation provisioned once, never started (the dashboard test's parameters, 8 batches).
+SMALL = LocalOptions(
+    parties=2,
+    teachers_per_party=10,
+    sigma1=12.0,
+    sigma2=10.0,
+    epsilon=10.0,
+    queries=256,
+    batch_size=32,
+    bn_batch=32,
+    backbone="scatter-28x28x1",
+    generator="dead_leaves",
+    train_limit=128,
+    evaluation_images=None,
+)
+
+
+@pytest.fixture(scope="module")
+def provisioned(tmp_path_factory: pytest.TempPathFactory) -> Layout:
+    """What `capc local up` leaves before it starts any process: provisioned, its state recorded."""
+    root = tmp_path_factory.mktemp("provisioned") / "state"
+    layout, _ = ensure_provisioned(root, SMALL)
+    return layout
+
+
+def test_up_refuses_other_options_for_an_existing_federation(
+    provisioned: Layout, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`capc local up --epsilon 20` on a directory provisioned at ε 10 resumed at ε 10 without a word."""
+    from capc_cli.main import main
+
+    before = {p: p.read_bytes() for p in (provisioned.federation, provisioned.state, provisioned.options)}
+    root = str(provisioned.root)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["local", "up", "--state-dir", root, "--epsilon", "20", "--parties", "2"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert "was provisioned with --epsilon 10; this `up` asked for --epsilon 20" in err
+    assert "would change the guarantee of what it released" in err
+    assert "`capc local up --state-dir NEW_DIR --epsilon 20`" in err
+    assert (
+        f"`capc local down --state-dir {root} --purge`" in err and "--parties" not in err
+    )  # 2 = as provisioned
+    assert {p: p.read_bytes() for p in before} == before, "nothing may change"
+    # The library: options equal to the recorded ones, or none given, resume; a default is no request.
+    check_resume(provisioned, SMALL)
+    check_resume(provisioned, LocalOptions(epsilon=20.0), given=set())
+    with pytest.raises(
+        InputError, match="--teachers-per-party 10; this `up` asked for --teachers-per-party 25"
+    ):
+        check_resume(provisioned, LocalOptions(), given={"teachers_per_party"})
+
+
+def test_up_names_the_state_dir_of_a_running_federation(tmp_path: Path) -> None:
+    """ "already running … `capc local down` it first" left out the --state-dir the user had passed."""
+    layout = Layout(tmp_path / "state")
+    layout.root.mkdir()
+    fake = subprocess.Popen(  # a live process whose command line is a local party's
+        [sys.executable, "-c", "import time; time.sleep(60)", "capc_cli", "student.yaml"]
+    )
+    try:
+        cmdline = Path(f"/proc/{fake.pid}/cmdline")
+        while cmdline.exists() and b"student.yaml" not in cmdline.read_bytes():
+            time.sleep(0.01)  # the command line appears once the interpreter has started
+        endpoints = Endpoints(guardian_grpc=1, student_grpc=2, admin={"student": 3})
+        student = PartyProcess(party="student", role="student", pid=fake.pid, admin_url="http://127.0.0.1:3")
+        write_state(layout, endpoints=endpoints, processes=[student])
+        with pytest.raises(
+            InputError, match=re.escape(f"`capc local down --state-dir {layout.root}` it first")
+        ):
+            ensure_provisioned(layout.root, SMALL)
+    finally:
+        fake.kill()
+        fake.wait()
+
+
+def test_up_prints_the_ledger_path(provisioned: Layout) -> None:
+    """`capc budget show --ledger guardian/ledger.db` (a guess) failed: `up` never said where it is."""
+    from capc_cli.commands.local import _up_text
+
+    result = summary(provisioned)
+    ledger = provisioned.party_dir("guardian") / "ledger.sqlite"
+    assert result["guardian"]["ledger"] == str(ledger)
+    text = _up_text(result)
+    assert f"ledger {ledger}" in text and f"capc budget show --ledger {ledger}" in text
+    assert f"capc local down --state-dir {provisioned.root}" in text
+
+
+def test_budget_show_of_a_missing_ledger_names_where_it_is(capc, provisioned: Layout) -> None:
+    ledger = provisioned.party_dir("guardian") / "ledger.sqlite"
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    BudgetLedger.create(ledger, epsilon_limit=10.0, delta=1e-5, order=10.0, config={}).close()
+    try:
+        for args in (("show",), ("verify",)):
+            proc = capc("budget", *args, "--ledger", "guardian/ledger.db", cwd=provisioned.root.parent)
+            assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+            assert (
+                "BudgetLedger" not in proc.stderr and "no budget ledger at guardian/ledger.db" in proc.stderr
+            )
+            assert "STATE_DIR/parties/guardian/ledger.sqlite (`capc local up` prints the path)" in proc.stderr
+        near = capc("budget", "show", "--ledger", str(ledger.with_name("ledger.db")))
+        assert near.returncode == 2 and f"found here: {ledger}" in near.stderr
+    finally:
+        ledger.unlink()
+
+
+def test_the_default_cap_covers_the_federation_as_preflight_checks_it(provisioned: Layout) -> None:
+    """`local up`'s default cap was 3 × ε = 30, and preflight warned that it covers only 7 of the 8 batches
+    (suggesting 32.2) beside a federation limit of 10: both now use the same cover, and say why it is
+    above the federation's ε."""
+    from capc_services.teacher.preflight.peers import cap_check
+
+    config = federation_of(provisioned)
+    settings = TeacherSettings.load(provisioned.site("hospital-1"))
+    cover = cap_cover(config)
+    assert settings.cap.epsilon == cover.cap > 3 * SMALL.epsilon
+    check = cap_check(settings, config)
+    assert check.status == "ok" and check.detail.endswith(": fits"), check.detail
+    assert "the federation's 8 planned batches all fit its limit ε 10" in check.detail
+    old_default = settings.model_copy(update={"cap": settings.cap.model_copy(update={"epsilon": 30.0})})
+    warned = cap_check(old_default, config)
+    assert warned.status == "warn" and "stops this party after 7 of those 8 batches" in warned.detail
+    assert (
+        f"covering this federation takes a cap of ε {cover.cap:g}, above its limit ε 10: this cap counts "
+        "every query the party votes on as answered"
+    ) in warned.detail
+
+
+def test_down_text_lists_each_party() -> None:
+    from capc_cli.commands.local import _down_text
+
+    text = _down_text(
+        {"state_dir": "/x", "processes": {"guardian": "stopped", "hospital-1": "killed"}, "purged": True}
+    )
+    assert text.splitlines() == [
+        "federation in /x: guardian stopped, hospital-1 killed",
+        "deleted /x (ledger, labels, certificates, logs)",
+    ]
+    assert "{" not in _down_text({"state_dir": "/x", "processes": {}, "purged": False})

@@ -318,7 +318,7 @@ CASES: dict[str, tuple[Callable[[Broken], None], str, str, str]] = {
         lambda b: b.data["cap"].update(epsilon=150.0),
         "local_cap",
         "warn",
-        "stops this party after 2 of 4 batches",
+        "stops this party after 2 of those 4 batches",
     ),
     "cap record of another federation": (
         _cap_of_another_federation,

@@ -28,12 +28,13 @@ from capc_services.common.party import PartyRuntime
 from capc_services.guardian.api import router as guardian_router
 from capc_services.guardian.app import open_ledger
 from capc_services.guardian.core import Guardian
+from capc_services.guardian.membership import membership_router
 from capc_services.guardian.releases import ReleaseGuardian
 from capc_services.student.app import progress_router
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
 from capc_services.student.release_app import progress_router as release_progress_router
-from capc_services.student.releases import ReleaseProgress
+from capc_services.student.releases import ReleaseProgress, release_privacy
 from capc_services.student.scheduler import Scheduler
 from capc_services.student.settings import StudentSettings
 from capc_services.student.store import LabelStore
@@ -78,7 +79,10 @@ def guardian_app(
             worst_case_rdp=1.0, actor="student",
         )  # fmt: skip
         ledger.settle("q000000000+32", answered=7, actual_rdp=0.5, actor="guardian")
-        yield _authorised(party, party.admin_app(readiness=dict, routers=[guardian_router(guardian)]))
+        membership = membership_router(config=party.config, ledger=ledger, on_change=lambda: None)
+        yield _authorised(
+            party, party.admin_app(readiness=dict, routers=[guardian_router(guardian), membership])
+        )
 
 
 @pytest.fixture
@@ -141,11 +145,12 @@ def release_student_app(
         store=tmp_path / "labels.sqlite", output_dir=tmp_path / "out",
     )  # fmt: skip
     party = PartyRuntime(settings, role="student")
+    protocol = protocol_for(party.config, dim=party.backbone.feature_dim, backbone=party.backbone)
     progress = ReleaseProgress(rounds=3, rounds_done=1, rdp_spent=0.25, last_parties=["hospital-a"])
-    return _authorised(
-        party,
-        party.admin_app(readiness=dict, routers=[release_progress_router(progress, noise="SystemNoise")]),
+    router = release_progress_router(
+        progress, noise="SystemNoise", privacy=lambda: release_privacy(party.config, protocol, progress)
     )
+    return _authorised(party, party.admin_app(readiness=dict, routers=[router]))
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from capc_common.aggregation import (
-    confident_rule,
     draw_confident_noise,
     draw_student_noise,
     party_noise,
@@ -20,7 +19,7 @@ from capc_common.aggregation import (
 )
 from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone
 from capc_common.learn.heads import train_heads
-from capc_common.mechanisms import HeadsVoter
+from capc_common.mechanisms import HeadsVoter, confident_rule
 from capc_common.models import extract_features
 from capc_common.privacy import BudgetLedger
 from capc_common.wire import rpc
@@ -248,7 +247,8 @@ def test_pipelined_run_labels_like_the_plaintext_rule_and_the_ledger_agrees(
     privacy = privacy_of(config, store)
     for key in ("epsilon_spent", "epsilon_settled", "epsilon_reserved"):
         assert privacy[key] == pytest.approx(summary[key], rel=1e-9, abs=1e-12)
-    assert privacy["epsilon"] == privacy["epsilon_spent"]
+    # The published ε is the guarantee (the filter's limit), not the realised sum beside it.
+    assert privacy["epsilon"] == config.budget.epsilon > privacy["epsilon_spent"] > 0
     assert privacy["delta_total"] == privacy["delta"] + privacy["delta_sampler"] > privacy["delta"]
 
 
@@ -276,6 +276,10 @@ def test_budget_exhaustion_shrinks_the_tail_then_stops_cleanly(
     budget = rdp_budget_at_order(epsilon=epsilon, delta=1e-5, order=10)
     assert summary["spent_rdp"] <= budget
     assert budget - summary["spent_rdp"] < costs.worst_case(16)
+    # Filter-stopped: the card's ε is the filter's limit, whatever the answers made the stream cost.
+    privacy = privacy_of(config, store)
+    assert privacy["epsilon"] == epsilon > privacy["epsilon_spent"]
+    assert privacy["epsilon_spent"] == pytest.approx(summary["epsilon_spent"], rel=1e-9)
 
 
 def test_a_refusing_party_below_quorum_aborts_the_batch_at_no_cost(

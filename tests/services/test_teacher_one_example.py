@@ -17,6 +17,7 @@ from sites_harness import teacher_settings
 from capc_common.data import load_dataset, partition
 from capc_common.federation import FederationConfig
 from capc_common.learn import BackboneFeaturizer, TeacherEnsemble, shard_features
+from capc_common.learn.heads import fixed_votes
 from capc_common.models import load_backbone
 from capc_common.synth import generate
 from capc_services.teacher.train import train_party_heads
@@ -125,3 +126,41 @@ def test_one_edited_example_moves_one_teacher_on_the_federation_path(
     changed_params, changed_votes = _differs(base, added, queries)
     assert changed_params == [target]
     assert set(changed_votes) <= {target}
+
+
+def test_a_short_hash_shard_abstains_and_one_example_moves_only_its_head(
+    tmp_path, backbone, site_data, federation_dict
+):
+    """Issue 25.2: ``capc teacher train`` does not refuse a party whose hash shard holds bn_batch − 1 images:
+    that head abstains (a fixed vote). The example that brings it to bn_batch changes that head alone, and
+    removing one from a shard of exactly bn_batch makes that head (alone) abstain."""
+    pool = load_dataset("fashion-mnist", split="train")
+    images, labels = pool.images[:600], pool.labels[:600]
+    owner = partition(labels, shards=HEADS, scheme="hash", seed=7, images=images)
+    sizes = [BN - 1, BN, 24, 24]  # the last two shards vote as usual
+    take = np.sort(np.concatenate([owner[t][:n] for t, n in enumerate(sizes)]))
+    spare = owner[0][BN - 1]  # one more image whose content hash names head 0
+
+    base, summary = _train(tmp_path / "base", backbone, images[take], labels[take], federation_dict)
+    assert (
+        base.abstaining == (0,) and summary["abstaining"] == 1 and "1 head(s) abstain" in summary["summary"]
+    )
+    queries = BackboneFeaturizer(backbone).extract(
+        generate("dead_leaves", seed=7, start=0, count=64, height=28, width=28, channels=1),
+        bn_batch=BN,
+        mode="current",
+    )
+    np.testing.assert_array_equal(base.predict(queries)[0], fixed_votes(0, 64, classes=10))
+
+    grown_at = np.sort(np.append(take, spare))
+    grown, _ = _train(tmp_path / "grown", backbone, images[grown_at], labels[grown_at], federation_dict)
+    assert grown.abstaining == ()
+    changed_params, changed_votes = _differs(base, grown, queries)
+    assert changed_params == [0] and changed_votes == [0]
+
+    drop = owner[1][0]
+    shrunk_at = take[take != drop]
+    shrunk, _ = _train(tmp_path / "shrunk", backbone, images[shrunk_at], labels[shrunk_at], federation_dict)
+    assert shrunk.abstaining == (0, 1)
+    changed_params, changed_votes = _differs(base, shrunk, queries)
+    assert changed_params == [1] and changed_votes == [1]

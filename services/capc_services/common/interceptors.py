@@ -57,6 +57,14 @@ def peer_certificate(context: grpc.ServicerContext) -> bytes:
     return bytes(pems[0]) if pems else b""
 
 
+def superseded_by_history(config: FederationConfig) -> dict[str, str]:
+    """The config hashes ``federation.yaml``'s ``history`` says this federation replaced, each with the change
+    that did (what a party without a ledger, the student, tells a peer still on one of them)."""
+    return {
+        old: f"the federation changed ({change.describe()})" for old, change in config.previous_hashes.items()
+    }
+
+
 class AuthInterceptor(grpc.ServerInterceptor):
     """Checks caller identity against ``federation.yaml`` and the method's allowed roles, and the config hash.
 
@@ -66,6 +74,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
             Methods not listed are refused, except the standard health service, which any certificate
             from the federation CA may call.
         on_reject: called with (method, peer, reason) for metrics.
+        superseded: config hashes this federation replaced by a membership change, each with why (e.g. the
+            ledger entry that changed it); a peer presenting one is told so, not just "mismatch".
     """
 
     def __init__(
@@ -74,9 +84,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
         config: FederationConfig,
         policy: Mapping[str, frozenset[str]],
         on_reject: Callable[[str, str, str], None] | None = None,
+        superseded: Mapping[str, str] | None = None,
     ) -> None:
         self._config = config
         self._hash = config.config_hash()
+        self._superseded = dict(superseded or {})
         self._policy = dict(policy)
         self._on_reject = on_reject
         # A peer presents the same certificate on every call: parse and judge each one once.
@@ -122,14 +134,15 @@ class AuthInterceptor(grpc.ServerInterceptor):
             )
         theirs = dict(context.invocation_metadata()).get(HASH_HEADER, "")
         if theirs != self._hash:
-            self._reject(
-                context,
-                method,
-                peer,
-                grpc.StatusCode.FAILED_PRECONDITION,
+            why = self._superseded.get(theirs)
+            message = (
                 f"federation config hash mismatch: {peer} sent {theirs[:16] or '(none)'}, this party has "
-                f"{self._hash[:16]}; every party must load the same federation.yaml",
+                f"{self._hash[:16]}; every party must load the same federation.yaml"
+                if why is None
+                else f"{peer} sent federation config {theirs[:16]}, but {why}: install the new "
+                f"federation.yaml (config {self._hash[:16]}) and restart {peer}"
             )
+            self._reject(context, method, peer, grpc.StatusCode.FAILED_PRECONDITION, message)
         context.send_initial_metadata(((HASH_HEADER, self._hash),))
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:

@@ -12,7 +12,7 @@ from capc_common.errors import InputError
 from capc_common.federation import check_runnable
 from capc_services.common import faults
 from capc_services.common.admin import Readiness, build_admin_app
-from capc_services.common.interceptors import AuthInterceptor
+from capc_services.common.interceptors import AuthInterceptor, superseded_by_history
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import AdminServer
 from capc_services.common.settings import SiteSettings, is_loopback
@@ -116,9 +116,21 @@ class PartyRuntime:
         left = self.certificate.seconds_left()
         return left > 0, {"expires_at": self.certificate.not_after.isoformat(), "expires_in_s": round(left)}
 
-    def interceptor(self, policy: Mapping[str, frozenset[str]]) -> AuthInterceptor:
-        """The identity/config-hash interceptor for this party's gRPC server."""
-        return AuthInterceptor(config=self.config, policy=policy, on_reject=self.metrics.reject)
+    def interceptor(
+        self, policy: Mapping[str, frozenset[str]], *, superseded: Mapping[str, str] | None = None
+    ) -> AuthInterceptor:
+        """The identity/config-hash interceptor for this party's gRPC server.
+
+        Args:
+            policy: which roles may call which method.
+            superseded: earlier config hashes and why they are no longer in force (default: the membership
+                changes ``federation.yaml``'s ``history`` lists).
+        """
+        if superseded is None:
+            superseded = superseded_by_history(self.config)
+        return AuthInterceptor(
+            config=self.config, policy=policy, on_reject=self.metrics.reject, superseded=superseded
+        )
 
     def admin_app(
         self, *, readiness: Callable[[], dict[str, tuple[bool, Any]]], routers: Sequence[APIRouter]

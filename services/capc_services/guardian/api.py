@@ -16,6 +16,9 @@ from capc_services.guardian.core import Guardian
 from capc_services.guardian.releases import ReleaseGuardian
 from capc_services.guardian.student_view import StudentView
 
+#: The ledger rows that finish a batch: one per batch (the per-batch chart draws one bar for each).
+FINISHING_KINDS = ("settle", "release")
+
 
 def router(guardian: Guardian | ReleaseGuardian, *, student: StudentView | None = None) -> APIRouter:
     """``/api/v1/budget[/history]``, ``/api/v1/ledger[/verify]``, ``/api/v1/parties`` and
@@ -33,8 +36,9 @@ def router(guardian: Guardian | ReleaseGuardian, *, student: StudentView | None 
         points: Annotated[int, Query(ge=1, le=2000)] = 300, batches: Annotated[int, Query(ge=1, le=500)] = 60
     ) -> dict[str, Any]:
         """The budget figures after each ledger entry (at most ``points``, evenly spaced, always the last),
-        and the latest finished batches: queries and answered (settled), or released (nothing revealed)."""
-        closed = [e for e in guardian.ledger.entries(newest=True, limit=4 * batches) if e.kind != "reserve"]
+        and the latest finished batches, one row each: queries and answered (settled), or released (nothing
+        revealed). A batch's other rows (its reservation, the start of its computation) finish nothing."""
+        closed = guardian.ledger.entries(kinds=FINISHING_KINDS, newest=True, limit=batches)
         return {
             "points": guardian.ledger.history(points=points),
             "batches": [
@@ -45,7 +49,7 @@ def router(guardian: Guardian | ReleaseGuardian, *, student: StudentView | None 
                     "queries": e.queries,
                     "answered": e.answered,
                 }
-                for e in reversed(closed[:batches])
+                for e in reversed(closed)
             ],
         }
 

@@ -18,6 +18,7 @@ from capc_services.common.runtime import start_grpc_server
 from capc_services.guardian.api import router
 from capc_services.guardian.core import Guardian
 from capc_services.guardian.dashboard import dashboard_router
+from capc_services.guardian.membership import membership_router, superseded_hashes
 from capc_services.guardian.release_servicer import RELEASE_POLICY, ReleaseGuardianServicer
 from capc_services.guardian.releases import ReleaseGuardian
 from capc_services.guardian.servicer import POLICY, GuardianServicer, add_to_server
@@ -73,7 +74,9 @@ def _core(
 
 
 def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
-    """Run the guardian until ``stop`` is set: gRPC (mTLS) for the parties, REST for admins."""
+    """Run the guardian until ``stop`` is set — or until a membership change is recorded through its admin
+    API, after which it must start again under the new ``federation.yaml``: gRPC (mTLS) for the parties,
+    REST for admins."""
     party = PartyRuntime(settings, role="guardian")
     noise = party_noise("guardian", seed=party.config.mechanism.insecure_noise_seed)
     ledger = open_ledger(settings)
@@ -84,17 +87,26 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
         tls=party.tls,
         register=[add_to_server(servicer)],
         services=[rpc.GUARDIAN_SERVICE],
-        interceptors=[party.interceptor(policy)],
+        interceptors=[party.interceptor(policy, superseded=superseded_hashes(ledger))],
         max_workers=settings.grpc.max_workers,
         # Only the student's Compute frames are large; a teacher's call is read whole before its role is
         # checked, so this bounds what any certified party can make the guardian buffer.
         max_receive_bytes=limit,
         max_send_bytes=limit,
     )
+
+    def changed() -> None:
+        _log.warning("membership changed: stopping; start the guardian again with the new federation.yaml")
+        stop.set()
+
     try:
         party.start_admin(
             readiness=lambda: {"grpc": (True, {"port": server.port}), "ledger": (True, str(settings.ledger))},
-            routers=[router(guardian, student=StudentView(settings.student_admin)), dashboard_router()],
+            routers=[
+                router(guardian, student=StudentView(settings.student_admin)),
+                membership_router(config=party.config, ledger=ledger, on_change=changed),
+                dashboard_router(),
+            ],
         )
         _log.info("guardian ready", extra={"grpc_port": server.port, "admin_port": party.admin_port})
         stop.wait()

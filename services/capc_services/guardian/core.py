@@ -89,8 +89,9 @@ class BatchStatus:
 class PartySeen:
     """What the guardian knows about one party's activity (for ``/api/v1/parties``).
 
-    ``queries`` counts the queries of every share set the party submitted (each attempt again): what the
-    party's own cap charged at the worst case, as far as this guardian process has seen.
+    ``batches`` counts, for a teacher party, the share sets it submitted (each attempt again) and, for the
+    student, the batches it opened (each reserved once); ``queries`` counts the queries of a teacher's
+    share sets: what the party's own cap charged at the worst case, as far as this guardian process has seen.
     """
 
     role: str
@@ -131,11 +132,11 @@ class Guardian:
         }
 
     # ---------------------------------------------------------------- helpers
-    def _seen(self, party: str, *, queries: int = 0) -> None:
+    def _seen(self, party: str, *, queries: int = 0, batches: int = 0) -> None:
         seen = self.parties.get(party)
         if seen is not None:
             seen.last_seen = time.time()
-            seen.batches += int(queries > 0)
+            seen.batches += batches + int(queries > 0)
             seen.queries += queries
 
     def _get_open(self, batch_id: str) -> _OpenBatch:
@@ -233,9 +234,11 @@ class Guardian:
                 f"batch id {batch_id} was reserved for another query; use a fresh id ({exc})"
             ) from None
         with self._lock:
+            opened = batch_id not in self._open
             self._open.setdefault(
                 batch_id, _OpenBatch(batch_id=batch_id, count=count, digest=digest, opened=time.time())
             )
+        self._seen(actor, batches=int(opened))
         self.metrics.batches.labels(outcome="opened").inc()
         _log.info(
             "batch opened",

@@ -144,6 +144,7 @@ def summarise(run: DemoRun) -> None:
             "model_card": published["model_card"],
             "accuracy": published["accuracy"],
             "epsilon": published["epsilon"],
+            "epsilon_spent": published["epsilon_spent"],
             "answered": published["answered"],
         },
         "parties": run.options.parties,

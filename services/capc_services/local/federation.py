@@ -9,17 +9,19 @@ label store and every party's cap record carry on.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from capc_common.errors import InputError
 from capc_common.federation import FederationConfig, ReleaseMember, mechanism_of
+from capc_services.guardian.settings import GuardianSettings
 from capc_services.local.layout import Layout
 from capc_services.local.processes import (
     PartyProcess,
     federation_of,
     is_ours,
+    not_started,
     probe,
     processes_of,
     read_state,
@@ -29,7 +31,13 @@ from capc_services.local.processes import (
     wait_ready,
     write_state,
 )
-from capc_services.local.provision import Endpoints, LocalOptions, provision
+from capc_services.local.provision import (
+    Endpoints,
+    LocalOptions,
+    options_record,
+    provision,
+    recorded_options,
+)
 
 Say = Callable[[str], None]
 
@@ -38,25 +46,97 @@ def _quiet(_: str) -> None:
     """Default progress sink: say nothing."""
 
 
+def _flag(name: str, value: Any) -> str:
+    """``--batch-size 64``: an option as ``capc local up`` spells it."""
+    if name == "mechanism_params":
+        pairs = [f"--mechanism-param {k}={v}" for k, v in (value or {}).items()]
+        return " ".join(pairs) or "no --mechanism-param"
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"--{name.replace('_', '-')} {shown}"
+
+
+def check_resume(layout: Layout, options: LocalOptions, *, given: Collection[str] | None = None) -> None:
+    """Refuse to resume the federation in ``layout`` with options other than those it was provisioned with.
+
+    Its federation.yaml, ledger, label store and every party's cap record are bound to those options, and
+    none of them is safe to change in place: raising the ledger's limit, above all, would change the
+    guarantee of what the federation already released. So a difference is refused, with the way to get it.
+
+    Args:
+        layout: a provisioned state directory.
+        options: the options of this ``up``.
+        given: the options the user set explicitly (the rest are defaults, not requests); None: all.
+
+    Raises:
+        InputError: an option differs from the recorded one, or options were given for a federation
+            provisioned before options were recorded.
+    """
+    wanted = options_record(options)
+    names = [name for name in wanted if given is None or name in given]
+    recorded = recorded_options(layout)
+    if recorded is None:
+        if names and given is not None:
+            config = federation_of(layout)
+            asked = ", ".join(_flag(n, wanted[n]) for n in names)
+            raise InputError(
+                f"the federation in {layout.root} was provisioned before `capc local up` recorded its "
+                f"options, so {asked} cannot be checked against it (its "
+                f"federation.yaml: ε {config.budget.epsilon:g}, δ {config.budget.delta:g}, "
+                f"{len(config.teachers)} parties); resume it without options: `{layout.command('up')}`"
+            )
+        return
+    changed = [name for name in names if recorded.get(name) != wanted[name]]
+    if not changed:
+        return
+    was = ", ".join(_flag(n, recorded.get(n)) for n in changed)
+    now = " ".join(_flag(n, wanted[n]) for n in changed)
+    budget = any(n in ("epsilon", "delta", "order") for n in changed)
+    raise InputError(
+        f"the federation in {layout.root} was provisioned with {was}; this `up` asked for {now}. A local "
+        "federation resumes with the options it was provisioned with: its federation.yaml, ledger and every "
+        "party's cap record are bound to them"
+        + (
+            ", and changing the budget of a ledger that already charged batches would change the guarantee "
+            "of what it released"
+            if budget
+            else ""
+        )
+        + f". To run with {now}, provision a new federation in another directory: `capc local up "
+        f"--state-dir NEW_DIR {now}`; or delete this one (ledger, labels, certificates) and start over: "
+        f"`{layout.command('down')} --purge`. To resume this one: `{layout.command('up')}` without those "
+        "options."
+    )
+
+
 def ensure_provisioned(
-    root: str | Path, options: LocalOptions, *, say: Say = _quiet
+    root: str | Path, options: LocalOptions, *, given: Collection[str] | None = None, say: Say = _quiet
 ) -> tuple[Layout, FederationConfig]:
     """The federation in ``root``, provisioned from ``options`` first if there is none.
+
+    Args:
+        root: the state directory.
+        options: the options to provision with; a federation already there must have been provisioned
+            with the same ones (:func:`check_resume`).
+        given: the options the user set explicitly (None: all of them count).
+        say: receives one-line progress messages.
 
     Returns:
         The layout and the federation config.
 
     Raises:
-        InputError: the federation in ``root`` is running, or the options are invalid.
+        InputError: the federation in ``root`` is running or was provisioned with other options, or the
+            options are invalid.
     """
     layout = Layout(Path(root).resolve())
     if layout.state.exists():
         running = [p.party for p in processes_of(read_state(layout)) if is_ours(p)]
         if running:
             raise InputError(
-                f"the federation in {layout.root} is already running ({running}); `capc local down` it first"
+                f"the federation in {layout.root} is already running ({running}); "
+                f"`{layout.command('down')}` it first"
             )
     if layout.federation.exists():
+        check_resume(layout, options, given=given)
         say(f"resuming the federation in {layout.root}")
         return layout, federation_of(layout)
     say(f"provisioning a new federation in {layout.root}")
@@ -65,7 +145,9 @@ def ensure_provisioned(
     return layout, config
 
 
-def prepare(root: str | Path, options: LocalOptions, *, say: Say = _quiet) -> tuple[Layout, FederationConfig]:
+def prepare(
+    root: str | Path, options: LocalOptions, *, given: Collection[str] | None = None, say: Say = _quiet
+) -> tuple[Layout, FederationConfig]:
     """The federation in ``root`` (provisioned from ``options`` first if there is none), with every teacher
     party's heads trained.
 
@@ -75,10 +157,12 @@ def prepare(root: str | Path, options: LocalOptions, *, say: Say = _quiet) -> tu
     trains nothing.
 
     Raises:
-        InputError: the federation in ``root`` is already running, or the options are invalid.
+        InputError: the federation in ``root`` is already running or was provisioned with other options
+            (``given``: the options the user set explicitly, :func:`check_resume`), or the options are
+            invalid.
         CapcError: a party's training failed.
     """
-    layout, config = ensure_provisioned(root, options, say=say)
+    layout, config = ensure_provisioned(root, options, given=given, say=say)
     # Release federations' parties contribute per-example features and Private-kNN's vote with their records:
     # only PATE mechanisms train heads.
     trains = not isinstance(config.mechanism, ReleaseMember) and mechanism_of(config).trains_heads
@@ -95,6 +179,7 @@ def up(
     root: str | Path,
     options: LocalOptions,
     *,
+    given: Collection[str] | None = None,
     say: Say = _quiet,
     ready_timeout: float = 180.0,
 ) -> dict[str, Any]:
@@ -102,7 +187,9 @@ def up(
 
     Args:
         root: the state directory.
-        options: used only when provisioning a new federation.
+        options: used when provisioning a new federation; a federation already there must have been
+            provisioned with the same ones.
+        given: the options the user set explicitly (None: all of them count).
         say: receives one-line progress messages.
         ready_timeout: seconds to wait for every party's ``/readyz``.
 
@@ -110,10 +197,10 @@ def up(
         The endpoints summary (what ``capc local up --format json`` prints).
 
     Raises:
-        InputError: the federation in ``root`` is already running.
+        InputError: the federation in ``root`` is already running, or was provisioned with other options.
         UnavailableError: a party did not become ready (the processes started are stopped again).
     """
-    layout, config = prepare(root, options, say=say)
+    layout, config = prepare(root, options, given=given, say=say)
     endpoints = Endpoints.from_dict(read_state(layout)["endpoints"])
     roles = [(config.guardian, "guardian"), (config.student, "student")]
     roles += [(name, "teacher") for name in config.teacher_names]
@@ -149,6 +236,7 @@ def summary(layout: Layout) -> dict[str, Any]:
             "dashboard": f"{by_party[config.guardian].admin_url}/dashboard"
             if config.guardian in by_party
             else None,
+            "ledger": str(GuardianSettings.load(layout.site(config.guardian)).ledger),
         },
         "student": {
             "grpc": f"127.0.0.1:{endpoints['student_grpc']}",
@@ -230,7 +318,9 @@ def restart(root: str | Path, party: str, *, env: Mapping[str, str] | None = Non
         )
     old = known[party]
     if is_ours(old):
-        raise InputError(f"{party} (pid {old.pid}) is still running; stop it first or use `capc local down`")
+        raise InputError(
+            f"{party} (pid {old.pid}) is still running; stop it first or use `{layout.command('down')}`"
+        )
     port = int(old.admin_url.rsplit(":", 1)[1])
     new = start_party(layout, party=party, role=old.role, admin_port=port, env=env)
     endpoints = Endpoints.from_dict(state["endpoints"])
@@ -241,15 +331,22 @@ def restart(root: str | Path, party: str, *, env: Mapping[str, str] | None = Non
 def down(root: str | Path, *, purge: bool = False) -> dict[str, Any]:
     """Stop every process ``up`` started; with ``purge`` also delete the state directory.
 
+    Returns:
+        ``state_dir``, ``processes`` (party → ``stopped``, ``killed`` or ``not running``) and ``purged``.
+
     Raises:
-        InputError: ``purge`` of a directory that is not a local federation.
+        InputError: no federation was started in ``root`` (nothing is stopped: a federation started from
+            another state directory keeps running), or ``purge`` of a directory that is not a local
+            federation.
     """
     layout = Layout(Path(root).resolve())
+    if purge and not layout.federation.exists():
+        raise InputError(f"{layout.root} holds no local federation (no federation.yaml); not deleting it")
     outcome: dict[str, str] = {}
     if layout.state.exists():
         outcome = stop_processes(processes_of(read_state(layout)))
+    elif not purge:
+        raise not_started(layout)
     if purge:
-        if not layout.federation.exists():
-            raise InputError(f"{layout.root} holds no local federation (no federation.yaml); not deleting it")
         shutil.rmtree(layout.root)
     return {"state_dir": str(layout.root), "processes": outcome, "purged": purge}

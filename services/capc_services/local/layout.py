@@ -38,6 +38,11 @@ class Layout:
         return self.root / "logs"
 
     @property
+    def options(self) -> Path:
+        """The options the federation was provisioned with (``capc local up`` resumes with them)."""
+        return self.root / "options.json"
+
+    @property
     def state(self) -> Path:
         """Running processes and endpoints (written by ``capc local up``)."""
         return self.root / "state.json"
@@ -53,3 +58,8 @@ class Layout:
     def log(self, party: str) -> Path:
         """The log file of ``party``'s process."""
         return self.logs / f"{party}.log"
+
+    def command(self, verb: str) -> str:
+        """``capc local VERB --state-dir ROOT``: a command for this federation that works from any directory
+        (the state directory's default is relative to where ``up`` ran)."""
+        return f"capc local {verb} --state-dir {self.root}"

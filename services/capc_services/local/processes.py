@@ -157,6 +157,16 @@ def write_state(layout: Layout, *, endpoints: Endpoints, processes: list[PartyPr
     tmp.replace(layout.state)
 
 
+def not_started(layout: Layout) -> InputError:
+    """The error for a state directory no ``capc local up`` started a federation in (a mistyped or
+    relative ``--state-dir``, most often: the default ``.capc/local`` is relative to where ``up`` ran)."""
+    return InputError(
+        f"no local federation was started in {layout.root} (no state.json there). If one runs, pass the "
+        "--state-dir it was started with (`capc local up` prints it; the default .capc/local is relative to "
+        f"the directory it ran in); otherwise start one: `{layout.command('up')}`"
+    )
+
+
 def read_state(layout: Layout) -> dict[str, Any]:
     """What ``up`` recorded.
 
@@ -164,7 +174,7 @@ def read_state(layout: Layout) -> dict[str, Any]:
         InputError: nothing was started from this state directory.
     """
     if not layout.state.exists():
-        raise InputError(f"no local federation was started in {layout.root}; run `capc local up` first")
+        raise not_started(layout)
     data: dict[str, Any] = json.loads(layout.state.read_text())
     return data
 

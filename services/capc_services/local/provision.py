@@ -7,17 +7,24 @@ The files are the same a real deployment uses (see deploy/ and docs/operations.m
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from capc_common.errors import InputError
-from capc_common.federation import FederationConfig, check_runnable, scaled_mechanism
+from capc_common.federation import (
+    FederationConfig,
+    ReleaseMember,
+    cap_cover,
+    check_runnable,
+    scaled_mechanism,
+)
 from capc_common.federation.sizing import ANSWER_RATE
 from capc_common.privacy import plan
 from capc_services.local.layout import Layout
@@ -47,8 +54,7 @@ class LocalOptions:
         train_limit: about this many training examples per party (None: the party's whole part): each
             site keeps the fraction ``train_limit · parties / N`` of its part's hash range, so the count
             varies a little (binomial) but one example never changes another's selection (``data.fraction``).
-        teacher_cap: each party's local worst-case ε cap (None: 3 × epsilon, since it counts every
-            query as answered).
+        teacher_cap: each party's local worst-case ε cap (None: :func:`default_cap`).
         generator / backbone: query generator and shared backbone (None: the library defaults).
         seed: seed of the query stream and of the data partition.
         insecure_noise_seed: seeded (non-private) guardian and student noise (federation.yaml's
@@ -95,6 +101,21 @@ class LocalOptions:
     vote_deadline_s: float = 60.0
     share_deadline_s: float = 30.0
     mechanism_params: Mapping[str, Any] | None = None
+
+
+def options_record(options: LocalOptions) -> dict[str, Any]:
+    """The options as plain JSON values (what ``options.json`` holds and a resumed ``up`` compares)."""
+    record: dict[str, Any] = json.loads(json.dumps(asdict(options)))
+    return record
+
+
+def recorded_options(layout: Layout) -> dict[str, Any] | None:
+    """The options the federation in ``layout`` was provisioned with (None: provisioned before they were
+    recorded)."""
+    if not layout.options.is_file():
+        return None
+    record: dict[str, Any] = json.loads(layout.options.read_text())
+    return record
 
 
 #: Ledger order when the budget cannot pay for a single query at any order (the run is refused anyway).
@@ -274,6 +295,16 @@ def mechanism_dict(options: LocalOptions) -> tuple[dict[str, Any], int]:
     }, per_party
 
 
+def default_cap(config: FederationConfig, options: LocalOptions) -> float:
+    """Each simulated hospital's local ε cap unless ``teacher_cap`` sets one: under a selection mechanism,
+    the cap that covers the federation's limit with its plan (:func:`~capc_common.federation.cap_cover`,
+    the figure ``capc teacher preflight`` checks a cap against); under a release mechanism, whose charges
+    are fixed in advance and add up to at most the limit, 3 × ε of headroom."""
+    if isinstance(config.mechanism, ReleaseMember):
+        return 3 * options.epsilon
+    return cap_cover(config).cap
+
+
 def free_port() -> int:
     """A TCP port that is free on loopback right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -364,13 +395,16 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
     """
     layout = Layout(Path(root).resolve())
     if layout.federation.exists():
-        raise InputError(f"{layout.root} already holds a federation; `capc local down --purge` it first")
+        raise InputError(
+            f"{layout.root} already holds a federation; `{layout.command('down')} --purge` it first"
+        )
     config = FederationConfig.from_dict(federation_dict(options), source="local federation options")
     check_runnable(config)
     existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
     try:
         endpoints = _write_federation(layout, config, options)
         _load_sites(layout, config)
+        layout.options.write_text(json.dumps(options_record(options), indent=2))
     except BaseException:
         # Leave the directory as it was: a half-provisioned federation would block the next `up`.
         if existing is None:
@@ -448,7 +482,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         },
     }
     _write_yaml(layout.site(config.student), student_site)
-    cap = options.teacher_cap if options.teacher_cap is not None else 3 * options.epsilon
+    cap = options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
     fraction = site_fraction(options)
     for index, name in enumerate(config.teacher_names):
         _write_yaml(

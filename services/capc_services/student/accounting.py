@@ -1,6 +1,8 @@
-"""The privacy the student's record says was spent: the same data-independent figures the guardian's ledger
-charges (screening for every asked query, GNMax for every answered one; aborted batches cost nothing, lost
-ones count), so the student can pick batch sizes and write its model card without asking the guardian."""
+"""The privacy the student publishes: the guarantee (the guardian's filter limit, fixed before any data was
+touched) and, beside it, the realised spend its record says was charged — the same data-independent figures
+the guardian's ledger charges (the mechanism's cost per asked and per answered query; aborted batches cost
+nothing, lost ones count) — so the student can pick batch sizes and write its model card without asking the
+guardian. What each figure means: :mod:`capc_common.privacy.claims`."""
 
 from __future__ import annotations
 
@@ -8,13 +10,9 @@ import math
 from typing import Any
 
 from capc_common.data.partition import NEIGHBOURING
-from capc_common.federation import FederationConfig, batch_costs, sampler_delta
+from capc_common.federation import FederationConfig, batch_costs, mechanism_of, sampler_delta
+from capc_common.privacy.claims import FILTER_GUARANTEE, FILTER_ODOMETER, accountant
 from capc_services.student.store import LabelStore
-
-ACCOUNTANT = (
-    "confident-gnmax, data-independent (exact screening + λ/σ2² per answer), Rényi filter, "
-    "improved conversion"
-)
 
 
 def spent_rdp(config: FederationConfig, store: LabelStore) -> float:
@@ -39,13 +37,22 @@ def epsilon_figures(config: FederationConfig, store: LabelStore) -> dict[str, fl
     }
 
 
-def privacy_of(config: FederationConfig, store: LabelStore) -> dict[str, Any]:
-    """The model card's privacy section (``epsilon`` = ``epsilon_spent``: a crash may over-count, never
-    under-count)."""
-    figures = epsilon_figures(config, store)
+def guarantee(config: FederationConfig) -> dict[str, Any]:
+    """The published ε: the guardian's filter limit (whatever the stream turned out to cost), and what it and
+    ``epsilon_spent`` mean — for the model card, ``/api/v1/progress`` and the "student published" log."""
     return {
-        "epsilon": figures["epsilon_spent"],
-        **figures,
+        "epsilon": config.budget.epsilon,
+        "epsilon_note": FILTER_GUARANTEE,
+        "epsilon_spent_note": FILTER_ODOMETER,
+    }
+
+
+def privacy_of(config: FederationConfig, store: LabelStore) -> dict[str, Any]:
+    """The model card's privacy section: the guarantee ``epsilon``, and the realised ``epsilon_spent`` (a
+    crash may over-count it, never under-count) split into settled and reserved."""
+    return {
+        **guarantee(config),
+        **epsilon_figures(config, store),
         "delta": config.budget.delta,
         # The table samplers are 2^-90-close to the exact noise, not equal: the guarantee holds at δ + this.
         "delta_sampler": sampler_delta(config),
@@ -53,7 +60,7 @@ def privacy_of(config: FederationConfig, store: LabelStore) -> dict[str, Any]:
         "order": config.budget.order,
         "rdp": spent_rdp(config, store),
         "epsilon_limit": config.budget.epsilon,
-        "accountant": ACCOUNTANT,
+        "accountant": accountant(mechanism_of(config)),
         # Teacher parties select their examples (data.shards, data.fraction) and assign them to heads by
         # keyed content hashes (capc teacher train), never by position or count: add/remove one example.
         "neighbouring": NEIGHBOURING["hash"],

@@ -18,7 +18,7 @@ from capc_services.common.admin import api_router, problem_response
 from capc_services.common.limits import MessageLimits
 from capc_services.common.party import PartyRuntime, apply_torch_threads
 from capc_services.common.runtime import start_grpc_server
-from capc_services.student.accounting import epsilon_figures, noise_label
+from capc_services.student.accounting import epsilon_figures, guarantee, noise_label
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
 from capc_services.student.release_app import run_release_student
@@ -40,21 +40,27 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
 
     @api.get("/progress", tags=["student"])
     def progress() -> dict[str, Any]:
-        """Labelling progress, connected teacher parties, the last batches' timings (wall time, the slowest
-        party's model work, protocol = the difference) and the published model once it exists."""
+        """Labelling progress, the guarantee ``epsilon`` beside the realised ``epsilon_spent``, connected
+        teacher parties, the last batches' timings (wall time, the slowest party's model work, protocol = the
+        difference) and the published model once it exists."""
         p = scheduler.progress
+        connected = sorted(registry.live())
         return {
             "state": p.state,
             "stopped_reason": p.stopped_reason,
             "error": p.error,
+            "waiting": waiting_text(
+                p.waiting_for, connected=connected, parties=len(scheduler.config.teachers)
+            ),
             "queries_planned": p.queries_planned,
             **scheduler.store.counts(),
+            **guarantee(scheduler.config),
             **epsilon_figures(scheduler.config, scheduler.store),
             "labels_per_s": p.labels_per_s,
             "reconnects": p.reconnects,
             "recovered_batches": p.recovered_batches,
             "last_batch": p.last_batch,
-            "teachers_connected": sorted(registry.live()),
+            "teachers_connected": connected,
             "published": p.published,
             "recent_batches": list(p.recent),
             "noise": noise,
@@ -76,6 +82,17 @@ def progress_router(scheduler: Scheduler, registry: TeacherRegistry, *, noise: s
     return api
 
 
+def waiting_text(quorum: int, *, connected: list[str], parties: int) -> str:
+    """What the next batch waits for, '' when nothing: ``quorum`` teacher parties must be connected first
+    (``capc local status`` shows it, so a federation that is starting reads as waiting, not as stuck)."""
+    if len(connected) >= quorum:
+        return ""
+    return (
+        f"for teacher parties: {len(connected)} of the {quorum} needed connected "
+        f"({', '.join(connected) or 'none yet'}; {parties} in the federation)"
+    )
+
+
 def _labelling_check(progress: Progress, *, guardian: str) -> tuple[bool, dict[str, Any]]:
     """Readiness of the labelling loop: not ready while it reconnects to the guardian, nor once it failed."""
     detail: dict[str, Any] = {"state": progress.state, "guardian": guardian}
@@ -93,7 +110,9 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
     if releases:
         run_release_student(settings, party, stop=stop, noise=noise_label(party.config))
         return
-    store = LabelStore(settings.store, config_hash=party.config_hash)
+    store = LabelStore(
+        settings.store, config_hash=party.config_hash, continues=party.config.previous_hashes.keys()
+    )
     registry = TeacherRegistry()
     guardian = GuardianClient(
         config=party.config,

@@ -8,6 +8,7 @@ party that is gone.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import queue
 import threading
@@ -23,12 +24,24 @@ _log = logging.getLogger(__name__)
 _END = object()
 
 
+class IdentityInUse(Exception):
+    """Another process of the same party already holds a live work stream (the message names it)."""
+
+
 @dataclass
 class TeacherLink:
-    """One connected teacher party's work stream."""
+    """One connected teacher party's work stream.
+
+    Attributes:
+        instance: the random id of the process at the other end (its hello), to tell its own reconnection
+            from another process of the same party.
+        process: what that process says it is (pid, host, start time), for messages.
+    """
 
     party: str
     heads: int
+    instance: str = ""
+    process: str = ""
     connected_at: float = field(default_factory=time.time)
     alive: bool = True
     answered: int = 0
@@ -100,11 +113,26 @@ class TeacherRegistry:
         self._links: dict[str, TeacherLink] = {}
         self._collections: dict[tuple[str, int], Collection] = {}
 
-    def connect(self, party: str, *, heads: int) -> TeacherLink:
-        """Register a new stream for ``party``, closing any older one (a reconnecting teacher)."""
-        link = TeacherLink(party=party, heads=heads)
+    def connect(self, party: str, *, heads: int, instance: str = "", process: str = "") -> TeacherLink:
+        """Register a new stream for ``party``, closing an older one of the same process (a reconnection).
+
+        One identity answers over one stream: two processes of one party would otherwise replace each
+        other's stream for ever, and each would answer under its own cap.
+
+        Raises:
+            IdentityInUse: another process (another ``instance``) of ``party`` holds a live stream.
+        """
+        link = TeacherLink(party=party, heads=heads, instance=instance, process=process)
         with self._lock:
             old = self._links.get(party)
+            if old is not None and old.alive and old.instance != instance:
+                since = datetime.datetime.fromtimestamp(old.connected_at, datetime.UTC)
+                raise IdentityInUse(
+                    f"another process of {party} ({old.process or 'it did not say which'}) is connected "
+                    f"since {since.isoformat(timespec='seconds')}; one party answers over one work stream. "
+                    f"Stop one of them (this one is {process or 'unnamed'}; it backs off and takes over "
+                    "once the other is gone)"
+                )
             self._links[party] = link
             self._lock.notify_all()
         if old is not None:

@@ -3,8 +3,9 @@
 The student regenerates every query it asked (from the batch plan: nothing but public specs), computes
 features with the shared backbone in current-statistics mode over the same ``bn_batch`` chunks the teachers
 used, and trains the head on the answered ones (unanswered ones may serve as pseudo-labels: post-processing,
-no privacy cost). The model card carries the privacy guarantee, computed from the store's record of asked and
-answered queries with the same data-independent accounting the guardian's ledger charges.
+no privacy cost). The model card carries the privacy guarantee (the guardian's filter limit) and, beside it,
+the realised spend computed from the store's record of asked and answered queries with the same
+data-independent accounting the guardian's ledger charges.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from capc_common.federation import batch_plan, load_shared_backbone
 from capc_common.learn.student import accuracy, save_student
 from capc_common.models import extract_features
 from capc_common.models.cache import FeatureCache
+from capc_common.privacy.claims import CURRENT_STATISTICS
 from capc_services.student.accounting import noise_label, privacy_of
 from capc_services.student.scheduler import Progress
 from capc_services.student.settings import StudentSettings
@@ -89,7 +91,8 @@ def publish_student(
     bounded however many queries were labelled; ``stop`` interrupts between batches.
 
     Returns:
-        What was published (paths, counts, ε, accuracy) for ``/api/v1/progress``.
+        What was published (paths, counts, the guarantee ε and the realised ε spent, accuracy) for
+        ``/api/v1/progress`` and the "student published" log line.
 
     Raises:
         InputError: no answered query to learn from.
@@ -157,7 +160,12 @@ def publish_student(
         },
         "generator": {"name": config.queries.generator, "seed": config.queries.seed},
         "backbone": {"name": config.backbone.name, "sha256": config.backbone.sha256},
-        "bn": {"mode": "current", "min_batch": 16, "bn_batch": config.queries.bn_batch},
+        "bn": {
+            "mode": "current",
+            "min_batch": 16,
+            "bn_batch": config.queries.bn_batch,
+            "note": CURRENT_STATISTICS,
+        },
         "parties": {"guardian": config.guardian, "student": config.student, "teachers": parties},
         "training": {
             "recipe": fit.recipe.describe(),
@@ -178,6 +186,7 @@ def publish_student(
         "model": str(model_path),
         "model_card": str(card_path),
         "epsilon": card["privacy"]["epsilon"],
+        "epsilon_spent": card["privacy"]["epsilon_spent"],
         "answered": answered,
         "accuracy": evaluation.get("accuracy"),
         "device": device,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -28,6 +29,7 @@ from capc_services.student.releases import (
     ReleaseProgress,
     ReleaseRounds,
     publish_release,
+    release_privacy,
     run_releases,
 )
 from capc_services.student.servicer import add_to_server
@@ -76,14 +78,19 @@ class ReleaseStudentServicer(rpc.StudentServiceServicer):
         return pb.ContributionShareReply(received=received)
 
 
-def progress_router(progress: ReleaseProgress, *, noise: str) -> APIRouter:
-    """``/api/v1/progress`` of a release federation."""
+def progress_router(
+    progress: ReleaseProgress, *, noise: str, privacy: Callable[[], dict[str, Any]]
+) -> APIRouter:
+    """``/api/v1/progress`` of a release federation; ``privacy`` gives its guarantee and realised ε."""
     api = api_router()
 
     @api.get("/progress", tags=["student"])
     def read() -> dict[str, Any]:
-        """Releases done and planned, the RDP they cost, the parties of the last one, the published model."""
+        """Releases done and planned, the guarantee ``epsilon`` beside the realised ``epsilon_spent``, the RDP
+        they cost, the parties of the last one, the published model."""
+        figures = privacy()
         return {
+            **{k: figures[k] for k in ("epsilon", "epsilon_note", "epsilon_spent", "epsilon_spent_note")},
             "state": progress.state,
             "error": progress.error,
             "rounds": progress.rounds,
@@ -173,7 +180,11 @@ def run_release_student(
                 "grpc": (True, {"port": server.port}),
                 "releases": (progress.state != "failed", {"state": progress.state, "error": progress.error}),
             },
-            routers=[progress_router(progress, noise=noise)],
+            routers=[
+                progress_router(
+                    progress, noise=noise, privacy=lambda: release_privacy(config, protocol, progress)
+                )
+            ],
         )
         worker.start()
         stop.wait()

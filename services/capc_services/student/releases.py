@@ -33,6 +33,7 @@ from capc_common.mechanisms import reveal
 from capc_common.mechanisms.central import predict_head
 from capc_common.mechanisms.release import RING_WIDTH
 from capc_common.privacy.analysis import epsilon_at_order
+from capc_common.privacy.claims import PLAN_GUARANTEE, PLAN_ODOMETER, accountant
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, ndarray_to_proto, rpc
 from capc_services.common.errors import error_from_rpc
@@ -294,6 +295,34 @@ def run_releases(
     rounds.finish()
 
 
+def release_privacy(
+    config: FederationConfig, protocol: ReleaseProtocol, progress: ReleaseProgress
+) -> dict[str, Any]:
+    """The guarantee ``epsilon`` (every planned release's charge: the rounds are fixed before any data is
+    touched, :func:`~capc_common.federation.releases.protocol_for` checks they fit the budget) and the
+    releases charged so far, ``epsilon_spent``, at the federation's order and δ."""
+    b = config.budget
+
+    def epsilon(rdp: float) -> float:
+        return max(0.0, float(epsilon_at_order(b.order, rdp, delta=b.delta))) if rdp > 0 else 0.0
+
+    planned = protocol.rounds * protocol.release_rdp(b.order)
+    return {
+        "epsilon": epsilon(planned),
+        "epsilon_note": PLAN_GUARANTEE,
+        "epsilon_spent": epsilon(progress.rdp_spent),
+        "epsilon_spent_note": PLAN_ODOMETER,
+        "epsilon_limit": b.epsilon,
+        "delta": b.delta,
+        "order": b.order,
+        "rdp_planned": planned,
+        "rdp_spent": progress.rdp_spent,
+        "releases_planned": protocol.rounds,
+        "releases": progress.rounds_done,
+        "accountant": accountant(protocol.mechanism),
+    }
+
+
 def publish_release(
     *,
     config: FederationConfig,
@@ -307,13 +336,12 @@ def publish_release(
     Args:
         config: the federation config.
         protocol: the protocol after its last release.
-        progress: what was released (its RDP goes into the card's ε).
+        progress: what was released (its RDP goes into the card's ``epsilon_spent``).
         output_dir: where to write.
         evaluate: held-out per-example features, labels and their name, or None.
     """
     head = protocol.head()
-    b = config.budget
-    epsilon = max(0.0, float(epsilon_at_order(b.order, progress.rdp_spent, delta=b.delta)))
+    privacy = release_privacy(config, protocol, progress)
     evaluation: dict[str, Any] = {}
     if evaluate is not None:
         features, truth, name = evaluate
@@ -329,12 +357,8 @@ def publish_release(
         "config_hash": config.config_hash(),
         "mechanism": protocol.mechanism.params(),
         "privacy": {
-            "epsilon": epsilon,
-            "delta": b.delta,
-            "delta_sampler": protocol.sampler_delta(epsilon=epsilon),
-            "order": b.order,
-            "rdp_spent": progress.rdp_spent,
-            "releases": progress.rounds_done,
+            **privacy,
+            "delta_sampler": protocol.sampler_delta(epsilon=privacy["epsilon"]),
             "noise": "seeded: INSECURE, NOT private" if config.insecure_noise else "CSPRNG",
         },
         "backbone": {"name": config.backbone.name, "sha256": config.backbone.sha256},
@@ -359,7 +383,8 @@ def publish_release(
     return {
         "model": str(model_path),
         "model_card": str(card_path),
-        "epsilon": epsilon,
+        "epsilon": privacy["epsilon"],
+        "epsilon_spent": privacy["epsilon_spent"],
         "releases": progress.rounds_done,
         "accuracy": evaluation.get("accuracy"),
     }

@@ -72,6 +72,8 @@ class Progress:
     queries_planned: int = 0
     stopped_reason: str = ""
     error: str = ""
+    #: Teacher parties the next batch waits for (the quorum) while fewer are connected; 0 when not waiting.
+    waiting_for: int = 0
     last_batch: str = ""
     labels_per_s: float = 0.0
     reconnects: int = 0
@@ -181,7 +183,12 @@ class Scheduler:
     def _collect(self, plan: BatchPlan) -> _Collected | None:
         """Open, dispatch and collect one batch; None when it was aborted (and recorded as such)."""
         quorum = self.config.quorum.min_parties
-        if not self.registry.wait_for(quorum, timeout=self._connect_timeout, stop=self._halt):
+        self.progress.waiting_for = quorum
+        try:
+            connected = self.registry.wait_for(quorum, timeout=self._connect_timeout, stop=self._halt)
+        finally:
+            self.progress.waiting_for = 0
+        if not connected:
             if self._halt.is_set():
                 return None
             raise UnavailableError(
@@ -499,6 +506,7 @@ class Scheduler:
                 while not self._stop.is_set() and not self.guardian.reachable(timeout=delay):
                     delay = min(2 * delay, BACKOFF_S[1])
                 delay = BACKOFF_S[0]  # back: the next outage starts its backoff afresh
+                self.progress.error = ""  # the outage is over: its error would read as the current state
                 continue
             except BaseException as exc:
                 self.progress.state = "failed"

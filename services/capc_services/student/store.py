@@ -19,6 +19,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,12 +79,15 @@ class LabelStore:
     Args:
         path: the SQLite file (created with its parent directory).
         config_hash: the federation-config hash; a store written under another config is refused.
+        continues: earlier config hashes this federation continues from (``federation.yaml``'s
+            ``history``: a membership change). A store written under one of them carries on under
+            ``config_hash``, its batches and labels kept; the switch is noted in its ``meta`` table.
 
     Raises:
         IntegrityError: the store belongs to another federation config.
     """
 
-    def __init__(self, path: str | Path, *, config_hash: str) -> None:
+    def __init__(self, path: str | Path, *, config_hash: str, continues: Collection[str] = ()) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -94,6 +98,13 @@ class LabelStore:
         row = self._db.execute("SELECT value FROM meta WHERE key = 'config_hash'").fetchone()
         if row is None:
             self._db.execute("INSERT INTO meta VALUES ('config_hash', ?)", (config_hash,))
+        elif row[0] in continues and row[0] != config_hash:
+            self._db.execute("BEGIN IMMEDIATE")  # the new hash and the note of where it came from, at once
+            self._db.execute("UPDATE meta SET value = ? WHERE key = 'config_hash'", (config_hash,))
+            self._db.execute(
+                "INSERT INTO meta VALUES (?, ?)", (f"continued:{config_hash}:{time.time()}", row[0])
+            )
+            self._db.execute("COMMIT")
         elif row[0] != config_hash:
             raise IntegrityError(
                 f"label store {path} was written under federation config {row[0][:16]}, "

@@ -139,7 +139,9 @@ def status_router(worker: TeacherWorker, links: TeacherLinks, cap: LocalCap) -> 
     return api
 
 
-def serve_releases(settings: TeacherSettings, party: PartyRuntime, *, stop: threading.Event) -> None:
+def serve_releases(
+    settings: TeacherSettings, party: PartyRuntime, cap: LocalCap, *, stop: threading.Event
+) -> None:
     """Run a release federation's teacher party: featurise its own records once (per example), then
     contribute to every release the student opens until ``stop`` is set."""
     from capc_common.learn import BackboneFeaturizer
@@ -163,12 +165,7 @@ def serve_releases(settings: TeacherSettings, party: PartyRuntime, *, stop: thre
         features=features,
         labels=np.asarray(labels, dtype=np.int64),
         source=sampling_noise(settings.party, seed=config.mechanism.insecure_noise_seed),
-        cap=LocalCap(
-            settings.cap.record,
-            config=config,
-            epsilon_cap=settings.cap.epsilon,
-            worst_case=lambda _: protocol.release_rdp(config.budget.order),
-        ),
+        cap=cap,
     )
     api = api_router()
     api.get("/status", tags=["teacher"])(contributor.status)
@@ -201,11 +198,34 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
         )
     apply_torch_threads(settings.torch_threads)  # before the start-up check featurises anything
     party = PartyRuntime(settings, role="teacher", model=True)
-    if isinstance(party.config.mechanism, ReleaseMember):  # contributions to noisy totals, no votes
-        serve_releases(settings, party, stop=stop)
-        return
+    config = party.config
+    releases = isinstance(config.mechanism, ReleaseMember)  # contributions to noisy totals, no votes
+    worst_case = None
+    if releases:
+        release_rdp = party.runnable.release_protocol().release_rdp(config.budget.order)
+
+        def worst_case(_count: int) -> float:
+            return release_rdp  # every release costs the same, whatever its size
+
+    # Held for the life of this process: a second process of this party is refused here, before it loads
+    # its data or dials anyone (docs/operations.md, "One identity, one process").
+    cap = LocalCap(
+        settings.cap.record, config=config, epsilon_cap=settings.cap.epsilon, worst_case=worst_case
+    )
+    try:
+        if releases:
+            serve_releases(settings, party, cap, stop=stop)
+        else:
+            _serve_votes(settings, party, cap, stop=stop)
+    finally:
+        cap.close()
+
+
+def _serve_votes(
+    settings: TeacherSettings, party: PartyRuntime, cap: LocalCap, *, stop: threading.Event
+) -> None:
+    """Answer the student's work items with this party's votes until ``stop`` is set."""
     voter = make_voter(settings, party.backbone)
-    cap = LocalCap(settings.cap.record, config=party.config, epsilon_cap=settings.cap.epsilon)
     worker = TeacherWorker(
         config=party.config,
         voter=voter,

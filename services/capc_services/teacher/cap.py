@@ -9,21 +9,32 @@ The record is created once, by an explicit :meth:`LocalCap.init` (``capc teacher
 ``capc teacher serve --train-missing`` setting up a new site, or ``capc local up`` for its simulated
 hospitals), never on the fly: a record that went missing would otherwise restart the party at ε 0 and
 silently forget what it already released. Opening a missing record is refused.
+
+**One process per record.** A cap is one process's bound only if no other process charges the same record:
+two teachers on one record (an overlapping restart, two containers on one volume, a hand-started copy) would
+each admit up to the cap from their own view of it. So the process that charges holds an exclusive lock
+(``flock``) on ``RECORD.lock`` for as long as it lives — the kernel drops it when the process exits, even by
+``kill -9`` — and writes there who holds it; a second one is refused at start with that holder's pid, host
+and start time (:class:`~capc_common.errors.UnavailableError`, exit code 4). It also re-reads the record
+before every charge, so anything appended behind its back (a file system that ignores ``flock``) is counted.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from capc_common.durable import fsync_dir
-from capc_common.errors import InputError, IntegrityError
+from capc_common.errors import InputError, IntegrityError, UnavailableError
 from capc_common.federation import FederationConfig, batch_costs
 from capc_common.privacy import RenyiFilter
+from capc_services.common.process import describe
 
 
 class LocalCap:
@@ -35,11 +46,18 @@ class LocalCap:
         epsilon_cap: the most ε this party accepts, at the federation's δ and order.
         worst_case: the RDP one charge of ``count`` costs at most (default: a batch of ``count`` queries of
             the federation's selection mechanism; a release federation passes its release's RDP).
+        exclusive: hold the record's lock until :meth:`close` (the process that charges); ``False`` opens
+            a read-only view (a preflight check beside a running teacher), whose :meth:`charge` refuses.
 
     Raises:
         InputError: a non-positive cap.
         IntegrityError: the record is missing (see :meth:`init`), belongs to another federation config or
             is corrupt.
+        UnavailableError: another process holds the record (``exclusive``); the message names it.
+
+    A record carries on across a membership change: lines written under a config hash that
+    ``federation.yaml``'s ``history`` lists as continued from count as this federation's (each line keeps
+    the RDP it charged), and new lines name the new hash.
     """
 
     def __init__(
@@ -49,6 +67,7 @@ class LocalCap:
         config: FederationConfig,
         epsilon_cap: float,
         worst_case: Callable[[int], float] | None = None,
+        exclusive: bool = True,
     ) -> None:
         if not epsilon_cap > 0:
             raise InputError(f"the local epsilon cap must be > 0, got {epsilon_cap}")
@@ -59,10 +78,33 @@ class LocalCap:
             epsilon=epsilon_cap, delta=config.budget.delta, order=config.budget.order
         )
         self._hash = config.config_hash()
+        self._accepted = {self._hash, *config.previous_hashes}
         self._lock = threading.Lock()
         self.batches = 0
         self.queries = 0
-        self._load()
+        self._read = 0  # bytes of the record folded in so far
+        self._lines = 0
+        self._holder: IO[str] | None = None
+        self._missing_check()
+        if exclusive:
+            self._holder = _hold(self.path)
+        try:
+            self._refresh()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the record's lock (another process may then charge it); safe to call twice."""
+        if self._holder is not None:
+            self._holder.close()  # closing the descriptor drops the flock
+            self._holder = None
+
+    def __enter__(self) -> LocalCap:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @classmethod
     def init(cls, path: str | Path, *, config: FederationConfig) -> Path:
@@ -87,19 +129,29 @@ class LocalCap:
         fsync_dir(target.parent)  # a new file survives a power cut only once its directory entry does
         return target
 
-    def _load(self) -> None:
+    def _missing_check(self) -> None:
         if not self.path.is_file():
             raise IntegrityError(
                 f"the cap record {self.path} does not exist. If this party has answered queries before, "
                 "restore the record from a backup: starting afresh would forget the ε it already released. "
                 "For a new site, create it once with `capc teacher init-cap --site FILE`"
             )
-        for number, line in enumerate(self.path.read_text().splitlines(), start=1):
+
+    def _refresh(self) -> None:
+        """Fold in the lines appended to the record since the last look (all of them the first time)."""
+        self._missing_check()
+        with self.path.open("rb") as handle:
+            handle.seek(self._read)
+            tail = handle.read()
+        self._read += len(tail)
+        for line in tail.decode("utf-8", errors="replace").splitlines():
+            self._lines += 1
+            number = self._lines
             if not line.strip():
                 continue
             try:
                 entry = json.loads(line)
-                if entry["config_hash"] != self._hash:
+                if entry["config_hash"] not in self._accepted:
                     raise IntegrityError(
                         f"{self.path} line {number} was written under another federation config "
                         f"({entry['config_hash'][:16]}); give this federation its own record"
@@ -130,9 +182,15 @@ class LocalCap:
         Raises:
             BudgetExhaustedError: the batch would cross the cap (nothing is recorded); the message gives
                 the requested, remaining and missing RDP.
+            InputError: this is a read-only view (``exclusive=False``).
         """
         rdp = self._worst_case(count)
         with self._lock:
+            if self._holder is None:
+                raise InputError(
+                    f"the cap record {self.path} was opened read-only (or closed); it cannot charge"
+                )
+            self._refresh()
             self._filter.charge(
                 rdp, what=f"this party's local cap: batch {batch_id} ({count} queries, worst case)"
             )
@@ -148,6 +206,32 @@ class LocalCap:
                 handle.write(json.dumps(entry, sort_keys=True) + "\n")
                 handle.flush()
                 os.fsync(handle.fileno())
+                self._read = handle.tell()
+            self._lines += 1
             self.batches += 1
             self.queries += count
             return self.epsilon
+
+
+def _hold(record: Path) -> IO[str]:
+    """Take the exclusive lock of ``record`` for this process and write who holds it into the lock file.
+
+    Raises:
+        UnavailableError: another process holds it (its pid, host and start time are in the message).
+    """
+    handle = open(record.with_name(record.name + ".lock"), "a+", encoding="utf-8")  # noqa: SIM115 (held)
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "a process that has not yet said who it is"
+        handle.close()
+        raise UnavailableError(
+            f"another process of this party holds its cap record {record}: {holder}. Two processes on one "
+            "cap record would each admit up to the cap; stop that process (or wait until it exits) before "
+            "starting this one"
+        ) from None
+    handle.truncate(0)
+    handle.write(describe() + "\n")
+    handle.flush()  # not fsynced: the lock itself is the kernel's, and it dies with the process anyway
+    return handle

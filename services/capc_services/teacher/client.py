@@ -3,6 +3,12 @@
 The party listens on no gRPC port (hospital firewalls allow outbound connections only). It dials the
 student, introduces itself, and answers work items as they arrive; when the stream breaks it reconnects
 with capped exponential backoff until told to stop.
+
+One identity answers over one stream: the hello carries this process's random instance id, and a student
+that already has a live stream from another process of this party refuses the new one (``ALREADY_EXISTS``,
+naming that process and since when it is connected). The refused process does not flap with it: it logs the
+student's message as an error and tries again only every :data:`IDENTITY_IN_USE_BACKOFF_S` seconds, taking
+over once the other process is gone (a restart whose old stream the student has not yet seen close).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor
 from capc_services.common.limits import MessageLimits
+from capc_services.common.process import INSTANCE, describe
 from capc_services.teacher.worker import TeacherWorker
 from capc_services.tls import TlsFiles, channel_ready
 
@@ -33,6 +40,9 @@ BACKOFF_S = (0.5, 1.0)
 first once a session was welcomed): a restarted student gets its teachers back within about 1 s of
 listening (as its channels' own reconnection, ``RECONNECT_BACKOFF_MS``), and a student that stays away costs
 one refused connection per second."""
+IDENTITY_IN_USE_BACKOFF_S = 30.0
+"""Wait before trying again after the student refused this process because another process of the party is
+connected (see the module docstring)."""
 
 
 class TeacherLinks:
@@ -126,7 +136,11 @@ class TeacherLinks:
         outgoing.put(
             pb.TeacherMessage(
                 hello=pb.TeacherHello(
-                    party=self.party, heads=self.worker.voter.heads, software_version=__version__
+                    party=self.party,
+                    heads=self.worker.voter.heads,
+                    software_version=__version__,
+                    instance=INSTANCE,
+                    process=describe(),
                 )
             )
         )
@@ -180,6 +194,14 @@ class TeacherLinks:
                 if stop.is_set():
                     break
                 self.last_error = str(error_from_rpc(exc, peer=self.config.student))
+                if exc.code() == grpc.StatusCode.ALREADY_EXISTS:  # another process of this party is live
+                    _log.error(
+                        "refused by the student: another process of this party is connected",
+                        extra={"error": self.last_error, "in_s": IDENTITY_IN_USE_BACKOFF_S},
+                    )
+                    stop.wait(IDENTITY_IN_USE_BACKOFF_S)
+                    backoff = BACKOFF_S[0]
+                    continue
             except CapcError as exc:
                 self.last_error = str(exc)
             if stop.is_set():

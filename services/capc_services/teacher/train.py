@@ -7,8 +7,10 @@ hash of its own content (so adding or removing one example changes one shard). T
 mechanism trains one teacher per shard on that shard alone
 (:meth:`~capc_common.mechanisms.SelectionMechanism.train_teachers`): PATE heads by the library's one
 training path (the central pipeline's), Prom-PATE's prompted teachers by
-:func:`~capc_common.learn.prompts.train_prompted_teachers` — so one example can move one vote only. Nothing
-leaves the site.
+:func:`~capc_common.learn.prompts.train_prompted_teachers` — so one example can move one vote only. A head
+whose shard is shorter than one BatchNorm chunk abstains (a fixed, data-independent vote) instead of the
+party refusing to train: whether a party takes part must not hinge on one example (docs/privacy.md).
+Nothing leaves the site.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 from capc_common.data import load_dataset, partition, site_part
 from capc_common.errors import InputError
 from capc_common.federation import load_shared_backbone, mechanism_of
+from capc_common.federation.site_data import dataset_findings, label_problem, refuse
 from capc_services.common.party import apply_torch_threads
 from capc_services.teacher.settings import TeacherSettings
 
@@ -81,35 +84,32 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
 
 
 def check_labels(labels: np.ndarray, *, classes: int, name: str) -> None:
-    """Refuse labels the federation has no class for (``capc teacher train`` and the kNN voter both check).
+    """Refuse labels the federation has no class for (the kNN voter checks the records it votes with).
 
     Raises:
         InputError: a label ``≥ classes``.
     """
-    if int(labels.max(initial=0)) >= classes:
-        raise InputError(
-            f"{name} has labels up to {int(labels.max())}, but the federation has {classes} classes"
-        )
+    problem = label_problem(labels, classes=classes, name=name)
+    if problem:
+        raise InputError(problem)
 
 
 def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
     """Train and save the party's heads (atomically, to ``settings.heads``); returns a summary.
 
     Raises:
-        InputError: bad data section, too few examples for the heads, or a class count mismatch.
+        InputError: bad data section, or data that does not fit the federation (its image size, its
+            classes: the checks preflight runs). A shard too short for a head is no error: that head abstains.
     """
     config = settings.federation_config
     heads = config.teacher(settings.party).heads
     apply_torch_threads(settings.torch_threads)
     start = time.perf_counter()
     images, labels, name = party_examples(settings)
-    if len(labels) < heads * config.queries.bn_batch:
-        raise InputError(
-            f"{settings.party} has {len(labels)} examples for {heads} teacher heads; each head needs at "
-            f"least one BatchNorm chunk ({config.queries.bn_batch} examples): `capc federation plan` "
-            "proposes a head count"
-        )
-    check_labels(labels, classes=config.classes, name=name)
+    # preflight's checks first: data of another size is converted (the backbone is pinned), not trained on.
+    # No refusal on the count per head: a short shard's head abstains (its fixed vote), so whether the party
+    # trains never depends on one example.
+    refuse(dataset_findings(images, labels, config=config, name=name))
     shards = partition(labels, shards=heads, scheme="hash", seed=config.queries.seed, images=images)
     trained = mechanism_of(config).train_teachers(
         load_shared_backbone(config),
@@ -122,14 +122,21 @@ def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
     trained.save(settings.heads)
     train_accuracy = trained.train_accuracy
     seconds = time.perf_counter() - start
+    accuracy = "no head votes" if train_accuracy is None else f"train accuracy {train_accuracy:.3f}"
+    abstain = ""
+    if trained.abstaining:
+        abstain = (
+            f"; {len(trained.abstaining)} head(s) abstain (shard under one BatchNorm chunk of "
+            f"{config.queries.bn_batch}: a fixed vote; `capc federation plan` proposes a head count)"
+        )
     return {
         "party": settings.party,
         "heads": heads,
         "examples": len(labels),
         "data": name,
         "train_accuracy": train_accuracy,
+        "abstaining": len(trained.abstaining),
         "seconds": round(seconds, 2),
         "path": str(settings.heads),
-        "summary": f"{heads} heads on {len(labels)} examples of {name}, train accuracy {train_accuracy:.3f}, "
-        f"{seconds:.1f} s",
+        "summary": f"{heads} heads on {len(labels)} examples of {name}, {accuracy}, {seconds:.1f} s{abstain}",
     }

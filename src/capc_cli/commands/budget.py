@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from capc_cli.output import emit, epsilon_text, format_option
+from capc_cli.output import emit, epsilon_text, file_option, format_option
+
+if TYPE_CHECKING:
+    from capc_common.privacy import BudgetLedger
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -240,6 +243,33 @@ def _show_text(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: Where ``capc local up`` keeps the guardian's ledger, relative to its state directory.
+LOCAL_LEDGER = Path("parties") / "guardian" / "ledger.sqlite"
+
+
+def _open_ledger(ledger: Path) -> BudgetLedger:
+    """Open ``ledger``; a missing file is refused with where the ledger most likely is.
+
+    Raises:
+        InputError: no file at ``ledger``.
+    """
+    from capc_common.errors import InputError
+    from capc_common.privacy import BudgetLedger
+
+    if ledger.is_file():
+        return BudgetLedger.open(ledger)
+    found = [
+        str(path)
+        for path in (Path(".capc") / "local" / LOCAL_LEDGER, ledger.parent / "ledger.sqlite")
+        if path.is_file()
+    ]
+    raise InputError(
+        f"no budget ledger at {ledger}. The guardian's ledger is the file its site file names under "
+        f"`ledger:`; a `capc local up` federation keeps it at STATE_DIR/{LOCAL_LEDGER} (`capc local up` "
+        "prints the path)" + (f"; found here: {', '.join(dict.fromkeys(found))}" if found else "")
+    )
+
+
 @command.command(name="show")
 @_LEDGER
 @click.option(
@@ -248,9 +278,7 @@ def _show_text(r: dict[str, Any]) -> str:
 @format_option
 def show_command(ledger: Path, last: int, fmt: str) -> None:
     """The ledger's budget figures and its most recent entries."""
-    from capc_common.privacy import BudgetLedger
-
-    with BudgetLedger.open(ledger) as led:
+    with _open_ledger(ledger) as led:
         result = {
             "summary": led.summary(),
             "recent": [e.to_dict() for e in reversed(led.entries(newest=True, limit=last))],
@@ -271,6 +299,11 @@ def _verify_text(r: dict[str, Any]) -> str:
             f"{t['reserved_rdp']:.6g}, {t['batches']} batches, {t['queries']} queries, {t['answered']} "
             "answered"
         )
+    said = {None: "authorisation not checked: give --admin-token-file", True: "authorised by the admin token",
+            False: "NOT authorised by this admin token"}  # fmt: skip
+    lines += [
+        f"  membership entry {m['entry']}: {m['change']} ({said[m['authorised']]})" for m in r["membership"]
+    ]
     lines += [f"  problem: {p}" for p in r["problems"]]
     return "\n".join(lines)
 
@@ -284,15 +317,39 @@ def _verify_text(r: dict[str, Any]) -> str:
     help="A head hash pinned earlier (capc budget show, the guardian's log or /metrics): it must still be in "
     "the chain, so a removed tail or a replaced file fails.",
 )
+@file_option(
+    "--admin-token-file",
+    required=False,
+    help="The guardian's admin token: also check that it authorised every membership entry (adding or "
+    "retiring a party).",
+)
 @format_option
-def verify_command(ledger: Path, expect_head: str | None, fmt: str) -> None:
-    """Check the hash chain and recompute every total; exit 5 if anything is inconsistent."""
+def verify_command(ledger: Path, expect_head: str | None, admin_token_file: Path | None, fmt: str) -> None:
+    """Check the hash chain (membership entries included) and recompute every total; exit 5 if anything is
+    inconsistent."""
     from capc_common.errors import IntegrityError
-    from capc_common.privacy import BudgetLedger
 
-    with BudgetLedger.open(ledger) as led:
+    with _open_ledger(ledger) as led:
         report = led.verify(expect_head=expect_head)
-    emit(report.to_dict(), fmt, _verify_text)
+        changes = led.membership_changes() if report.ok else []  # a damaged file: the report says why
+        unauthorised: dict[int, str] = {}
+        if admin_token_file is not None and report.ok:
+            from capc_services.common.settings import load_admin_token
+
+            unauthorised = led.check_authorisations(load_admin_token(admin_token_file))
+            report.problems += list(unauthorised.values())
+            report.ok = report.ok and not unauthorised
+    result = report.to_dict()
+    result["membership"] = [
+        {
+            "entry": e.seq,
+            "change": e.detail,
+            "authorised_by": e.params.get("authorised_by"),
+            "authorised": None if admin_token_file is None else e.seq not in unauthorised,
+        }
+        for e in changes
+    ]
+    emit(result, fmt, _verify_text)
     if not report.ok:
         raise IntegrityError(f"ledger {ledger} failed verification: {len(report.problems)} problem(s)")
 

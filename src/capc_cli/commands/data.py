@@ -1,7 +1,9 @@
-"""``capc data``: check a dataset loads (a site's own files included) and preview its partition."""
+"""``capc data``: check a dataset loads (a site's own files included), import a site's images into the
+``.npz`` its site file names, and preview a partition."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -89,3 +91,111 @@ def partition_cmd(
         for k, (p, c) in enumerate(zip(parts, per_shard, strict=True))
     ]
     click.echo("\n".join(lines))
+
+
+def _import_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"wrote {result['out']}: {result['examples']} examples {result['shape']}, classes "
+        f"{result['classes']}, per class {result['per_class']}"
+    ]
+    for check in result["checks"]:
+        mark = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL"}[check["status"]]
+        lines.append(f"  {mark}  {check['check']:<15} {check['detail']}")
+        if check["fix"]:
+            lines.append(f"        {'':<15} fix: {check['fix']}")
+    if not result["federation"]:
+        lines.append("  (not checked against a federation: pass --federation federation.yaml)")
+    lines.append(f"site file: data: {{dataset: {result['out']}}}")
+    return "\n".join(lines)
+
+
+@command.command("import")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The .npz to write."
+)
+@click.option(
+    "--classes",
+    default=None,
+    metavar="NAME,NAME,…",
+    help="The federation's class names in its order (a label's index is its position); labels may be "
+    "these names or indices. Default: an image folder's sorted folder names; a CSV's labels as indices.",
+)
+@click.option(
+    "--federation",
+    "federation_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Check the images against this federation.yaml (its image size and classes), as preflight does.",
+)
+@click.option("--party", default=None, help="With --federation: also check there are examples for its heads.")
+@click.option(
+    "--resize",
+    is_flag=True,
+    help="Convert every image to the federation's height x width x channels (needs --federation).",
+)
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+@format_option
+def import_command(
+    source: Path,
+    out: Path,
+    classes: str | None,
+    federation_file: Path | None,
+    party: str | None,
+    resize: bool,
+    force: bool,
+    fmt: str,
+) -> None:
+    """Turn SOURCE — an image folder (one sub-folder per class) or a CSV file of path,label rows — into the
+    .npz a site file names (data: {dataset: OUT}).
+
+    Checks what `capc teacher preflight` checks of a site's data (with --federation: its image size,
+    classes and, with --party, enough examples for the party's heads; always: that the images look like
+    images) and writes nothing if one fails (exit 2), nor on an unreadable image, mixed sizes (without
+    --resize) or a label that is no class.
+    """
+    from dataclasses import asdict
+
+    import numpy as np
+
+    from capc_common.data import import_images, write_npz
+    from capc_common.data.importer import npz_target
+    from capc_common.federation import FederationConfig
+    from capc_common.federation.site_data import dataset_findings, image_findings, refuse
+
+    if (resize or party) and federation_file is None:
+        raise click.UsageError("--resize and --party need --federation (the federation's size and parties)")
+    config = FederationConfig.load(federation_file) if federation_file is not None else None
+    names = [c.strip() for c in classes.split(",")] if classes else None
+    if config is not None and names is not None and len(names) > config.classes:
+        raise click.BadParameter(
+            f"names {len(names)} classes; the federation has {config.classes}", param_hint="--classes"
+        )
+    heads = config.teacher(party).heads if config is not None and party else None
+    npz_target(out, force=force)
+    q = config.queries if config is not None else None
+    dataset = import_images(
+        source, classes=names, size=(q.height, q.width, q.channels) if resize and q else None
+    )
+    findings = [image_findings(dataset.images)]
+    if config is not None:
+        findings.insert(
+            0, dataset_findings(dataset.images, dataset.labels, config=config, name=str(source), heads=heads)
+        )
+    for finding in findings:
+        refuse(finding)
+    written = write_npz(dataset, out, force=force)
+    counts = np.bincount(dataset.labels, minlength=dataset.num_classes)
+    emit(
+        {
+            "out": str(written.resolve()),
+            "examples": len(dataset),
+            "shape": "x".join(map(str, dataset.shape)),
+            "classes": list(dataset.class_names),
+            "per_class": counts.tolist(),
+            "federation": str(federation_file) if federation_file is not None else None,
+            "checks": [{**asdict(f), "data": dict(f.data)} for f in findings],
+        },
+        fmt,
+        _import_text,
+    )

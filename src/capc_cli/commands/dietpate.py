@@ -24,11 +24,14 @@ def _text(report: dict[str, Any]) -> str:
         f"run                  {report['name']} ({report['method']}, {report['teachers']} teachers)",
         f"student accuracy     {pct(report['student_accuracy'])} on {report['evaluated_on']}",
         f"teachers             mean {pct(report['mean_teacher_accuracy'])}, best "
-        f"{pct(report['best_teacher_accuracy'])}, noiseless ensemble {pct(report['ensemble_accuracy'])}",
+        f"{pct(report['best_teacher_accuracy'])}, noiseless ensemble {pct(report['ensemble_accuracy'])} "
+        "(NOT PRIVATE: research figures)",
         f"queries              {report['queries']} asked, {report['answered']} answered "
         f"({report['stop_reason']})",
-        f"privacy              ε = {report['epsilon']:.4f} at δ = {report['delta']:g} "
-        "(rigorous, data-independent)",
+        f"privacy              ε = {report['epsilon']:g} at δ = {report['delta']:g} (the guarantee: the "
+        "Rényi filter's limit)",
+        f"                     ε spent {report['epsilon_spent']:.4f} (data-independent charges; an odometer, "
+        "not a guarantee)",
         f"                     ε = {'n/a' if dd is None else f'{dd:.4f}'} data-dependent (UNSANITISED, for "
         "comparison only)",
         f"noise                {report['noise']}",
@@ -47,7 +50,10 @@ def _text(report: dict[str, Any]) -> str:
     help="run.yaml (see configs/).",
 )
 @click.option(
-    "--epsilon", type=float, default=None, help="Override budget.epsilon (rigorous ε at which to stop)."
+    "--epsilon",
+    type=float,
+    default=None,
+    help="Override budget.epsilon (the guarantee: the Rényi filter's limit, at which the run stops).",
 )
 @click.option("--teachers", type=int, default=None, help="Override teachers.count.")
 @click.option(
@@ -65,6 +71,13 @@ def _text(report: dict[str, Any]) -> str:
     default=None,
     help="Reuse features across runs (content-addressed .npy files).",
 )
+@click.option(
+    "--diagnostics",
+    is_flag=True,
+    default=False,
+    help="Also report figures of the noiseless votes (label agreement with the plurality, the teachers' "
+    "consensus and its plot), marked NOT PRIVATE: research only, never publish them.",
+)
 @format_option
 def run_command(
     config_path: Path,
@@ -73,6 +86,7 @@ def run_command(
     seed: int | None,
     output: Path | None,
     cache_dir: Path | None,
+    diagnostics: bool,
     fmt: str,
 ) -> None:
     """Run the whole pipeline: shards, teachers, private labels for synthetic queries, the student.
@@ -83,7 +97,11 @@ def run_command(
     from capc_common.dietpate import load_config, run
 
     config = load_config(config_path).with_overrides(
-        epsilon=epsilon, teachers=teachers, seed=seed, output=None if output is None else str(output)
+        epsilon=epsilon,
+        teachers=teachers,
+        seed=seed,
+        output=None if output is None else str(output),
+        diagnostics=diagnostics or None,
     )
     report = run(config, cache_dir=cache_dir, progress=True, log=lambda line: click.echo(line, err=True))
     emit(report, fmt, _text)

@@ -1,12 +1,14 @@
-"""``capc federation plan``: size a federation from its data before writing federation.yaml."""
+"""``capc federation plan``: size a federation from its data before writing federation.yaml;
+``add-party`` / ``retire-party``: the federation.yaml of a membership change, and each party's next steps."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
 
-from capc_cli.output import emit, format_option
+from capc_cli.output import emit, file_option, format_option
 
 
 def _text(r: dict[str, Any]) -> str:
@@ -27,7 +29,7 @@ def _text(r: dict[str, Any]) -> str:
 
 @click.group(name="federation")
 def command() -> None:
-    """Plan a federation before it is created."""
+    """Plan a federation before it is created; add or retire a teacher party of a running one."""
 
 
 @command.command(name="plan")
@@ -71,3 +73,143 @@ def plan_command(
         batch_size=batch_size,
     )
     emit(result, fmt, _text)
+
+
+_FEDERATION = file_option("--federation", "path", help="The federation.yaml every party runs now.")
+_OUT = file_option(
+    "--out",
+    help="Where to write the new federation.yaml (the parties keep the current one until they switch).",
+)
+_MIN_PARTIES = click.option(
+    "--min-parties", type=click.IntRange(min=1), default=None, help="A new quorum (default: keep it)."
+)
+
+
+def _step_guardian(out: Path) -> str:
+    return (
+        "guardian operator: record the change on the running guardian's ledger: `capc guardian membership "
+        f"--url ADMIN_URL --token-file TOKEN --federation {out}` (one membership entry; the budget carries "
+        f"over; the guardian stops), then start the guardian with {out} as its federation.yaml"
+    )
+
+
+def _steps_added(party: str, out: Path) -> list[str]:
+    return [
+        f"{party}: make its key and request on its own machine (`capc cert request {party} --out-dir DIR`) "
+        f"and send the .csr; coordinator: `capc cert sign {party}.csr --ca-dir ca --federation {out}`, then "
+        f"send {party} its .crt, ca.crt, {out} and the student's and guardian's addresses",
+        f"{party}: train its heads and create its cap record under the new file (`capc teacher train --site "
+        "SITE`, `capc teacher init-cap --site SITE`)",
+        _step_guardian(out),
+        f"student and every other teacher party: install {out} as federation.yaml and restart (label store "
+        "and cap records carry on; the old config is refused from now on)",
+        f"{party}: `capc teacher preflight --site SITE`, then `capc teacher serve --site SITE`: it votes on "
+        "the batches asked from now on",
+    ]
+
+
+def _steps_retired(party: str, serial: str, out: Path) -> list[str]:
+    return [
+        _step_guardian(out),
+        f"student and every remaining teacher party: install {out} as federation.yaml and restart; "
+        f"certificate serial {serial} of {party} is revoked in it",
+        f"{party}: stop its teacher; keep its cap record (its own account of the ε it released)",
+    ]
+
+
+def _membership_text(r: dict[str, Any]) -> str:
+    lines = [
+        f"{r['federation']}: {r['change']}; config {r['previous_config_hash'][:16]}… -> "
+        f"{r['config_hash'][:16]}… ({r['teachers']} teacher parties, quorum {r['min_parties']})",
+        f"written to {r['written']}; next:",
+    ]
+    return "\n".join(lines + [f"  {i}. {step}" for i, step in enumerate(r["next"], start=1)])
+
+
+def _write_change(old: Any, new: Any, out: Path, steps: list[str], fmt: str) -> None:
+    new.save(out)
+    change = new.history[-1]
+    emit(
+        {
+            "federation": new.name,
+            "change": change.describe(),
+            "added": list(change.added),
+            "retired": list(change.retired),
+            "previous_config_hash": old.config_hash(),
+            "config_hash": new.config_hash(),
+            "teachers": len(new.teachers),
+            "min_parties": new.quorum.min_parties,
+            "written": str(out),
+            "next": steps,
+        },
+        fmt,
+        _membership_text,
+    )
+
+
+@command.command(name="add-party")
+@_FEDERATION
+@click.option("--party", required=True, help="The new teacher party's name (a DNS label).")
+@click.option(
+    "--heads", type=click.IntRange(min=1), required=True, help="Its teacher heads (votes per query)."
+)
+@_MIN_PARTIES
+@_OUT
+@format_option
+def add_party_command(
+    path: Path, party: str, heads: int, min_parties: int | None, out: Path, fmt: str
+) -> None:
+    """Write the federation.yaml with a teacher party added, and say what each party does next.
+
+    Only the membership (and the quorum) may change; the budget, mechanism, queries and backbone stay, so
+    the guardian can continue the same ledger once its operator records the change."""
+    from capc_common.federation import FederationConfig, add_party
+
+    old = FederationConfig.load(path)
+    new = add_party(old, name=party, heads=heads, min_parties=min_parties)
+    _write_change(old, new, out, _steps_added(party, out), fmt)
+
+
+@command.command(name="retire-party")
+@_FEDERATION
+@click.option("--party", required=True, help="The teacher party to retire.")
+@click.option(
+    "--certificate",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Its certificate (its serial is revoked in the new file).",
+)
+@click.option(
+    "--serial", default=None, help="Instead of --certificate: its serial, as `capc cert show` prints."
+)
+@click.option("--reason", default="", help="Kept with the revocation (default: '<party> retired').")
+@_MIN_PARTIES
+@_OUT
+@format_option
+def retire_party_command(
+    path: Path,
+    party: str,
+    certificate: Path | None,
+    serial: str | None,
+    reason: str,
+    min_parties: int | None,
+    out: Path,
+    fmt: str,
+) -> None:
+    """Write the federation.yaml with a teacher party retired and its certificate revoked, and say what each
+    party does next."""
+    from capc_common.errors import InputError
+    from capc_common.federation import FederationConfig, retire_party
+
+    if (certificate is None) == (serial is None):
+        raise InputError("give the retired party's --certificate or its --serial (one of them)")
+    if certificate is not None:
+        from capc_services.tls import certificate_info
+
+        info = certificate_info(certificate)
+        if info.common_name != party:
+            raise InputError(f"{certificate} is {info.common_name!r}'s certificate, not {party!r}'s")
+        serial = info.serial
+    old = FederationConfig.load(path)
+    new = retire_party(old, name=party, serial=str(serial), reason=reason, min_parties=min_parties)
+    _write_change(old, new, out, _steps_retired(party, new.revoked[-1].serial, out), fmt)

@@ -1,10 +1,14 @@
-"""``capc guardian``: the privacy guardian party."""
+"""``capc guardian``: the privacy guardian party (``serve``), and a membership change recorded on its ledger
+(``membership``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
+
+from capc_cli.output import emit, file_option, format_option
 
 _SITE = click.option(
     "--site",
@@ -31,3 +35,64 @@ def serve(site: Path) -> None:
     settings = GuardianSettings.load(site)
     configure_logging(party=settings.party, level=settings.log_level)
     run_guardian(settings, stop=stop_event_on_signals())
+
+
+def _membership_text(r: dict[str, Any]) -> str:
+    change = "; ".join(f"{verb} {', '.join(r[verb])}" for verb in ("added", "retired") if r[verb])
+    released = r["released_batches"]
+    note = f" ({released} open batch(es) released: they revealed nothing)" if released else ""
+    return "\n".join(
+        [
+            f"ledger entry {r['entry']}: {change}; config {r['previous_config_hash'][:16]}… -> "
+            f"{r['config_hash'][:16]}…; the budget spent so far carries over{note}",
+            f"head {r['head']}",
+            f"next: {r['next']}",
+        ]
+    )
+
+
+@command.command("membership")
+@click.option("--url", required=True, help="The guardian's admin API, e.g. http://127.0.0.1:8080.")
+@file_option(
+    "--token-file",
+    help="The guardian's admin token file (it authorises the change and signs the ledger entry).",
+)
+@file_option(
+    "--federation", help="The new federation.yaml (from `capc federation add-party` or `retire-party`)."
+)
+@format_option
+def membership(url: str, token_file: Path, federation: Path, fmt: str) -> None:
+    """Record a membership change on the running guardian's ledger (POST /api/v1/membership).
+
+    The guardian checks that only teacher parties (and the quorum) change, releases the batches reserved
+    under the old membership that revealed nothing, appends one hash-chained membership entry authorised by
+    the admin token — the budget spent carries over — and stops: start it again with the new file."""
+    import httpx
+
+    from capc_common.errors import InputError, ProtocolError, UnavailableError
+    from capc_common.federation import FederationConfig
+    from capc_services.common.settings import load_admin_token
+
+    config = FederationConfig.load(federation)
+    token = load_admin_token(token_file)
+    endpoint = url.rstrip("/") + "/api/v1/membership"
+    try:
+        response = httpx.post(
+            endpoint,
+            json=config.model_dump(mode="json"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,
+        )
+    except httpx.HTTPError as exc:
+        raise UnavailableError(f"the guardian's admin API at {url} does not answer ({exc})") from None
+    try:
+        detail = str(response.json().get("detail", response.text))
+    except (ValueError, AttributeError):  # not the guardian's problem JSON (a proxy's page, an empty body)
+        detail = response.text
+    if response.status_code == 401:
+        raise InputError(f"the guardian at {url} refused the admin token; check --token-file ({detail})")
+    if response.status_code in (409, 422):
+        raise InputError(f"the guardian refused the change: {detail}")
+    if response.status_code != 200:
+        raise ProtocolError(f"{endpoint} answered HTTP {response.status_code}: {response.text}")
+    emit(response.json(), fmt, _membership_text)

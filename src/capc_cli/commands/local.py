@@ -28,8 +28,10 @@ def _up_text(result: dict[str, Any]) -> str:
         f"federation {result['federation']} is up ({result['state_dir']})",
         f"  guardian  grpc {result['guardian']['grpc']}  admin {result['guardian']['admin']}",
         f"            budget {result['guardian']['budget']}",
+        f"            ledger {result['guardian']['ledger']}",
+        f"            in a terminal: capc budget show --ledger {result['guardian']['ledger']}",
         f"            dashboard {result['guardian']['dashboard']}#token=<admin token>",
-        f"            in a terminal: capc budget watch --local {result['state_dir']}",
+        f"            live: capc budget watch --local {result['state_dir']}",
         f"  student   grpc {result['student']['grpc']}  admin {result['student']['admin']}",
         f"            progress {result['student']['progress']}",
     ]
@@ -37,7 +39,7 @@ def _up_text(result: dict[str, Any]) -> str:
     lines += [
         f'  admin token: {result["admin_token_file"]}  (curl -H "Authorization: Bearer $(cat FILE)" URL)',
         f"  logs: {result['logs']}",
-        "stop it with `capc local down`",
+        f"stop it with `capc local down --state-dir {result['state_dir']}`",
     ]
     return "\n".join(lines)
 
@@ -125,7 +127,8 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
     "--teacher-cap",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Each party's local ε cap [default: 3 × ε].",
+    help="Each party's local ε cap [default: the worst case of every batch the federation's ε can admit, "
+    "so the cap never stops a party before the federation's own limit; see docs/operations.md].",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -147,13 +150,23 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
 @format_option
 def up(state_dir: Path, ready_timeout: float, fmt: str, **options: Any) -> None:
     """Start the federation (provisioning it first) and print its endpoints once every party is ready."""
+    from click.core import ParameterSource
+
     from capc_services.local.federation import up as local_up
     from capc_services.local.provision import LocalOptions
 
+    context = click.get_current_context()
+    # Only what the user asked for is checked against a federation being resumed; defaults are no requests.
+    given = {
+        name
+        for name in options
+        if context.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    }
     options["mechanism_params"] = _mechanism_params(options["mechanism_params"])
     result = local_up(
         state_dir,
         LocalOptions(**options),
+        given=given,
         say=lambda line: click.echo(line, err=True),
         ready_timeout=ready_timeout,
     )
@@ -179,6 +192,7 @@ def _status_text(result: dict[str, Any]) -> str:
         lines.append(
             f"  student: {progress['state']}, {progress.get('queries', 0)} queries asked, "
             f"{progress.get('answered', 0)} answered"
+            + (f"; waiting {progress['waiting']}" if progress.get("waiting") else "")
             + (f"; error: {progress['error']}" if progress.get("error") else "")
         )
     return "\n".join(lines)
@@ -215,4 +229,12 @@ def down(state_dir: Path, purge: bool, fmt: str) -> None:
     """Stop the processes `capc local up` started (SIGTERM, then SIGKILL after 15 s)."""
     from capc_services.local.federation import down as local_down
 
-    emit(local_down(state_dir, purge=purge), fmt)
+    emit(local_down(state_dir, purge=purge), fmt, _down_text)
+
+
+def _down_text(result: dict[str, Any]) -> str:
+    stopped = [f"{party} {outcome}" for party, outcome in result["processes"].items()]
+    lines = [f"federation in {result['state_dir']}: " + (", ".join(stopped) or "no process recorded")]
+    if result["purged"]:
+        lines.append(f"deleted {result['state_dir']} (ledger, labels, certificates, logs)")
+    return "\n".join(lines)

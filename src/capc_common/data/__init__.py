@@ -1,4 +1,5 @@
-"""Real datasets and their partitions: Fashion-MNIST, scikit-learn digits, a site's own IDX/npz/image folder.
+"""Real datasets and their partitions: Fashion-MNIST, scikit-learn digits, a site's own IDX/npz/image folder
+(and ``import_images``/``write_npz``, which turn a site's image folder or CSV into its ``.npz``).
 
 Front door::
 
@@ -11,13 +12,15 @@ from capc_common.data.catalog import DATASET_NAMES, FASHION_MNIST_CLASSES, load_
 from capc_common.data.dataset import Dataset
 from capc_common.data.files import load_image_folder, load_npz
 from capc_common.data.idx import load_idx, read_idx
-from capc_common.data.partition import PARTITION_SCHEMES, partition, site_part
+from capc_common.data.importer import import_images, write_npz
+from capc_common.data.partition import PARTITION_SCHEMES, partition, site_part, site_parts
 
 __all__ = [
     "DATASET_NAMES",
     "FASHION_MNIST_CLASSES",
     "PARTITION_SCHEMES",
     "Dataset",
+    "import_images",
     "load_dataset",
     "load_idx",
     "load_image_folder",
@@ -25,4 +28,6 @@ __all__ = [
     "partition",
     "read_idx",
     "site_part",
+    "site_parts",
+    "write_npz",
 ]

@@ -8,6 +8,7 @@ message is an operator at a teacher site, not the author of this code.
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy.typing as npt
 from capc_common.data.dataset import Dataset
 from capc_common.errors import InputError
 
-__all__ = ["IMAGE_SUFFIXES", "load_image_folder", "load_npz"]
+__all__ = ["IMAGE_SUFFIXES", "decode_images", "image_folder_files", "load_image_folder", "load_npz"]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 _GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
@@ -119,6 +120,80 @@ def _class_dirs(root: Path) -> list[Path]:
     return dirs
 
 
+def image_folder_files(root: str | Path, *, split: str = "train") -> tuple[list[tuple[Path, str]], Path]:
+    """The images of ``root/<class>/<image>.{png,jpg,jpeg}`` (or ``root/<split>/<class>/...``), each with
+    its class folder's name, in sorted order; and the folder the classes are in.
+
+    Raises:
+        InputError: missing folder, no class folders, or an empty class folder.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(
+            f"image folder {root} does not exist (expected a directory with one folder per class)"
+        )
+    if (root / split).is_dir():
+        root = root / split
+    elif split != "train":
+        raise InputError(f"image folder {root} has no {split!r} sub-folder (expected {root / split})")
+    files: list[tuple[Path, str]] = []
+    for folder in _class_dirs(root):
+        found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not found:
+            raise InputError(
+                f"class folder {folder} holds no images "
+                f"(expected files ending in {', '.join(IMAGE_SUFFIXES)})"
+            )
+        files.extend((p, folder.name) for p in found)
+    return files, root
+
+
+def decode_images(
+    paths: Sequence[Path], *, size: tuple[int, int, int] | None = None
+) -> npt.NDArray[np.uint8]:
+    """Decode image files into one uint8 ``(N, H, W, C)`` array.
+
+    Args:
+        paths: PNG or JPEG files.
+        size: ``(height, width, channels)`` to convert every image to (resized, then made grey or RGB);
+            None: keep their size, which must be the same for all, and make them RGB if any has colour
+            (grey images are replicated), otherwise grey.
+
+    Raises:
+        InputError: an unreadable image, or (without ``size``) images of different sizes.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    opened: list[Image.Image] = []
+    for path in paths:
+        try:
+            with Image.open(path) as handle:
+                handle.load()
+                opened.append(handle.copy())
+        except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
+            raise InputError(f"image {path} cannot be decoded ({exc}); replace or remove the file") from exc
+    if size is not None:
+        height, width, channels = size
+        mode = "L" if channels == 1 else "RGB"
+        pixels = [
+            np.asarray(img.convert(mode).resize((width, height), Image.Resampling.LANCZOS), dtype=np.uint8)
+            for img in opened
+        ]
+        return np.stack(pixels).reshape(len(pixels), height, width, channels)
+    colour = any(img.mode not in _GREY_MODES for img in opened)
+    first = opened[0].size if opened else (0, 0)
+    arrays = []
+    for path, img in zip(paths, opened, strict=True):
+        if img.size != first:
+            raise InputError(
+                f"image {path} is {img.size[0]}x{img.size[1]} (WxH) but {paths[0]} is {first[0]}x{first[1]}; "
+                "all images must have the same size — resize them first (`capc data import --resize`)"
+            )
+        arr = np.asarray(img.convert("RGB" if colour else "L"), dtype=np.uint8)
+        arrays.append(arr if colour else arr[..., np.newaxis])
+    return np.stack(arrays)
+
+
 def load_image_folder(root: str | Path, *, split: str = "train") -> Dataset:
     """Load ``root/<class>/<image>.{png,jpg,jpeg}`` (or ``root/<split>/<class>/...`` when present).
 
@@ -129,51 +204,12 @@ def load_image_folder(root: str | Path, *, split: str = "train") -> Dataset:
         InputError: missing folder, no class folders, an empty class folder, an unreadable image, or images
             of different sizes.
     """
-    from PIL import Image, UnidentifiedImageError
-
-    root = Path(root)
-    if not root.is_dir():
-        raise InputError(
-            f"image folder {root} does not exist (expected a directory with one folder per class)"
-        )
-    if (root / split).is_dir():
-        root = root / split
-    elif split != "train":
-        raise InputError(f"image folder {root} has no {split!r} sub-folder (expected {root / split})")
-    classes = _class_dirs(root)
-    files: list[tuple[Path, int]] = []
-    for label, folder in enumerate(classes):
-        found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-        if not found:
-            raise InputError(
-                f"class folder {folder} holds no images "
-                f"(expected files ending in {', '.join(IMAGE_SUFFIXES)})"
-            )
-        files.extend((p, label) for p in found)
-    opened: list[Image.Image] = []
-    for path, _ in files:
-        try:
-            with Image.open(path) as handle:
-                handle.load()
-                opened.append(handle.copy())
-        except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
-            raise InputError(f"image {path} cannot be decoded ({exc}); replace or remove the file") from exc
-    colour = any(img.mode not in _GREY_MODES for img in opened)
-    size = opened[0].size
-    pixels = []
-    for (path, _), img in zip(files, opened, strict=True):
-        if img.size != size:
-            raise InputError(
-                f"image {path} is {img.size[0]}x{img.size[1]} (WxH) but {files[0][0]} is "
-                f"{size[0]}x{size[1]}; "
-                "all images must have the same size — resize them first"
-            )
-        arr = np.asarray(img.convert("RGB" if colour else "L"), dtype=np.uint8)
-        pixels.append(arr if colour else arr[..., np.newaxis])
+    files, root = image_folder_files(root, split=split)
+    names = tuple(sorted({name for _, name in files}))
     return Dataset(
-        images=np.stack(pixels),
-        labels=np.asarray([label for _, label in files], dtype=np.int64),
-        num_classes=len(classes),
-        class_names=tuple(d.name for d in classes),
+        images=decode_images([path for path, _ in files]),
+        labels=np.asarray([names.index(name) for _, name in files], dtype=np.int64),
+        num_classes=len(names),
+        class_names=names,
         name=str(root),
     )

@@ -5,7 +5,10 @@ Schemes:
         bytes), ``SHA-256(seed ‖ label ‖ image) mod shards``. Adding or removing one example changes exactly
         one shard and leaves every other shard untouched, so a guarantee stated for neighbouring datasets
         that differ by *adding or removing* one example holds end to end (one example moves one teacher).
-        Shard sizes vary (multinomial); identical examples land in the same shard. The default for teachers.
+        Shard sizes vary (multinomial) and a shard may be short or even empty — refusing then would make
+        whether a party trains at all hinge on one example; its teacher abstains instead
+        (:func:`capc_common.learn.short_shards`). Identical examples land in the same shard. The default
+        for teachers.
     ``iid``: a seeded permutation cut into shards whose sizes differ by at most one. Adding or removing an
         example re-deals every shard, so with this scheme ε holds for the *replace-one* relation only.
     ``imbalanced``: every shard is class-imbalanced with the given ratio. Shard ``k`` favours class
@@ -21,7 +24,9 @@ Schemes:
 hash (its own domain, so a site's part and its teachers' shards are independent), and can keep only a fixed
 fraction of a part: whether an example is selected depends on that example alone, never on how many others
 there are or where it sits in the file, so adding or removing one example changes one site's set by exactly
-that example.
+that example. :func:`site_parts` returns every site's part at once, optionally class-skewed: the hash range
+is cut at thresholds that depend on the example's label, so the skew is a public function of
+``(label, hash)`` and the relation is still add/remove.
 
 Every scheme is disjoint and covering (each index in exactly one shard) and a pure function of
 ``(labels, shards, scheme, seed, parameters)`` (``hash`` also of the images): the randomness is a seeded
@@ -32,13 +37,14 @@ Every scheme is disjoint and covering (each index in exactly one shard) and a pu
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 import numpy.typing as npt
 
 from capc_common.errors import InputError
 
-__all__ = ["NEIGHBOURING", "PARTITION_SCHEMES", "partition", "site_part"]
+__all__ = ["NEIGHBOURING", "PARTITION_SCHEMES", "partition", "site_part", "site_parts"]
 
 PARTITION_SCHEMES = ("hash", "iid", "imbalanced", "dirichlet")
 #: The neighbouring relation under which one example moves one shard, per scheme.
@@ -131,16 +137,79 @@ def site_part(
         raise InputError(f"site part {part} is outside [0, {parts})")
     if not 0 < fraction <= 1:
         raise InputError(f"fraction must be in (0, 1], got {fraction}")
-    if not 0 <= seed < 2**64:
-        raise InputError(f"the split's seed must be in [0, 2^64), got {seed}")
+    key = _site_key(seed)
     y = np.asarray(labels).astype(np.int64)
     if parts == 1 and fraction == 1:
         return np.arange(len(y), dtype=np.int64)
-    key = _SITE_DOMAIN + int(seed).to_bytes(8, "big", signed=False)
     low = part * _HASH_RANGE
     high = low + int(fraction * _HASH_RANGE)
     hashes = _content_hashes(np.asarray(images), y, key=key)
     return np.asarray([i for i, h in enumerate(hashes) if low <= h * parts < high], dtype=np.int64)
+
+
+def _site_key(seed: int) -> bytes:
+    """The site split's hash key: its domain and the 8-byte seed."""
+    if not 0 <= seed < 2**64:
+        raise InputError(f"the split's seed must be in [0, 2^64), got {seed}")
+    return _SITE_DOMAIN + int(seed).to_bytes(8, "big", signed=False)
+
+
+def site_parts(
+    images: npt.ArrayLike,
+    labels: npt.ArrayLike,
+    *,
+    parts: int,
+    seed: int,
+    imbalance_ratio: float | None = None,
+) -> list[npt.NDArray[np.int64]]:
+    """Every site's part at once (ascending indices), each example placed by its label and site hash alone.
+
+    With ``h`` the hash of :func:`site_part` and no ``imbalance_ratio``, example ``i`` goes to the part ``k``
+    with ``k·2^64 ≤ h·parts < (k+1)·2^64``: part ``k`` is exactly ``site_part(part=k, parts=parts)``. With an
+    ``imbalance_ratio`` ``r``, an example of class ``c`` goes to part ``k`` with probability (over the hash)
+    proportional to ``r^(−((c − k) mod parts)/(parts − 1))`` — the class's hash range is cut at thresholds
+    that depend on ``c`` only — so part ``k`` favours the classes ``c ≡ k (mod parts)`` and, for balanced
+    classes and as many parts as classes, its most and least frequent classes differ by ``r`` in expectation
+    (the skew of :func:`partition`'s ``imbalanced`` scheme). Either way each example's part is a public
+    function of ``(its label, its hash)``: adding or removing one example changes exactly one part, by that
+    example (:data:`NEIGHBOURING` ``["hash"]``). Part sizes vary (multinomial); a part may be empty.
+
+    Args:
+        images: the examples' images ``(N, ...)`` (their bytes are hashed).
+        labels: their integer labels ``(N,)``.
+        parts: how many sites share the dataset (≥ 1).
+        seed: the split's public seed, in ``[0, 2^64)``.
+        imbalance_ratio: ``r ≥ 1`` for a class-skewed split; None (or 1) for a uniform one.
+
+    Raises:
+        InputError: fewer than one part, a ratio below 1 or not finite, a seed out of range, a negative label,
+            or images and labels of different lengths.
+    """
+    if parts < 1:
+        raise InputError(f"parts must be at least 1, got {parts}")
+    if imbalance_ratio is not None and not (math.isfinite(imbalance_ratio) and imbalance_ratio >= 1):
+        raise InputError(f"imbalance_ratio must be a finite number >= 1, got {imbalance_ratio}")
+    y = np.asarray(labels).astype(np.int64)
+    hashes = np.asarray(_content_hashes(np.asarray(images), y, key=_site_key(seed)), dtype=np.uint64)
+    owner = np.empty(len(y), dtype=np.int64)
+    for cls in np.unique(y):
+        members = y == cls
+        cuts = _thresholds(int(cls), parts, imbalance_ratio)
+        owner[members] = np.searchsorted(cuts, hashes[members], side="right")
+    return [np.flatnonzero(owner == k).astype(np.int64) for k in range(parts)]
+
+
+def _thresholds(cls: int, parts: int, ratio: float | None) -> npt.NDArray[np.uint64]:
+    """The ``parts − 1`` cuts of class ``cls``'s hash range: part ``k`` holds ``[cut_{k−1}, cut_k)``."""
+    if ratio is None or ratio == 1 or parts == 1:
+        # ceil(k · 2^64 / parts): exactly site_part's test k·2^64 ≤ h·parts on integer hashes.
+        cuts = [-(-k * _HASH_RANGE // parts) for k in range(1, parts)]
+    else:
+        rank = (cls - np.arange(parts)) % parts
+        weights = float(ratio) ** (-rank / (parts - 1))
+        edges = np.cumsum(weights / weights.sum())[:-1]
+        cuts = [min(int(e * _HASH_RANGE), _HASH_RANGE - 1) for e in edges]
+    return np.asarray(cuts, dtype=np.uint64)
 
 
 def _deal_by_class(
@@ -173,7 +242,7 @@ def partition(
 
     Args:
         labels: 1-D integer class labels (only their values matter).
-        shards: number of shards (teachers); at most the number of examples.
+        shards: number of shards (teachers); at most the number of examples, except for ``hash``.
         scheme: ``hash``, ``iid``, ``imbalanced`` or ``dirichlet`` (see the module docstring).
         seed: seed of the (public) shuffling randomness; the same seed gives the same shards.
         imbalance_ratio: for ``imbalanced``: most/least frequent class size within a shard, ≥ 1.
@@ -184,7 +253,8 @@ def partition(
         One int64 index array per shard.
 
     Raises:
-        InputError: bad labels, more shards than examples, unknown scheme or a missing/invalid parameter.
+        InputError: bad labels, more shards than examples (but for ``hash``), unknown scheme or a
+            missing/invalid parameter.
     """
     y = np.asarray(labels)
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
@@ -194,7 +264,7 @@ def partition(
     y = y.astype(np.int64)
     if shards < 1:
         raise InputError(f"shards must be at least 1, got {shards}")
-    if shards > len(y):
+    if shards > len(y) and scheme != "hash":
         raise InputError(
             f"cannot split {len(y)} examples into {shards} non-empty shards; use at most {len(y)} shards"
         )
@@ -207,13 +277,7 @@ def partition(
             raise InputError("scheme 'hash' takes neither imbalance_ratio nor alpha")
         if images is None:
             raise InputError("scheme 'hash' needs the images (each example's shard is a hash of its content)")
-        parts = _hash_shards(np.asarray(images), y, shards=shards, seed=seed)
-        if min(len(p) for p in parts) == 0:
-            raise InputError(
-                f"scheme 'hash' left a shard empty for {len(y)} examples and {shards} shards; "
-                "use fewer shards"
-            )
-        return parts
+        return _hash_shards(np.asarray(images), y, shards=shards, seed=seed)
     rng = np.random.default_rng(seed)
     if scheme == "iid":
         if imbalance_ratio is not None or alpha is not None:

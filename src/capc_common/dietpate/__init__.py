@@ -9,15 +9,15 @@ Front door::
 "PATE without public data" baseline through the same stages.
 """
 
-from capc_common.dietpate.accounting import RunBudget, make_budget
+from capc_common.dietpate.accounting import make_budget
 from capc_common.dietpate.cache import FeatureCache
 from capc_common.dietpate.config import RunConfig, load_config
-from capc_common.dietpate.pipeline import Prepared, next_batch, prepare, run
+from capc_common.dietpate.pipeline import Prepared, next_batch, prepare
+from capc_common.dietpate.stages import run
 
 __all__ = [
     "FeatureCache",
     "Prepared",
-    "RunBudget",
     "RunConfig",
     "load_config",
     "make_budget",

@@ -46,7 +46,8 @@ class DatasetSection(_Section):
 
     ``validation`` images are held out of the *training* split (never the test split) so that
     hyper-parameters can be tuned without touching the test set; ``evaluate_on: validation`` then reports
-    accuracy on them instead of the test set.
+    accuracy on them instead of the test set. Such tuning is a release of the protected training data that
+    the run's ε does not cover (Papernot & Steinke 2022); the report's ``not_private`` says so.
     """
 
     name: str = "fashion-mnist"
@@ -237,6 +238,9 @@ class RunConfig(_Section):
     output: str = "runs/dietpate"
     plots: bool = True
     save_teachers: bool = False
+    #: Also report figures computed from the *noiseless* votes (agreement of the released labels with the
+    #: plurality, the teachers' consensus on the queries and its plot), marked NOT PRIVATE: research only.
+    diagnostics: bool = False
 
     @model_validator(mode="after")
     def _batches(self) -> Self:
@@ -261,11 +265,14 @@ class RunConfig(_Section):
         teachers: int | None = None,
         seed: int | None = None,
         output: str | None = None,
+        diagnostics: bool | None = None,
     ) -> RunConfig:
         """A copy with the CLI overrides applied and re-validated."""
         data = self.model_dump()
         if output is not None:
             data["output"] = output
+        if diagnostics is not None:
+            data["diagnostics"] = diagnostics
         if epsilon is not None:
             data["budget"]["epsilon"] = epsilon
         if teachers is not None:

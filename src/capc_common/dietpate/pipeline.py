@@ -9,40 +9,44 @@ its part z1_s of the threshold noise). With the same seed for both sources a fed
 the same labels, query by query.
 
 :func:`prepare` performs every check that can fail on bad input (unknown dataset or generator, backbone and
-image shapes, more teachers than samples, shards smaller than a BatchNorm chunk, a budget that cannot pay
-for one batch) before any expensive work; :func:`run` then executes the stages and returns the report.
+image shapes, more teachers than samples (a position-based partition), a budget that cannot pay
+for one batch) before any expensive work; :func:`capc_common.dietpate.run` then executes the stages
+(:mod:`capc_common.dietpate.stages`) and returns the report.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.aggregation import UNANSWERED, MechanismNoise, mechanism_noise
-from capc_common.dietpate.accounting import RunBudget, make_budget
-from capc_common.dietpate.cache import FeatureCache, digest_indices
+from capc_common.aggregation import MechanismNoise, mechanism_noise
+from capc_common.dietpate.accounting import make_budget
+from capc_common.dietpate.cache import digest_indices
 from capc_common.dietpate.config import RunConfig
+from capc_common.dietpate.report import finite
 from capc_common.errors import InputError
 from capc_common.learn.featurizers import BackboneFeaturizer, Featurizer, PixelFeaturizer
+from capc_common.learn.teachers import short_shards
+from capc_common.mechanisms import UNANSWERED
 
 if TYPE_CHECKING:
     from capc_common.data import Dataset
     from capc_common.mechanisms import SelectionMechanism
     from capc_common.models import Backbone
+    from capc_common.privacy.budget import RunBudget
 
-__all__ = ["CurvePoint", "Prepared", "curve_prefixes", "curve_targets", "next_batch", "prepare", "run"]
+__all__ = ["CurvePoint", "Prepared", "curve_prefixes", "curve_targets", "next_batch", "prepare", "run_noise"]
 
 Log = Callable[[str], None]
 
 
-def _quiet(_: str) -> None:
+def quiet(_: str) -> None:
     """Default logger: say nothing."""
 
 
@@ -127,12 +131,13 @@ def _load_backbone(name: str, shape: tuple[int, int, int], sha256: str | None) -
     return backbone
 
 
-def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
+def prepare(config: RunConfig, *, log: Log = quiet) -> Prepared:
     """Validate a run end to end and load what it needs, before any expensive stage.
 
     Raises:
         InputError: unknown dataset, generator or backbone; backbone/data shape mismatch; more teachers than
-            samples; a shard smaller than one BatchNorm chunk; an evaluation set smaller than the evaluation
+            samples under a position-based partition (under ``hash`` a shard shorter than one BatchNorm chunk
+            makes its teacher abstain, never the run refuse); an evaluation set smaller than the evaluation
             chunk; a budget too small for one batch.
     """
     from capc_common.data import partition
@@ -146,7 +151,7 @@ def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
     h, w, c = (int(v) for v in train.images.shape[1:])
     shape = (h, w, c)
     t = config.teachers
-    if t.count > len(train.labels):
+    if t.partition != "hash" and t.count > len(train.labels):
         raise InputError(
             f"{t.count} teachers but only {len(train.labels)} training images: every teacher needs its own "
             f"data; use at most {len(train.labels) // config.backbone.bn_batch} teachers with bn_batch "
@@ -161,14 +166,14 @@ def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
         alpha=t.alpha,
         images=train.images if t.partition == "hash" else None,
     )
-    smallest = min(len(s) for s in shards)
-    if smallest < config.backbone.bn_batch:
-        raise InputError(
-            f"the smallest of {t.count} teacher shards holds {smallest} images, fewer than one BatchNorm "
-            f"chunk (bn_batch {config.backbone.bn_batch}); use fewer teachers (`capc federation plan "
-            f"--examples {len(train.labels)} --bn-batch {config.backbone.bn_batch} --classes C --epsilon E` "
-            "proposes a count whose shards all hold "
-            "one chunk) or lower bn_batch"
+    short = short_shards(shards, bn_batch=config.backbone.bn_batch)
+    if short:
+        # Not refused: whether the run trains must not hinge on one example; a short shard's teacher abstains.
+        log(
+            f"warning: {len(short)} of {t.count} teacher shards hold fewer than one BatchNorm chunk "
+            f"({config.backbone.bn_batch} images): those teachers abstain (a fixed vote); `capc federation "
+            f"plan --examples {len(train.labels)} --bn-batch {config.backbone.bn_batch} --classes C "
+            "--epsilon E` proposes a count whose shards all hold one chunk"
         )
     eval_chunk = config.student.eval_bn_batch
     if len(evaluation.labels) < eval_chunk:
@@ -214,7 +219,8 @@ def prepare(config: RunConfig, *, log: Log = _quiet) -> Prepared:
     )
 
 
-def _noise(config: RunConfig) -> tuple[MechanismNoise, str]:
+def run_noise(config: RunConfig) -> tuple[MechanismNoise, str]:
+    """The run's two noise sources (the guardian's and the student's, as in a federation) and their kind."""
     seed = config.mechanism.noise_seed
     noise = mechanism_noise(seed=seed)  # the guardian's and the student's sources, as in a federation
     if seed is None:
@@ -231,7 +237,7 @@ class QueryLog:
         histograms: vote histograms ``(Q, c)``.
         labels: released labels ``(Q,)``, −1 where unanswered.
         batch_ends: cumulative query count after each batch.
-        batch_epsilon: rigorous ε spent after each batch.
+        batch_epsilon: ε spent after each batch (the filter's odometer).
         stop_reason: why the stage stopped.
     """
 
@@ -273,7 +279,7 @@ def ask_queries(
     vote: Callable[[npt.NDArray[np.uint8], npt.NDArray[np.float32], int], npt.NDArray[np.int64]],
     *,
     progress: bool,
-    log: Log = _quiet,
+    log: Log = quiet,
 ) -> QueryLog:
     """Run the query stream batch by batch until the budget or ``max_queries`` stops it.
 
@@ -289,7 +295,7 @@ def ask_queries(
     cfg = prep.config
     q = cfg.queries
     shape = prep.train.images.shape[1:]
-    noise, _ = _noise(cfg)
+    noise, _ = run_noise(cfg)
     feats: list[npt.NDArray[np.float32]] = []
     hists: list[npt.NDArray[np.int64]] = []
     labels: list[npt.NDArray[np.int64]] = []
@@ -348,15 +354,15 @@ class CurvePoint:
     """The queries a run stopped at a smaller budget would have asked (one point of accuracy vs ε).
 
     Attributes:
-        target: the budget ε of the replayed run.
-        epsilon: rigorous ε it spent (at its own filter order).
+        target: the budget ε of the replayed run: its guarantee.
+        epsilon_spent: the ε its charges add up to at its own filter order (an odometer, not a guarantee).
         order: that filter's order.
         queries: how many queries (a prefix of the logged stream) it asked.
         epsilon_data_dependent: PATE-2018 data-dependent ε of that prefix (UNSANITISED), if tracked.
     """
 
     target: float
-    epsilon: float
+    epsilon_spent: float
     order: float
     queries: int
     epsilon_data_dependent: float | None
@@ -370,15 +376,15 @@ def curve_targets(config: RunConfig) -> list[float]:
     return sorted({*(p for p in points if p <= eps), eps})
 
 
-def curve_prefixes(prep: Prepared, log_: QueryLog, *, log: Log = _quiet) -> list[CurvePoint]:
+def curve_prefixes(prep: Prepared, log_: QueryLog, *, log: Log = quiet) -> list[CurvePoint]:
     """For each curve budget, replay the logged batches through *that* budget's own Rényi filter.
 
     Each point is exactly the run the pipeline would have made with ``budget.epsilon`` set to the target:
     its own automatically planned order, the same worst-case admission and tail shrinking (a shrunk batch
     asks the first queries of the logged one, whose labels have the same distribution), stopping where
-    its filter stops (or where the logged run ended). So every point's ε is rigorous on its own — unlike
-    cutting the run's log wherever its running ε first exceeds a target, a data-dependent choice made
-    at the wrong order. A target that cannot pay for one batch is skipped.
+    its filter stops (or where the logged run ended). So every point's target is a guarantee on its own —
+    unlike cutting the run's log wherever its running ε first exceeds a target, a data-dependent choice
+    made at the wrong order. A target that cannot pay for one batch is skipped.
     """
     cfg = prep.config
     smallest = cfg.backbone.bn_batch if cfg.queries.shrink_tail else cfg.queries.batch_size
@@ -403,33 +409,13 @@ def curve_prefixes(prep: Prepared, log_: QueryLog, *, log: Log = _quiet) -> list
         points.append(
             CurvePoint(
                 target=target,
-                epsilon=budget.epsilon,
+                epsilon_spent=budget.epsilon,
                 order=budget.filter.order,
                 queries=first,
                 epsilon_data_dependent=finite(budget.epsilon_data_dependent(cfg.budget.delta)),
             )
         )
     return points
-
-
-def run(
-    config: RunConfig, *, cache_dir: str | Path | None = None, progress: bool = False, log: Log = _quiet
-) -> dict[str, Any]:
-    """Run the whole central pipeline and write its outputs into ``config.output``.
-
-    Args:
-        config: the validated configuration.
-        cache_dir: feature cache directory (``None``: compute everything).
-        progress: show progress bars on stderr.
-        log: receives one line per stage.
-
-    Returns:
-        The report (also written to ``report.json`` in the output directory).
-    """
-    from capc_common.dietpate.stages import execute
-
-    prep = prepare(config, log=log)
-    return execute(prep, cache=FeatureCache(cache_dir), progress=progress, log=log)
 
 
 def split_answered(
@@ -446,8 +432,3 @@ def shard_digest(prep: Prepared) -> str:
     return digest_indices(
         np.concatenate([np.asarray(s) for s in prep.shards] + [np.array([len(prep.shards)])])
     )
-
-
-def finite(value: float | None) -> float | None:
-    """``None`` for a missing or non-finite number (JSON has no infinity)."""
-    return None if value is None or not math.isfinite(value) else float(value)

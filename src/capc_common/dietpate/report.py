@@ -2,17 +2,23 @@
 
 Files in the output directory: ``report.json``; ``labels.npz`` (``label``: the released label of every query
 asked, in stream order, −1 where unanswered; ``batch_end``: cumulative query count after each batch);
-``student.safetensors`` + ``student.card.json``; ``accuracy_vs_epsilon.png`` and ``consensus.png``.
+``student.safetensors`` + ``student.card.json``; ``accuracy_vs_epsilon.png``; with ``diagnostics`` also
+``consensus-NOT-PRIVATE.png``.
 
 JSON keys (stable; others rely on them): ``student_accuracy``, ``mean_teacher_accuracy``,
-``best_teacher_accuracy``, ``queries``, ``answered``, ``epsilon`` (rigorous, data-independent, at the
-filter's order), ``delta``, ``epsilon_data_dependent`` (PATE-2018, UNSANITISED: depends on the private
-histograms), ``seconds`` (per stage and total), plus details (``ensemble_accuracy``, ``curve``, ...).
+``best_teacher_accuracy``, ``queries``, ``answered``, ``epsilon`` (the guarantee: the Rényi filter's limit),
+``epsilon_spent`` (the realised data-independent charge at the filter's order: an odometer, not a guarantee),
+``delta``, ``epsilon_data_dependent`` (PATE-2018, UNSANITISED: depends on the private histograms),
+``seconds`` (per stage and total), plus details (``ensemble_accuracy``, ``curve``, ...).
+
+What is not differentially private says so: the teachers' own accuracies (``not_private``), and, only with
+``diagnostics``, the figures computed from the noiseless votes (``diagnostics_NOT_PRIVATE``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -22,18 +28,33 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.aggregation import UNANSWERED
 from capc_common.data.partition import NEIGHBOURING
+from capc_common.mechanisms import UNANSWERED
+from capc_common.privacy.claims import CURRENT_STATISTICS, FILTER_GUARANTEE, FILTER_ODOMETER, accountant
 
 if TYPE_CHECKING:
     from capc_common.dietpate.config import RunConfig
     from capc_common.dietpate.pipeline import Prepared, QueryLog
 
-__all__ = ["finish_report", "plot_consensus", "plot_curve", "write_json"]
+__all__ = ["finish_report", "finite", "plot_consensus", "plot_curve", "write_json"]
 
 UNSANITISED = (
     "PATE-2018 data-dependent ε computed from the private vote histograms; it is not itself differentially "
     "private (no smooth sensitivity applied) and is reported for comparison with the literature only"
+)
+NOT_PRIVATE_TEACHERS = (
+    "NOT PRIVATE: mean_teacher_accuracy, best_teacher_accuracy and ensemble_accuracy (and their lines in "
+    "accuracy_vs_epsilon.png) evaluate the teachers without noise; research figures, never publish them with "
+    "the student. The DP outputs are the released labels and the student"
+)
+NOT_PRIVATE_VALIDATION = (
+    "; student_accuracy and the curve's accuracies too: they are measured on the validation hold-out of the "
+    "protected training data, and choosing anything by them is a release no epsilon here accounts for "
+    "(Papernot & Steinke 2022)"
+)
+NOT_PRIVATE_DIAGNOSTICS = (
+    "NOT PRIVATE: computed from the noiseless vote histograms of the private teachers (--diagnostics); "
+    "research figures, never publish them"
 )
 
 
@@ -46,6 +67,11 @@ def _neighbouring(cfg: RunConfig) -> str:
     if cut and cfg.teachers.partition == "hash":
         return "none per example (dataset.validation/train_limit cut the data by position: development only)"
     return NEIGHBOURING[cfg.teachers.partition]
+
+
+def finite(value: float | None) -> float | None:
+    """``None`` for a missing or non-finite number (JSON has no infinity)."""
+    return None if value is None or not math.isfinite(value) else float(value)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -64,7 +90,8 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 def plot_curve(
     path: Path, curve: list[dict[str, Any]], *, mean_teacher: float, ensemble: float, title: str
 ) -> None:
-    """Student accuracy against rigorous ε, with the mean single teacher and the noiseless ensemble."""
+    """Student accuracy against the guaranteed ε (each point's filter limit), with the mean single teacher and
+    the noiseless ensemble (NOT PRIVATE: research lines)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,10 +99,22 @@ def plot_curve(
 
     fig, ax = plt.subplots(figsize=(6, 4))
     if curve:
-        ax.plot([c["epsilon"] for c in curve], [c["student_accuracy"] for c in curve], "o-", label="student")
-    ax.axhline(mean_teacher, color="tab:gray", ls="--", label=f"mean single teacher ({mean_teacher:.3f})")
-    ax.axhline(ensemble, color="tab:green", ls=":", label=f"teacher ensemble, no noise ({ensemble:.3f})")
-    ax.set_xlabel("rigorous ε (data-independent, δ fixed)")
+        ax.plot(
+            [c["epsilon_target"] for c in curve],
+            [c["student_accuracy"] for c in curve],
+            "o-",
+            label="student",
+        )
+    ax.axhline(
+        mean_teacher,
+        color="tab:gray",
+        ls="--",
+        label=f"mean single teacher ({mean_teacher:.3f}, NOT PRIVATE)",
+    )
+    ax.axhline(
+        ensemble, color="tab:green", ls=":", label=f"teacher ensemble, no noise ({ensemble:.3f}, NOT PRIVATE)"
+    )
+    ax.set_xlabel("guaranteed ε (the Rényi filter's limit, δ fixed)")
     ax.set_ylabel("accuracy")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -94,7 +133,8 @@ def plot_consensus(
     threshold_fraction: float | None,
     title: str,
 ) -> None:
-    """Histogram of teacher consensus (top vote / teachers) on queries, answered or not, and on real data."""
+    """Histogram of teacher consensus (top vote / teachers) on queries, answered or not, and on real data:
+    computed from the noiseless votes, so drawn only for ``diagnostics`` and titled NOT PRIVATE."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,13 +157,54 @@ def plot_consensus(
         ax.axvline(threshold_fraction, color="k", ls="--", label="threshold T / teachers")
     ax.set_xlabel("consensus: top vote count / number of teachers")
     ax.set_ylabel("synthetic queries")
-    ax.set_title(title)
+    ax.set_title(f"NOT PRIVATE (noiseless votes): {title}", fontsize=9)
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     names = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
     ax.legend(handles, names, loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _diagnostics(
+    report: dict[str, Any],
+    prep: Prepared,
+    *,
+    qlog: QueryLog,
+    eval_hist: npt.NDArray[np.int64],
+    title: str,
+) -> list[str]:
+    """Add the figures of the noiseless votes to ``report`` under ``diagnostics_NOT_PRIVATE`` (and draw their
+    plot, ``consensus-NOT-PRIVATE.png``, when plots are on); returns the files written."""
+    cfg = prep.config
+    teachers = cfg.teachers.count
+    labels = qlog.labels
+    answered = labels != UNANSWERED
+    plurality = qlog.histograms.argmax(axis=1) if len(labels) else np.zeros(0, np.int64)
+    report["diagnostics_NOT_PRIVATE"] = {
+        "note": NOT_PRIVATE_DIAGNOSTICS,
+        "label_agreement_with_plurality": float(np.mean(labels[answered] == plurality[answered]))
+        if answered.any()
+        else None,
+        "query_consensus_mean": float(np.mean(qlog.histograms.max(axis=1)) / teachers)
+        if len(labels)
+        else None,
+    }
+    if not cfg.plots:
+        return []
+    m = cfg.mechanism
+    path = Path(cfg.output) / "consensus-NOT-PRIVATE.png"
+    plot_consensus(
+        path,
+        qlog.histograms.max(axis=1) / teachers if len(labels) else np.zeros(0),
+        answered,
+        eval_hist.max(axis=1) / teachers,
+        threshold_fraction=m.threshold / teachers
+        if m.name == "confident-gnmax" and m.threshold is not None
+        else None,
+        title=title,
+    )
+    return [str(path)]
 
 
 def finish_report(
@@ -136,23 +217,23 @@ def finish_report(
     timings: dict[str, float],
     extra: dict[str, Any],
     save_student: Callable[[Path, dict[str, Any]], list[str]] | None,
+    noise_kind: str,
     details: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble the report, save the student with its model card, draw the plots, write ``report.json``."""
-    from capc_common.dietpate.pipeline import _noise, finite
+    """Assemble the report, save the student with its model card, draw the plots, write ``report.json``.
 
+    ``noise_kind`` says where the run's noise came from (the system CSPRNG, or a seeded stream).
+    """
     cfg = prep.config
     out = Path(cfg.output)
     budget = prep.budget
     teachers = cfg.teachers.count
     labels = qlog.labels
     answered = labels != UNANSWERED
-    plurality = qlog.histograms.argmax(axis=1) if len(labels) else np.zeros(0, np.int64)
     eval_plurality = eval_hist.argmax(axis=1)
     ensemble_accuracy = float(np.mean(eval_plurality == prep.evaluation.labels))
     final = curve[-1]["student_accuracy"] if curve else None
     eps_dd = budget.epsilon_data_dependent(cfg.budget.delta)
-    _, noise_kind = _noise(cfg)
     m = cfg.mechanism
     report: dict[str, Any] = {
         "name": cfg.name,
@@ -164,12 +245,15 @@ def finish_report(
         "ensemble_accuracy": ensemble_accuracy,
         "queries": len(labels),
         "answered": int(answered.sum()),
-        "epsilon": budget.epsilon,
+        "epsilon": cfg.budget.epsilon,
+        "epsilon_note": FILTER_GUARANTEE,
+        "epsilon_spent": budget.epsilon,
+        "epsilon_spent_note": FILTER_ODOMETER,
         "delta": cfg.budget.delta,
         "neighbouring": _neighbouring(cfg),
-        "epsilon_budget": cfg.budget.epsilon,
         "epsilon_data_dependent": finite(eps_dd),
         "epsilon_data_dependent_note": UNSANITISED,
+        "accountant": accountant(prep.mechanism),
         "accounting": budget.summary(),
         "stop_reason": qlog.stop_reason,
         "evaluated_on": prep.evaluation.name,
@@ -178,12 +262,8 @@ def finish_report(
         "classes": prep.classes,
         "mechanism": m.model_dump(exclude={"noise_seed"}),
         "noise": noise_kind,
-        "label_agreement_with_plurality": float(np.mean(labels[answered] == plurality[answered]))
-        if answered.any()
-        else None,
-        "query_consensus_mean": float(np.mean(qlog.histograms.max(axis=1)) / teachers)
-        if len(labels)
-        else None,
+        "not_private": NOT_PRIVATE_TEACHERS
+        + (NOT_PRIVATE_VALIDATION if cfg.dataset.evaluate_on == "validation" else ""),
         "curve": curve,
         **extra,
         **(details or {}),
@@ -199,9 +279,9 @@ def finish_report(
             "classes": prep.classes,
             "class_names": list(prep.train.class_names),
             "privacy": {
-                "epsilon": budget.epsilon,
+                **{k: report[k] for k in ("epsilon", "epsilon_note", "epsilon_spent", "epsilon_spent_note")},
                 "delta": cfg.budget.delta,
-                "accounting": "data-independent Rényi filter (exact screening + GNMax), improved conversion",
+                "accountant": report["accountant"],
                 "neighbouring": report["neighbouring"],
                 "order": budget.filter.order,
                 "noise": noise_kind,
@@ -218,12 +298,14 @@ def finish_report(
             "inference": {
                 "bn_mode": cfg.backbone.bn_mode,
                 "min_batch": cfg.student.eval_bn_batch,
-                "note": "query in batches of at least eval_bn_batch images (current statistics)",
+                "note": CURRENT_STATISTICS
+                if cfg.backbone.bn_mode == "current"
+                else "running statistics: each image's prediction depends on that image alone",
             },
         }
         files += save_student(out, card)
+    title = f"{cfg.dataset.name}, {teachers} teachers, {cfg.queries.generator}"
     if cfg.plots:
-        title = f"{cfg.dataset.name}, {teachers} teachers, {cfg.queries.generator}"
         plot_curve(
             out / "accuracy_vs_epsilon.png",
             curve,
@@ -231,16 +313,9 @@ def finish_report(
             ensemble=ensemble_accuracy,
             title=title,
         )
-        thr = m.threshold / teachers if m.name == "confident-gnmax" and m.threshold is not None else None
-        plot_consensus(
-            out / "consensus.png",
-            qlog.histograms.max(axis=1) / teachers if len(labels) else np.zeros(0),
-            answered,
-            eval_hist.max(axis=1) / teachers,
-            threshold_fraction=thr,
-            title=title,
-        )
-        files += [str(out / "accuracy_vs_epsilon.png"), str(out / "consensus.png")]
+        files.append(str(out / "accuracy_vs_epsilon.png"))
+    if cfg.diagnostics:
+        files += _diagnostics(report, prep, qlog=qlog, eval_hist=eval_hist, title=title)
     report["files"] = [*files, str(out / "report.json")]
     write_json(out / "report.json", report)
     return report

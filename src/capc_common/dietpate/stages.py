@@ -15,12 +15,16 @@ import numpy as np
 import numpy.typing as npt
 
 from capc_common.dietpate.cache import FeatureCache
+from capc_common.dietpate.config import RunConfig
 from capc_common.dietpate.pipeline import (
     Log,
     Prepared,
     QueryLog,
     ask_queries,
     curve_prefixes,
+    prepare,
+    quiet,
+    run_noise,
     shard_digest,
     split_answered,
 )
@@ -30,7 +34,7 @@ from capc_common.learn.heads import HeadRecipe
 from capc_common.learn.student import StudentFit, accuracy, save_student, train_student
 from capc_common.learn.teachers import TeacherEnsemble, fit_teachers, shard_features
 
-__all__ = ["execute"]
+__all__ = ["execute", "run"]
 
 
 def _recipes(prep: Prepared) -> tuple[HeadRecipe, tuple[HeadRecipe, ...]]:
@@ -55,6 +59,24 @@ def _student(prep: Prepared, qlog: QueryLog, upto: int) -> StudentFit:
         pseudo_weight=s.pseudo_weight,
         seed=prep.config.seed,
     )
+
+
+def run(
+    config: RunConfig, *, cache_dir: str | Path | None = None, progress: bool = False, log: Log = quiet
+) -> dict[str, Any]:
+    """Run the whole central pipeline and write its outputs into ``config.output``.
+
+    Args:
+        config: the validated configuration.
+        cache_dir: feature cache directory (``None``: compute everything).
+        progress: show progress bars on stderr.
+        log: receives one line per stage.
+
+    Returns:
+        The report (also written to ``report.json`` in the output directory).
+    """
+    prep = prepare(config, log=log)
+    return execute(prep, cache=FeatureCache(cache_dir), progress=progress, log=log)
 
 
 def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) -> dict[str, Any]:
@@ -128,7 +150,7 @@ def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) ->
         curve.append(
             {
                 "epsilon_target": point.target,
-                "epsilon": point.epsilon,
+                "epsilon_spent": point.epsilon_spent,
                 "epsilon_data_dependent": point.epsilon_data_dependent,
                 "order": point.order,
                 "queries": point.queries,
@@ -136,7 +158,10 @@ def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) ->
                 "student_accuracy": acc,
             }
         )
-        log(f"student at ε {point.epsilon:.3f} ({answered} labels): accuracy {acc:.4f}")
+        log(
+            f"student at ε {point.target:g} (spent {point.epsilon_spent:.3f}, {answered} labels): "
+            f"accuracy {acc:.4f}"
+        )
     extra: dict[str, Any] = {}
     if fit is not None and cfg.student.eval_running:
         running = eval_features(sfz, "running")
@@ -152,6 +177,7 @@ def execute(prep: Prepared, *, cache: FeatureCache, progress: bool, log: Log) ->
         timings=timings,
         extra=extra,
         save_student=None if fit is None else _saver(prep, fit, ensemble),
+        noise_kind=run_noise(cfg)[1],
         details={
             "featurizer": {"name": fz.name, "sha256": fz.sha256, "bn_mode": mode, "bn_batch": bn},
             "student_selection": None

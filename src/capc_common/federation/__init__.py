@@ -10,6 +10,7 @@ from capc_common.federation.config import (
     GNMaxMechanism,
     Mechanism,
     MechanismConfig,
+    MembershipChange,
     PrivateKNNMechanism,
     PromPATEMechanism,
     Queries,
@@ -30,6 +31,8 @@ from capc_common.federation.costs import (
     selection_config,
     smallest_quorum_heads,
 )
+from capc_common.federation.cover import CapCover, cap_cover, plan_batches
+from capc_common.federation.membership import add_party, membership_change, retire_party
 from capc_common.federation.plan import BatchPlan, batch_plan, usable_queries
 from capc_common.federation.runtime import Runnable, check_runnable, load_shared_backbone, mpc_config
 from capc_common.federation.sizing import MECHANISM_RATIOS, propose, scaled_mechanism
@@ -40,12 +43,14 @@ __all__ = [
     "BatchCosts",
     "BatchPlan",
     "Budget",
+    "CapCover",
     "DPPLMechanism",
     "DPPLPublicMechanism",
     "FederationConfig",
     "GNMaxMechanism",
     "Mechanism",
     "MechanismConfig",
+    "MembershipChange",
     "PrivateKNNMechanism",
     "PromPATEMechanism",
     "Queries",
@@ -55,15 +60,20 @@ __all__ = [
     "Runnable",
     "SecAggDPSGDMechanism",
     "TeacherParty",
+    "add_party",
     "batch_costs",
     "batch_plan",
+    "cap_cover",
     "check_batch_fits",
     "check_party_name",
     "check_runnable",
     "load_shared_backbone",
     "mechanism_of",
+    "membership_change",
     "mpc_config",
+    "plan_batches",
     "propose",
+    "retire_party",
     "sampler_delta",
     "scaled_mechanism",
     "selection_config",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from abc import abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
@@ -32,7 +31,6 @@ from pydantic import (
 from capc_common.errors import InputError
 
 if TYPE_CHECKING:
-    from capc_common.federation.releases import Featuriser, ReleaseProtocol
     from capc_common.learn.prompts import PromptRecipe
     from capc_common.mechanisms import SelectionMechanism
 
@@ -236,17 +234,14 @@ class PrivateKNNMechanism(_MechanismConfig):
 class ReleaseMember(_MechanismConfig):
     """What every release-family member shares: the seeded-noise switch and ``fixed_point_bits`` (None: the
     library's choice for the noise; refused by a member whose contributions are whole counts), both left out
-    of the canonical form when unset."""
+    of the canonical form when unset. Each member's protocol (what the parties run) is built from it by
+    :func:`capc_common.federation.releases.protocol_for`: the config names parameters, it runs nothing."""
 
     _omitted_when_unset: ClassVar[tuple[str, ...]] = ("insecure_noise_seed", "fixed_point_bits")
+    #: Whether contributions are fixed-point encodings (False: whole counts, with no fixed point to lower).
+    fixed_point: ClassVar[bool] = True
 
     fixed_point_bits: int | None = Field(default=None, ge=0, le=40)
-
-    @abstractmethod
-    def protocol(self, *, classes: int, dim: int, featuriser: Featuriser | None = None) -> ReleaseProtocol:
-        """The release protocol every party of the federation runs (see :mod:`.releases`); each member
-        builds its own. ``featuriser`` turns public images into the parties' per-example features (only a
-        member with a public pool needs it)."""
 
 
 class DPPLMechanism(ReleaseMember):
@@ -262,13 +257,6 @@ class DPPLMechanism(ReleaseMember):
     rho: float = Field(gt=0)
     count_share: float = Field(default=0.1, gt=0, lt=1)
     metric: Literal["cosine", "euclidean"] = "euclidean"
-
-    def protocol(self, *, classes: int, dim: int, featuriser: Featuriser | None = None) -> ReleaseProtocol:
-        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
-        from capc_common.federation.releases import PrototypesProtocol
-
-        del featuriser
-        return PrototypesProtocol.of(self, classes=classes, dim=dim)
 
 
 class DPPLPublicMechanism(ReleaseMember):
@@ -286,6 +274,7 @@ class DPPLPublicMechanism(ReleaseMember):
     """
 
     name: Literal["dppl-public"]
+    fixed_point: ClassVar[bool] = False
     rho: float = Field(gt=0)
     per_class: int = Field(default=100, ge=1)
     pool_generator: str = Field(default="shaders", min_length=1)
@@ -309,12 +298,6 @@ class DPPLPublicMechanism(ReleaseMember):
             )
         return self
 
-    def protocol(self, *, classes: int, dim: int, featuriser: Featuriser | None = None) -> ReleaseProtocol:
-        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
-        from capc_common.federation.releases import PublicVotesProtocol
-
-        return PublicVotesProtocol.of(self, classes=classes, dim=dim, featuriser=featuriser)
-
 
 class SecAggDPSGDMechanism(ReleaseMember):
     """Secure-aggregation DP-SGD of a linear head: one release of the noisy clipped gradient sum per round.
@@ -336,13 +319,6 @@ class SecAggDPSGDMechanism(ReleaseMember):
     expected_batch: float = Field(gt=0)
     learning_rate: float = Field(gt=0)
     momentum: float = Field(default=0.9, ge=0, lt=1)
-
-    def protocol(self, *, classes: int, dim: int, featuriser: Featuriser | None = None) -> ReleaseProtocol:
-        """The release protocol every party of the federation runs (see :mod:`.releases`)."""
-        from capc_common.federation.releases import DPSGDProtocol
-
-        del featuriser
-        return DPSGDProtocol.of(self, classes=classes, dim=dim)
 
 
 def _mechanism_name(value: Any) -> str:
@@ -454,6 +430,39 @@ class Revocation(_Frozen):
         return text.lstrip("0") or "0"
 
 
+class MembershipChange(_Frozen):
+    """One earlier membership change this federation continues from (``history:`` in ``federation.yaml``).
+
+    Written by ``capc federation add-party`` / ``retire-party``. The student and each teacher party accept
+    their own records (label store, cap record) written under ``previous`` as this federation's: what they
+    spent before the change still counts. The guardian does not take the file's word for it: it continues
+    its ledger only through the admin-authorised membership entry (``POST /api/v1/membership``).
+
+    Attributes:
+        previous: the config hash before the change.
+        added / retired: teacher parties the change added or retired.
+    """
+
+    previous: str
+    added: tuple[str, ...] = ()
+    retired: tuple[str, ...] = ()
+
+    @field_validator("previous")
+    @classmethod
+    def _hex(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{64}", value):
+            raise ValueError(
+                f"history.previous must be a config hash (64 lowercase hex digits), got {value!r}"
+            )
+        return value
+
+    def describe(self) -> str:
+        """``added hospital-4; retired hospital-2``."""
+        parts = [f"added {', '.join(self.added)}" if self.added else "",
+                 f"retired {', '.join(self.retired)}" if self.retired else ""]  # fmt: skip
+        return "; ".join(p for p in parts if p) or "no party added or retired"
+
+
 def serial_hex(serial: int) -> str:
     """A certificate serial number as ``federation.yaml`` lists it: lowercase hex, no leading zeros."""
     return format(serial, "x")
@@ -464,7 +473,9 @@ class FederationConfig(_Frozen):
 
     ``revoked`` lists certificates the guardian and the student refuse. It is *not* part of
     :meth:`config_hash`: revoking a certificate changes who may connect, not what the federation computes,
-    so the ledger, the label store and every party's cap record carry on under the same hash.
+    so the ledger, the label store and every party's cap record carry on under the same hash. Nor is
+    ``history`` (the membership changes this config continues from, :class:`MembershipChange`): it says
+    which earlier hashes the parties' own records may carry, not what the federation computes.
     """
 
     version: Literal[1] = 1
@@ -479,6 +490,7 @@ class FederationConfig(_Frozen):
     backbone: Backbone
     quorum: Quorum
     revoked: tuple[Revocation, ...] = ()
+    history: tuple[MembershipChange, ...] = ()
 
     _guardian = field_validator("guardian")(check_party_name)
     _student = field_validator("student")(check_party_name)
@@ -550,9 +562,15 @@ class FederationConfig(_Frozen):
         """Serials (normalised hex) of the revoked certificates."""
         return frozenset(r.serial for r in self.revoked)
 
+    @property
+    def previous_hashes(self) -> dict[str, MembershipChange]:
+        """Config hashes this federation continues from (``history``), each with the change that left it."""
+        return {change.previous: change for change in self.history}
+
     def parameters(self) -> dict[str, Any]:
-        """Every parameter the federation computes with (all fields but ``revoked``), as JSON values."""
-        return self.model_dump(mode="json", exclude={"revoked"})
+        """Every parameter the federation computes with (all fields but ``revoked`` and ``history``), as
+        JSON values."""
+        return self.model_dump(mode="json", exclude={"revoked", "history"})
 
     def canonical_json(self) -> str:
         """Deterministic JSON of :meth:`parameters`: sorted keys, no whitespace, plain ASCII."""
@@ -600,5 +618,6 @@ class FederationConfig(_Frozen):
         """Write the config as YAML (atomic: a temporary file renamed into place)."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False))
+        data = self.model_dump(mode="json", exclude=set() if self.history else {"history"})
+        tmp.write_text(yaml.safe_dump(data, sort_keys=False))
         tmp.replace(path)

@@ -16,6 +16,7 @@ publishes their result bit for bit (the differential test).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,13 @@ import numpy as np
 import numpy.typing as npt
 
 from capc_common.errors import InputError
+from capc_common.federation.config import (
+    DPPLMechanism,
+    DPPLPublicMechanism,
+    FederationConfig,
+    ReleaseMember,
+    SecAggDPSGDMechanism,
+)
 from capc_common.mechanisms import (
     DPPrototypes,
     FixedPoint,
@@ -33,12 +41,6 @@ from capc_common.mechanisms import (
 )
 
 if TYPE_CHECKING:
-    from capc_common.federation.config import (
-        DPPLMechanism,
-        DPPLPublicMechanism,
-        FederationConfig,
-        SecAggDPSGDMechanism,
-    )
     from capc_common.models import Backbone
     from capc_common.privacy import NoiseSource
 
@@ -68,11 +70,12 @@ def check_records(config: FederationConfig, records: int) -> None:
     """
     share = MAX_RECORDS // len(config.teachers)
     if records > share:
-        counts = config.mechanism.name == "dppl-public"  # whole counts: no fixed point to lower
+        m = config.mechanism
+        lower = isinstance(m, ReleaseMember) and m.fixed_point  # whole counts have no fixed point to lower
         raise InputError(
             f"this party holds {records} records; a release federation of {len(config.teachers)} parties "
             f"checks its ring for at most {share} per party ({MAX_RECORDS} in all); split the data over more "
-            f"parties{'' if counts else ' or lower mechanism.fixed_point_bits'}"
+            f"parties{' or lower mechanism.fixed_point_bits' if lower else ''}"
         )
 
 
@@ -108,7 +111,6 @@ def protocol_for(config: FederationConfig, *, dim: int, backbone: Backbone | Non
     Raises:
         InputError: the mechanism is not of the release family, or its releases cost more than the budget.
     """
-    from capc_common.federation.config import ReleaseMember
     from capc_common.privacy.analysis import rdp_budget_at_order
 
     m = config.mechanism
@@ -116,7 +118,7 @@ def protocol_for(config: FederationConfig, *, dim: int, backbone: Backbone | Non
         raise InputError(f"federation {config.name!r} runs {m.name!r}, not a release mechanism")
     q = config.queries
     featuriser = None if backbone is None else Featuriser(backbone, (q.height, q.width, q.channels))
-    protocol = m.protocol(classes=config.classes, dim=dim, featuriser=featuriser)
+    protocol = _PROTOCOLS[type(m)](m, classes=config.classes, dim=dim, featuriser=featuriser)
     # The ring must hold the noisy total of every record the federation could hold (a wrap would corrupt
     # the released model silently); each teacher also refuses a share of more than its part of this bound.
     protocol.mechanism.check_capacity(records=MAX_RECORDS)
@@ -261,8 +263,11 @@ class PrototypesProtocol(OneReleaseProtocol):
         self.metric = metric
 
     @classmethod
-    def of(cls, config: DPPLMechanism, *, classes: int, dim: int) -> PrototypesProtocol:
+    def of(
+        cls, config: DPPLMechanism, *, classes: int, dim: int, featuriser: Featuriser | None = None
+    ) -> PrototypesProtocol:
         """From ``federation.yaml``'s ``dppl`` member and the backbone's feature dimension."""
+        del featuriser
         bits = None if config.fixed_point_bits is None else FixedPoint(config.fixed_point_bits)
         mechanism = DPPrototypes(
             classes=classes, dim=dim, rho=config.rho, count_share=config.count_share, fixed_point=bits
@@ -356,8 +361,11 @@ class DPSGDProtocol(ReleaseProtocol):
         self._velocity = np.zeros_like(self.weights)
 
     @classmethod
-    def of(cls, config: SecAggDPSGDMechanism, *, classes: int, dim: int) -> DPSGDProtocol:
+    def of(
+        cls, config: SecAggDPSGDMechanism, *, classes: int, dim: int, featuriser: Featuriser | None = None
+    ) -> DPSGDProtocol:
         """From ``federation.yaml``'s ``secagg-dpsgd`` member and the backbone's feature dimension."""
+        del featuriser
         bits = None if config.fixed_point_bits is None else FixedPoint(config.fixed_point_bits)
         mechanism = SecureDPSGD(
             classes=classes,
@@ -397,3 +405,12 @@ class DPSGDProtocol(ReleaseProtocol):
     def head(self) -> npt.NDArray[np.float64]:
         """The current head."""
         return self.weights
+
+
+#: The protocol each release member of ``federation.yaml`` runs, built by its ``of`` (the config only names
+#: the parameters; this module runs them).
+_PROTOCOLS: dict[type[ReleaseMember], Callable[..., ReleaseProtocol]] = {
+    DPPLMechanism: PrototypesProtocol.of,
+    DPPLPublicMechanism: PublicVotesProtocol.of,
+    SecAggDPSGDMechanism: DPSGDProtocol.of,
+}

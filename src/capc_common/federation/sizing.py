@@ -3,10 +3,11 @@
 Under the rigorous (data-independent) accounting every answer costs ``λ/σ2²`` whatever the votes, so a
 federation buys answers in proportion to ``σ2²``; vote margins grow with the number of teachers ``k``, so
 noise proportional to ``k`` keeps labels equally clean while the answers grow like ``k²``. The right
-number of teachers is therefore the largest the data allows: every teacher's shard must still hold one
-BatchNorm chunk of ``bn_batch`` images (its statistics come from its own data). Teachers are assigned by a
-content hash (:func:`capc_common.data.partition`, scheme ``hash``), so shard sizes vary; the proposal keeps
-the chance that any shard falls short below 0.1 %.
+number of teachers is therefore the largest the data allows: every teacher's shard should still hold one
+BatchNorm chunk of ``bn_batch`` images (its statistics come from its own data; a shorter shard's teacher
+abstains with a fixed vote, which adds no knowledge). Teachers are assigned by a content hash
+(:func:`capc_common.data.partition`, scheme ``hash``), so shard sizes vary; the proposal keeps the chance
+that any shard falls short below 0.1 %.
 
 The mechanism is scaled as ``T = 0.6 k``, ``σ1 = 0.7 k``, ``σ2 = 0.16 k`` — the ratios chosen on a
 validation split of Fashion-MNIST's training data (docs/dietpate.md, "Choosing the recipe"), which also

@@ -3,7 +3,7 @@
 
 from capc_common.learn.augment import AugmentConfig, augment
 from capc_common.learn.featurizers import BackboneFeaturizer, Featurizer, PixelFeaturizer
-from capc_common.learn.heads import HeadEnsemble, HeadRecipe, train_heads
+from capc_common.learn.heads import HeadEnsemble, HeadRecipe, fixed_votes, train_heads
 from capc_common.learn.pretrain import (
     PretrainConfig,
     PretrainResult,
@@ -13,7 +13,13 @@ from capc_common.learn.pretrain import (
 )
 from capc_common.learn.prompts import PromptedTeachers, PromptRecipe, train_prompted_teachers
 from capc_common.learn.student import StudentFit, accuracy, load_student, save_student, train_student
-from capc_common.learn.teachers import TeacherEnsemble, fit_teachers, shard_features, train_teachers
+from capc_common.learn.teachers import (
+    TeacherEnsemble,
+    fit_teachers,
+    shard_features,
+    short_shards,
+    train_teachers,
+)
 
 __all__ = [
     "AugmentConfig",
@@ -32,11 +38,13 @@ __all__ = [
     "augment",
     "calibrate_training_free",
     "fit_teachers",
+    "fixed_votes",
     "load_student",
     "nt_xent",
     "pretrain",
     "save_student",
     "shard_features",
+    "short_shards",
     "train_heads",
     "train_prompted_teachers",
     "train_student",

@@ -10,12 +10,17 @@ PATE sensitivity argument (one example moves one vote) needs exactly that, and t
 Per-head objective: weighted mean cross-entropy over the head's own examples (optionally label-smoothed)
 plus ``l2/2 · ||W||²`` on the weights (biases are not penalised). How a head is fitted is a
 :class:`HeadRecipe`.
+
+A head may *abstain* (a teacher whose shard is shorter than one BatchNorm chunk, docs/privacy.md): it is not
+fitted and casts the fixed vote :func:`fixed_votes` — one vote per query like any head, so the vote counts
+still sum to the number of heads and one example still moves at most one vote.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -27,11 +32,21 @@ import torch
 from capc_common.errors import InputError
 from capc_common.learn import _optim
 
-__all__ = ["HeadEnsemble", "HeadKind", "HeadRecipe", "train_heads"]
+__all__ = ["HeadEnsemble", "HeadKind", "HeadRecipe", "fixed_votes", "train_heads"]
 
 HeadKind = Literal["linear", "mlp"]
 _FORMAT = "capc-heads-v1"
 _FLOAT64_ELEMENTS = 16_000_000
+
+
+def fixed_votes(head: int, rows: int, *, classes: int) -> npt.NDArray[np.int64]:
+    """The vote of an abstaining head on ``rows`` queries: class ``(head + row) mod classes`` for row ``row``.
+
+    It depends on public positions only (never on data), so a head that switches between voting and
+    abstaining moves one one-hot vote, as any change of one example does; rotating the class by head and row
+    keeps several abstaining heads from piling their votes on one class.
+    """
+    return (head + np.arange(rows, dtype=np.int64)) % classes
 
 
 @dataclass(frozen=True)
@@ -44,12 +59,14 @@ class HeadEnsemble:
         params: named parameter tensors, each with the head index first (float32, CPU).
         classes: number of classes.
         metadata: free-form string metadata stored with the weights (backbone hash, recipe, ...).
+        abstaining: heads that were not fitted (no shard of their own) and cast :func:`fixed_votes`.
     """
 
     kind: HeadKind
     params: dict[str, torch.Tensor]
     classes: int
     metadata: dict[str, str] = field(default_factory=dict)
+    abstaining: tuple[int, ...] = ()
 
     @property
     def heads(self) -> int:
@@ -86,12 +103,15 @@ class HeadEnsemble:
             chunk: rows per forward pass, to bound memory with many heads.
 
         Returns:
-            ``int64`` array ``(heads, N)``: row ``t`` holds head ``t``'s labels.
+            ``int64`` array ``(heads, N)``: row ``t`` holds head ``t``'s labels (:func:`fixed_votes` for an
+            abstaining head).
         """
         x = _as_features(features, dim=self.dim)
         out = np.empty((self.heads, x.shape[0]), dtype=np.int64)
         for start in range(0, x.shape[0], chunk):
             out[:, start : start + chunk] = self.logits(x[start : start + chunk]).argmax(dim=2).numpy()
+        for t in self.abstaining:
+            out[t] = fixed_votes(t, x.shape[0], classes=self.classes)
         return out
 
     def predict_own(
@@ -122,7 +142,8 @@ class HeadEnsemble:
         if not 0 <= index < self.heads:
             raise InputError(f"head index {index} out of range [0, {self.heads})")
         params = {k: v[index : index + 1].clone() for k, v in self.params.items()}
-        return HeadEnsemble(self.kind, params, self.classes, dict(self.metadata))
+        abstaining = (0,) if index in self.abstaining else ()
+        return HeadEnsemble(self.kind, params, self.classes, dict(self.metadata), abstaining)
 
     def save(self, path: str | Path) -> None:
         """Write the heads to a safetensors file (atomically: a temporary file, then a rename)."""
@@ -134,6 +155,7 @@ class HeadEnsemble:
             "kind": self.kind,
             "classes": str(self.classes),
             "user": json.dumps(self.metadata, sort_keys=True),
+            "abstaining": json.dumps(list(self.abstaining)),
         }
         tmp = target.with_name(target.name + ".tmp")
         save_file({k: v.contiguous() for k, v in self.params.items()}, str(tmp), metadata=meta)
@@ -153,7 +175,8 @@ class HeadEnsemble:
         if meta.get("format") != _FORMAT or meta.get("kind") not in ("linear", "mlp"):
             raise InputError(f"{source} is not a capc heads file (format {meta.get('format')!r})")
         kind: HeadKind = "mlp" if meta["kind"] == "mlp" else "linear"
-        return cls(kind, params, int(meta["classes"]), json.loads(meta.get("user", "{}")))
+        abstaining = tuple(int(t) for t in json.loads(meta.get("abstaining", "[]")))
+        return cls(kind, params, int(meta["classes"]), json.loads(meta.get("user", "{}")), abstaining)
 
 
 def read_safetensors(source: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
@@ -282,6 +305,7 @@ def _check(
     *,
     heads: int,
     classes: int,
+    abstain: frozenset[int],
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32]]:
     x = np.asarray(features, dtype=np.float32)
     y = np.asarray(labels)
@@ -298,12 +322,19 @@ def _check(
         raise InputError(f"labels must lie in [0, {classes}), got [{y.min()}, {y.max()}]")
     if own.size and (own.min() < 0 or own.max() >= heads):
         raise InputError(f"owners must lie in [0, {heads}), got [{own.min()}, {own.max()}]")
+    if any(not 0 <= t < heads for t in abstain):
+        raise InputError(f"abstaining heads {sorted(abstain)} must lie in [0, {heads})")
     counts = np.bincount(own.astype(np.int64), minlength=heads)
-    if np.any(counts == 0):
-        empty = np.flatnonzero(counts == 0)
+    empty = sorted(set(np.flatnonzero(counts == 0).tolist()) - abstain)
+    if empty:
         raise InputError(
-            f"{empty.size} head(s) have no training rows (first: {empty[:5].tolist()}); "
+            f"{len(empty)} head(s) have no training rows and do not abstain (first: {empty[:5]}); "
             "use fewer teachers than samples or check the partition"
+        )
+    fed = sorted(t for t in abstain if counts[t])
+    if fed:
+        raise InputError(
+            f"abstaining head(s) {fed[:5]} own training rows; an abstaining head is fitted on nothing"
         )
     if not np.all(np.isfinite(x)):
         raise InputError("features contain NaN or infinity; check the backbone's output")
@@ -311,7 +342,7 @@ def _check(
     if w.shape != (x.shape[0],) or np.any(w < 0) or not np.all(np.isfinite(w)):
         raise InputError(f"weights must be finite and non-negative with shape ({x.shape[0]},), got {w.shape}")
     totals = np.bincount(own.astype(np.int64), weights=w, minlength=heads)
-    if np.any(totals <= 0):
+    if any(totals[t] <= 0 for t in range(heads) if t not in abstain):
         raise InputError("every head needs a positive total example weight")
     return x, y.astype(np.int64), own.astype(np.int64), w
 
@@ -326,6 +357,7 @@ def train_heads(
     recipe: HeadRecipe | None = None,
     weights: npt.ArrayLike | None = None,
     seed: int = 0,
+    abstain: Sequence[int] = (),
 ) -> HeadEnsemble:
     """Train ``heads`` heads, head ``t`` on the rows whose owner is ``t`` and on nothing else.
 
@@ -345,15 +377,18 @@ def train_heads(
         weights: optional non-negative per-row weights (e.g. to down-weight pseudo-labels); each head's loss
             is the weighted *mean* over its rows.
         seed: seeds the MLP initialisation (shared by all heads; linear heads start at zero).
+        abstain: heads that own no rows: they keep their initial parameters and vote :func:`fixed_votes`.
 
     Returns:
         The trained :class:`HeadEnsemble` (its metadata records the recipe).
 
     Raises:
-        InputError: on inconsistent shapes, labels out of range, or a head with no data.
+        InputError: on inconsistent shapes, labels out of range, or a head with no data that does not
+            abstain (or an abstaining head with data).
     """
     recipe = recipe or HeadRecipe()
-    x, y, own, w = _check(features, labels, owners, weights, heads=heads, classes=classes)
+    idle = frozenset(int(t) for t in abstain)
+    x, y, own, w = _check(features, labels, owners, weights, heads=heads, classes=classes, abstain=idle)
     params = _init_params(
         recipe.kind, heads=heads, dim=x.shape[1], classes=classes, hidden=recipe.hidden, seed=seed
     )
@@ -365,7 +400,7 @@ def train_heads(
     # split its reductions differently when the machine is busy (seen here: an MLP head's last bits moved
     # under load), and then a head's bits would depend on more than its own rows.
     with _optim.threads_for(0 if heads > 1 else 6 * int(counts.max()) * x.shape[1] * width):
-        for t in range(heads):
+        for t in sorted(set(range(heads)) - idle):
             rows = order[starts[t] : starts[t + 1]]
             # torch's own (64-byte aligned) buffer: MKL may pick kernels by alignment, and a numpy copy's
             # alignment depends on earlier allocations, i.e. on the other shards
@@ -377,7 +412,11 @@ def train_heads(
             for k, v in head.items():
                 params[k][t] = v[0].float()
     return HeadEnsemble(
-        recipe.kind, params, classes, {"recipe": json.dumps(recipe.describe(), sort_keys=True)}
+        recipe.kind,
+        params,
+        classes,
+        {"recipe": json.dumps(recipe.describe(), sort_keys=True)},
+        tuple(sorted(idle)),
     )
 
 

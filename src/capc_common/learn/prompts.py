@@ -23,7 +23,9 @@ borders of 28×28 images are nearly empty) — or ``additive`` — the prompt is
   of steps (no joint stopping rule): the label map is first fitted on the features of the shard at the
   initial prompt (the DIET-PATE head recipe, :func:`~capc_common.learn.heads.train_heads`, whose heads are
   independent bit for bit); then prompt and map are trained together by full-batch Adam through the frozen
-  backbone, one teacher at a time.
+  backbone, one teacher at a time;
+* a teacher whose shard is shorter than one chunk abstains: it is not trained and casts the fixed vote of
+  :func:`~capc_common.learn.heads.fixed_votes`, as a DIET-PATE head does.
 
 Tests (``tests/learn/test_prompts.py``) change one example of one shard and check that every other
 teacher's prompt and map are bit-identical.
@@ -45,8 +47,8 @@ import torch.nn.functional as F
 
 from capc_common.errors import InputError
 from capc_common.learn.featurizers import BackboneFeaturizer
-from capc_common.learn.heads import HeadRecipe, read_safetensors, train_heads
-from capc_common.learn.teachers import shard_features
+from capc_common.learn.heads import HeadRecipe, fixed_votes, read_safetensors, train_heads
+from capc_common.learn.teachers import shard_features, short_shards
 from capc_common.models import Backbone, bn_stats, chunk_starts, to_tensor
 
 __all__ = ["PromptKind", "PromptRecipe", "PromptedTeachers", "train_prompted_teachers"]
@@ -161,6 +163,7 @@ class PromptedTeachers:
         recipe: how they were made.
         bn_batch: BatchNorm chunk size (current statistics) of training and voting.
         losses: ``(teachers, steps)`` stage-2 training loss before each step (empty with ``steps = 0``).
+        abstaining: teachers whose shard was shorter than ``bn_batch``: untrained, they cast a fixed vote.
     """
 
     backbone: Backbone
@@ -170,6 +173,7 @@ class PromptedTeachers:
     recipe: PromptRecipe
     bn_batch: int
     losses: npt.NDArray[np.float64]
+    abstaining: tuple[int, ...] = ()
 
     @property
     def teachers(self) -> int:
@@ -207,6 +211,9 @@ class PromptedTeachers:
         out = np.empty((self.teachers, len(images)), np.int64)
         with torch.inference_mode(), bn_stats(self.backbone, "current"):
             for t in range(self.teachers):
+                if t in self.abstaining:
+                    out[t] = fixed_votes(t, len(images), classes=self.classes)
+                    continue
                 feats = _features(
                     self.backbone,
                     prompted(x, self.prompts[t], mask=mask, kind=self.recipe.kind),
@@ -225,6 +232,7 @@ class PromptedTeachers:
             weights=self.weights[part],
             biases=self.biases[part],
             losses=self.losses[part],
+            abstaining=(0,) if index in self.abstaining else (),
         )
 
     def save(self, path: str | Path) -> None:
@@ -248,6 +256,7 @@ class PromptedTeachers:
             "backbone_sha256": self.backbone.sha256,
             "recipe": json.dumps(self.recipe.describe(), sort_keys=True),
             "bn_batch": str(self.bn_batch),
+            "abstaining": json.dumps(list(self.abstaining)),
         }
         partial = target.with_name(f"{target.name}.partial")
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(partial), metadata=header)
@@ -286,6 +295,7 @@ class PromptedTeachers:
             recipe=recipe,
             bn_batch=int(meta["bn_batch"]),
             losses=tensors["losses"].numpy(),
+            abstaining=tuple(int(t) for t in json.loads(meta.get("abstaining", "[]"))),
         )
 
     def histograms(self, images: npt.NDArray[np.uint8], *, batch: int = 256) -> npt.NDArray[np.int64]:
@@ -323,13 +333,14 @@ def train_prompted_teachers(
         backbone: the shared frozen backbone (its weights are not changed).
         images: uint8 ``(N, H, W, C)`` training images.
         labels: ``(N,)`` their labels.
-        shards: disjoint index arrays into ``images``, one per teacher, each at least ``bn_batch`` long.
+        shards: disjoint index arrays into ``images``, one per teacher; a teacher whose shard is shorter
+            than ``bn_batch`` abstains.
         classes: number of classes.
         bn_batch: BatchNorm chunk size (current statistics).
         recipe: how each teacher is made (default :class:`PromptRecipe`).
 
     Raises:
-        InputError: a shard smaller than ``bn_batch``, bad labels, or a bad recipe for the image shape.
+        InputError: bad labels, or a bad recipe for the image shape.
     """
     recipe = recipe or PromptRecipe()
     y_all = np.asarray(labels, dtype=np.int64)
@@ -341,6 +352,7 @@ def train_prompted_teachers(
     if recipe.kind == "pad":
         start[:, mask.permute(1, 2, 0).numpy() > 0] = 0
     rows, owners, index = shard_features(BackboneFeaturizer(backbone), start, shards, bn_batch=bn_batch)
+    abstaining = short_shards(shards, bn_batch=bn_batch)
     heads = train_heads(
         rows,
         y_all[index],
@@ -348,6 +360,7 @@ def train_prompted_teachers(
         heads=len(shards),
         classes=classes,
         recipe=HeadRecipe(steps=recipe.map_steps, lr=recipe.map_lr),
+        abstain=abstaining,
     )
     weights = heads.params["w_out"].clone()
     biases = heads.params["b_out"].clone()
@@ -356,6 +369,8 @@ def train_prompted_teachers(
     # Stage 2: each teacher alone, its own optimiser, a fixed number of steps.
     with _frozen(backbone), bn_stats(backbone, "current"):
         for t, shard in enumerate(shards):
+            if t in abstaining:
+                continue
             x = to_tensor(images[shard])
             y = torch.from_numpy(y_all[shard])
             prompt = prompts[t].clone().requires_grad_(True)
@@ -383,4 +398,5 @@ def train_prompted_teachers(
         recipe=recipe,
         bn_batch=bn_batch,
         losses=losses,
+        abstaining=abstaining,
     )

@@ -7,6 +7,11 @@ sensitivity argument) — and trains all heads at once, each on its own shard on
 (:func:`capc_common.learn.heads.train_heads`). :func:`fit_teachers` is the one path from images to
 teachers, used by the central pipeline and by a federation's teacher party alike.
 
+A shard shorter than one chunk (:func:`short_shards`) cannot give its teacher BatchNorm statistics of its own
+data, so that teacher *abstains*: it is not trained and casts a fixed, data-independent vote
+(:func:`capc_common.learn.heads.fixed_votes`). Refusing the whole party instead would make whether a party
+takes part at all depend on one example (docs/privacy.md, "A short shard abstains").
+
 Answering queries (what ``capc teacher serve`` does): featurise the query batch in chunks of exactly
 ``bn_batch`` with current statistics (:func:`capc_common.models.extract_features`), then
 :meth:`TeacherEnsemble.predict` gives every head's label and :meth:`TeacherEnsemble.votes` the party's
@@ -31,7 +36,7 @@ from capc_common.learn.heads import HeadEnsemble, HeadRecipe, train_heads
 if TYPE_CHECKING:
     from capc_common.learn.featurizers import Featurizer
 
-__all__ = ["TeacherEnsemble", "fit_teachers", "shard_features", "train_teachers"]
+__all__ = ["TeacherEnsemble", "fit_teachers", "shard_features", "short_shards", "train_teachers"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,11 @@ class TeacherEnsemble:
         """Number of classes."""
         return self.heads.classes
 
+    @property
+    def abstaining(self) -> tuple[int, ...]:
+        """Teachers whose shard was shorter than one BatchNorm chunk: they cast a fixed vote."""
+        return self.heads.abstaining
+
     def predict(self, features: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """Every teacher's label for each query: ``int64`` ``(teachers, N)``.
 
@@ -84,7 +94,7 @@ class TeacherEnsemble:
         }
         if extra:
             meta["extra"] = json.dumps(extra, sort_keys=True)
-        HeadEnsemble(self.heads.kind, self.heads.params, self.heads.classes, meta).save(path)
+        HeadEnsemble(self.heads.kind, self.heads.params, self.heads.classes, meta, self.abstaining).save(path)
 
     @classmethod
     def load(cls, path: str | Path, *, backbone_sha256: str | None = None) -> TeacherEnsemble:
@@ -110,6 +120,11 @@ class TeacherEnsemble:
         return cls(heads, meta["backbone_sha256"], int(meta["bn_batch"]), meta.get("bn_mode", "current"))
 
 
+def short_shards(shards: Sequence[npt.ArrayLike], *, bn_batch: int) -> tuple[int, ...]:
+    """The teachers whose shard holds fewer than ``bn_batch`` images: they abstain (module docstring)."""
+    return tuple(t for t, s in enumerate(shards) if len(np.asarray(s)) < bn_batch)
+
+
 def shard_features(
     featurizer: Featurizer,
     images: npt.NDArray[np.uint8],
@@ -118,37 +133,37 @@ def shard_features(
     bn_batch: int,
     mode: str = "current",
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Features of every shard, each computed on its own in chunks of exactly ``bn_batch``.
+    """Features of every shard that holds one BatchNorm chunk, each computed on its own in chunks of exactly
+    ``bn_batch``; a shorter shard (:func:`short_shards`, its teacher abstains) contributes no rows.
 
     Args:
         featurizer: the shared frozen map, e.g. ``BackboneFeaturizer(backbone)``.
         images: uint8 ``(N, H, W, C)``.
-        shards: disjoint index arrays, one per teacher, each at least ``bn_batch`` long.
+        shards: disjoint index arrays, one per teacher.
         bn_batch: BatchNorm chunk size.
         mode: ``"current"`` or ``"running"`` statistics.
 
     Returns:
         ``(features (M, dim), owners (M,), index (M,))``: row ``r`` is image ``index[r]`` of teacher
         ``owners[r]``; rows are grouped by teacher.
-
-    Raises:
-        InputError: a shard smaller than ``bn_batch`` (its statistics could not come from its own data).
     """
-    small = [i for i, s in enumerate(shards) if len(s) < bn_batch]
-    if small:
-        raise InputError(
-            f"{len(small)} teacher shard(s) hold fewer than bn_batch={bn_batch} images (smallest: "
-            f"{min(len(shards[i]) for i in small)}); each teacher's BatchNorm statistics must come from its "
-            "own data: use fewer teachers or a smaller bn_batch"
-        )
-    index = np.concatenate([np.asarray(s, np.int64) for s in shards])
-    owners = np.repeat(np.arange(len(shards), dtype=np.int64), [len(s) for s in shards])
+    index, owners = _voting_rows(shards, bn_batch=bn_batch)
     out = np.empty((len(index), featurizer.feature_dim), np.float32)
-    start = 0
-    for s in shards:
-        out[start : start + len(s)] = featurizer.extract(images[s], bn_batch=bn_batch, mode=mode)
-        start += len(s)
+    for t in np.unique(owners).tolist():
+        rows = owners == t
+        out[rows] = featurizer.extract(images[index[rows]], bn_batch=bn_batch, mode=mode)
     return out, owners, index
+
+
+def _voting_rows(
+    shards: Sequence[npt.ArrayLike], *, bn_batch: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(index, owners)`` of the training rows of the teachers that do not abstain, grouped by teacher."""
+    short = set(short_shards(shards, bn_batch=bn_batch))
+    voting = [(t, np.asarray(s, np.int64)) for t, s in enumerate(shards) if t not in short]
+    index = np.concatenate([s for _, s in voting] or [np.zeros(0, np.int64)])
+    owners = np.repeat(np.array([t for t, _ in voting], np.int64), [len(s) for _, s in voting])
+    return index, owners
 
 
 def train_teachers(
@@ -163,6 +178,7 @@ def train_teachers(
     bn_mode: str = "current",
     recipe: HeadRecipe | None = None,
     seed: int = 0,
+    abstain: Sequence[int] = (),
 ) -> TeacherEnsemble:
     """Train every teacher's head on features from :func:`shard_features` (each head on its own rows only).
 
@@ -177,12 +193,20 @@ def train_teachers(
         bn_mode: statistics mode the features were computed with.
         recipe: how each head is fitted (default: the paper's fixed-step Adam on the last layer).
         seed: MLP initialisation seed (shared by all teachers: same initialisation).
+        abstain: teachers with a short shard (:func:`short_shards`): no rows, a fixed vote.
 
     Returns:
         The :class:`TeacherEnsemble`.
     """
     heads = train_heads(
-        features, labels, owners=owners, heads=teachers, classes=classes, recipe=recipe, seed=seed
+        features,
+        labels,
+        owners=owners,
+        heads=teachers,
+        classes=classes,
+        recipe=recipe,
+        seed=seed,
+        abstain=abstain,
     )
     return TeacherEnsemble(heads, backbone_sha256.lower(), int(bn_batch), bn_mode)
 
@@ -203,7 +227,8 @@ def fit_teachers(
     """A party's (or a central run's) teachers from its images: the one training path of both.
 
     Each shard is featurised on its own (:func:`shard_features`) and each head trained on its own shard
-    (:func:`train_teachers`), so one training example can change one teacher only.
+    (:func:`train_teachers`), so one training example can change one teacher only; a teacher whose shard is
+    shorter than ``bn_batch`` abstains (:func:`short_shards`).
 
     Args:
         featurizer: the shared frozen map.
@@ -219,15 +244,14 @@ def fit_teachers(
             cache); called instead of featurising.
 
     Raises:
-        InputError: a shard smaller than ``bn_batch``, or bad labels.
+        InputError: bad labels, or cached features that do not match the shards.
     """
     rows = (
         features()
         if features is not None
         else shard_features(featurizer, images, shards, bn_batch=bn_batch, mode=bn_mode)[0]
     )
-    index = np.concatenate([np.asarray(s, np.int64) for s in shards])
-    owners = np.repeat(np.arange(len(shards), dtype=np.int64), [len(s) for s in shards])
+    index, owners = _voting_rows(shards, bn_batch=bn_batch)
     if rows.shape[0] != len(index):
         raise InputError(
             f"cached shard features have {rows.shape[0]} rows for {len(index)} shard images; clear the cache"
@@ -243,4 +267,5 @@ def fit_teachers(
         bn_mode=bn_mode,
         recipe=recipe,
         seed=seed,
+        abstain=short_shards(shards, bn_batch=bn_batch),
     )

@@ -4,8 +4,9 @@ accounting, its noise draws in canonical order, its output rule and its secure p
 Two families share the engine's parties, sharing, guardian and ledger:
 
 * selection (:class:`SelectionMechanism`): parties contribute per-query vote counts and a 2PC noisy argmax
-  releases labels — :class:`ConfidentGNMax` (the federation's default), :class:`GNMax`, :class:`LNMax`,
-  :class:`PrivateKNN` (kNN votes of Poisson-subsampled records);
+  releases labels (the plaintext rules, :func:`confident_rule` and :func:`noisy_argmax`, in
+  :mod:`~capc_common.mechanisms.pate`) — :class:`ConfidentGNMax` (the federation's default), :class:`GNMax`,
+  :class:`LNMax`, :class:`PrivateKNN` (kNN votes of Poisson-subsampled records);
 * release (:class:`ReleaseMechanism`): parties contribute fixed-point integer vectors and the guardian's
   noisy total is released — :class:`DPPrototypes` (DPPL) and :class:`SecureDPSGD` (one release per round).
 
@@ -22,10 +23,10 @@ The central runners (:mod:`capc_common.mechanisms.central`, ``capc dietpate run`
 services take such an object; neither branches on a mechanism's name.
 """
 
-from capc_common.mechanisms.base import BatchNoise, SelectionMechanism, TrainedTeachers
+from capc_common.mechanisms.base import UNANSWERED, BatchNoise, SelectionMechanism, TrainedTeachers
 from capc_common.mechanisms.dpsgd import SecureDPSGD, poisson_sample
 from capc_common.mechanisms.knn import PrivateKNN
-from capc_common.mechanisms.pate import ConfidentGNMax, GNMax, LNMax
+from capc_common.mechanisms.pate import ConfidentGNMax, GNMax, LNMax, confident_rule, noisy_argmax
 from capc_common.mechanisms.prompate import (
     Answers,
     PromPATE,
@@ -55,6 +56,7 @@ from capc_common.mechanisms.voters import (
 )
 
 __all__ = [
+    "UNANSWERED",
     "Answers",
     "BatchNoise",
     "ConfidentGNMax",
@@ -78,8 +80,10 @@ __all__ = [
     "Voter",
     "answer_within_budget",
     "calibrate",
+    "confident_rule",
     "masked_total",
     "nearest_prototype",
+    "noisy_argmax",
     "normalise",
     "per_example",
     "poisson_sample",

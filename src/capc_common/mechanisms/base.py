@@ -33,7 +33,10 @@ if TYPE_CHECKING:
     from capc_common.mpc import GarblerSession, MpcConfig, Reveal
     from capc_common.privacy import DataDependentPATEAccountant, NoiseSource
 
-__all__ = ["BatchNoise", "SelectionMechanism", "TrainedTeachers"]
+__all__ = ["UNANSWERED", "BatchNoise", "SelectionMechanism", "TrainedTeachers"]
+
+UNANSWERED = -1
+"""Label of a query a selection mechanism did not answer (its noisy top vote failed the threshold)."""
 
 Commit = Callable[["Reveal"], None]
 """The ledger hook: gets the batch's pass bits and decoding bits (:class:`~capc_common.mpc.Reveal`) before any
@@ -48,11 +51,14 @@ class TrainedTeachers:
 
     Attributes:
         save: writes it, atomically, to the party's teachers file (its voter loads it from there).
-        train_accuracy: each teacher on its own shard, a sanity figure for the operator.
+        train_accuracy: each teacher on its own shard, a sanity figure for the operator (None when every
+            teacher abstains).
+        abstaining: the teachers whose shard is shorter than one BatchNorm chunk (they cast a fixed vote).
     """
 
     save: Callable[[Path], None]
-    train_accuracy: float
+    train_accuracy: float | None
+    abstaining: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,10 +84,14 @@ class SelectionMechanism(ABC):
 
     Attributes:
         name: registry name (``federation.yaml`` / ``run.yaml`` ``mechanism.name``).
+        accounting: what one screened and one answered query are charged, with the source.
         classes: number of classes ``c`` of the vote counts.
     """
 
     name: ClassVar[str]
+    #: What a screened and an answered query cost, with the source: the model card's ``accountant`` names it
+    #: (:func:`capc_common.privacy.claims.accountant`), so a card says which mechanism ran.
+    accounting: ClassVar[str]
     #: Whether a teacher party votes with heads it trained (``capc local up`` trains missing ones).
     trains_heads: ClassVar[bool] = True
     classes: int
@@ -103,7 +113,8 @@ class SelectionMechanism(ABC):
         """What a party trains for its voter (``capc teacher train``), one teacher per shard of its own data,
         each on its shard alone: by default PATE heads (the central pipeline's
         :func:`~capc_common.learn.teachers.fit_teachers`, features in current statistics over ``bn_batch``
-        chunks of the shard, the setting the party votes in).
+        chunks of the shard, the setting the party votes in). A teacher whose shard is shorter than one
+        chunk abstains (a fixed vote) rather than refusing the party.
 
         Args:
             backbone: the shared backbone.
@@ -128,7 +139,11 @@ class SelectionMechanism(ABC):
             features=lambda: features,
         )
         own = ensemble.heads.predict_own(features, owners)
-        return TrainedTeachers(save=ensemble.save, train_accuracy=float((own == labels[index]).mean()))
+        return TrainedTeachers(
+            save=ensemble.save,
+            train_accuracy=float((own == labels[index]).mean()) if len(index) else None,
+            abstaining=ensemble.abstaining,
+        )
 
     # ------------------------------------------------------------------ accounting
     @abstractmethod
@@ -166,7 +181,8 @@ class SelectionMechanism(ABC):
         guardian: BatchNoise,
         student: npt.NDArray[np.int64] | None,
     ) -> npt.NDArray[np.int64]:
-        """The plaintext output for given histograms and noise: labels, −1 where a query is unanswered."""
+        """The plaintext output for given histograms and noise: labels, :data:`UNANSWERED` (−1) where a query
+        is unanswered."""
 
     def answer(self, histograms: npt.ArrayLike, noise: MechanismNoise) -> npt.NDArray[np.int64]:
         """Answer one batch in plaintext, drawing both parties' noise as a federation does.
@@ -176,7 +192,7 @@ class SelectionMechanism(ABC):
             noise: the guardian's and the student's sources (CSPRNGs, or seeded ones in tests).
 
         Returns:
-            ``int64`` labels ``(B,)``, −1 where unanswered.
+            ``int64`` labels ``(B,)``, :data:`UNANSWERED` where unanswered.
         """
         hist = check_histograms(histograms, classes=self.classes)
         guardian = self.guardian_noise(noise.guardian, batch=hist.shape[0])

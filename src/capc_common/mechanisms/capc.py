@@ -4,10 +4,10 @@ In CaPC a *querying* party improves its own model with labels that the *other* p
 queries through Confident-GNMax (in CaPC under homomorphic encryption and 2PC; the released labels are the
 same, so utility needs only the plaintext rule). There is no public data here, so a querying party's queries
 are its own private training images: each answering party holds ``teachers_per_party`` heads on disjoint
-parts of its shard, every head of every *other* party votes on the query, Confident-GNMax answers or
-abstains, and the querying party retrains its head on its own labelled records plus the answered queries
-with the ensemble's labels. A querying party's records are not protected by this release (they are its
-own); the answering parties' records are, and that is what the accounting covers.
+parts of its shard (dealt by keyed content hash), every head of every *other* party votes on the query,
+Confident-GNMax answers or abstains, and the querying party retrains its head on its own labelled records
+plus the answered queries with the ensemble's labels. A querying party's records are not protected by this
+release (they are its own); the answering parties' records are, and that is what the accounting covers.
 
 Two budget splits, as in the DIET paper:
 
@@ -30,9 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.aggregation import UNANSWERED, MechanismNoise, mechanism_noise
+from capc_common.aggregation import MechanismNoise, mechanism_noise
 from capc_common.errors import InputError
 from capc_common.learn.heads import HeadEnsemble, HeadRecipe, train_heads
+from capc_common.mechanisms.base import UNANSWERED
 from capc_common.mechanisms.central import PartyData
 from capc_common.mechanisms.pate import ConfidentGNMax
 from capc_common.mechanisms.release import calibrate
@@ -110,26 +111,40 @@ class CaPCResult:
 
 
 def capc_teachers(
-    parties: Sequence[PartyData], *, per_party: int, classes: int, recipe: HeadRecipe
+    parties: Sequence[PartyData], *, per_party: int, classes: int, recipe: HeadRecipe, seed: int
 ) -> tuple[HeadEnsemble, npt.NDArray[np.int64]]:
-    """Every party's ``per_party`` heads on contiguous, disjoint parts of its shard; each head's party.
+    """Every party's ``per_party`` heads on disjoint parts of its records; each head's party.
 
-    Deterministic (fixed-step Adam from zero), so a benchmark may train them once and pass them to
+    A party's records are dealt to its heads by keyed content hash (:func:`~capc_common.data.partition`,
+    scheme ``hash``, key ``seed``), as a teacher party's ``capc teacher train`` deals its shards: adding or
+    removing one record changes one head's part by that record and no other head's. Deterministic
+    (fixed-step Adam from zero, each head alone), so a benchmark may train them once and pass them to
     :func:`run_capc` for every ε and budget split.
+
+    Raises:
+        InputError: a party without its images (the hash needs them), or one too small for ``per_party``
+            non-empty parts.
     """
+    from capc_common.data import partition
+
+    blind = [p.name for p in parties if p.images is None]
+    if blind:
+        raise InputError(f"parties {blind} carry no images: their records are dealt to heads by content hash")
     small = [p.name for p in parties if len(p.labels) < per_party]
     if small:
         raise InputError(f"parties {small} hold fewer records than teachers_per_party={per_party}; lower it")
-    owners = np.concatenate(
-        [
-            t * per_party + np.minimum(np.arange(len(p.labels)) * per_party // len(p.labels), per_party - 1)
-            for t, p in enumerate(parties)
-        ]
-    )
+    owners = []
+    for t, p in enumerate(parties):
+        owner = np.empty(len(p.labels), dtype=np.int64)
+        for j, shard in enumerate(
+            partition(p.labels, shards=per_party, scheme="hash", seed=seed, images=p.images)
+        ):
+            owner[shard] = t * per_party + j
+        owners.append(owner)
     heads = train_heads(
         np.concatenate([p.features for p in parties]),
         np.concatenate([p.labels for p in parties]),
-        owners=owners,
+        owners=np.concatenate(owners),
         heads=len(parties) * per_party,
         classes=classes,
         recipe=recipe,
@@ -157,10 +172,12 @@ def run_capc(
         mechanism: Confident-GNMax over ``(parties − 1) · teachers_per_party`` votes.
         queriers: the querying parties (all of them for *fair*, one for *greedy*).
         queries_per_querier: queries each querying party sends (capped at its record count).
-        teachers_per_party: heads each answering party trains on disjoint parts of its shard.
+        teachers_per_party: heads each answering party trains on disjoint parts of its shard (dealt by keyed
+            content hash, key ``seed``: :func:`capc_teachers`).
         recipe: how every head (teachers and the retrained querying heads) is fitted.
         noise: both noise sources (default: CSPRNGs).
-        seed: which of its records a querying party sends (its own public choice).
+        seed: which of its records a querying party sends (its own public choice), and the key of the
+            teachers' hash split.
         teachers: :func:`capc_teachers` of these parties with this recipe, if already trained.
 
     Raises:
@@ -174,7 +191,7 @@ def run_capc(
         )
     classes = mechanism.classes
     heads, party_of = teachers or capc_teachers(
-        parties, per_party=teachers_per_party, classes=classes, recipe=recipe
+        parties, per_party=teachers_per_party, classes=classes, recipe=recipe, seed=seed
     )
     noise = noise or mechanism_noise()
     rng = np.random.default_rng(seed)  # which own records to send: public, not secret

@@ -72,15 +72,15 @@ class PartyData:
         name: the party's name (it names its seeded test stream).
         features: ``(n, dim)`` float features (per-example: BatchNorm running statistics).
         labels: ``(n,)`` class indices.
-        index: ``(n,)`` where the records sit in the dataset they were dealt from, for mechanisms that need
-            the records themselves rather than their features (Prom-PATE's prompted teachers); None if not
-            known.
+        images: ``(n, H, W, C)`` the records' images, for what needs the records themselves rather than their
+            features: dealing a party's records to its teachers by content hash (CaPC's heads, Prom-PATE's
+            prompted teachers) and training prompted teachers; None if not at hand.
     """
 
     name: str
     features: npt.NDArray[np.float32]
     labels: npt.NDArray[np.int64]
-    index: npt.NDArray[np.int64] | None = None
+    images: npt.NDArray[np.uint8] | None = None
 
 
 def per_example_features(

@@ -102,6 +102,9 @@ class SecureDPSGD(ReleaseMechanism):
     """
 
     name = "secagg-dpsgd"
+    accounting = (
+        "the Poisson-subsampled discrete Gaussian per round, rounds added (Zhu & Wang 2019's general bound)"
+    )
 
     def __init__(
         self,

@@ -50,6 +50,10 @@ class PrivateKNN(GNMax):
     """
 
     name = "private-knn"
+    accounting = (
+        "data-independent, the Poisson-subsampled discrete Gaussian per answer: base λ/σ² at sampling rate q "
+        "(Zhu & Wang 2019, Theorem 6)"
+    )
     trains_heads: ClassVar[bool] = False
 
     def __init__(self, *, classes: int, sigma: float, neighbours: int, sampling_rate: float) -> None:

@@ -1,5 +1,15 @@
 """The PATE aggregation mechanisms as engine plug-ins: Confident-GNMax (the federation's default), GNMax and
-LNMax.
+LNMax — and the one definition of their plaintext selection rules.
+
+**Plaintext rule (MUST)** — :func:`confident_rule`, which the garbled circuit must agree with: for histogram
+row ``H`` and total threshold noise ``z1 = z1_g + z1_s``, ``pass = max_j H_j + z1 ≥ T`` and
+``label = argmax_j (H_j + z2_j)`` with ties going to the lowest class index (:func:`noisy_argmax`); the output
+is ``label`` if ``pass`` else :data:`UNANSWERED` (−1). Because ``H`` and ``z1`` are integers, ``≥ T`` is the
+same test as ``≥ ceil(T)``. GNMax and LNMax answer every query with :func:`noisy_argmax` of ``H + z2``. These
+are the reference semantics the federation's secure protocol reproduces bit for bit, and the mechanisms of
+the central (single-machine) research mode: :meth:`~SelectionMechanism.answer` draws the noise from a
+:class:`~capc_common.aggregation.MechanismNoise` (CSPRNGs, or seeded sources only ever *injected*) and applies
+the rule.
 
 Each object holds its public parameters and keeps its accounting next to it: Confident-GNMax pays the exact
 data-independent screening cost per query and ``λ/σ2²`` per answer (:class:`ConfidentGNMaxAccountant`);
@@ -18,19 +28,72 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.aggregation.mechanisms import confident_rule, noisy_argmax
+from capc_common.aggregation.histogram import check_histograms
 from capc_common.aggregation.noise import draw_confident_noise, draw_student_noise
 from capc_common.errors import InputError
-from capc_common.mechanisms.base import BatchNoise, Commit, Mark, SelectionMechanism
+from capc_common.mechanisms.base import UNANSWERED, BatchNoise, Commit, Mark, SelectionMechanism
 from capc_common.privacy import ConfidentGNMaxAccountant, DataDependentPATEAccountant
 from capc_common.privacy.analysis import as_orders, rdp_gnmax_data_independent, rdp_pure_dp
-from capc_common.privacy.analysis._checks import count, positive
+from capc_common.privacy.analysis._checks import count, non_negative, positive
 
 if TYPE_CHECKING:
     from capc_common.mpc import GarblerSession, MpcConfig
     from capc_common.privacy import NoiseSource
 
-__all__ = ["ConfidentGNMax", "GNMax", "LNMax"]
+__all__ = ["ConfidentGNMax", "GNMax", "LNMax", "confident_rule", "noisy_argmax"]
+
+
+def noisy_argmax(noisy_counts: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
+    """Index of each row's maximum; ties go to the lowest index (the tournament tree of the circuit).
+
+    Args:
+        noisy_counts: integer array ``(queries, classes)``.
+
+    Returns:
+        ``int64`` labels ``(queries,)``.
+    """
+    # np.argmax returns the first occurrence of the maximum, i.e. the lowest index on ties.
+    return np.argmax(noisy_counts, axis=1).astype(np.int64)
+
+
+def confident_rule(
+    histograms: npt.ArrayLike,
+    *,
+    threshold: float,
+    z1: npt.ArrayLike,
+    z2: npt.ArrayLike,
+) -> npt.NDArray[np.int64]:
+    """Confident-GNMax's output for given histograms and given noise (no randomness here).
+
+    Args:
+        histograms: vote histograms ``(B, c)`` (checked with
+            :func:`~capc_common.aggregation.check_histograms`).
+        threshold: ``T`` (finite, ≥ 0); a query passes when ``max_j H_j + z1 ≥ T``.
+        z1: integer threshold noise ``(B,)``, the total of both parties' parts ``z1_g + z1_s``.
+        z2: integer argmax noise ``(B, c)``.
+
+    Returns:
+        ``int64`` labels ``(B,)``: ``argmax_j (H_j + z2_j)`` (lowest index on ties) where the query passes,
+        :data:`UNANSWERED` elsewhere.
+
+    Raises:
+        InputError: if the histograms are not histograms, the threshold is not a finite number ≥ 0, or the
+            noise is not integer or its shapes do not match the histograms.
+    """
+    hist = check_histograms(histograms)
+    t = non_negative("threshold T", threshold)
+    n1 = np.asarray(z1)
+    n2 = np.asarray(z2)
+    if n1.shape != (hist.shape[0],) or n2.shape != hist.shape:
+        raise InputError(
+            f"noise shapes z1 {n1.shape}, z2 {n2.shape} do not match histograms {hist.shape}: "
+            f"expected z1 ({hist.shape[0]},) and z2 {hist.shape}"
+        )
+    if not (np.issubdtype(n1.dtype, np.integer) and np.issubdtype(n2.dtype, np.integer)):
+        raise InputError(f"noise must be integer (discrete), got dtypes {n1.dtype} and {n2.dtype}")
+    passed = hist.max(axis=1) + n1.astype(np.int64) >= t
+    labels = noisy_argmax(hist + n2.astype(np.int64))
+    return np.where(passed, labels, UNANSWERED).astype(np.int64)
 
 
 class ConfidentGNMax(SelectionMechanism):
@@ -50,6 +113,10 @@ class ConfidentGNMax(SelectionMechanism):
     """
 
     name = "confident-gnmax"
+    accounting = (
+        "data-independent, the exact screening supremum per query (every known shift of the threshold) + "
+        "λ/σ2² per answer (Papernot et al. 2018)"
+    )
 
     def __init__(
         self,
@@ -108,7 +175,7 @@ class ConfidentGNMax(SelectionMechanism):
         guardian: BatchNoise,
         student: npt.NDArray[np.int64] | None,
     ) -> npt.NDArray[np.int64]:
-        """:func:`~capc_common.aggregation.confident_rule` with ``z1 = z1_g + z1_s``."""
+        """:func:`confident_rule` with ``z1 = z1_g + z1_s``."""
         if student is None:
             raise InputError("Confident-GNMax needs the student's part z1_s of the threshold noise")
         z1 = guardian["z1"] + student
@@ -176,6 +243,7 @@ class GNMax(_ArgmaxOfNoisyVotes):
     """
 
     name = "gnmax"
+    accounting = "data-independent, λ/σ² per answer, L2 sensitivity √2 (Papernot et al. 2018, Prop. 8)"
 
     def __init__(self, *, classes: int, sigma: float) -> None:
         self.classes = count("classes", classes, minimum=2)
@@ -195,7 +263,7 @@ class GNMax(_ArgmaxOfNoisyVotes):
         return DataDependentPATEAccountant(threshold=None, sigma1=None, sigma2=self.sigma, noise="discrete")
 
     def guardian_noise(self, source: NoiseSource, *, batch: int) -> BatchNoise:
-        """``z2``: ``(B, c)`` draws of ``N_Z(0, σ²)``, as :func:`~capc_common.aggregation.gnmax` draws."""
+        """``z2``: ``(B, c)`` draws of ``N_Z(0, σ²)``."""
         b = count("batch", batch, minimum=1)
         z2 = np.asarray(source.discrete_gaussian(sigma=self.sigma, shape=(b, self.classes)), dtype=np.int64)
         return BatchNoise({"z2": z2})
@@ -233,6 +301,9 @@ class LNMax(_ArgmaxOfNoisyVotes):
     """
 
     name = "lnmax"
+    accounting = (
+        "data-independent, the RDP of pure 2/b-DP per answer (Papernot et al. 2017; Bun & Steinke 2016)"
+    )
 
     def __init__(self, *, classes: int, scale: float) -> None:
         self.classes = count("classes", classes, minimum=2)

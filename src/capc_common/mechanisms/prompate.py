@@ -4,7 +4,7 @@ budget, and the library's student learns the answers.
 The teachers (:mod:`capc_common.learn.prompts`) are a new *contribution*, not a new mechanism: their votes
 form per-query histograms exactly like DIET-PATE heads' (one example moves one teacher, so one vote), and the
 aggregation and accounting are the existing selection mechanism's (Confident-GNMax by default) through the
-same Rényi-filter budget as ``capc dietpate run`` (:func:`~capc_common.dietpate.accounting.plan_budget`): a
+same Rényi-filter budget as ``capc dietpate run`` (:func:`~capc_common.privacy.plan_budget`): a
 batch starts only if its worst case fits, and is charged its screening plus its actual answers. No new
 accounting formula is involved; ``tests/mechanisms/test_prompate.py`` checks that the ε charged equals the
 Confident-GNMax accountant's for the same queries and answers.
@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.aggregation import UNANSWERED, MechanismNoise, check_histograms, mechanism_noise
+from capc_common.aggregation import MechanismNoise, check_histograms, mechanism_noise
 from capc_common.errors import InputError
-from capc_common.mechanisms.base import TrainedTeachers
+from capc_common.mechanisms.base import UNANSWERED, TrainedTeachers
 from capc_common.mechanisms.pate import ConfidentGNMax
 from capc_common.mechanisms.voters import PartyResources, PromptedVoter, Voter
+from capc_common.privacy import plan_budget
 
 if TYPE_CHECKING:
     from capc_common.learn.prompts import PromptedTeachers, PromptRecipe
@@ -89,11 +90,14 @@ class PromPATE(ConfidentGNMax):
         teachers = train_prompted_teachers(
             backbone, images, labels, shards, classes=self.classes, bn_batch=bn_batch, recipe=self.recipe
         )
-        right = sum(
-            int(np.sum(teachers.teacher(t).predict(images[shard])[0] == labels[shard]))
-            for t, shard in enumerate(shards)
+        voting = [(t, s) for t, s in enumerate(shards) if t not in teachers.abstaining]
+        right = sum(int(np.sum(teachers.teacher(t).predict(images[s])[0] == labels[s])) for t, s in voting)
+        rows = sum(len(s) for _, s in voting)
+        return TrainedTeachers(
+            save=teachers.save,
+            train_accuracy=right / rows if rows else None,
+            abstaining=teachers.abstaining,
         )
-        return TrainedTeachers(save=teachers.save, train_accuracy=right / sum(len(s) for s in shards))
 
 
 @dataclass(frozen=True)
@@ -139,8 +143,6 @@ def answer_within_budget(
     Raises:
         InputError: malformed histograms, or a budget that cannot pay for one query.
     """
-    from capc_common.dietpate.accounting import plan_budget
-
     hist = check_histograms(histograms, classes=mechanism.classes)
     if batch < 1:
         raise InputError(f"batch must be >= 1, got {batch}")

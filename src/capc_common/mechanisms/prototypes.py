@@ -56,6 +56,10 @@ class DPPrototypes(ReleaseMechanism):
     """
 
     name = "dp-prototypes"
+    accounting = (
+        "one release of ρ = Δ²/(2σ_sum²) + 1/(2σ_count²) zCDP, RDP ρλ (Bun & Steinke 2016; Canonne, Kamath "
+        "& Steinke 2020)"
+    )
 
     def __init__(
         self,

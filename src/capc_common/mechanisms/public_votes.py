@@ -59,6 +59,9 @@ class PublicPrototypeVotes(ReleaseMechanism):
     """
 
     name = "dppl-public"
+    accounting = (
+        "one release of the vote counts, ρ = 1/(2σ²) zCDP, RDP ρλ (Canonne, Kamath & Steinke 2020, Thm. 14)"
+    )
 
     def __init__(self, *, classes: int, candidates: npt.ArrayLike, rho: float, per_class: int = 1) -> None:
         self.classes = count("classes", classes, minimum=2)

@@ -150,9 +150,11 @@ class ReleaseMechanism(ABC):
 
     Attributes:
         name: registry name.
+        accounting: what one release is charged, with the source (named by the model card's ``accountant``).
     """
 
     name: ClassVar[str]
+    accounting: ClassVar[str]
 
     @abstractmethod
     def params(self) -> dict[str, Any]:

@@ -26,9 +26,9 @@ if TYPE_CHECKING:
         bn_stats,
         recalibrate_running_stats,
     )
-    from capc_common.models.checkpoint import default_backbone, load_backbone, save_backbone
+    from capc_common.models.checkpoint import default_backbone, load_backbone, save_backbone, verify_backbone
     from capc_common.models.features import chunk_starts, extract_features, to_tensor
-    from capc_common.models.files import format_shape, list_backbones, parse_shape, verify_backbone
+    from capc_common.models.files import format_shape, list_backbones, parse_shape
     from capc_common.models.scattering import Scattering2D, scattering_channels
 
 _HOME = {
@@ -50,7 +50,7 @@ _HOME = {
     "format_shape": "files",
     "list_backbones": "files",
     "parse_shape": "files",
-    "verify_backbone": "files",
+    "verify_backbone": "checkpoint",
     "Scattering2D": "scattering",
     "scattering_channels": "scattering",
 }

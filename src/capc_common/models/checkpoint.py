@@ -1,5 +1,8 @@
 """Backbone checkpoints: safetensors files with metadata and a verified content hash; shipped backbones.
 
+Importing this module costs no torch (the model code loads inside the functions that build one), so
+:func:`verify_backbone` checks a pinned backbone in a party that never runs it.
+
 A checkpoint stores the trunk's state (weights and BatchNorm buffers; the fixed scattering filters are
 rebuilt from the configuration) and string metadata: format, architecture, input shape, feature size,
 configuration, pretraining recipe and the SHA-256 content hash. Loading recomputes the hash and refuses a file
@@ -16,9 +19,9 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from capc_common.errors import InputError
-from capc_common.models.backbone import Backbone, build_backbone, content_hash
 from capc_common.models.files import (
     backbone_file,
     check_pinned,
@@ -28,7 +31,10 @@ from capc_common.models.files import (
     shipped_files,
 )
 
-__all__ = ["default_backbone", "list_backbones", "load_backbone", "save_backbone"]
+if TYPE_CHECKING:
+    from capc_common.models.backbone import Backbone
+
+__all__ = ["default_backbone", "list_backbones", "load_backbone", "save_backbone", "verify_backbone"]
 
 # Preference order of the default for an input shape: a learned hybrid when shipped, else scattering.
 _DEFAULT_ORDER = ("hybrid", "scatter")
@@ -42,6 +48,8 @@ def default_backbone(height: int, width: int, channels: int) -> str:
     Raises:
         InputError: no backbone can take that shape (scattering needs sides that are multiples of 4, > 4).
     """
+    from capc_common.models.backbone import build_backbone  # torch: only when no file is shipped
+
     shape = f"{int(height)}x{int(width)}x{int(channels)}"
     shipped = shipped_files()
     for family in _DEFAULT_ORDER:
@@ -59,6 +67,8 @@ def save_backbone(backbone: Backbone, path: str | Path) -> str:
     renamed), so a crash never leaves a half-written checkpoint behind.
     """
     from safetensors.torch import save_file
+
+    from capc_common.models.backbone import content_hash
 
     path = Path(path)
     if path.suffix != ".safetensors":
@@ -83,6 +93,8 @@ def _load_file(path: Path) -> Backbone:
     """The backbone of a checkpoint file, its content hash verified on the bytes its tensors load from."""
     from safetensors import SafetensorError
     from safetensors.torch import load
+
+    from capc_common.models.backbone import build_backbone
 
     checkpoint = read_checkpoint(path)
     meta = checkpoint.metadata
@@ -112,6 +124,8 @@ def load_backbone(name_or_path: str | Path, *, sha256: str | None = None) -> Bac
         InputError: unknown name, missing or unreadable file.
         IntegrityError: the file does not match its own hash, or not the expected one.
     """
+    from capc_common.models.backbone import build_backbone
+
     path = backbone_file(name_or_path)
     if path is None:  # training-free scattering: built from its configuration
         shape = parse_shape(str(name_or_path).removeprefix("scatter-"))
@@ -120,3 +134,21 @@ def load_backbone(name_or_path: str | Path, *, sha256: str | None = None) -> Bac
         backbone = _load_file(path)
     check_pinned(name_or_path, actual=backbone.sha256, expected=sha256)
     return backbone.eval()
+
+
+def verify_backbone(name_or_path: str | Path, *, sha256: str | None) -> tuple[int, int, int]:
+    """Check a backbone against its pinned hash without building it; returns the ``(H, W, C)`` it takes.
+
+    From its file alone where it has one (no torch); a scattering backbone without a file is built to hash
+    it (it has no weights: a few filters).
+
+    Raises:
+        InputError: unknown name, missing or unreadable file.
+        IntegrityError: the file does not match its own hash, or not the pinned one.
+    """
+    path = backbone_file(name_or_path)
+    if path is None:
+        return load_backbone(name_or_path, sha256=sha256).input_shape
+    checkpoint = read_checkpoint(path)
+    check_pinned(name_or_path, actual=checkpoint.sha256, expected=sha256)
+    return checkpoint.input_shape

@@ -32,7 +32,6 @@ __all__ = [
     "read_checkpoint",
     "shipped_files",
     "tensor_digest",
-    "verify_backbone",
 ]
 
 FORMAT = "capc-backbone-v1"
@@ -133,26 +132,6 @@ def check_pinned(name_or_path: str | Path, *, actual: str, expected: str | None)
             f"backbone {name_or_path} has SHA-256 {actual}, but {expected} was expected; every party must "
             "use the backbone the federation pinned"
         )
-
-
-def verify_backbone(name_or_path: str | Path, *, sha256: str | None) -> tuple[int, int, int]:
-    """Check a backbone against its pinned hash without building it; returns the ``(H, W, C)`` it takes.
-
-    From its file alone where it has one (no torch); a scattering backbone without a file is built to hash
-    it (it has no weights: a few filters).
-
-    Raises:
-        InputError: unknown name, missing or unreadable file.
-        IntegrityError: the file does not match its own hash, or not the pinned one.
-    """
-    path = backbone_file(name_or_path)
-    if path is None:
-        from capc_common.models.checkpoint import load_backbone
-
-        return load_backbone(name_or_path, sha256=sha256).input_shape
-    checkpoint = read_checkpoint(path)
-    check_pinned(name_or_path, actual=checkpoint.sha256, expected=sha256)
-    return checkpoint.input_shape
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,13 @@ Front door:
 * noise — :class:`NoiseSource`, :class:`SystemNoise` (CSPRNG, production), :class:`SeededNoise` (tests only);
 * accounting — the pure functions of :mod:`capc_common.privacy.analysis` (RDP curves, conversions),
   accountants that keep a history (:class:`ConfidentGNMaxAccountant`, …, :func:`create_accountant`),
-  :func:`estimate` and :func:`plan` (``capc budget estimate|plan``);
-* enforcement — :class:`RenyiFilter` in memory and :class:`BudgetLedger` on disk (two-phase, hash-chained).
+  :func:`estimate` and :func:`plan` (``capc budget estimate|plan``), :func:`plan_budget` (a central run's
+  :class:`RunBudget` for any selection mechanism);
+* enforcement — :class:`RenyiFilter` in memory and :class:`BudgetLedger` on disk (two-phase, hash-chained);
+* claims — :mod:`capc_common.privacy.claims`: what a published ε means (the guarantee, not the odometer).
 """
 
-from capc_common.privacy import analysis
+from capc_common.privacy import analysis, claims
 from capc_common.privacy.accountant import (
     Accountant,
     ConfidentGNMaxAccountant,
@@ -18,6 +20,7 @@ from capc_common.privacy.accountant import (
     SubsampledGaussianAccountant,
     ZCDPAccountant,
 )
+from capc_common.privacy.budget import RunBudget, plan_budget
 from capc_common.privacy.filter import RenyiFilter
 from capc_common.privacy.ledger import BatchRecord, BudgetLedger, Entry, VerificationReport
 from capc_common.privacy.noise import InsecureNoiseWarning, NoiseSource, SeededNoise, SystemNoise
@@ -35,13 +38,16 @@ __all__ = [
     "NoiseSource",
     "PureDPAccountant",
     "RenyiFilter",
+    "RunBudget",
     "SeededNoise",
     "SubsampledGaussianAccountant",
     "SystemNoise",
     "VerificationReport",
     "ZCDPAccountant",
     "analysis",
+    "claims",
     "create_accountant",
     "estimate",
     "plan",
+    "plan_budget",
 ]

@@ -19,6 +19,11 @@ returns). Entries are append-only (triggers reject UPDATE and DELETE) and hash-c
 ``SHA-256(previous hash ‖ canonical JSON of the row)``, starting from the hash of the ledger's parameters, so
 :meth:`BudgetLedger.verify` detects any edited, removed or reordered row and recomputes every total.
 
+**Parameters are checked when the ledger opens.** The ``meta`` row (ε, δ, order, budget, config) must hash to
+the stored genesis, its config to its config hash, and the first entry must link to that genesis:
+:meth:`BudgetLedger.open` refuses (``IntegrityError``) a ledger whose parameters were edited, so neither
+``capc budget show`` nor the guardian ever trusts an edited budget.
+
 **Derived totals are recomputed, never trusted.** The ``state`` table (running totals and the chain head) is
 a cache for other readers: triggers only let it move one entry at a time, to the newest entry's hash, and
 every :class:`BudgetLedger` recomputes the totals itself from the chained entries — all of them when it
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import math
 import os
@@ -45,7 +51,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -68,8 +74,8 @@ MAX_SEQ = 2**63 - 1
 _MAX_BUDGET_RDP = 2.0**14  # keeps every total far inside SQLite's signed 64-bit integers
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
-Kind = Literal["reserve", "compute", "settle", "release"]
-_PHASE = {"reserve": 0, "settle": 1, "release": 1, "compute": 2}
+Kind = Literal["reserve", "compute", "settle", "release", "membership"]
+_PHASE = {"reserve": 0, "settle": 1, "release": 1, "compute": 2, "membership": 3}
 
 _SCHEMA = """
 CREATE TABLE meta (
@@ -88,8 +94,8 @@ CREATE TABLE meta (
 CREATE TABLE entries (
     seq INTEGER PRIMARY KEY,
     batch_id TEXT NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN ('reserve', 'compute', 'settle', 'release')),
-    phase INTEGER NOT NULL CHECK (phase IN (0, 1, 2)),
+    kind TEXT NOT NULL CHECK (kind IN ('reserve', 'compute', 'settle', 'release', 'membership')),
+    phase INTEGER NOT NULL CHECK (phase IN (0, 1, 2, 3)),
     queries INTEGER NOT NULL,
     answered INTEGER NOT NULL,
     parties TEXT NOT NULL,
@@ -146,6 +152,9 @@ CREATE TRIGGER IF NOT EXISTS receipts_no_delete BEFORE DELETE ON receipts
 """
 _OLD_KINDS = "CHECK (kind IN ('reserve', 'settle', 'release'))"
 _OLD_PHASES = "CHECK (phase IN (0, 1))"
+# The schema before membership entries (``_upgrade`` widens it the same way).
+_V2_KINDS = "CHECK (kind IN ('reserve', 'compute', 'settle', 'release'))"
+_V2_PHASES = "CHECK (phase IN (0, 1, 2))"
 
 _ENTRY_COLUMNS = (
     "seq, batch_id, kind, phase, queries, answered, parties, mechanism, params, rdp, units, detail, actor, "
@@ -291,8 +300,13 @@ class _Chain:
     the stored ``state`` row.
     """
 
-    def __init__(self, genesis: str, budget_units: int, *, watch: str | None = None) -> None:
+    def __init__(
+        self, genesis: str, budget_units: int, *, watch: str | None = None, config_hash: str = ""
+    ) -> None:
         self.head = genesis
+        #: The federation config in force: the ledger's own, then each membership entry's new one.
+        self.config_hash = config_hash
+        self.changes: list[Entry] = []  # the membership entries, in chain order
         self.seq = 0
         self.watch = watch
         #: Where the watched hash was found: 0 for the genesis, else its entry's sequence number.
@@ -329,6 +343,9 @@ class _Chain:
             if totals["spent_units"] + totals["reserved_units"] > self.budget_units:
                 problems.append(f"{where}: the reservation crossed the budget")
             return
+        if entry.kind == "membership":
+            self._membership(entry, where)
+            return
         if entry.kind == "compute":
             if entry.batch_id not in self.open_batches:
                 problems.append(f"{where}: computes a batch that is not open")
@@ -361,6 +378,29 @@ class _Chain:
                 problems.append(f"{where}: released after its computation began (it must stay charged)")
             totals["queries"] -= opening.queries
             totals["released"] += 1
+
+    def _membership(self, entry: Entry, where: str) -> None:
+        """A membership entry: it costs nothing, continues the config in force, names the new one by its
+        hash, carries the admin's authorisation, and finds no batch reserved under the old membership open
+        (the change releases those first; batches already computing may still settle)."""
+        change, problems = entry.params, self.problems
+        if entry.units or entry.rdp or entry.queries or entry.answered:
+            problems.append(f"{where}: a membership entry must cost nothing")
+        if change.get("from") != self.config_hash:
+            problems.append(
+                f"{where}: changes federation config {str(change.get('from'))[:16]}, but "
+                f"{self.config_hash[:16]} is in force"
+            )
+        config, new = change.get("config"), change.get("to")
+        if not isinstance(config, dict) or not isinstance(new, str) or _sha256(_canonical(config)) != new:
+            problems.append(f"{where}: the new federation config does not match its hash")
+        if not isinstance(change.get("mac"), str) or not _HEX64.fullmatch(change["mac"]):
+            problems.append(f"{where}: carries no admin authorisation")
+        waiting = sorted(b for b in self.open_batches if b not in self.computing)
+        if waiting:
+            problems.append(f"{where}: batches {waiting[:5]} reserved under the previous membership are open")
+        self.config_hash = str(new)
+        self.changes.append(entry)
 
     def state_problems(self, state: Mapping[str, Any]) -> list[str]:
         """How the stored ``state`` row differs from these recomputed figures (empty: it agrees)."""
@@ -399,10 +439,7 @@ class BudgetLedger:
         self.path = path
         self._db = connection
         self._lock = threading.RLock()
-        row = self._db.execute(
-            "SELECT format, created, epsilon_limit, delta, rdp_order, budget_rdp, budget_units, config, "
-            "config_hash, genesis FROM meta WHERE id = 1"
-        ).fetchone()
+        row = self._db.execute(f"SELECT {', '.join(_META_KEYS)} FROM meta WHERE id = 1").fetchone()
         if row is None:
             raise IntegrityError(f"{path} has no ledger parameters; it is not a complete budget ledger")
         row = _typed(row, _META_TYPES, f"{path}'s ledger parameters")
@@ -410,17 +447,26 @@ class BudgetLedger:
          config, self.config_hash, self.genesis) = row  # fmt: skip
         if fmt != FORMAT:
             raise IntegrityError(f"{path} is ledger format {fmt}; this version reads format {FORMAT}")
+        problems = _meta_problems(dict(zip(_META_KEYS, row, strict=True)), self._db)
+        if problems:
+            raise IntegrityError(
+                f"ledger {path}'s parameters were edited: {'; '.join(problems)}. Its budget cannot be "
+                "trusted; restore the ledger from a backup"
+            )
         self.config: dict[str, Any] = json.loads(config)
         #: The filter's parameters (the ledger keeps the history on disk, not in ``filter.charges``).
         self.filter = RenyiFilter(
             order=self.order, epsilon=self.epsilon_limit, delta=self.delta, budget_rdp=self.budget_rdp
         )
         # Totals recomputed from every entry (the stored ``state`` row is checked against them, never used).
-        self._chain = _Chain(self.genesis, self.budget_units)
+        self._chain = self._new_chain()
         try:
             self._catch_up(self._db)
         except (sqlite3.DatabaseError, IntegrityError) as exc:  # opens for `verify`; refuses every write
             self._chain.problems.append(f"the entries cannot be read past entry {self._chain.seq}: {exc}")
+        #: The federation config this instance charges for: the one in force when it opened. A membership
+        #: change (by this instance or another process) makes it refuse new reservations (reopen it).
+        self._bound = self._chain.config_hash
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -543,11 +589,11 @@ class BudgetLedger:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> BudgetLedger:
-        """Open an existing ledger file.
+        """Open an existing ledger file, checking its parameters against their genesis hash and the chain.
 
         Raises:
             InputError: the file does not exist.
-            IntegrityError: it is not a ledger of this format.
+            IntegrityError: it is not a ledger of this format, or its parameters were edited.
         """
         target = Path(path)
         if not target.is_file():
@@ -594,30 +640,39 @@ class BudgetLedger:
                 if not target.exists():
                     raise
         ledger = cls.open(target)
-        wanted = {
+        config_hash = _sha256(_json_object("config", config))
+        wanted: dict[str, object] = {
             "epsilon_limit": float(epsilon_limit),
             "delta": float(delta),
             "order": float(order),
-            "config_hash": _sha256(_json_object("config", config)),
+            "config_hash": config_hash,
         }
         found = {
             "epsilon_limit": ledger.epsilon_limit,
             "delta": ledger.delta,
             "order": ledger.order,
-            "config_hash": ledger.config_hash,
+            "config_hash": ledger.config_hash_in_force,
         }
         differ = {k: (found[k], wanted[k]) for k in wanted if found[k] != wanted[k]}
         if differ:
+            superseded = ledger.superseded(config_hash)
             ledger.close()
+            if superseded is not None and list(differ) == ["config_hash"]:
+                raise IntegrityError(
+                    f"the ledger at {target}: {superseded}; this federation.yaml is the earlier config: "
+                    "install the new federation.yaml"
+                )
             detail = "; ".join(f"{k}: ledger has {a!r}, asked for {b!r}" for k, (a, b) in differ.items())
             raise IntegrityError(
                 f"the ledger at {target} belongs to another budget or federation ({detail}); point to the "
-                "right file or start a new ledger"
+                "right file or start a new ledger. To add or retire a teacher party while keeping this "
+                "ledger, record the change with the guardian's admin API (capc guardian membership)"
             )
         return ledger
 
     def _upgrade(self) -> None:
-        """Give a ledger created before computation rows existed their kind, phase and receipts table.
+        """Give a ledger created before computation (or membership) rows existed their kinds, phases and the
+        receipts table.
 
         The change only widens two CHECK constraints (every existing row already satisfies the wider ones),
         which SQLite documents as safe to do by editing the schema text in place
@@ -628,10 +683,11 @@ class BudgetLedger:
             (sql,) = self._db.execute(
                 "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'entries'"
             ).fetchone()
-            if _OLD_KINDS not in sql:
+            wider = sql.replace(_OLD_KINDS, _V2_KINDS).replace(_OLD_PHASES, _V2_PHASES)
+            wider = wider.replace(_V2_KINDS, _V2_KINDS.replace("'release'", "'release', 'membership'"))
+            wider = wider.replace(_V2_PHASES, "CHECK (phase IN (0, 1, 2, 3))")
+            if wider == sql:
                 return
-            wider = sql.replace(_OLD_KINDS, _OLD_KINDS.replace("'reserve', ", "'reserve', 'compute', "))
-            wider = wider.replace(_OLD_PHASES, "CHECK (phase IN (0, 1, 2))")
             try:
                 self._db.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError:
@@ -689,9 +745,22 @@ class BudgetLedger:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 if seq is not None and self._chain.seq != seq:  # an appended row was rolled back: recompute
-                    self._chain = _Chain(self.genesis, self.budget_units)
+                    self._chain = self._new_chain()
                     self._catch_up(self._db)
                 raise
+
+    def _new_chain(self, *, watch: str | None = None) -> _Chain:
+        """An empty recomputation of this ledger's chain, from its genesis."""
+        return _Chain(self.genesis, self.budget_units, watch=watch, config_hash=self.config_hash)
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """A read transaction: every statement inside sees the database as of its first read."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._db.execute("ROLLBACK")
 
     def _catch_up(self, db: sqlite3.Connection) -> None:
         """Fold the rows appended since the last look (by anyone) into the recomputed totals."""
@@ -758,6 +827,8 @@ class BudgetLedger:
             InputError: invalid arguments.
             IntegrityError: ``batch_id`` is already reserved with different parameters.
             BudgetExhaustedError: reserved + spent + this would cross the budget; nothing is written.
+            UnavailableError: a membership change (here or by another process) replaced the federation config
+                this instance was opened for; reopen it under the new one.
         """
         bid = _text("batch_id", batch_id)
         who = _text("actor", actor)
@@ -768,6 +839,12 @@ class BudgetLedger:
         rdp = non_negative("worst_case_rdp", worst_case_rdp)
         units = _units(rdp)
         with self._write() as db:
+            if self._chain.config_hash != self._bound:
+                why = self.superseded(self._bound) or f"the federation config changed{self._since()}"
+                raise UnavailableError(  # a guardian about to restart: the caller retries against the new one
+                    f"{why}; this ledger was opened for the earlier config, so it "
+                    "reserves nothing more: restart the guardian with the new federation.yaml"
+                )
             opening, _, _ = self._rows(db, bid)
             if opening is not None:
                 same = (opening.queries, opening.parties, opening.mechanism, _canonical(opening.params),
@@ -930,6 +1007,142 @@ class BudgetLedger:
                 detail=why, actor=who,
             )  # fmt: skip
 
+    # ------------------------------------------------------------------ membership
+    def change_membership(
+        self,
+        *,
+        previous: str,
+        config: Mapping[str, Any],
+        added: Sequence[str],
+        retired: Sequence[str],
+        key: str,
+        actor: str,
+    ) -> Entry:
+        """Continue this ledger under a new federation config: one hash-chained, admin-authorised entry.
+
+        In one transaction: every batch reserved under the old config that no computation began on is
+        released (it revealed nothing, so it costs nothing), then the membership entry records the old and
+        new config hashes, the parties added and retired, the new config itself, and an HMAC-SHA256 of the
+        entry under ``key`` (the admin token), so whoever holds the token can later check that it authorised
+        this change (:meth:`check_authorisations`). The budget, its order and every charge so far carry over
+        unchanged; batches already computing may still settle. From this entry on, ledger instances opened
+        under the old config reserve nothing (:meth:`reserve` raises :class:`UnavailableError`: the guardian
+        restarts with the new one, and its callers retry against that).
+
+        Which changes are allowed is the federation's rule
+        (:func:`capc_common.federation.membership_change`), checked by the caller; the ledger records.
+
+        Args:
+            previous: the config hash the caller runs (must be the one in force).
+            config: the new config's parameters (stored whole, hashed as the genesis config is).
+            added / retired: the teacher parties the change adds and retires.
+            key: the admin token authorising the change (never stored; a fingerprint of it is).
+            actor: who asked.
+
+        Raises:
+            InputError: invalid arguments, or ``config`` is the config already in force.
+            IntegrityError: ``previous`` is not in force (the ledger moved on already), or the ledger
+                failed verification.
+        """
+        who = _text("actor", actor)
+        names = {"added": [_text("party", p) for p in added], "retired": [_text("party", p) for p in retired]}
+        if not isinstance(key, str) or len(key) < 16:
+            raise InputError("the membership change must be authorised by the admin token")
+        config_json = _json_object("config", config)
+        new = _sha256(config_json)
+        with self._write() as db:
+            current = self._chain.config_hash
+            if previous != current:
+                raise IntegrityError(
+                    f"the change is from federation config {previous[:16]}…, but {current[:16]}… is in force "
+                    f"on this ledger{self._since()}; reload the federation and try again"
+                )
+            if new == current:
+                raise InputError(f"federation config {new[:16]}… is already in force; nothing to change")
+            now = time.time()
+            for bid in sorted(b for b in self._chain.open_batches if b not in self._chain.computing):
+                opening = self._chain.open_batches[bid]
+                self._append(
+                    db, now=now, batch_id=bid, kind="release", queries=opening.queries, answered=0,
+                    parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=0.0,
+                    units=0, detail="released by a membership change: it revealed nothing", actor=who,
+                )  # fmt: skip
+            change = {"from": current, "to": new, **names, "config": json.loads(config_json),
+                      "authorised_by": f"admin token {_sha256(key)[:16]}"}  # fmt: skip
+            seq = self._chain.seq + 1
+            draft = Entry(
+                seq=seq, batch_id=f"membership-{seq}", kind="membership", queries=0, answered=0,
+                parties=tuple(names["added"] + names["retired"]), mechanism="membership", params=change,
+                rdp=0.0, units=0, detail=_describe(change), actor=who, time=now, prev_hash=self._chain.head,
+                hash="",
+            )  # fmt: skip
+            signed = {**change, "mac": _mac(key, draft)}
+            return self._append(
+                db, now=now, batch_id=draft.batch_id, kind=draft.kind, queries=0, answered=0,
+                parties=draft.parties, mechanism=draft.mechanism, params=signed, rdp=0.0, units=0,
+                detail=draft.detail, actor=who,
+            )  # fmt: skip
+
+    @staticmethod
+    def hash_config(config: Mapping[str, Any]) -> str:
+        """The hash this ledger gives a config: its ``config_hash``, and the ``from``/``to`` of membership
+        entries (SHA-256 of canonical JSON).
+
+        Raises:
+            InputError: ``config`` is not a JSON-serialisable mapping.
+        """
+        return _sha256(_json_object("config", config))
+
+    def membership_changes(self) -> list[Entry]:
+        """The membership entries, oldest first (each one's ``params``: from, to, added, retired, config)."""
+        with self._lock, _readable(self.path):
+            self._catch_up(self._db)
+            return list(self._chain.changes)
+
+    @property
+    def config_hash_in_force(self) -> str:
+        """The federation config hash in force: the ledger's own, or the last membership entry's new one."""
+        with self._lock, _readable(self.path):
+            self._catch_up(self._db)
+            return self._chain.config_hash
+
+    def _since(self) -> str:
+        """`` since ledger entry N (added …)``: the latest membership entry, if any."""
+        last = self._chain.changes[-1] if self._chain.changes else None
+        return f" since ledger entry {last.seq} ({last.detail})" if last else ""
+
+    def superseded(self, config_hash: str) -> str | None:
+        """Why ``config_hash`` is no longer in force (``the federation changed at ledger entry N (added …)
+        …``), or None if it is in force or was never this ledger's."""
+        with self._lock, _readable(self.path):
+            self._catch_up(self._db)
+            change = next((c for c in self._chain.changes if c.params.get("from") == config_hash), None)
+            now = self._chain.config_hash
+        if change is None or config_hash == now:
+            return None
+        return (
+            f"the federation changed at ledger entry {change.seq} ({change.detail}): config "
+            f"{config_hash[:16]}… is no longer in force, the ledger continues as {now[:16]}…"
+        )
+
+    def check_authorisations(self, key: str) -> dict[int, str]:
+        """Check that ``key`` (the admin token) authorised every membership entry.
+
+        Returns:
+            ``{seq: problem}`` for each membership entry whose HMAC does not match (written without the
+            token, or under another one); empty when the token authorised them all.
+        """
+        problems = {}
+        for entry in self.membership_changes():
+            unsigned = {k: v for k, v in entry.params.items() if k != "mac"}
+            draft = Entry(**{**asdict(entry), "parties": entry.parties, "params": unsigned, "hash": ""})
+            if not hmac.compare_digest(_mac(key, draft), str(entry.params.get("mac", ""))):
+                problems[entry.seq] = (
+                    f"entry {entry.seq} ({entry.detail}): not authorised by this admin token (it names "
+                    f"{entry.params.get('authorised_by', 'no token')})"
+                )
+        return problems
+
     # ------------------------------------------------------------------ reading
     def batch(self, batch_id: str) -> BatchRecord | None:
         """Where ``batch_id`` stands, or ``None`` if it was never reserved."""
@@ -968,14 +1181,24 @@ class BudgetLedger:
         return None if row is None else (str(row[0]), bytes(row[1]))
 
     def entries(
-        self, *, batch_id: str | None = None, after: int = 0, limit: int | None = None, newest: bool = False
+        self,
+        *,
+        batch_id: str | None = None,
+        kinds: Collection[str] | None = None,
+        after: int = 0,
+        limit: int | None = None,
+        newest: bool = False,
     ) -> list[Entry]:
-        """Rows in chain order (or newest first), optionally for one batch and after a sequence number."""
+        """Rows in chain order (or newest first), optionally for one batch, of some kinds only (e.g. the
+        rows that finish a batch: ``settle`` and ``release``) and after a sequence number."""
         query = f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE seq > ?"
         args: list[Any] = [count("after", after, maximum=MAX_SEQ)]
         if batch_id is not None:
             query += " AND batch_id = ?"
             args.append(batch_id)
+        if kinds is not None:
+            query += f" AND kind IN ({', '.join('?' * len(kinds))})" if kinds else " AND 0"
+            args.extend(kinds)
         query += " ORDER BY seq DESC" if newest else " ORDER BY seq"
         if limit is not None:
             query += " LIMIT ?"
@@ -1020,7 +1243,7 @@ class BudgetLedger:
         """
         rows = self.entries()
         step = max(1, math.ceil(len(rows) / count("points", points, minimum=1)))
-        chain = _Chain(self.genesis, self.budget_units)
+        chain = self._new_chain()
         kept: list[dict[str, Any]] = []
         for index, entry in enumerate(rows):
             chain.apply(entry)
@@ -1057,7 +1280,7 @@ class BudgetLedger:
             "entries": seq,
             "head": head,
             "chain_ok": chain_ok,
-            "config_hash": self.config_hash,
+            "config_hash": self.config_hash_in_force,
             "created": self.created,
             "path": str(self.path),
         }
@@ -1080,32 +1303,25 @@ class BudgetLedger:
         """
         if expect_head is not None and not _HEX64.fullmatch(expect_head):
             raise InputError(f"the expected head must be 64 lowercase hex digits, got {expect_head!r}")
-        chain = _Chain(self.genesis, self.budget_units, watch=expect_head)
+        chain = self._new_chain(watch=expect_head)
         try:
-            with self._lock:
+            # One read transaction: the parameters, the stored totals and the entries come from one snapshot
+            # (WAL), so a row a live guardian appends meanwhile cannot look like a mismatch between them.
+            with self._lock, self._snapshot():
                 check = self._db.execute("PRAGMA quick_check").fetchone()[0]
                 if check != "ok":
                     chain.problems.append(f"SQLite quick_check: {check}")
-                meta = self._db.execute(
-                    "SELECT format, created, epsilon_limit, delta, rdp_order, budget_rdp, budget_units, "
-                    "config, config_hash FROM meta WHERE id = 1"
-                ).fetchone()
+                meta = self._db.execute(f"SELECT {', '.join(_META_KEYS)} FROM meta WHERE id = 1").fetchone()
+                meta_problems = _meta_problems(dict(zip(_META_KEYS, meta, strict=True)), self._db)
+                if meta[-1] != self.genesis:
+                    meta_problems.append("the genesis changed since the ledger was opened")
                 state = self._state(self._db)
                 for row in self._db.execute(f"SELECT {_ENTRY_COLUMNS} FROM entries ORDER BY seq"):
                     chain.apply(_row_entry(row))
         except (sqlite3.DatabaseError, IntegrityError) as exc:
             chain.problems.append(f"the file cannot be read past entry {chain.seq}: {exc}")
             return VerificationReport(ok=False, entries=chain.seq, problems=chain.problems, head=chain.head)
-        keys = ("format", "created", "epsilon_limit", "delta", "rdp_order", "budget_rdp", "budget_units",
-                "config", "config_hash")  # fmt: skip
-        meta_dict = dict(zip(keys, meta, strict=True))
-        if _sha256(_canonical(meta_dict)) != self.genesis:
-            chain.problems.append(
-                "ledger parameters do not match the genesis hash (edited budget, order or config)"
-            )
-        if _sha256(meta_dict["config"]) != meta_dict["config_hash"]:
-            chain.problems.append("stored config does not match its hash")
-        chain.problems += chain.state_problems(state)
+        chain.problems += meta_problems + chain.state_problems(state)
         if expect_head is not None and chain.watched_at is None:
             chain.problems.append(
                 f"the pinned head {expect_head[:16]}… is not in the chain of {chain.seq} entries: entries "
@@ -1143,8 +1359,42 @@ def _entry_hash(entry: Entry) -> str:
     return _sha256(entry.prev_hash + _canonical(entry.hashed_fields()))
 
 
+def _mac(key: str, draft: Entry) -> str:
+    """HMAC-SHA256 under the admin token of a membership entry's hashed fields (its ``mac`` left out)."""
+    return hmac.new(key.encode(), _canonical(draft.hashed_fields()).encode(), hashlib.sha256).hexdigest()
+
+
+def _describe(change: Mapping[str, Any]) -> str:
+    """``added hospital-4; retired hospital-2`` (config 1a2b… -> 3c4d…)."""
+    parts = [f"{verb} {', '.join(change[verb])}" for verb in ("added", "retired") if change[verb]]
+    return (
+        f"{'; '.join(parts) or 'membership changed'}: config {change['from'][:16]}… -> {change['to'][:16]}…"
+    )
+
+
 _ENTRY_TYPES = (int, str, str, int, int, int, str, str, str, float, int, str, str, float, str, str)
 _META_TYPES = (int, float, float, float, float, float, int, str, str, str)
+_META_KEYS = ("format", "created", "epsilon_limit", "delta", "rdp_order", "budget_rdp", "budget_units",
+              "config", "config_hash", "genesis")  # fmt: skip
+
+
+def _meta_problems(meta: Mapping[str, Any], db: sqlite3.Connection) -> list[str]:
+    """How the ``meta`` row disagrees with its own genesis hash, its config hash and the chain's first link.
+
+    The genesis is the hash of the parameters (:meth:`BudgetLedger.create`) and the first entry's
+    ``prev_hash``: an edited budget breaks the first, and an edited budget with a recomputed genesis breaks
+    the second (once the ledger has an entry).
+    """
+    problems = []
+    params = {k: v for k, v in meta.items() if k != "genesis"}
+    if _sha256(_canonical(params)) != meta["genesis"]:
+        problems.append("ledger parameters do not match the genesis hash (edited budget, order or config)")
+    if _sha256(meta["config"]) != meta["config_hash"]:
+        problems.append("stored config does not match its hash")
+    first = db.execute("SELECT prev_hash FROM entries ORDER BY seq LIMIT 1").fetchone()
+    if first is not None and first[0] != meta["genesis"]:
+        problems.append("the first entry does not link to the ledger's genesis (parameters replaced)")
+    return problems
 
 
 def _typed(row: tuple[Any, ...], types: tuple[type, ...], what: str) -> tuple[Any, ...]:

@@ -117,7 +117,7 @@ function drawEpsilon(svg, points, limit) {
   }
   if (limit) {
     svg.append(el("line", { class: "limit", x1: left, x2: width - right, y1: y(limit), y2: y(limit) }));
-    svg.append(el("text", { x: width - right - 4, y: y(limit) - 4, "text-anchor": "end" }, `limit ε ${fmt(limit)}`));
+    svg.append(el("text", { x: width - right - 4, y: y(limit) - 4, "text-anchor": "end" }, `guarantee: limit ε ${fmt(limit)}`));
   }
   for (const [key, cls] of [["epsilon_spent", "spent"], ["epsilon_settled", "settled"]]) {
     // ε changes only at an entry: a step line, 0 before the first entry
@@ -131,7 +131,7 @@ function drawEpsilon(svg, points, limit) {
     path.push(`${x(t1).toFixed(2)},${y(previous).toFixed(2)}`);
     svg.append(el("polyline", { class: cls, points: path.join(" ") }));
   }
-  svg.append(el("text", { x: left + 8, y: top + 10 }, "— settled   - - incl. open reservations"));
+  svg.append(el("text", { x: left + 8, y: top + 10 }, "realised spend: — settled   - - incl. open reservations"));
 }
 
 function drawBatches(svg, batches) {
@@ -249,7 +249,10 @@ async function refresh() {
     ]);
     for (const [key, value] of Object.entries(budget)) setField(key, value);
     if ("chain_ok" in budget) setField("chain_ok", budget.chain_ok, budget.chain_ok ? "intact" : "BROKEN");
+    // fraction_used is of the Rényi (RDP) budget; the ε fraction is shown beside it, so neither reads as the other
     setField("percent_used", budget.fraction_used * 100, (budget.fraction_used * 100).toFixed(1));
+    const epsilonPercent = budget.epsilon_limit ? (100 * budget.epsilon_spent) / budget.epsilon_limit : 0;
+    document.getElementById("epsilon-percent").textContent = epsilonPercent.toFixed(1);
     document.getElementById("meter-fill").style.width = `${Math.min(100, budget.fraction_used * 100)}%`;
     document.getElementById("federation").textContent = parties.federation;
     renderNoise(budget);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,7 @@ import numpy.typing as npt
 
 from capc_common.errors import CapcError, InputError
 from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone
+from capc_common.federation.site_data import DataFinding, dataset_findings, image_findings
 from capc_services.teacher.preflight.report import Check
 from capc_services.teacher.settings import TeacherSettings
 
@@ -17,9 +19,6 @@ if TYPE_CHECKING:
     from capc_common.models import Backbone
 
 GRID_PER_CLASS = 8
-# Adjacent pixels of photographs, scans and renderings are strongly correlated; shuffled or noise-like data
-# (a wrong reshape, a wrong dtype, encrypted files read as pixels) is not.
-MIN_NEIGHBOUR_CORRELATION = 0.3
 
 
 def backbone_check(config: FederationConfig) -> tuple[Check, Backbone | None]:
@@ -38,15 +37,6 @@ def backbone_check(config: FederationConfig) -> tuple[Check, Backbone | None]:
             None,
         )
     return Check.ok("backbone", f"{b.name} sha256 {b.sha256[:16]}… matches federation.yaml"), backbone
-
-
-def _neighbour_correlation(images: npt.NDArray[np.uint8]) -> float:
-    """Mean correlation of horizontally adjacent pixels (≈ 0.9 for natural images, ≈ 0 for noise)."""
-    x = images.astype(np.float64)
-    left, right = x[:, :, :-1, :].ravel(), x[:, :, 1:, :].ravel()
-    if left.std() == 0 or right.std() == 0:
-        return 0.0
-    return float(np.corrcoef(left, right)[0, 1])
 
 
 def write_grid(
@@ -72,9 +62,16 @@ def write_grid(
     return path
 
 
+def _check(finding: DataFinding) -> Check:
+    """A data finding as the preflight check of the same name."""
+    return Check(finding.check, finding.status, finding.detail, finding.fix, dict(finding.data))
+
+
 def dataset_checks(settings: TeacherSettings, config: FederationConfig, *, out_dir: Path) -> list[Check]:
     """The site's data loads, has the federation's image shape and classes, enough examples for its heads,
-    every class, and looks like images (a PNG grid of examples per class is written to ``out_dir``)."""
+    every class, and looks like images (a PNG grid of examples per class is written to ``out_dir``): the
+    checks ``capc teacher train`` and ``capc data import`` run too (:mod:`capc_common.federation.site_data`).
+    """
     from capc_services.teacher.train import party_examples
 
     try:
@@ -88,92 +85,14 @@ def dataset_checks(settings: TeacherSettings, config: FederationConfig, *, out_d
                 "folder:/path or idx:/dir; see docs/data.md)",
             )
         ]
-    q, heads = config.queries, config.teacher(settings.party).heads
-    expected = (q.height, q.width, q.channels)
-    counts = np.bincount(labels, minlength=config.classes).tolist()
-    data = {"source": name, "examples": len(labels), "shape": list(images.shape[1:]), "per_class": counts}
-    if tuple(images.shape[1:]) != expected:
-        return [
-            Check.fail(
-                "dataset",
-                f"{name}: images are {'x'.join(map(str, images.shape[1:]))}, the federation's queries are "
-                f"{'x'.join(map(str, expected))} (height x width x channels)",
-                fix="convert the site's images to the federation's size and channels before training",
-                **data,
-            )
-        ]
-    if len(counts) > config.classes:
-        return [
-            Check.fail(
-                "dataset",
-                f"{name} has labels up to {len(counts) - 1}; the federation has {config.classes} classes",
-                fix=f"map the site's labels onto the federation's classes 0..{config.classes - 1}",
-                **data,
-            )
-        ]
-    if len(labels) < heads:
-        return [
-            Check.fail(
-                "dataset",
-                f"{name} has {len(labels)} examples for {heads} teacher heads (each needs its own shard)",
-                fix="use more of the site's data (a larger data.fraction), or ask the coordinator for fewer "
-                "heads",
-                **data,
-            )
-        ]
-    missing = [c for c, n in enumerate(counts) if n == 0]
-    shape = "x".join(map(str, images.shape[1:]))
-    detail = f"{name}: {len(labels)} examples {shape}, per class {counts}"
-    checks = [
-        Check.warn(
-            "dataset",
-            f"{detail}; no example of class(es) {missing}",
-            fix="check the label mapping; heads trained without a class never vote for it",
-            **data,
-        )
-        if missing
-        else Check.ok("dataset", detail, **data)
-    ]
-    checks.append(
-        _images_check(images, labels, out_dir / f"{settings.party}-dataset.png", classes=config.classes)
+    found = dataset_findings(
+        images, labels, config=config, name=name, heads=config.teacher(settings.party).heads
     )
-    return checks
-
-
-def _images_check(
-    images: npt.NDArray[np.uint8], labels: npt.NDArray[np.int64], grid: Path, *, classes: int
-) -> Check:
-    flat = images.reshape(len(images), -1).astype(np.float64)
-    blank = float((flat.std(axis=1) < 1.0).mean())
-    correlation = _neighbour_correlation(images[:2000])
-    path = write_grid(images, labels, grid, classes=classes)
-    data = {
-        "grid": str(path),
-        "blank_fraction": round(blank, 4),
-        "neighbour_correlation": round(correlation, 3),
-        "mean": round(float(flat.mean()), 2),
-    }
-    if blank > 0.5:
-        return Check.fail(
-            "dataset.images",
-            f"{100 * blank:.0f} % of the images are blank (one grey level); see {path}",
-            fix="check how the site's images are read (paths, dtype: uint8 0-255 or floats in [0, 1])",
-            **data,
-        )
-    if correlation < MIN_NEIGHBOUR_CORRELATION:
-        return Check.warn(
-            "dataset.images",
-            f"adjacent pixels correlate only {correlation:.2f} (images ≈ 0.9, noise ≈ 0): the images may be "
-            f"scrambled; look at {path}",
-            fix="check the array layout (N, H, W, C) and that the files are decoded images",
-            **data,
-        )
-    return Check.ok(
-        "dataset.images",
-        f"look like images (adjacent-pixel correlation {correlation:.2f}, {100 * blank:.1f} % blank); "
-        f"grid: {path}",
-        **data,
-    )
+    if found.status == "fail":
+        return [_check(found)]
+    grid = write_grid(images, labels, out_dir / f"{settings.party}-dataset.png", classes=config.classes)
+    looks = image_findings(images, see=str(grid))
+    return [_check(found), _check(replace(looks, data={**looks.data, "grid": str(grid)}))]
 
 
 def heads_check(settings: TeacherSettings, config: FederationConfig, backbone: Backbone) -> Check:

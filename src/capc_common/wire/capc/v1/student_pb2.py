@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from capc_common.wire.capc.v1 import common_pb2 as capc_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63\x61pc/v1/student.proto\x12\x07\x63\x61pc.v1\x1a\x14\x63\x61pc/v1/common.proto\"#\n\x12NextReleaseRequest\x12\r\n\x05party\x18\x01 \x01(\t\"\x80\x01\n\x0bReleaseItem\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x1f\n\x05state\x18\x03 \x01(\x0b\x32\x10.capc.v1.NdArray\x12\x0e\n\x06length\x18\x04 \x01(\x04\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x0f\n\x07pending\x18\x06 \x01(\x08\"W\n\x11\x43ontributionShare\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\r\n\x05party\x18\x02 \x01(\t\x12\x1f\n\x05share\x18\x03 \x01(\x0b\x32\x10.capc.v1.NdArray\"*\n\x16\x43ontributionShareReply\x12\x10\n\x08received\x18\x01 \x01(\r\"F\n\x0cTeacherHello\x12\r\n\x05party\x18\x01 \x01(\t\x12\r\n\x05heads\x18\x02 \x01(\r\x12\x18\n\x10software_version\x18\x03 \x01(\t\"u\n\x08WorkItem\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12!\n\x05query\x18\x03 \x01(\x0b\x32\x12.capc.v1.QuerySpec\x12\x12\n\nring_width\x18\x04 \x01(\r\x12\x0f\n\x07\x63lasses\x18\x05 \x01(\r\"\x8d\x01\n\tVoteShare\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12\x1f\n\x05share\x18\x03 \x01(\x0b\x32\x10.capc.v1.NdArray\x12\x14\n\x0cgeneration_s\x18\x04 \x01(\x01\x12\x13\n\x0binference_s\x18\x05 \x01(\x01\x12\x11\n\tsharing_s\x18\x06 \x01(\x01\"d\n\x07Refusal\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12&\n\x06reason\x18\x03 \x01(\x0e\x32\x16.capc.v1.RefusalReason\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\x8a\x01\n\x0eTeacherMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.capc.v1.TeacherHelloH\x00\x12#\n\x05share\x18\x02 \x01(\x0b\x32\x12.capc.v1.VoteShareH\x00\x12#\n\x07refusal\x18\x03 \x01(\x0b\x32\x10.capc.v1.RefusalH\x00\x42\x06\n\x04kind\"6\n\x0eStudentWelcome\x12\x0f\n\x07student\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\"g\n\x0eStudentMessage\x12*\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.capc.v1.StudentWelcomeH\x00\x12!\n\x04work\x18\x02 \x01(\x0b\x32\x11.capc.v1.WorkItemH\x00\x42\x06\n\x04kind*\xee\x01\n\rRefusalReason\x12\x1e\n\x1aREFUSAL_REASON_UNSPECIFIED\x10\x00\x12*\n&REFUSAL_REASON_RAW_QUERIES_NOT_ALLOWED\x10\x01\x12)\n%REFUSAL_REASON_LOCAL_BUDGET_EXHAUSTED\x10\x02\x12\'\n#REFUSAL_REASON_GUARDIAN_UNAVAILABLE\x10\x03\x12 \n\x1cREFUSAL_REASON_INVALID_QUERY\x10\x04\x12\x1b\n\x17REFUSAL_REASON_INTERNAL\x10\x05\x32\xe8\x01\n\x0eStudentService\x12<\n\x04Work\x12\x17.capc.v1.TeacherMessage\x1a\x17.capc.v1.StudentMessage(\x01\x30\x01\x12@\n\x0bNextRelease\x12\x1b.capc.v1.NextReleaseRequest\x1a\x14.capc.v1.ReleaseItem\x12V\n\x17SubmitContributionShare\x12\x1a.capc.v1.ContributionShare\x1a\x1f.capc.v1.ContributionShareReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63\x61pc/v1/student.proto\x12\x07\x63\x61pc.v1\x1a\x14\x63\x61pc/v1/common.proto\"#\n\x12NextReleaseRequest\x12\r\n\x05party\x18\x01 \x01(\t\"\x80\x01\n\x0bReleaseItem\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\r\x12\x1f\n\x05state\x18\x03 \x01(\x0b\x32\x10.capc.v1.NdArray\x12\x0e\n\x06length\x18\x04 \x01(\x04\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x0f\n\x07pending\x18\x06 \x01(\x08\"W\n\x11\x43ontributionShare\x12\x12\n\nrelease_id\x18\x01 \x01(\t\x12\r\n\x05party\x18\x02 \x01(\t\x12\x1f\n\x05share\x18\x03 \x01(\x0b\x32\x10.capc.v1.NdArray\"*\n\x16\x43ontributionShareReply\x12\x10\n\x08received\x18\x01 \x01(\r\"i\n\x0cTeacherHello\x12\r\n\x05party\x18\x01 \x01(\t\x12\r\n\x05heads\x18\x02 \x01(\r\x12\x18\n\x10software_version\x18\x03 \x01(\t\x12\x10\n\x08instance\x18\x04 \x01(\t\x12\x0f\n\x07process\x18\x05 \x01(\t\"u\n\x08WorkItem\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12!\n\x05query\x18\x03 \x01(\x0b\x32\x12.capc.v1.QuerySpec\x12\x12\n\nring_width\x18\x04 \x01(\r\x12\x0f\n\x07\x63lasses\x18\x05 \x01(\r\"\x8d\x01\n\tVoteShare\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12\x1f\n\x05share\x18\x03 \x01(\x0b\x32\x10.capc.v1.NdArray\x12\x14\n\x0cgeneration_s\x18\x04 \x01(\x01\x12\x13\n\x0binference_s\x18\x05 \x01(\x01\x12\x11\n\tsharing_s\x18\x06 \x01(\x01\"d\n\x07Refusal\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x04\x12&\n\x06reason\x18\x03 \x01(\x0e\x32\x16.capc.v1.RefusalReason\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\x8a\x01\n\x0eTeacherMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.capc.v1.TeacherHelloH\x00\x12#\n\x05share\x18\x02 \x01(\x0b\x32\x12.capc.v1.VoteShareH\x00\x12#\n\x07refusal\x18\x03 \x01(\x0b\x32\x10.capc.v1.RefusalH\x00\x42\x06\n\x04kind\"6\n\x0eStudentWelcome\x12\x0f\n\x07student\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x02 \x01(\t\"g\n\x0eStudentMessage\x12*\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.capc.v1.StudentWelcomeH\x00\x12!\n\x04work\x18\x02 \x01(\x0b\x32\x11.capc.v1.WorkItemH\x00\x42\x06\n\x04kind*\xee\x01\n\rRefusalReason\x12\x1e\n\x1aREFUSAL_REASON_UNSPECIFIED\x10\x00\x12*\n&REFUSAL_REASON_RAW_QUERIES_NOT_ALLOWED\x10\x01\x12)\n%REFUSAL_REASON_LOCAL_BUDGET_EXHAUSTED\x10\x02\x12\'\n#REFUSAL_REASON_GUARDIAN_UNAVAILABLE\x10\x03\x12 \n\x1cREFUSAL_REASON_INVALID_QUERY\x10\x04\x12\x1b\n\x17REFUSAL_REASON_INTERNAL\x10\x05\x32\xe8\x01\n\x0eStudentService\x12<\n\x04Work\x12\x17.capc.v1.TeacherMessage\x1a\x17.capc.v1.StudentMessage(\x01\x30\x01\x12@\n\x0bNextRelease\x12\x1b.capc.v1.NextReleaseRequest\x1a\x14.capc.v1.ReleaseItem\x12V\n\x17SubmitContributionShare\x12\x1a.capc.v1.ContributionShare\x1a\x1f.capc.v1.ContributionShareReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'capc.v1.student_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REFUSALREASON']._serialized_start=1097
-  _globals['_REFUSALREASON']._serialized_end=1335
+  _globals['_REFUSALREASON']._serialized_start=1132
+  _globals['_REFUSALREASON']._serialized_end=1370
   _globals['_NEXTRELEASEREQUEST']._serialized_start=56
   _globals['_NEXTRELEASEREQUEST']._serialized_end=91
   _globals['_RELEASEITEM']._serialized_start=94
@@ -43,19 +43,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONTRIBUTIONSHAREREPLY']._serialized_start=313
   _globals['_CONTRIBUTIONSHAREREPLY']._serialized_end=355
   _globals['_TEACHERHELLO']._serialized_start=357
-  _globals['_TEACHERHELLO']._serialized_end=427
-  _globals['_WORKITEM']._serialized_start=429
-  _globals['_WORKITEM']._serialized_end=546
-  _globals['_VOTESHARE']._serialized_start=549
-  _globals['_VOTESHARE']._serialized_end=690
-  _globals['_REFUSAL']._serialized_start=692
-  _globals['_REFUSAL']._serialized_end=792
-  _globals['_TEACHERMESSAGE']._serialized_start=795
-  _globals['_TEACHERMESSAGE']._serialized_end=933
-  _globals['_STUDENTWELCOME']._serialized_start=935
-  _globals['_STUDENTWELCOME']._serialized_end=989
-  _globals['_STUDENTMESSAGE']._serialized_start=991
-  _globals['_STUDENTMESSAGE']._serialized_end=1094
-  _globals['_STUDENTSERVICE']._serialized_start=1338
-  _globals['_STUDENTSERVICE']._serialized_end=1570
+  _globals['_TEACHERHELLO']._serialized_end=462
+  _globals['_WORKITEM']._serialized_start=464
+  _globals['_WORKITEM']._serialized_end=581
+  _globals['_VOTESHARE']._serialized_start=584
+  _globals['_VOTESHARE']._serialized_end=725
+  _globals['_REFUSAL']._serialized_start=727
+  _globals['_REFUSAL']._serialized_end=827
+  _globals['_TEACHERMESSAGE']._serialized_start=830
+  _globals['_TEACHERMESSAGE']._serialized_end=968
+  _globals['_STUDENTWELCOME']._serialized_start=970
+  _globals['_STUDENTWELCOME']._serialized_end=1024
+  _globals['_STUDENTMESSAGE']._serialized_start=1026
+  _globals['_STUDENTMESSAGE']._serialized_end=1129
+  _globals['_STUDENTSERVICE']._serialized_start=1373
+  _globals['_STUDENTSERVICE']._serialized_end=1605
 # @@protoc_insertion_point(module_scope)

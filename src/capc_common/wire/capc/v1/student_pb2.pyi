@@ -61,14 +61,18 @@ class ContributionShareReply(_message.Message):
     def __init__(self, received: _Optional[int] = ...) -> None: ...
 
 class TeacherHello(_message.Message):
-    __slots__ = ("party", "heads", "software_version")
+    __slots__ = ("party", "heads", "software_version", "instance", "process")
     PARTY_FIELD_NUMBER: _ClassVar[int]
     HEADS_FIELD_NUMBER: _ClassVar[int]
     SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
     party: str
     heads: int
     software_version: str
-    def __init__(self, party: _Optional[str] = ..., heads: _Optional[int] = ..., software_version: _Optional[str] = ...) -> None: ...
+    instance: str
+    process: str
+    def __init__(self, party: _Optional[str] = ..., heads: _Optional[int] = ..., software_version: _Optional[str] = ..., instance: _Optional[str] = ..., process: _Optional[str] = ...) -> None: ...
 
 class WorkItem(_message.Message):
     __slots__ = ("batch_id", "attempt", "query", "ring_width", "classes")

@@ -1,0 +1,295 @@
+"""Every script under ``benchmarks/`` runs in the suite at toy size, and its JSON is checked: the keys its
+docstring promises and figures in a sane range for the size (issue 27.1). A benchmark that stops working
+fails here instead of rotting until someone needs its figure.
+
+Each script runs as a real process, exactly as a person runs it, on one torch thread (on a shared 2-core
+machine two threads spin against each other), writing only under the test's temporary directory. Scripts
+whose toy run is already a test elsewhere (the chaos campaign's short version, the synthetic-image
+benchmark) are listed in :data:`ELSEWHERE` with that test; :func:`test_every_script_has_a_smoke_test` fails
+when a new script has neither.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = REPO / "benchmarks"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CAPC_TORCH_THREADS": "1"}
+
+
+def run_json(script: str, *args: str, timeout: float = 420) -> Any:
+    """Run ``benchmarks/<script> ARGS`` and parse the one JSON object it prints last on stdout."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        cwd=REPO,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _fraction(value: float, low: float = 0.0, high: float = 1.0) -> bool:
+    return isinstance(value, float) and math.isfinite(value) and low <= value <= high
+
+
+# ---------------------------------------------------------------------------------------- the scripts
+def accounting(tmp: Path) -> None:
+    out = run_json("accounting.py", "--format", "json", "--repeats", "1", "--ledger-batches", "5")
+    assert set(out) == {"noise", "ledger", "accountant"}
+    rates = [v["draws_per_s"] for v in out["noise"].values() if "draws_per_s" in v]
+    assert len(rates) >= 8 and all(r > 0 for r in rates)
+    tables = [v for k, v in out["noise"].items() if k.startswith("table_")]
+    assert tables and all(t["entries"] > 0 and t["distance_bound_log2"] <= -64 for t in tables)
+    ledger = out["ledger"]
+    assert ledger["batches"] == 5 and ledger["entries"] == 10 and ledger["verify_ok"] is True
+    assert ledger["batches_per_s"] > 0 and ledger["ms_per_transaction"] > 0
+    assert out["accountant"]["orders"] > 10 and out["accountant"]["estimate_s"] > 0
+
+
+def backbone_speed(tmp: Path) -> None:
+    out = run_json(
+        "backbone_speed.py", "--format", "json", "--threads", "1", "--images", "64", "--bn-batch", "32",
+        "--repeats", "1", "--backbones", "scatter-28x28x1",
+    )  # fmt: skip
+    assert list(out) == ["scatter-28x28x1"]
+    entry = out["scatter-28x28x1"]
+    assert entry["images_per_s"] > 0 and entry["size"] == "28x28x1" and entry["bn_batch"] == 32
+    assert entry["feature_dim"] > 1000 and entry["threads"] == 1
+
+
+def federation(tmp: Path) -> None:
+    out = run_json(
+        "federation.py", "--format", "json", "--parties", "2", "--train-limit", "200", "--bn-batch", "16",
+        "--batch-size", "32", "--batches", "2", "--latency-batch", "16", "--latency-batches", "3",
+        "--memory-batches", "3", "--work-dir", str(tmp / "federation"),
+    )  # fmt: skip
+    assert {"federation_labels_per_s", "central_labels_per_s", "ratio", "protocol_latency_16_s", "stages",
+            "mpc_bytes_per_label", "guardian_rss_mb", "setup"} <= out.keys()  # fmt: skip
+    assert out["federation_labels_per_s"] > 0 and out["central_labels_per_s"] > 0
+    assert out["ratio"] == pytest.approx(out["federation_labels_per_s"] / out["central_labels_per_s"])
+    assert 0 < out["protocol_latency_16_s"] < 60 and out["mpc_bytes_per_label"] > 0
+    assert set(out["stages"]) == {"central", "federation", "latency_run"}
+    # The planner's heads for the parties' actual (hash-selected) examples, not a fixed count.
+    setup = out["setup"]
+    planned = setup["planned"]
+    assert len(planned["examples"]) == 2 and all(120 < n < 280 for n in planned["examples"])
+    assert setup["teachers_per_party"] == min(planned["heads"]) >= 2
+    rss = out["guardian_rss_mb"]
+    assert rss["batches"] == 3 and 50 < rss["last"] < 4000
+
+
+def gpu_check(tmp: Path) -> None:
+    out = run_json(
+        "gpu_check.py", "--device", "cpu", "--images", "128", "--batch-size", "8", "--steps", "2",
+        "--format", "json",
+    )  # fmt: skip
+    assert {"device", "torch", "features", "pretrain"} <= out.keys() and out["device"] == "cpu"
+    features = out["features"]
+    assert features["images"] == 128 and features["agree"] is True and features["max_abs_diff"] == 0.0
+    assert features["cpu_images_per_s"] > 0 and features["gpu_images_per_s"] > 0
+    pretrain = out["pretrain"]
+    assert pretrain["steps"] == 2 and pretrain["batch_size"] == 8 and pretrain["images_per_s"] > 0
+    losses = pretrain["first_losses"] + pretrain["last_losses"]
+    assert losses and all(math.isfinite(v) and 0 < v < 20 for v in losses)
+
+
+def heads_speed(tmp: Path) -> None:
+    out = run_json("heads_speed.py", "--heads", "3", "--rows", "64", "--dim", "32", "--format", "json")
+    (row,) = out["runs"]
+    assert row["heads"] == 3 and row["rows_per_head"] == 64 and row["dim"] == 32
+    assert row["seconds"] >= 0 and row["heads_per_s"] > 0 and row["recipe"]["kind"] == "linear"
+
+
+def linear_probe(tmp: Path) -> None:
+    out = run_json(
+        "linear_probe.py", "--format", "json", "--limit", "256", "--bn-batch", "64", "--max-iter", "5",
+        "--backbones", "scatter-28x28x1", "--out", str(tmp),
+    )  # fmt: skip
+    assert set(out) == {"scatter-28x28x1", "random_init", "random_init/learned", "raw_pixels"}
+    for name in ("scatter-28x28x1", "random_init"):
+        assert set(out[name]) == {"current", "running"}
+        assert all(_fraction(a, 0.3) for a in out[name].values()), out  # 10 classes: chance is 0.1
+    assert _fraction(out["raw_pixels"], 0.3)
+    with (tmp / "linear_probe.csv").open() as handle:
+        assert len(list(csv.DictReader(handle))) == 7
+    assert (tmp / "linear_probe.png").stat().st_size > 5_000
+
+
+#: The methods of benchmarks/mechanisms.py whose toy run is a test elsewhere (with its accuracy checked).
+METHODS_ELSEWHERE = {
+    "local-only": "tests/mechanisms/test_benchmark.py::test_json_table_outputs_and_resume",
+    "dppl": "tests/mechanisms/test_benchmark.py::test_json_table_outputs_and_resume",
+    "secagg-dpsgd": "tests/mechanisms/test_benchmark.py::test_json_table_outputs_and_resume",
+    "capc-fair": "tests/mechanisms/test_baselines.py::test_benchmark_runs_every_baseline_end_to_end",
+    "capc-greedy": "tests/mechanisms/test_baselines.py::test_benchmark_runs_every_baseline_end_to_end",
+    "cnn-dpsgd": "tests/mechanisms/test_baselines.py::test_benchmark_runs_every_baseline_end_to_end",
+    "dp-fedavg": "tests/mechanisms/test_baselines.py::test_dp_fedavg_runs_on_real_flower_processes",
+}
+#: The others run here, shrunk.
+MECHANISMS = ["central-dpsgd", "dppl-public", "dppl-public-votes", "private-knn", "prom-pate"]
+SHRINK = ["dpsgd.epochs=2", "dppl_public.queries=256", "dppl_public_votes.per_class=10", "knn.queries=128",
+          "knn.neighbours=20", "prompate.teachers_per_party=2", "prompate.queries=128"]  # fmt: skip
+#: Accuracy floors on digits (chance is 0.1) below 0.5: the methods that learn from synthetic queries or
+#: candidates (measured 0.45–0.62 for DPPL-Public, 0.31 for Private-kNN at these sizes; Prom-PATE's six
+#: teachers answer a handful of queries, so only its running and accounting are checked).
+FLOOR = {"dppl-public": 0.25, "dppl-public-votes": 0.25, "private-knn": 0.15, "prom-pate": 0.0}
+
+
+def mechanisms(tmp: Path) -> None:
+    out = run_json(
+        "mechanisms.py", "--dataset", "digits", "--train-limit", "1400", "--parties", "3", "--epsilons", "10",
+        "--seeds", "0", "--partitions", "imbalanced", "--methods", *MECHANISMS, "--out", str(tmp),
+        "--cache-dir", str(tmp / "cache"), "--format", "json", *(x for s in SHRINK for x in ("--set", s)),
+    )  # fmt: skip
+    assert out["setting"]["split"] == "keyed-hash" and out["setting"]["train_images"] == 1400
+    assert "add/remove one example" in out["setting"]["neighbouring"]
+    cells = {t["method"]: t for t in out["table"]}
+    assert sorted(cells) == sorted(MECHANISMS) and out["rows"] == len(MECHANISMS)
+    for method, cell in cells.items():
+        assert cell["seeds"] == 1 and cell["partition"] == "imbalanced" and _fraction(cell["accuracy_mean"])
+        assert cell["accuracy_mean"] >= FLOOR.get(method, 0.5), (method, cell)
+    with (tmp / "mechanisms.csv").open() as handle:
+        rows = {r["method"]: r for r in csv.DictReader(handle)}
+    assert all(float(r["epsilon"]) <= 10 * (1 + 1e-9) for r in rows.values())
+    assert rows["dppl-public-votes"]["released"] == "1" and int(rows["central-dpsgd"]["released"]) > 0
+    assert (tmp / "mechanisms.md").read_text().startswith("Neighbouring datasets: add/remove one example")
+
+
+def mpc(tmp: Path) -> None:
+    out = run_json(
+        "mpc.py", "--format", "json", "--classes", "2", "--batch", "16", "--queries", "64",
+        "--csv", str(tmp / "mpc.csv"),
+    )  # fmt: skip
+    (row,) = out["rows"]
+    assert row["classes"] == 2 and row["batch"] == 16 and row["batches"] == 4 and row["correct"] is True
+    assert row["labels_per_s"] > 0 and row["and_gates_per_label"] > 0 and row["bytes_per_label"] > 0
+    assert 0 < row["answered_fraction"] < 1  # both outcomes of the threshold occur
+    assert (tmp / "mpc.csv").read_text().startswith("classes,batch,")
+
+
+def prompt_teachers(tmp: Path) -> None:
+    out = run_json(
+        "prompt_teachers.py", "--teachers", "1", "--shard", "64", "--steps", "1", "--validation", "64",
+        "--format", "json",
+    )  # fmt: skip
+    assert out["setting"]["teachers"] == 1
+    (row,) = out["rows"]
+    assert row["steps"] == 1 and row["seconds_per_teacher"] > 0
+    assert _fraction(row["mean_teacher_accuracy"], 0.3)
+    assert all(math.isfinite(v) for v in row["loss_first_last"])
+
+
+def recipe_sweep(tmp: Path) -> None:
+    out = run_json(
+        "recipe_sweep.py", "--smoke", "--device", "cpu", "--stages", "recipes,mechanism,baseline,balance",
+        "--validation", "200", "--queries", "256", "--out", str(tmp), "--format", "json",
+    )  # fmt: skip
+    assert out["smoke"] is True and out["device"] == "cpu" and out["validation"] == 200
+    (best,) = out["best"]
+    assert best["teachers"] == 8 and set(best["curve"]) == {"100", "200"}
+    assert all(_fraction(v, 0.15) for v in best["curve"].values())
+    lines = [json.loads(line) for line in (tmp / "sweep.jsonl").read_text().splitlines()]
+    assert {line["stage"] for line in lines} == {"teachers", "dp", "balance"}
+    assert {line.get("tag") for line in lines if line["stage"] == "dp"} == {"main", "curve", "baseline"}
+    (balance,) = [line for line in lines if line["stage"] == "balance"]
+    assert all(_fraction(balance[k], 0.1) for k in ("plain", "inverse", "sqrt", "logit_adjusted"))
+
+
+def student_memory(tmp: Path) -> None:
+    out = run_json("student_memory.py", "--queries", "256", "--format", "json")
+    assert set(out) == {"queries", "answered", "chunk_queries", "chunks", "peak_rss_mb", "train_s"}
+    assert out["queries"] == 256 and 0 < out["answered"] <= 256 and out["chunks"] >= 1
+    assert 50 < out["peak_rss_mb"] < 8000 and out["train_s"] > 0
+
+
+def utility(tmp: Path) -> None:
+    out = run_json(
+        "utility.py", "--config", str(REPO / "configs" / "digits-quick.yaml"), "--teachers", "40",
+        "--epsilons", "10,20", "--seeds", "0", "--generators", "dead_leaves", "--no-baseline",
+        "--out", str(tmp), "--runs-dir", str(tmp / "runs"), "--cache-dir", str(tmp / "cache"),
+        "--format", "json",
+    )  # fmt: skip
+    assert out["runs"] == 1 and out["ran"] == 1 and len(out["files"]) == 3
+    cells = {t["epsilon"]: t for t in out["table"]}
+    assert set(cells) == {10.0, 20.0}
+    for eps, cell in cells.items():
+        assert cell["method"] == "diet-pate" and cell["teachers"] == 40
+        assert cell["epsilon_achieved"] <= eps * (1 + 1e-9) and _fraction(cell["student_accuracy"], 0.2)
+    assert cells[20.0]["answered"] >= cells[10.0]["answered"] > 0
+
+
+#: Script → its smoke test here.
+SMOKE: dict[str, Callable[[Path], None]] = {
+    "accounting.py": accounting,
+    "backbone_speed.py": backbone_speed,
+    "federation.py": federation,
+    "gpu_check.py": gpu_check,
+    "heads_speed.py": heads_speed,
+    "linear_probe.py": linear_probe,
+    "mechanisms.py": mechanisms,
+    "mpc.py": mpc,
+    "prompt_teachers.py": prompt_teachers,
+    "recipe_sweep.py": recipe_sweep,
+    "student_memory.py": student_memory,
+    "utility.py": utility,
+}
+#: Smoke tests that take more than ~20 s on the 2-core machine.
+SLOW = {"federation.py", "mechanisms.py", "recipe_sweep.py"}
+#: Script → the test elsewhere in the suite that runs it at toy size and checks its JSON.
+ELSEWHERE = {
+    "chaos.py": "tests/e2e/test_restarts.py::test_the_chaos_campaigns_short_version",
+    "synth.py": "tests/synth/test_synth_benchmark.py::test_json_output_and_csv",
+}
+
+
+@pytest.mark.parametrize(
+    "script",
+    [pytest.param(s, marks=[pytest.mark.slow] if s in SLOW else []) for s in sorted(SMOKE)],
+)
+def test_the_script_runs_at_toy_size(script: str, tmp_path: Path) -> None:
+    SMOKE[script](tmp_path)
+
+
+def test_every_method_of_the_mechanisms_benchmark_runs_somewhere() -> None:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from methods import REGISTRY
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    names = {m.name for m in REGISTRY}
+    assert set(MECHANISMS) | METHODS_ELSEWHERE.keys() == names
+    assert not set(MECHANISMS) & METHODS_ELSEWHERE.keys()
+    for method, node in METHODS_ELSEWHERE.items():
+        path, _, name = node.partition("::")
+        text = (REPO / path).read_text()
+        assert f"def {name}(" in text and f'"{method}"' in text, f"{node} does not run {method}"
+
+
+def test_every_script_has_a_smoke_test() -> None:
+    """A new script under benchmarks/ (helpers start with ``_``; ``methods/`` is mechanisms.py's package)
+    must get a smoke test here or name the test that runs it."""
+    scripts = {p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_")}
+    assert len(scripts) >= 14
+    missing = sorted(scripts - SMOKE.keys() - ELSEWHERE.keys())
+    assert not missing, f"benchmarks without a smoke test: {missing}; add one to {Path(__file__).name}"
+    assert not (SMOKE.keys() | ELSEWHERE.keys()) - scripts, "smoke tests of scripts that no longer exist"
+    assert not SMOKE.keys() & ELSEWHERE.keys()
+    for script, node in ELSEWHERE.items():
+        path, _, name = node.partition("::")
+        text = (REPO / path).read_text()
+        assert f"def {name}(" in text and script in text, f"{node} does not run benchmarks/{script}"
