@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from capc_common.errors import ProtocolError, UnavailableError
-from capc_services.local.federation import down, token, up
+from capc_services.local.federation import down, prepare, token, up
 from capc_services.local.layout import Layout
-from capc_services.local.processes import probe, read_state
+from capc_services.local.processes import probe
 from capc_services.local.provision import LocalOptions
 
 # Three hospitals sharing Fashion-MNIST's 60,000 training images, 189 teachers each (about 106 images per
@@ -28,6 +29,7 @@ DEMO_OPTIONS = LocalOptions(
     bn_batch=64,
     train_limit=None,
     order=None,  # the order capc budget plan picks for this mechanism and budget
+    student_threads=None,  # it trains once the hospitals are done: every core
 )
 
 # `capc demo --quick`: the same code on 3 × 2,000 images, 33 teachers each (what `capc federation plan
@@ -56,11 +58,111 @@ def budget_line(budget: dict[str, Any]) -> str:
     return f"ε settled {budget['epsilon_settled']:.3f}{reserved} of {budget['epsilon_limit']:g}"
 
 
-def _admin(layout: Layout, party: str) -> str:
-    for proc in read_state(layout)["processes"]:
-        if proc["party"] == party:
-            return str(proc["admin_url"])
-    raise UnavailableError(f"{party} is not part of the running federation in {layout.root}")
+@dataclass
+class DemoRun:
+    """What the demo's steps share: the federation's directory and options, and what each step found."""
+
+    layout: Layout
+    options: LocalOptions
+    say: Callable[[str], None]
+    timeout: float
+    started: float = field(default_factory=time.monotonic)
+    endpoints: dict[str, Any] = field(default_factory=dict)
+    secret: str = ""
+    progress: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def train_teachers(run: DemoRun) -> None:
+    """Provision the federation and let each hospital train its heads on its own data (all at once)."""
+    prepare(run.layout.root, run.options, say=run.say)
+
+
+def start_parties(run: DemoRun) -> None:
+    """Start the guardian, the student and the hospitals as processes and wait until all are ready."""
+    run.endpoints = up(run.layout.root, run.options, say=run.say)
+    run.secret = token(run.layout)
+
+
+def label_and_publish(run: DemoRun) -> None:
+    """Follow the student's progress until it has spent the budget, trained and published (or failed).
+
+    Raises:
+        ProtocolError: the student failed.
+        UnavailableError: the run exceeded the demo's timeout.
+    """
+    student, budget_url = run.endpoints["student"]["progress"], run.endpoints["guardian"]["budget"]
+    last = ""
+    while True:
+        _, progress = probe(student, token=run.secret)
+        _, budget = probe(budget_url, token=run.secret)
+        if isinstance(progress, dict) and isinstance(budget, dict):
+            asked = f"{progress['queries']} queries asked, {progress['answered']} answered"
+            line = f"{progress['state']}: {asked}, {budget_line(budget)}"
+            if line != last:
+                run.say(line)
+                last = line
+            if progress["state"] in ("published", "failed"):
+                break
+        if time.monotonic() - run.started > run.timeout:
+            raise UnavailableError(
+                f"the demo did not finish within {run.timeout:.0f} s; logs in {run.layout.logs}"
+            )
+        time.sleep(1.0)
+    if progress["state"] == "failed":
+        raise ProtocolError(f"the student failed: {progress['error']} (logs in {run.layout.logs})")
+    run.progress = progress
+
+
+def read_budget(run: DemoRun) -> None:
+    """Read the spent budget back over the guardian's REST API, as an administrator would.
+
+    Raises:
+        UnavailableError: the guardian did not answer.
+    """
+    url = run.endpoints["guardian"]["budget"]
+    code, budget = probe(url, token=run.secret)
+    if code != 200:
+        raise UnavailableError(f"GET {url} answered {code}: {budget}")
+    run.say(f"GET {url} (bearer token from {run.layout.token}):")
+    run.say("  " + ", ".join(f"{k}={budget[k]}" for k in (*_EPSILONS, "epsilon_limit", "delta", "order")))
+    run.budget = budget
+
+
+def summarise(run: DemoRun) -> None:
+    """The figures ``capc demo`` prints: the budget, the published student, the federation and the time."""
+    published = run.progress["published"]
+    run.summary = {
+        "state_dir": str(run.layout.root),
+        "budget": {
+            k: run.budget[k] for k in (*_EPSILONS, "epsilon_limit", "delta", "order", "queries", "answered")
+        },
+        "stopped_reason": run.progress["stopped_reason"],
+        "student": {
+            "model": published["model"],
+            "model_card": published["model_card"],
+            "accuracy": published["accuracy"],
+            "epsilon": published["epsilon"],
+            "epsilon_spent": published["epsilon_spent"],
+            "answered": published["answered"],
+        },
+        "parties": run.options.parties,
+        "teachers_per_party": run.options.teachers_per_party,
+        "seconds": round(time.monotonic() - run.started, 1),
+    }
+
+
+#: The demo, step by step. A step reads what earlier ones left in the :class:`DemoRun` and adds its own; a
+#: further student of the same federation (another mechanism side by side) is one more step and one more
+#: entry in the summary.
+STEPS: tuple[Callable[[DemoRun], None], ...] = (
+    train_teachers,
+    start_parties,
+    label_and_publish,
+    read_budget,
+    summarise,
+)
 
 
 def run_demo(
@@ -71,7 +173,7 @@ def run_demo(
     say: Callable[[str], None],
     timeout: float = 1800.0,
 ) -> dict[str, Any]:
-    """Run the demo in ``root`` (a previous demo there is removed first); returns the summary.
+    """Run the demo's :data:`STEPS` in ``root`` (a previous demo there is removed first); returns the summary.
 
     Raises:
         ProtocolError: the student failed (its error is in the message).
@@ -80,57 +182,12 @@ def run_demo(
     layout = Layout(Path(root).resolve())
     if layout.federation.exists():
         down(layout.root, purge=True)
-    start = time.monotonic()
-    endpoints = up(layout.root, options, say=say)
-    secret = token(layout)
-    student = endpoints["student"]["progress"]
-    budget_url = endpoints["guardian"]["budget"]
+    run = DemoRun(layout=layout, options=options, say=say, timeout=timeout)
     try:
-        last = ""
-        while True:
-            _, progress = probe(student, token=secret)
-            _, budget = probe(budget_url, token=secret)
-            if isinstance(progress, dict) and isinstance(budget, dict):
-                asked = f"{progress['queries']} queries asked, {progress['answered']} answered"
-                line = f"{progress['state']}: {asked}, {budget_line(budget)}"
-                if line != last:
-                    say(line)
-                    last = line
-                if progress["state"] in ("published", "failed"):
-                    break
-            if time.monotonic() - start > timeout:
-                raise UnavailableError(
-                    f"the demo did not finish within {timeout:.0f} s; logs in {layout.logs}"
-                )
-            time.sleep(1.0)
-        if progress["state"] == "failed":
-            raise ProtocolError(f"the student failed: {progress['error']} (logs in {layout.logs})")
-        code, budget = probe(budget_url, token=secret)
-        if code != 200:
-            raise UnavailableError(f"GET {budget_url} answered {code}: {budget}")
-        say(f"GET {budget_url} (bearer token from {layout.token}):")
-        say("  " + ", ".join(f"{k}={budget[k]}" for k in (*_EPSILONS, "epsilon_limit", "delta", "order")))
-        published = progress["published"]
-        summary = {
-            "state_dir": str(layout.root),
-            "budget": {
-                k: budget[k] for k in (*_EPSILONS, "epsilon_limit", "delta", "order", "queries", "answered")
-            },
-            "stopped_reason": progress["stopped_reason"],
-            "student": {
-                "model": published["model"],
-                "model_card": published["model_card"],
-                "accuracy": published["accuracy"],
-                "epsilon": published["epsilon"],
-                "epsilon_spent": published["epsilon_spent"],
-                "answered": published["answered"],
-            },
-            "parties": options.parties,
-            "teachers_per_party": options.teachers_per_party,
-            "seconds": round(time.monotonic() - start, 1),
-        }
+        for step in STEPS:
+            step(run)
     finally:
-        if not keep:
+        if not keep and layout.state.exists():
             down(layout.root)
             say(f"federation stopped; its state (ledger, labels, model, logs) is kept in {layout.root}")
-    return summary
+    return run.summary
