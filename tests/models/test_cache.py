@@ -63,3 +63,35 @@ def test_processes_featurising_the_same_batch_together_compute_each_chunk_once(t
     assert all(r["computed"] + r["read"] == 6 for r in results)
     direct = extract_features(load_backbone("scatter-28x28x1"), _images(), bn_batch=16, mode="current")
     assert {r["sum"] for r in results} == {float(direct.astype("float64").sum())}
+
+
+ARRAY_WORKER = """
+import sys, time
+import numpy as np
+from capc_common.models.cache import FeatureCache
+cache = FeatureCache(sys.argv[1])
+def compute():
+    time.sleep(1.0)  # long enough for the other process to arrive while this one holds the lock
+    return np.arange(6.0).reshape(2, 3)
+value = cache.array("a public basis of backbone X", compute)
+print(cache.computed, cache.read, float(value.sum()), flush=True)
+"""
+
+
+def test_a_named_public_array_is_computed_once_by_the_processes_that_need_it(tmp_path: Path) -> None:
+    """secagg-dpsgd's public basis: every party of a machine needs it; the first computes it under the
+    array's lock, the others wait and read it (not one computation per party)."""
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", ARRAY_WORKER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    outputs = sorted(w.communicate(timeout=120)[0].split() for w in workers)
+    assert outputs == [["0", "1", "15.0"], ["0", "1", "15.0"], ["1", "0", "15.0"]]
+    cache = FeatureCache(tmp_path)
+    np.testing.assert_array_equal(
+        cache.array("a public basis of backbone X", lambda: np.zeros(1)), np.arange(6.0).reshape(2, 3)
+    )
+    assert (cache.computed, cache.read) == (0, 1)
+    assert cache.array("another name", lambda: np.ones(2)).sum() == 2 and cache.computed == 1

@@ -54,7 +54,9 @@ class PartyRuntime:
         self.config_hash = self.config.config_hash()
         #: The shared backbone (and a release mechanism's protocol), verified with everything else
         #: federation.yaml pins (refused otherwise).
-        self.runnable = check_runnable(self.config, model=model)
+        self.runnable = check_runnable(
+            self.config, model=model, cache=getattr(settings, "feature_cache", None)
+        )
         self.tls = settings.tls.files()
         self.certificate = certificate_info(settings.tls.cert)
         if self.certificate.common_name != settings.party:

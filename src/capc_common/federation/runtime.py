@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from capc_common.errors import CapcError, InputError
@@ -60,7 +61,7 @@ class Runnable:
         return self.protocol
 
 
-def check_runnable(config: FederationConfig, *, model: bool = True) -> Runnable:
+def check_runnable(config: FederationConfig, *, model: bool = True, cache: Path | None = None) -> Runnable:
     """Refuse a federation that could never run, at start-up, naming the field to fix.
 
     Pydantic checks each field of ``federation.yaml`` alone; this checks what the parties will do with them:
@@ -74,6 +75,8 @@ def check_runnable(config: FederationConfig, *, model: bool = True) -> Runnable:
         model: load the backbone (a party that runs it now: a teacher). False checks its checkpoint file
             alone, without torch (:func:`~capc_common.models.verify_backbone`): the guardian never runs it and
             the student loads it once, when it trains. A release mechanism's protocol is built either way.
+        cache: the party's shared cache of public images' features (``feature_cache`` in its site file),
+            where a release protocol computes public arrays once per machine.
 
     Returns:
         The verified shared backbone (when loaded) and, for a release mechanism, its protocol (parties that
@@ -91,7 +94,12 @@ def check_runnable(config: FederationConfig, *, model: bool = True) -> Runnable:
     q = config.queries
     if isinstance(config.mechanism, ReleaseMember):  # no query batches: the releases must fit instead
         backbone = _shape_checked_backbone(config)
-        return Runnable(backbone, protocol_for(config, dim=backbone.feature_dim, backbone=backbone))
+        from capc_common.models.cache import FeatureCache
+
+        shared = None if cache is None else FeatureCache(cache)
+        return Runnable(
+            backbone, protocol_for(config, dim=backbone.feature_dim, backbone=backbone, cache=shared)
+        )
     check_batch_fits(config)
     if usable_queries(config) == 0:
         raise InputError(

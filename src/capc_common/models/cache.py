@@ -20,10 +20,10 @@ import fcntl
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -92,6 +92,41 @@ class FeatureCache:
             done = start + bn_batch
         return out
 
+    def array(self, name: str, compute: Callable[[], npt.NDArray[Any]]) -> npt.NDArray[Any]:
+        """A named array made from public images alone (secure-aggregation DP-SGD's public basis): read, or
+        computed here while the other parties wait for it (one computation per machine, not one per party).
+
+        The name must say everything the value depends on (the caller's backbone hash and settings).
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256(name.encode()).hexdigest()
+        path = self.root / f"array-{digest}.npy"
+        # Its own lock file: the computation takes chunk locks of the stripes (no self-deadlock).
+        with (self.root / f".lock-array-{digest[:16]}").open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                if path.exists():
+                    self.read += 1
+                    stored: npt.NDArray[Any] = np.load(path)
+                    return stored
+                value = compute()
+                self.computed += 1
+                self._store(path, value)
+                return value
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _store(self, path: Path, value: npt.NDArray[Any]) -> None:
+        """Write ``value`` to ``path`` atomically (a temporary file, then a rename)."""
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=self.root)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                np.save(handle, value)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
     @staticmethod
     def _key(backbone: Backbone, chunk: npt.NDArray[np.uint8], mode: str) -> str:
         digest = hashlib.sha256(f"{backbone.sha256}\0{mode}\0{chunk.shape}\0".encode())
@@ -110,14 +145,7 @@ class FeatureCache:
                 return stored
         features = extract_features(backbone, chunk, bn_batch=bn_batch, mode=mode)
         self.computed += 1
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=self.root)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                np.save(handle, features)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        self._store(path, features)
         return features
 
     @contextmanager
