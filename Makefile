@@ -26,7 +26,7 @@ test: $(STAMP) docker-prereqs lint typecheck unit
 # the tests skip and say why (under CI=true they fail instead). CAPC_SKIP_DOCKER=1 skips both on purpose.
 docker-prereqs:
 	@if [ "$${CAPC_SKIP_DOCKER:-0}" != 1 ]; then \
-	  ./deploy/docker-here.sh install || echo "note: no Docker engine installed; container tests will skip"; fi
+	  ./deploy/docker-here.sh install || echo "note: deploy/docker-here.sh install failed (its message is above); container tests will skip, or fail under CI=true"; fi
 
 # `docker compose up` for real: builds the image (cached layers reused), runs the compose federation with a
 # hospital deployed from docs/operations.md, kills a teacher mid-run, checks ledger and model on the host.
