@@ -98,13 +98,15 @@ def plan_command(
             batch_size=batch_size,
         )
     except InputError as exc:
-        if recommendation["mechanism"] != "secagg-dpsgd":
+        if recommendation["mechanism"] == "confident-gnmax":
             raise
         result = {"notes": [f"DIET-CaPC cannot be sized for these parties: {exc}"]}
     if recommendation["mechanism"] == "secagg-dpsgd":
         recommendation["parameters"] = {**dpsgd, "order": order}
-    else:
+    elif recommendation["mechanism"] == "confident-gnmax":
         recommendation["parameters"] = {**result["mechanism"], "order": result["budget"]["order"]}
+    else:  # a mechanism this command does not size: its section in docs/mechanisms.md does
+        recommendation["parameters"] = {"name": recommendation["mechanism"]}
     emit({"recommendation": recommendation, **result}, fmt, _text)
 
 

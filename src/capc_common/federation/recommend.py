@@ -37,7 +37,8 @@ def recommend(examples: Sequence[int], *, epsilon: float) -> dict[str, Any]:
     """The mechanism the measurements favour for parties of ``examples`` images each at budget ``epsilon``.
 
     Returns:
-        ``{"mechanism", "expected_accuracy", "expected_gain_over_best_party", "local_only",
+        ``{"mechanism"`` (its ``mechanism.name`` in federation.yaml), ``"measured_as"`` (its name in the
+        benchmark), ``"expected_accuracy", "expected_gain_over_best_party", "local_only",
         "pooled", "why", "measured": {"layout", "epsilon", "dataset", "source"}}``.
 
     Raises:
@@ -46,7 +47,7 @@ def recommend(examples: Sequence[int], *, epsilon: float) -> dict[str, Any]:
     if not examples or min(examples) < 1:
         raise InputError("need the number of examples of at least one party (each at least 1)")
     table = _table()
-    layouts = [lay for lay in table["layouts"] if lay["mechanisms"]]
+    layouts = [lay for lay in table["layouts"] if lay["mechanisms"] and lay["local_only"]]
     if not layouts:
         raise InputError(f"{TABLE} holds no measurement; run benchmarks/joining.py --export")
     size = sorted(examples)[len(examples) // 2]
@@ -75,8 +76,13 @@ def recommend(examples: Sequence[int], *, epsilon: float) -> dict[str, Any]:
             if runner_up
             else ""
         )
-        + f"; the best party alone {100 * local['max']:.1f} %, all data pooled without privacy "
-        f"{100 * layout['pooled']:.1f} %. "
+        + f"; the best party alone {100 * local['max']:.1f} %"
+        + (
+            ""
+            if layout["pooled"] is None
+            else f", all data pooled without privacy {100 * layout['pooled']:.1f} %"
+        )
+        + ". "
         + (
             "The federation's student beats every party alone there."
             if gain > 0
@@ -84,7 +90,8 @@ def recommend(examples: Sequence[int], *, epsilon: float) -> dict[str, Any]:
         )
     )
     return {
-        "mechanism": best["name"],
+        "mechanism": table["engine"][best["name"]],
+        "measured_as": best["name"],
         "expected_accuracy": best["accuracy_mean"],
         "expected_gain_over_best_party": gain,
         "local_only": local,
