@@ -61,6 +61,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -349,10 +350,10 @@ def cannot_run(cell: Cell, method: str) -> str:
     return ""
 
 
-def run_method(cell: Cell, method: str, todo: list[float]) -> list[list[dict[str, Any]]]:
-    """The rows of ``method``'s unfinished ε of one (layout, seed), a list per run (a pipeline runs once for
-    all its ε, the others once per ε); each run's rows carry its time and are printed as it finishes."""
-    runs = []
+def run_method(cell: Cell, method: str, todo: list[float]) -> Iterator[list[dict[str, Any]]]:
+    """The rows of ``method``'s unfinished ε of one (layout, seed), yielded run by run as each finishes (a
+    pipeline runs once for all its ε, the others once per ε); each run's rows carry its time and are
+    printed."""
     for batch in [todo] if method in PIPELINES else [[e] for e in todo]:
         t0 = time.perf_counter()
         if method in BASELINES:
@@ -374,33 +375,46 @@ def run_method(cell: Cell, method: str, todo: list[float]) -> list[list[dict[str
                 f"({seconds} s{every}; {row['noise']})"
             )
             rows.append(row)
-        runs.append(rows)
-    return runs
+        yield rows
 
 
 def run_grid(
     args: argparse.Namespace, csv_path: Path, rows: list[dict[str, Any]]
 ) -> tuple[int, list[dict[str, Any]]]:
-    """Run every cell not in ``rows`` (appending each run's rows to the CSV as it finishes): seed by seed,
-    so the first seed's table is complete first. Returns how many rows ran and the cells skipped, with why."""
+    """Run every cell not in ``rows``, appending each run's rows to the CSV as it finishes. One pass per ε in
+    the order given (ε 3 first by default: the figure's), every seed and layout in each, so the figure's
+    cells over all seeds are done first; the baselines and the pipelines (every ε in one run) run in the
+    first pass that reaches them. Returns how many rows ran and the cells skipped, with why."""
     done = {(r["layout"], r["method"], float(r["epsilon_target"]), int(r["seed"])) for r in rows}
     tx, ty, images, ex, ey = load_features(args)
     log(f"features: train {tx.shape}, test {ex.shape}")
     needs = {m: BY_NAME[m].needs(args) for m in args.methods if m in REGISTERED}
     ran, skipped = 0, []
-    for seed in args.seeds:
-        for name in args.layouts:
-            records = layout_parties(args.all_layouts[name], images, ty, seed=seed)
-            parties = [PartyData(f"party-{i}", tx[r], ty[r], images=images[r]) for i, r in enumerate(records)]
-            cell = Cell(args, name, seed, records, parties, ex, ey, needs)
-            for method in args.methods:
-                targets = [math.inf] if method in BASELINES else args.epsilons
-                todo = [e for e in targets if (name, method, float(e), seed) not in done]
-                why = cannot_run(cell, method) if todo else ""
-                if why:
-                    skipped.append({"layout": name, "method": method, "seed": seed, "reason": why})
-                    log(f"{name:15s} {method:13s} seed {seed}: skipped, {why}")
-                elif todo:
+    for epsilon in args.epsilons:
+        for seed in args.seeds:
+            for name in args.layouts:
+                work = {}
+                for method in args.methods:
+                    targets = [math.inf] if method in BASELINES else args.epsilons
+                    if method in REGISTERED:
+                        targets = [epsilon]
+                    todo = [e for e in targets if (name, method, float(e), seed) not in done]
+                    if todo:
+                        work[method] = todo
+                if not work:
+                    continue
+                records = layout_parties(args.all_layouts[name], images, ty, seed=seed)
+                parties = [
+                    PartyData(f"party-{i}", tx[r], ty[r], images=images[r]) for i, r in enumerate(records)
+                ]
+                cell = Cell(args, name, seed, records, parties, ex, ey, needs)
+                for method, todo in work.items():
+                    why = cannot_run(cell, method)
+                    if why:
+                        skipped.append({"layout": name, "method": method, "seed": seed, "reason": why})
+                        log(f"{name:15s} {method:13s} seed {seed}: skipped, {why}")
+                        done.update((name, method, float(e), seed) for e in todo)  # once per run
+                        continue
                     try:
                         for new in run_method(cell, method, todo):
                             append(csv_path, new)
@@ -409,6 +423,7 @@ def run_grid(
                     except InputError as exc:  # the method cannot run on this layout: say why, go on
                         skipped.append({"layout": name, "method": method, "seed": seed, "reason": str(exc)})
                         log(f"{name:15s} {method:13s} seed {seed}: cannot run here: {exc}")
+                    done.update((name, method, float(e), seed) for e in todo)
     return ran, skipped
 
 
