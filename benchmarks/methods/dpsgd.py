@@ -7,12 +7,16 @@ import argparse
 from typing import Any
 
 import numpy as np
-from _baselines import opacus_fit, predict
 
 from capc_common.mechanisms import SecureDPSGD, calibrate
-from capc_common.mechanisms.central import PartyData, run_secure_dpsgd
+from capc_common.mechanisms.central import PartyData, predict_head, run_secure_dpsgd
 from capc_common.mechanisms.training import DPSGDTrainer, Recipe
-from capc_common.privacy.analysis import epsilon_from_rdp, rdp_subsampled_discrete_gaussian
+from capc_common.privacy import SystemNoise
+from capc_common.privacy.analysis import (
+    epsilon_from_rdp,
+    rdp_subsampled_discrete_gaussian,
+    rdp_subsampled_gaussian,
+)
 from methods.common import DELTA, HYPER, ORDERS, Method, accuracy
 
 
@@ -101,28 +105,58 @@ def secagg_dpsgd(
 
 
 def central_dpsgd(
-    parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, *, epsilon: float, seed: int
+    parties: list[PartyData],
+    ex: np.ndarray,
+    ey: np.ndarray,
+    *,
+    epsilon: float,
+    seed: int,
+    basis: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Opacus DP-SGD of the same linear head on the pooled features (Poisson sampling, RDP accountant)."""
-    import torch
+    """Central DP-SGD on the pooled features, given the same recipe and tuning as the federation's (the
+    reference, not a straw man): the public basis, a statistics release, Adam — with what only a trusted
+    curator can do, Poisson sampling (batch ``HYPER["dpsgd"]["batch"]``) of continuous Gaussian noise,
+    accounted by Mironov et al.'s exact subsampled-Gaussian RDP (every release, statistics included)."""
+    import secrets
 
     h = HYPER["dpsgd"]
-    x = torch.from_numpy(np.concatenate([p.features for p in parties]).astype(np.float32))
-    y = torch.from_numpy(np.concatenate([p.labels for p in parties]))
-    q, rounds, _ = dpsgd_plan(len(y))
-    model = torch.nn.Linear(x.shape[1], 10)
-    torch.nn.init.zeros_(model.weight)
-    torch.nn.init.zeros_(model.bias)
-    z, spent = opacus_fit(
-        model, x, y, h, epsilon=epsilon, delta=DELTA, sampling_rate=q, steps=rounds, seed=seed
+    x = np.concatenate([p.features for p in parties])
+    y = np.concatenate([p.labels for p in parties])
+    q, steps, _ = dpsgd_plan(len(y))
+    recipe = Recipe(
+        rounds=steps,
+        optimizer="adam",
+        learning_rate=h["learning_rate"],
+        momentum=h["momentum"],
+        adam_eps=h["adam_eps"],
+        variance_floor=HYPER["secagg"]["variance_floor"],
     )
+
+    def eps_of(z: float) -> float:
+        rdp = rdp_subsampled_gaussian(ORDERS, sampling_rate=q, noise_multiplier=z)
+        return epsilon_from_rdp(ORDERS, recipe.releases * rdp, delta=DELTA)[0]
+
+    z = calibrate(eps_of, target=epsilon, low=0.3)
+    use = basis if HYPER["secagg"]["projection"] else None
+    k = x.shape[1] if use is None else use.shape[1]
+    mechanism = SecureDPSGD(classes=10, dim=k, clip=h["clip"], noise_multiplier=z, sampling_rate=q)
+    trainer = DPSGDTrainer(mechanism, recipe, basis=use)
+    prepared = trainer.prepare(x)
+    rng = np.random.default_rng(secrets.randbits(128))  # simulation of a curator's noise, not a service's
+    sampler = SystemNoise()
+    for _ in range(trainer.rounds):
+        total = trainer.contribute(trainer.state(), prepared, y, sampler)
+        noise = np.rint(rng.normal(0.0, mechanism.sigma, size=total.shape)).astype(np.int64)
+        trainer.absorb(
+            total + noise
+        )  # rounding continuous noise is post-processing of the Gaussian mechanism
     return {
-        "accuracy": accuracy(predict(model, torch.from_numpy(ex.astype(np.float32))), ey),
-        "epsilon": spent,
-        "released": rounds,
-        "noise": f"z={z:.3f} (continuous)",
+        "accuracy": accuracy(predict_head(trainer.head(), ex), ey),
+        "epsilon": eps_of(z),
+        "released": trainer.rounds,
+        "noise": f"z={z:.3f} q={q:.4f} (continuous)",
     }
 
 
 SECAGG_DPSGD = Method("secagg-dpsgd", secagg_dpsgd, ("secagg",), public_basis_for)
-CENTRAL_DPSGD = Method("central-dpsgd", central_dpsgd, ("dpsgd",))
+CENTRAL_DPSGD = Method("central-dpsgd", central_dpsgd, ("dpsgd", "secagg"), public_basis_for)

@@ -72,6 +72,21 @@ def backbone_speed(tmp: Path) -> None:
     assert entry["feature_dim"] > 1000 and entry["threads"] == 1
 
 
+def dpsgd_recipe(tmp: Path) -> None:
+    out = run_json(
+        "dpsgd_recipe.py", "--smoke", "--format", "json", "--epsilons", "3", "--variants", "old", "recipe",
+        "--out", str(tmp / "recipe" / "dpsgd_recipe"), "--cache-dir", str(tmp / "cache"),
+    )  # fmt: skip
+    assert out["setting"]["dataset"] == "digits" and out["setting"]["records"] == 1037
+    rows = {(r["variant"], r["noise"]): r for r in out["rows"]}
+    assert set(rows) == {("old", "off"), ("old", "on"), ("recipe", "off"), ("recipe", "on")}
+    assert rows["recipe", "on"]["releases"] == 61 and rows["old", "on"]["releases"] == 100
+    assert all(_fraction(r["accuracy"], 0.5) for r in out["rows"])  # digits: far above chance (0.1)
+    assert all(abs(r["spent"] - 3.0) < 0.01 for r in out["rows"])
+    assert {(t["variant"], t["noise"]) for t in out["table"]} == set(rows)
+    assert all(Path(p).is_file() for p in out["outputs"])
+
+
 def federation(tmp: Path) -> None:
     out = run_json(
         "federation.py", "--format", "json", "--parties", "2", "--train-limit", "200", "--bn-batch", "16",
@@ -272,6 +287,7 @@ def utility(tmp: Path) -> None:
 SMOKE: dict[str, Callable[[Path], None]] = {
     "accounting.py": accounting,
     "backbone_speed.py": backbone_speed,
+    "dpsgd_recipe.py": dpsgd_recipe,
     "federation.py": federation,
     "gpu_check.py": gpu_check,
     "heads_speed.py": heads_speed,

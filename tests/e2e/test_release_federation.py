@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from federation_harness import NOISE_SEED, PARTIES, Running, federation_options
+from federation_harness import NOISE_SEED, Running, federation_options
 
 from capc_common.aggregation import party_noise, sampling_noise
 from capc_common.federation import FederationConfig, load_shared_backbone
@@ -54,13 +54,11 @@ RECORDS = 200  # per party
 MECHANISMS: dict[str, dict[str, Any]] = {
     "dppl": {"rho": 2.0, "metric": "euclidean"},
     "dppl-public": {"rho": 2.0, "per_class": 3, "pool_size": 300},
-    "secagg-dpsgd": {
+    "secagg-dpsgd": {  # the recipe with a small public basis (400 synthetic images) and Poisson sampling
         "rounds": 3,
         "noise_multiplier": 1.5,
-        "clip": 1.0,
         "sampling_rate": 0.25,
-        "expected_batch": 0.25 * PARTIES * RECORDS,
-        "learning_rate": 4.0,
+        "projection": {"dim": 32, "images": 200},
     },
 }
 
@@ -121,11 +119,7 @@ def _central_head(running: Running) -> np.ndarray:
     assert isinstance(protocol, DPSGDProtocol)
     result = run_secure_dpsgd(
         parties,
-        mechanism=protocol.sgd,
-        rounds=protocol.rounds,
-        expected_batch=protocol.expected_batch,
-        learning_rate=protocol.learning_rate,
-        momentum=protocol.momentum,
+        trainer=protocol.trainer,
         guardian=guardian,
         party_sources=lambda name: sampling_noise(name, seed=NOISE_SEED),
     )

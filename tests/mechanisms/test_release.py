@@ -20,6 +20,7 @@ from capc_common.mechanisms import (
     share_contribution,
 )
 from capc_common.mechanisms.central import PartyData, release_once, run_prototypes, run_secure_dpsgd
+from capc_common.mechanisms.training import DPSGDTrainer, Recipe
 from capc_common.privacy import SeededNoise
 from capc_common.privacy.analysis import DEFAULT_ORDERS, epsilon_from_rdp, epsilon_from_zcdp
 
@@ -118,9 +119,8 @@ def test_full_batch_dpsgd_costs_exactly_the_gaussian_and_uses_every_record():
     rng = np.random.default_rng(3)
     x, y = rng.normal(size=(50, 4)), rng.integers(0, 3, 50)
     w = rng.normal(size=(3, 5))
-    total, sampled = m.sampled_contribution(w, x, y, SeededNoise("all"))
-    assert sampled == 50
-    np.testing.assert_array_equal(total, m.contribution(w, x, y))
+    np.testing.assert_array_equal(m.sample(50, SeededNoise("all")), np.arange(50))
+    total = m.contribution(w, x, y)
     # the same sum as the textbook form: the bias as a weight on an appended constant feature
     xt = np.concatenate([x, np.ones((50, 1))], axis=1)
     p = np.exp(xt @ w.T)
@@ -130,10 +130,8 @@ def test_full_batch_dpsgd_costs_exactly_the_gaussian_and_uses_every_record():
     grads = (p * np.minimum(1.0, m.clip_effective / norms)[:, None]).T @ xt
     np.testing.assert_allclose(m.gradient(total), grads, atol=1 / m.fixed_point.scale)
     m_half = SecureDPSGD(classes=3, dim=4, clip=1.0, noise_multiplier=40.0, sampling_rate=0.5)
-    part, picked = m_half.sampled_contribution(w, x, y, SeededNoise("half"))
     rows = m_half.sample(50, SeededNoise("half"))
-    assert picked == len(rows) < 50
-    np.testing.assert_array_equal(part, m_half.contribution(w, x[rows], y[rows]))
+    assert 0 < len(rows) < 50 and np.array_equal(rows, m_half.sample(50, SeededNoise("half")))
 
 
 def test_prototypes_accounting_sensitivity_and_release(digits):
@@ -166,18 +164,24 @@ def test_prototype_release_is_the_plaintext_sum_plus_the_seeded_noise(digits):
 
 
 def test_secure_dpsgd_trains_a_head_on_digits(digits):
+    """The old recipe (heavy ball on the raw coordinates, a public normaliser, Poisson sampling) still runs
+    through the trainer: the recipe's every part is optional."""
     parties, test_x, test_y = digits
     mechanism = SecureDPSGD(classes=10, dim=64, clip=1.0, noise_multiplier=1.0, sampling_rate=0.25)
+    recipe = Recipe(
+        rounds=60,
+        statistics=False,
+        optimizer="momentum",
+        learning_rate=2.0,
+        expected_batch=0.25 * 1400,
+    )
     result = run_secure_dpsgd(
         parties,
-        mechanism=mechanism,
-        rounds=60,
-        expected_batch=0.25 * 1400,
-        learning_rate=2.0,
+        trainer=DPSGDTrainer(mechanism, recipe, basis=None),
         guardian=SeededNoise("g"),
         party_sources=lambda name: SeededNoise(f"sample:{name}"),
     )
-    assert result.rounds == 60 and abs(np.mean(result.sampled) - 350) < 40
+    assert result.rounds == 60
     assert float(np.mean(result.predict(test_x) == test_y)) > 0.85
 
 

@@ -206,6 +206,11 @@ def test_release_members_round_trip_and_hash_their_parameters(
         ({"name": "dppl", "rho": 1, "sigma1": 2}, r"mechanism\.dppl\.sigma1: Extra inputs"),
         ({**DPSGD, "sampling_rate": 1.5}, r"mechanism\.secagg-dpsgd\.sampling_rate"),
         ({**DPSGD, "rounds": 0}, r"mechanism\.secagg-dpsgd\.rounds"),
+        (
+            {k: v for k, v in DPSGD.items() if k != "expected_batch"} | {"statistics": False},
+            "without statistics the noisy gradient sum is normalised by expected_batch",
+        ),
+        ({**DPSGD, "projection": {"dim": 0}}, r"projection\.dim"),
         ({"name": "dppl-public"}, r"mechanism\.dppl-public\.rho: Field required"),
         ({"name": "dppl-public", "rho": 1, "pool_size": 0}, r"mechanism\.dppl-public\.pool_size"),
         (
@@ -233,9 +238,9 @@ def test_release_federations_have_no_batches_and_must_fit_the_budget(federation_
     config = FederationConfig.from_dict(federation_dict(mechanism=DPSGD))
     with pytest.raises(InputError, match="release mechanism 'secagg-dpsgd', which has no query batches"):
         mechanism_of(config)
-    assert protocol_for(config, dim=8).rounds == 5
+    assert protocol_for(config, dim=8).rounds == 6  # the statistics release and 5 gradient rounds
     greedy = FederationConfig.from_dict(federation_dict(mechanism={**DPSGD, "rounds": 100_000}))
-    with pytest.raises(InputError, match=r"100000 release\(s\) of RDP .* more than the budget"):
+    with pytest.raises(InputError, match=r"100001 release\(s\) of RDP .* more than the budget"):
         protocol_for(greedy, dim=8)
 
 

@@ -213,7 +213,9 @@ def _dppl_public(options: LocalOptions) -> tuple[dict[str, Any], int]:
 #: Rounds, sampling rate, clip and step of the default secure-aggregation DP-SGD: full batch (every record
 #: in every round, so a round costs the discrete Gaussian's own RDP, with no subsampling bound and its floor
 #: at small ε), the learning rate chosen on validation data in docs/mechanisms.md.
-DPSGD_DEFAULTS = {"rounds": 30, "sampling_rate": 1.0, "clip": 1.0, "learning_rate": 8.0, "momentum": 0.9}
+#: ``capc local up --mechanism secagg-dpsgd``'s recipe (docs/mechanisms.md, "A learning recipe"); the rest of
+#: its fields (projection, Adam's settings, the statistics release) are federation.yaml's defaults.
+DPSGD_DEFAULTS = {"rounds": 60, "sampling_rate": 1.0, "statistics": True}
 
 
 def site_fraction(options: LocalOptions) -> float:
@@ -227,36 +229,29 @@ def site_fraction(options: LocalOptions) -> float:
 
 
 def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
-    """Secure-aggregation DP-SGD whose noise multiplier is the smallest that fits its rounds in the budget."""
-    from capc_common.data import load_dataset
+    """Secure-aggregation DP-SGD whose noise multiplier is the smallest that fits all its releases (the
+    statistics release and the gradient rounds) in the budget."""
     from capc_common.mechanisms import calibrate
     from capc_common.privacy.analysis import rdp_subsampled_discrete_gaussian
 
-    given = dict(options.mechanism_params or {})
-    per_party = (
-        options.train_limit or len(load_dataset(options.dataset, split="train").labels) // options.parties
-    )
-    records = options.parties * per_party
-    rounds = int(given.get("rounds", DPSGD_DEFAULTS["rounds"]))
-    rate = float(given.get("sampling_rate", DPSGD_DEFAULTS["sampling_rate"]))
+    given = {**DPSGD_DEFAULTS, **dict(options.mechanism_params or {})}
+    releases = int(given["rounds"]) + int(bool(given["statistics"]))
+    rate = float(given["sampling_rate"])
     order = options.order or _FALLBACK_ORDER
     budget = 0.999 * _budget_rdp(options)
     z = calibrate(
         lambda z: (
-            rounds
+            releases
             * float(rdp_subsampled_discrete_gaussian([order], sampling_rate=rate, noise_multiplier=z)[0])
         ),
         target=budget,
     )
     return {
         "name": "secagg-dpsgd",
-        "rounds": rounds,
+        "rounds": int(given["rounds"]),
         "noise_multiplier": z,
-        "clip": DPSGD_DEFAULTS["clip"],
         "sampling_rate": rate,
-        "expected_batch": rate * records,
-        "learning_rate": DPSGD_DEFAULTS["learning_rate"],
-        "momentum": DPSGD_DEFAULTS["momentum"],
+        "statistics": bool(given["statistics"]),
     }, options.teachers_per_party
 
 

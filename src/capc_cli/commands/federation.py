@@ -11,9 +11,27 @@ import click
 from capc_cli.output import emit, file_option, format_option
 
 
+def _recommendation_text(rec: dict[str, Any]) -> list[str]:
+    p = rec["parameters"]
+    fields = ", ".join(
+        f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in p.items() if k != "name"
+    )
+    return [
+        f"recommendation: {rec['mechanism']} — expected accuracy {100 * rec['expected_accuracy']:.1f} % "
+        f"({100 * rec['expected_gain_over_best_party']:+.1f} points over the best party alone; measured, "
+        f"not promised: {rec['measured']['dataset']}, {rec['measured']['source']})",
+        f"  why: {rec['why']}",
+        f"  federation.yaml mechanism: {p['name']} ({fields})",
+    ]
+
+
 def _text(r: dict[str, Any]) -> str:
+    lines = _recommendation_text(r["recommendation"])
+    if "mechanism" not in r:  # the parties are too small for DIET-CaPC's teachers
+        return "\n".join(lines + [f"note: {n}" for n in r["notes"]])
     m, q, e = r["mechanism"], r["queries"], r["expected"]
-    lines = [
+    lines += [
+        "DIET-CaPC sizing (confident-gnmax):",
         f"{r['teachers']} teachers: {', '.join(str(h) for h in r['heads'])} heads per party "
         f"(each shard ≥ one BatchNorm chunk of {q['bn_batch']} with 99.9 % probability per party)",
         f"mechanism: threshold {m['threshold']:g}, sigma1 {m['sigma1']:g}, sigma2 {m['sigma2']:g}",
@@ -61,18 +79,33 @@ def plan_command(
     batch_size: int,
     fmt: str,
 ) -> None:
-    """Teachers per party, Confident-GNMax parameters, batches and expected answers for the data at hand."""
+    """Which mechanism to run (from the joining benchmark's measurements) with its parameters, and the
+    DIET-CaPC sizing: teachers per party, Confident-GNMax parameters, batches and expected answers."""
+    from capc_common.errors import InputError
     from capc_common.federation import propose
+    from capc_common.federation.recommend import recommend
+    from capc_common.federation.sizing import dpsgd_mechanism
 
-    result = propose(
-        list(examples),
-        classes=classes,
-        epsilon=epsilon,
-        delta=delta,
-        bn_batch=bn_batch,
-        batch_size=batch_size,
-    )
-    emit(result, fmt, _text)
+    recommendation = recommend(list(examples), epsilon=epsilon)
+    dpsgd, order = dpsgd_mechanism(epsilon=epsilon, delta=delta)
+    try:
+        result = propose(
+            list(examples),
+            classes=classes,
+            epsilon=epsilon,
+            delta=delta,
+            bn_batch=bn_batch,
+            batch_size=batch_size,
+        )
+    except InputError as exc:
+        if recommendation["mechanism"] != "secagg-dpsgd":
+            raise
+        result = {"notes": [f"DIET-CaPC cannot be sized for these parties: {exc}"]}
+    if recommendation["mechanism"] == "secagg-dpsgd":
+        recommendation["parameters"] = {**dpsgd, "order": order}
+    else:
+        recommendation["parameters"] = {**result["mechanism"], "order": result["budget"]["order"]}
+    emit({"recommendation": recommendation, **result}, fmt, _text)
 
 
 _FEDERATION = file_option("--federation", "path", help="The federation.yaml every party runs now.")

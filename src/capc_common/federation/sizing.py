@@ -23,7 +23,7 @@ from typing import Any
 from capc_common.errors import InputError
 from capc_common.privacy import plan
 
-__all__ = ["MECHANISM_RATIOS", "propose", "scaled_mechanism"]
+__all__ = ["DPSGD_ROUNDS", "MECHANISM_RATIOS", "dpsgd_mechanism", "propose", "scaled_mechanism"]
 
 #: ``(T, σ1, σ2)`` per teacher, chosen on a validation split (docs/dietpate.md).
 MECHANISM_RATIOS = (0.6, 0.7, 0.16)
@@ -31,6 +31,36 @@ MECHANISM_RATIOS = (0.6, 0.7, 0.16)
 ANSWER_RATE = 0.5
 #: Acceptable probability (union bound) that some teacher's shard is smaller than one BatchNorm chunk.
 _SHORT_SHARD_RISK = 0.001
+
+
+#: Secure-aggregation DP-SGD's gradient rounds (docs/mechanisms.md, "A learning recipe").
+DPSGD_ROUNDS = 60
+
+
+def dpsgd_mechanism(
+    *, epsilon: float, delta: float = 1e-5, rounds: int = DPSGD_ROUNDS
+) -> tuple[dict[str, Any], float]:
+    """``secagg-dpsgd``'s federation.yaml fields for a budget, and the ledger order they are planned at.
+
+    Full batch, the recipe's defaults; the noise multiplier is the smallest (rounded up, to 1e-4) whose
+    releases — the statistics release and ``rounds`` gradient rounds, each the discrete Gaussian's
+    ``α/(2z²)`` (Canonne, Kamath & Steinke 2020) — cost at most ``epsilon`` (improved conversion), at the
+    order where they cost least.
+    """
+    import numpy as np
+
+    from capc_common.mechanisms import calibrate
+    from capc_common.privacy.analysis import DEFAULT_ORDERS, epsilon_from_rdp
+
+    releases = rounds + 1
+
+    def spent(z: float) -> tuple[float, float]:
+        eps, order = epsilon_from_rdp(DEFAULT_ORDERS, releases * DEFAULT_ORDERS / (2 * z * z), delta=delta)
+        return float(eps), float(order)
+
+    z = math.ceil(calibrate(lambda z: spent(z)[0], target=epsilon) * 1e4) / 1e4
+    fields = {"name": "secagg-dpsgd", "rounds": rounds, "noise_multiplier": z, "statistics": True}
+    return fields, float(np.asarray(spent(z)[1]))
 
 
 def scaled_mechanism(teachers: int) -> dict[str, float]:

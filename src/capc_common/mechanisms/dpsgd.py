@@ -264,6 +264,11 @@ class SecureDPSGD(ReleaseMechanism):
         values = self.fixed_point.decode(total)[: 2 * self.dim + 1] * (math.sqrt(3) / self.clip_effective)
         return values[: self.dim], values[self.dim : 2 * self.dim], float(values[-1])
 
+    @property
+    def statistics_sigma(self) -> float:
+        """σ of the noise on each sum :meth:`statistics` reads back (public: it is the guardian's σ)."""
+        return self.sigma / self.fixed_point.scale * (math.sqrt(3) / self.clip_effective)
+
     def gradient(self, total: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """The revealed noisy sum decoded into the head's shape ``(classes, dim + 1)``."""
         return self.fixed_point.decode(total).reshape(self.classes, self.dim + 1)

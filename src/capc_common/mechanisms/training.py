@@ -128,21 +128,28 @@ def standardiser(
     count: float,
     *,
     floor: float,
+    noise: float = 0.0,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """``(mean, scale)`` from a statistics release (post-processing).
+    """``(mean, scale)`` from a statistics release (post-processing), robust to its noise.
 
-    The scale is the standard deviation with ``floor × median variance`` added, times the root of the
-    expected squared norm, so a standardised record has norm about 1 whatever the dimension (the clip is in
-    those units). A count the noise made tiny is read as 1.
+    ``noise`` is the σ of each released sum (public: the mechanism's), so ``τ = noise / count`` is the noise
+    of each mean and second-moment coordinate. The mean is shrunk towards 0 by the positive-part James–Stein
+    factor ``1 − k τ² / ‖mean‖²`` (a small federation's noisy mean would shift every record); each variance
+    gets ``floor × median variance + 3τ`` added, so coordinates the noise dominates are not blown up. The
+    scale also divides by the root of the expected squared norm, so a standardised record has norm about 1
+    whatever the dimension (the clip is in those units). A count the noise made tiny is read as 1.
     """
     n = max(float(count), 1.0)
+    tau = noise / n
     mean = sums / n
+    energy = float(mean @ mean)
+    mean = mean * (max(0.0, 1.0 - mean.size * tau**2 / energy) if energy > 0 else 0.0)
     variance = np.maximum(squares / n - mean**2, 0.0)
-    pad = floor * float(np.median(variance))
+    pad = floor * float(np.median(variance)) + 3.0 * tau
     if not pad > 0:
         pad = 1e-12
     sd = np.sqrt(variance + pad)
-    spread = float(np.sqrt(np.sum(variance / (variance + pad)))) or 1.0
+    spread = max(float(np.sqrt(np.sum(variance / (variance + pad)))), 0.3)
     return mean, sd * spread
 
 
@@ -236,7 +243,9 @@ class DPSGDTrainer:
         r, m = self.recipe, self.mechanism
         if r.statistics and self.done == 0:
             sums, squares, count = m.statistics(total)
-            self.mean, self.scale = standardiser(sums, squares, count, floor=r.variance_floor)
+            self.mean, self.scale = standardiser(
+                sums, squares, count, floor=r.variance_floor, noise=m.statistics_sigma
+            )
             self.normaliser = max(count, 1.0) * m.sampling_rate
         else:
             grad = m.gradient(total) / self.normaliser
