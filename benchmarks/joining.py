@@ -46,6 +46,9 @@ features). Every cell's time is printed; docs/results.md ("Worth joining") says 
     python benchmarks/joining.py --layouts 200x100 --methods local-only pooled secagg-dpsgd --epsilons 3
     python benchmarks/joining.py --smoke --epsilons 20 --format json  # digits, seconds: the suite's test
 
+``--export`` also writes the federation mechanisms' table ``capc federation plan`` recommends from
+(``src/capc_common/federation/joining_table.json``).
+
 JSON keys: ``setting``; ``layouts[]``: ``name``, ``parties``, ``examples_per_party`` (nominal),
 ``records``, ``party_sizes.{min,mean,max}``, ``skew``, ``local_only.{min,mean,max}``, ``pooled``,
 ``mechanisms[].{name,epsilon,accuracy_mean,accuracy_std,gain_over_best_party,seeds,epsilon_spent,
@@ -116,6 +119,16 @@ USES = {
     "diet-capc": ("dietpate",),
     "pate-scratch": ("dietpate",),
 }
+#: The mechanisms this engine's federation runs (benchmark name → ``mechanism.name`` in federation.yaml):
+#: what ``--export`` writes for ``capc federation plan`` to recommend from (the others are references).
+FEDERATION = {
+    "secagg-dpsgd": "secagg-dpsgd",
+    "diet-capc": "confident-gnmax",
+    "dppl": "dppl",
+    "private-knn": "private-knn",
+}
+#: Where ``--export`` writes by default: next to :mod:`capc_common.federation.recommend`.
+EXPORT = ROOT / "src" / "capc_common" / "federation" / "joining_table.json"
 #: dp-fedavg runs one Flower client process per party (~70 MB each, measured): more do not fit the machine.
 FLOWER_MAX_CLIENTS = 64
 #: The layouts' image subsets are keyed apart from the party split (a site key of its own: seed + this).
@@ -350,6 +363,25 @@ def cannot_run(cell: Cell, method: str) -> str:
     return ""
 
 
+def skip(cell: Cell, method: str, todo: list[float], why: str) -> Iterator[list[dict[str, Any]]]:
+    """The rows of cells ``method`` cannot run on this layout: no accuracy, and why."""
+    log(f"{cell.layout:15s} {method:13s} seed {cell.seed}: not run: {why}")
+    yield [
+        {
+            **dict.fromkeys(("epsilon", "accuracy", "accuracy_min", "accuracy_max"), ""),
+            "layout": cell.layout,
+            "method": method,
+            "epsilon_target": eps,
+            "seed": cell.seed,
+            **cell.describe(),
+            "released": 0,
+            "noise": f"not run: {why}",
+            "seconds": 0.0,
+        }
+        for eps in todo
+    ]
+
+
 def run_method(cell: Cell, method: str, todo: list[float]) -> Iterator[list[dict[str, Any]]]:
     """The rows of ``method``'s unfinished ε of one (layout, seed), yielded run by run as each finishes (a
     pipeline runs once for all its ε, the others once per ε); each run's rows carry its time and are
@@ -378,53 +410,56 @@ def run_method(cell: Cell, method: str, todo: list[float]) -> Iterator[list[dict
         yield rows
 
 
-def run_grid(
-    args: argparse.Namespace, csv_path: Path, rows: list[dict[str, Any]]
-) -> tuple[int, list[dict[str, Any]]]:
+def run_grid(args: argparse.Namespace, csv_path: Path, rows: list[dict[str, Any]]) -> int:
     """Run every cell not in ``rows``, appending each run's rows to the CSV as it finishes. One pass per ε in
     the order given (ε 3 first by default: the figure's), every seed and layout in each, so the figure's
     cells over all seeds are done first; the baselines and the pipelines (every ε in one run) run in the
-    first pass that reaches them. Returns how many rows ran and the cells skipped, with why."""
+    first pass that reaches them. A cell a method cannot run is recorded with why (accuracy empty), so it is
+    not tried again. Returns how many rows ran."""
     done = {(r["layout"], r["method"], float(r["epsilon_target"]), int(r["seed"])) for r in rows}
+
+    def work_of(epsilon: float, seed: int, layout: str) -> dict[str, list[float]]:
+        """The unfinished ε of each method in the pass of ``epsilon``, for one seed and layout."""
+        work = {}
+        for method in args.methods:
+            targets = [epsilon] if method in REGISTERED else args.epsilons
+            todo = [
+                e
+                for e in ([math.inf] if method in BASELINES else targets)
+                if (layout, method, e, seed) not in done
+            ]
+            if todo:
+                work[method] = todo
+        return work
+
+    passes = [(e, s, n) for e in args.epsilons for s in args.seeds for n in args.layouts]
+    if not any(work_of(*p) for p in passes):
+        return 0  # every cell is done: report only, without loading the features
     tx, ty, images, ex, ey = load_features(args)
     log(f"features: train {tx.shape}, test {ex.shape}")
     needs = {m: BY_NAME[m].needs(args) for m in args.methods if m in REGISTERED}
-    ran, skipped = 0, []
-    for epsilon in args.epsilons:
-        for seed in args.seeds:
-            for name in args.layouts:
-                work = {}
-                for method in args.methods:
-                    targets = [math.inf] if method in BASELINES else args.epsilons
-                    if method in REGISTERED:
-                        targets = [epsilon]
-                    todo = [e for e in targets if (name, method, float(e), seed) not in done]
-                    if todo:
-                        work[method] = todo
-                if not work:
-                    continue
-                records = layout_parties(args.all_layouts[name], images, ty, seed=seed)
-                parties = [
-                    PartyData(f"party-{i}", tx[r], ty[r], images=images[r]) for i, r in enumerate(records)
-                ]
-                cell = Cell(args, name, seed, records, parties, ex, ey, needs)
-                for method, todo in work.items():
-                    why = cannot_run(cell, method)
-                    if why:
-                        skipped.append({"layout": name, "method": method, "seed": seed, "reason": why})
-                        log(f"{name:15s} {method:13s} seed {seed}: skipped, {why}")
-                        done.update((name, method, float(e), seed) for e in todo)  # once per run
-                        continue
-                    try:
-                        for new in run_method(cell, method, todo):
-                            append(csv_path, new)
-                            rows.extend(new)
-                            ran += len(new)
-                    except InputError as exc:  # the method cannot run on this layout: say why, go on
-                        skipped.append({"layout": name, "method": method, "seed": seed, "reason": str(exc)})
-                        log(f"{name:15s} {method:13s} seed {seed}: cannot run here: {exc}")
-                    done.update((name, method, float(e), seed) for e in todo)
-    return ran, skipped
+    ran = 0
+    for epsilon, seed, name in passes:
+        work = work_of(epsilon, seed, name)
+        if not work:
+            continue
+        records = layout_parties(args.all_layouts[name], images, ty, seed=seed)
+        parties = [PartyData(f"party-{i}", tx[r], ty[r], images=images[r]) for i, r in enumerate(records)]
+        cell = Cell(args, name, seed, records, parties, ex, ey, needs)
+        for method, todo in work.items():
+            why = cannot_run(cell, method)
+            try:
+                runs = skip(cell, method, todo, why) if why else run_method(cell, method, todo)
+                for new in runs:
+                    append(csv_path, new)
+                    rows.extend(new)
+                    ran += len(new)
+            except InputError as exc:  # the method refuses this layout: record why, go on
+                new = next(skip(cell, method, todo, f"refused: {exc}"))
+                append(csv_path, new)
+                rows.extend(new)
+            done.update((name, method, float(e), seed) for e in todo)
+    return ran
 
 
 # ------------------------------------------------------------------------------------------ the outputs
@@ -627,6 +662,22 @@ def plot(layouts: list[dict[str, Any]], path: Path, epsilon: float) -> None:
     plt.close(fig)
 
 
+def export(path: Path, layouts: list[dict[str, Any]], *, dataset: str, source: str) -> None:
+    """The table ``capc federation plan`` recommends from: each layout with the federation's mechanisms
+    only (:data:`FEDERATION`; central DP-SGD, DP-FedAvg and PATE without public data are references no
+    federation of this engine runs), labelled with where it was measured."""
+    table = {
+        "dataset": dataset,
+        "source": f"benchmarks/joining.py: {source}",
+        "engine": FEDERATION,
+        "layouts": [
+            {**lay, "mechanisms": [m for m in lay["mechanisms"] if m["name"] in FEDERATION]}
+            for lay in layouts
+        ],
+    }
+    path.write_text(json.dumps(table, indent=1) + "\n")
+
+
 # ------------------------------------------------------------------------------------------ main
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
@@ -640,6 +691,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "joining", help="pipeline runs")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--name", help="output file stem (default: joining, joining-smoke with --smoke)")
+    parser.add_argument(
+        "--export",
+        nargs="?",
+        const=EXPORT,
+        type=Path,
+        metavar="JSON",
+        help=f"also write the federation mechanisms' table for `capc federation plan` (default {EXPORT})",
+    )
     parser.add_argument("--format", choices=("text", "json"), default="text")
     args = parser.parse_args(argv)
     args.dataset = "digits" if args.smoke else "fashion-mnist"
@@ -676,7 +735,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with csv_path.open() as handle:
             rows = list(csv.DictReader(handle))
     check_setting(setting_of(args, total, test), csv_path, rows)
-    ran, skipped = run_grid(args, csv_path, rows)
+    ran = run_grid(args, csv_path, rows)
+    skipped = [
+        {k: r[k] for k in ("layout", "method", "epsilon_target", "seed", "noise")}
+        for r in rows
+        if r["accuracy"] == ""
+    ]
     layouts = summarise(args, rows, total)
     command = " ".join(["python benchmarks/joining.py", *(sys.argv[1:] if argv is None else argv)])
     epsilons = sorted({float(r["epsilon_target"]) for r in rows} - {math.inf})
@@ -699,6 +763,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - started, 1),
         "outputs": [str(args.out / f"{args.name}.{ext}") for ext in ("csv", "md", "png")],
     }
+    if args.export:
+        export(args.export, layouts, dataset=args.dataset, source=f"{command} ({len(rows)} rows)")
+        result["outputs"].append(str(args.export))
     if args.format == "json":
         print(json.dumps(result, default=float))
     else:
