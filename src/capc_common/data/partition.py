@@ -24,10 +24,10 @@ Schemes:
 hash (its own domain, so a site's part and its teachers' shards are independent), and can keep only a fixed
 fraction of a part: whether an example is selected depends on that example alone, never on how many others
 there are or where it sits in the file, so adding or removing one example changes one site's set by exactly
-that example. :func:`site_parts` returns every site's part at once, optionally class-skewed (a fixed imbalance ratio, or
-Dirichlet class proportions drawn from the public seed): the hash range is cut at thresholds that depend on
-the example's label, so the skew is a public function of ``(label, hash)`` and the relation is still
-add/remove.
+that example. :func:`site_parts` returns every site's part at once, optionally class-skewed (a fixed
+imbalance ratio, or Dirichlet class proportions drawn from the public seed): the hash range is cut at
+thresholds that depend on the example's label, so the skew is a public function of ``(label, hash)`` and the
+relation is still add/remove.
 
 Every scheme is disjoint and covering (each index in exactly one shard) and a pure function of
 ``(labels, shards, scheme, seed, parameters)`` (``hash`` also of the images): the randomness is a seeded
@@ -178,8 +178,9 @@ def site_parts(
     parts are one draw of ``Dirichlet(alpha · 1)`` from a generator seeded by ``(seed, c)`` — the usual
     non-iid benchmark split (Hsu et al. 2019), with proportions that depend on the public seed and the class
     only, never on the data (unlike :func:`partition`'s ``dirichlet``, which deals each class by count).
-    Either way each example's part is a public function of ``(its label, its hash)``: adding or removing one example changes exactly one part, by that
-    example (:data:`NEIGHBOURING` ``["hash"]``). Part sizes vary (multinomial); a part may be empty.
+    Either way each example's part is a public function of ``(its label, its hash)``: adding or removing one
+    example changes exactly one part, by that example (:data:`NEIGHBOURING` ``["hash"]``). Part sizes vary
+    (multinomial); a part may be empty.
 
     Args:
         images: the examples' images ``(N, ...)`` (their bytes are hashed).
