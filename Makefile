@@ -4,13 +4,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.capc-installed
 
-.PHONY: demo test lint typecheck unit bench clean-venv docker-prereqs compose-test wheelhouse
+.PHONY: demo test lint typecheck unit bench bytecode clean-venv docker-prereqs compose-test wheelhouse
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	./scripts/bootstrap.sh $(VENV)
 	touch $(STAMP)
 
-demo: $(STAMP)
+# Every party is a process of its own, and a test or the demo starts hundreds: byte-compile the sources once
+# (compileall skips what is up to date) so that none compiles them again where PYTHONDONTWRITEBYTECODE is set,
+# as on this project's machines (measured: 0.15 s of CPU per guardian start).
+bytecode: $(STAMP)
+	@$(PY) -m compileall -q src services benchmarks >/dev/null
+
+demo: $(STAMP) bytecode
 	$(VENV)/bin/capc demo
 
 test: $(STAMP) docker-prereqs lint typecheck unit
@@ -20,7 +26,7 @@ test: $(STAMP) docker-prereqs lint typecheck unit
 # the tests skip and say why (under CI=true they fail instead). CAPC_SKIP_DOCKER=1 skips both on purpose.
 docker-prereqs:
 	@if [ "$${CAPC_SKIP_DOCKER:-0}" != 1 ]; then \
-	  ./deploy/docker-here.sh install || echo "note: no Docker engine installed; container tests will skip"; fi
+	  ./deploy/docker-here.sh install || echo "note: deploy/docker-here.sh install failed (its message is above); container tests will skip, or fail under CI=true"; fi
 
 # `docker compose up` for real: builds the image (cached layers reused), runs the compose federation with a
 # hospital deployed from docs/operations.md, kills a teacher mid-run, checks ledger and model on the host.
@@ -42,7 +48,7 @@ typecheck: $(STAMP)
 # sockets and containers, so the suite runs in about two thirds of the time on the 2-core machine.
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
-unit: $(STAMP)
+unit: $(STAMP) bytecode
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 clean-venv:

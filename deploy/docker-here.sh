@@ -71,6 +71,9 @@ cmd_install() {
   command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
   if [ ${#missing[@]} -gt 0 ]; then
     need_root_apt
+    # An install killed half-way (a machine stopped mid-run) leaves dpkg "interrupted", and every later
+    # apt-get refuses until it is finished; finishing it is a no-op when nothing is pending.
+    DEBIAN_FRONTEND=noninteractive dpkg --configure -a
     say "installing ${missing[*]} (Debian packages)"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -296,6 +296,22 @@ def utility(tmp: Path) -> None:
     assert cells[20.0]["answered"] >= cells[10.0]["answered"] > 0
 
 
+def startup(tmp: Path) -> None:
+    out = run_json(
+        "startup.py", "--format", "json", "--runs", "1", "--heads", "2", "--state-dir", str(tmp / "startup")
+    )
+    for role in ("guardian", "student", "teacher"):
+        assert out[f"{role}_ready_s"] > 0 and out[f"{role}_cpu_s"] > 0 and len(out[f"{role}_ready_runs"]) == 1
+        assert out[f"{role}_modules"] > 500  # the count sees the admin API and the numerics each imports
+    # The guardian never imports torch, the student not before it trains; the teacher votes with its model.
+    assert (out["guardian_imports_torch"], out["student_imports_torch"], out["teacher_imports_torch"]) == (
+        False,
+        False,
+        True,
+    )
+    assert out["guardian_modules"] < out["teacher_modules"] and out["runs"] == 1 and out["heads"] == 2
+
+
 #: Script → its smoke test here.
 SMOKE: dict[str, Callable[[Path], None]] = {
     "accounting.py": accounting,
@@ -310,11 +326,12 @@ SMOKE: dict[str, Callable[[Path], None]] = {
     "mpc.py": mpc,
     "prompt_teachers.py": prompt_teachers,
     "recipe_sweep.py": recipe_sweep,
+    "startup.py": startup,
     "student_memory.py": student_memory,
     "utility.py": utility,
 }
 #: Smoke tests that take more than ~20 s on the 2-core machine.
-SLOW = {"federation.py", "joining.py", "mechanisms.py", "recipe_sweep.py"}
+SLOW = {"federation.py", "joining.py", "mechanisms.py", "recipe_sweep.py", "startup.py"}
 #: Script → the test elsewhere in the suite that runs it at toy size and checks its JSON.
 ELSEWHERE = {
     "chaos.py": "tests/e2e/test_restarts.py::test_the_chaos_campaigns_short_version",

@@ -34,3 +34,18 @@ def test_demo_spends_the_budget_and_publishes_a_student(capc, capc_json, tmp_pat
     ledger = state / "parties" / "guardian" / "ledger.sqlite"
     verified = capc_json("budget", "verify", "--ledger", str(ledger))
     assert verified["ok"] and verified["totals"]["epsilon_spent"] == pytest.approx(budget["epsilon_spent"])
+    # Side by side (issue 24): the same hospitals and budget through secure-aggregation DP-SGD, each hospital
+    # alone, and which to use — each figure read back from what the runs left on disk.
+    other, alone, rec = result["compared"], result["local_only"], result["recommendation"]
+    other_card = json.loads(Path(other["model_card"]).read_text())
+    assert other_card["privacy"]["epsilon"] == other["epsilon"] <= budget["epsilon_limit"]
+    assert other_card["evaluation"]["accuracy"] == other["accuracy"] > 0.5, other  # 6,000 records at ε 8
+    assert other["releases"] == other_card["privacy"]["releases"] == 21  # the quick demo's 20 rounds + 1
+    assert sorted(alone) == ["hospital-1", "hospital-2", "hospital-3"]
+    assert all(0.5 < acc < 1 for acc in alone.values()), alone
+    best = max(("diet-capc", student["accuracy"]), ("secagg-dpsgd", other["accuracy"]), key=lambda m: m[1])
+    assert rec["mechanism"] == best[0] and rec["gain_over_best_hospital"] == pytest.approx(
+        best[1] - max(alone.values())
+    )
+    other_ledger = Path(other["state_dir"]) / "parties" / "guardian" / "ledger.sqlite"
+    assert capc_json("budget", "verify", "--ledger", str(other_ledger))["ok"]

@@ -104,6 +104,8 @@ def project(engine: Engine, image: dict[str, Any]) -> Iterator[Project]:
         "CAPC_BASE_IMAGE": image["base"],
         "CAPC_GUARDIAN_ADMIN_PORT": str(free_port()),
         "CAPC_STUDENT_ADMIN_PORT": str(free_port()),
+        # DIET-CaPC: its batches are what this run kills a teacher in the middle of
+        "CAPC_MECHANISM": "confident-gnmax",
     }
     project = Project(engine, PROJECT, env)
 
@@ -184,7 +186,7 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
     csr = tmp_path / "srv" / "capc" / "certs" / f"{HOSPITAL}.csr"
     assert csr.is_file() and (csr.parent / f"{HOSPITAL}.key").stat().st_mode & 0o077 == 0
     # The coordinator signs the request with the compose federation's CA (the certs volume on this host).
-    federation = REPO / "deploy" / "compose" / "federation.yaml"
+    federation = REPO / "deploy" / "compose" / "federation-confident-gnmax.yaml"
     run(*CAPC, "cert", "sign", str(csr), "--ca-dir", str(certs), "--federation", str(federation),
         "--out", str(inbox / f"{HOSPITAL}.crt"))  # fmt: skip
     (inbox / "ca.crt").write_bytes((certs / "ca.crt").read_bytes())

@@ -15,7 +15,7 @@ from docker_harness import IMAGE, REPO, Engine, Project
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
 
-FEDERATION = REPO / "deploy" / "compose" / "federation.yaml"
+FEDERATION = REPO / "deploy" / "compose" / "federation-confident-gnmax.yaml"
 UID = 10001
 
 

@@ -41,6 +41,7 @@ from capc_common.mechanisms.central import (
     run_public_prototype_votes,
     run_secure_dpsgd,
 )
+from capc_common.models.cache import FeatureCache
 from capc_common.privacy.analysis import epsilon_at_order
 from capc_services.local.federation import restart
 from capc_services.local.layout import Layout
@@ -93,13 +94,19 @@ def released(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         running.close()
 
 
-def _protocol(config: FederationConfig) -> ReleaseProtocol:
-    """The federation's protocol as a party builds it (one torch thread: a public pool is featurised)."""
+def _protocol(config: FederationConfig, layout: Layout) -> ReleaseProtocol:
+    """The federation's protocol as a party builds it (one torch thread: a public pool is featurised), with
+    the parties' shared cache of public features (secagg-dpsgd reads the basis they computed there once)."""
     backbone = load_shared_backbone(config)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return protocol_for(config, dim=backbone.feature_dim, backbone=backbone)
+        return protocol_for(
+            config,
+            dim=backbone.feature_dim,
+            backbone=backbone,
+            cache=FeatureCache(layout.root / "feature-cache"),
+        )
     finally:
         torch.set_num_threads(threads)
 
@@ -107,7 +114,7 @@ def _protocol(config: FederationConfig) -> ReleaseProtocol:
 def _central_head(running: Running) -> np.ndarray:
     config = running.config
     parties = _parties(running.layout, config)
-    protocol = _protocol(config)
+    protocol = _protocol(config, running.layout)
     guardian = party_noise("guardian", seed=NOISE_SEED)
     if isinstance(protocol, PrototypesProtocol):
         sums, counts = run_prototypes(parties, mechanism=protocol.prototypes, guardian=guardian)
@@ -137,7 +144,7 @@ def test_published_head_equals_the_central_runner(released: Running) -> None:
 
 def test_ledger_charges_each_release_its_rdp(released: Running) -> None:
     config = released.config
-    protocol = _protocol(config)
+    protocol = _protocol(config, released.layout)
     budget = released.budget()
     rdp = protocol.rounds * protocol.release_rdp(config.budget.order)
     assert budget["spent_rdp"] == pytest.approx(rdp, rel=1e-6)

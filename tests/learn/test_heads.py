@@ -193,3 +193,16 @@ def test_bad_inputs_are_refused(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a tensor file")
     with pytest.raises(InputError, match="not a readable"):
         HeadEnsemble.load(tmp_path / "junk.safetensors")
+
+
+@pytest.mark.parametrize("kind", ["linear", "mlp"])
+def test_predict_own_is_each_rows_own_head_of_predict(kind):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(90, 12)).astype(np.float32)
+    owners = np.repeat(np.arange(3), 30)
+    heads = train_heads(
+        x, rng.integers(0, 4, 90), owners=owners, heads=3, classes=4, recipe=HeadRecipe(kind=kind, steps=5)
+    )
+    shuffled = rng.permutation(90)  # any order of rows, not only grouped by head
+    expected = heads.predict(x[shuffled])[owners[shuffled], np.arange(90)]
+    np.testing.assert_array_equal(heads.predict_own(x[shuffled], owners[shuffled]), expected)

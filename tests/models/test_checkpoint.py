@@ -14,6 +14,7 @@ from capc_common.models import (
     list_backbones,
     load_backbone,
     save_backbone,
+    verify_backbone,
 )
 
 
@@ -48,6 +49,23 @@ def test_pinned_hash_mismatch(tmp_path):
     save_backbone(build_backbone("cnn", input_shape="28x28x1", config={"width": 8}), path)
     with pytest.raises(IntegrityError, match="was expected"):
         load_backbone(path, sha256="0" * 64)
+
+
+def test_verify_backbone_checks_the_file_as_loading_does_without_building_it(tmp_path):
+    path = tmp_path / "b.safetensors"
+    digest = save_backbone(build_backbone("cnn", input_shape="32x32x3", config={"width": 8}), path)
+    assert verify_backbone(path, sha256=digest) == (32, 32, 3)
+    for name in list_backbones():  # the file's hash is the hash of the loaded model
+        loaded = load_backbone(name)
+        assert verify_backbone(name, sha256=loaded.sha256) == loaded.input_shape
+    assert verify_backbone("scatter-16x16x1", sha256=None) == (16, 16, 1)  # no file: built to hash it
+    with pytest.raises(IntegrityError, match="was expected"):
+        verify_backbone(path, sha256="0" * 64)
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="does not match its recorded SHA-256"):
+        verify_backbone(path, sha256=digest)
 
 
 def test_bad_names_and_files(tmp_path):

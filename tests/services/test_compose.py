@@ -69,11 +69,19 @@ def test_every_command_is_a_valid_capc_invocation(name: str) -> None:
         resolve(health[2:])
 
 
+def _substituted(value: str, mechanism: str) -> str:
+    """A compose value as the container gets it: ``${CAPC_MECHANISM:-…}`` set to ``mechanism``."""
+    return re.sub(r"\$\{CAPC_MECHANISM:-[^}]*\}", mechanism, value)
+
+
+@pytest.mark.parametrize("mechanism", ["secagg-dpsgd", "confident-gnmax"])
 @pytest.mark.parametrize("name", sorted(n for n in SERVICES if "--site" in SERVICES[n]["command"]))
-def test_site_files_load_for_their_role(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_site_files_load_for_their_role(name: str, mechanism: str, monkeypatch: pytest.MonkeyPatch) -> None:
     service = SERVICES[name]
     for key, value in service.get("environment", {}).items():  # as the container sees them
-        monkeypatch.setenv(key, str(value))
+        value = _substituted(str(value), mechanism)
+        host = container_path(service, value) if value.startswith("/etc/capc/config/") else None
+        monkeypatch.setenv(key, str(host or value))
     command = service["command"]
     role = command[0]
     site = container_path(service, command[command.index("--site") + 1])
@@ -82,13 +90,42 @@ def test_site_files_load_for_their_role(name: str, monkeypatch: pytest.MonkeyPat
     assert settings.party == name, f"service {name} runs party {settings.party}"
     assert settings.admin.bind.endswith(":8080"), "the healthcheck probes port 8080"
     assert settings.federation_config.role_of(name) == role
+    assert settings.federation_config.mechanism.name == mechanism
+
+
+#: ``CAPC_MECHANISM`` → the federation file every compose party loads (docker-compose.yml's environment).
+MECHANISMS = ("secagg-dpsgd", "confident-gnmax")
+
+
+def _federation_file(mechanism: str) -> Path:
+    return REPO / "deploy" / "compose" / f"federation-{mechanism}.yaml"
+
+
+def test_capc_mechanism_picks_a_federation_file_for_every_party() -> None:
+    """``CAPC_MECHANISM=… docker compose up`` (default secagg-dpsgd): every party's environment names the
+    mechanism's file inside the mounted configuration, and each such file is a runnable federation of the
+    same parties running that mechanism."""
+    from capc_common.federation import check_runnable
+
+    for name, service in SERVICES.items():
+        if name == "certs":
+            continue
+        path = service["environment"]["CAPC_FEDERATION"]
+        assert path == "/etc/capc/config/federation-${CAPC_MECHANISM:-secagg-dpsgd}.yaml", name
+        assert ("./deploy/compose", "/etc/capc/config", True) in mounts(service), name
+    for mechanism in MECHANISMS:
+        federation = FederationConfig.load(_federation_file(mechanism))
+        assert federation.mechanism.name == mechanism
+        check_runnable(federation, model=False)
+        assert set(federation.teacher_names) == {"hospital-a", "hospital-b", "hospital-c"}
 
 
 def test_certificate_job_covers_every_party_and_runs_first() -> None:
     command = SERVICES["certs"]["command"]
     parties = {command[i + 1] for i, arg in enumerate(command) if arg == "--party"}
-    federation = FederationConfig.load(REPO / "deploy" / "compose" / "federation.yaml")
-    assert parties == {federation.guardian, federation.student, *federation.teacher_names}
+    for mechanism in MECHANISMS:
+        federation = FederationConfig.load(_federation_file(mechanism))
+        assert parties == {federation.guardian, federation.student, *federation.teacher_names}
     assert set(SERVICES) == parties | {"certs"}
     for name in parties:
         assert SERVICES[name]["depends_on"]["certs"]["condition"] == "service_completed_successfully"
@@ -126,8 +163,9 @@ def test_image_runs_as_non_root_with_a_healthcheck() -> None:
 def test_compose_federation_pins_the_backbone_the_library_builds() -> None:
     from capc_common.models import load_backbone
 
-    federation = FederationConfig.load(REPO / "deploy" / "compose" / "federation.yaml")
-    assert load_backbone(federation.backbone.name).sha256 == federation.backbone.sha256
+    for mechanism in MECHANISMS:
+        federation = FederationConfig.load(_federation_file(mechanism))
+        assert load_backbone(federation.backbone.name).sha256 == federation.backbone.sha256
 
 
 def test_the_image_pins_the_bootstrap_torch_and_takes_its_base_as_an_argument() -> None:

@@ -95,7 +95,11 @@ def test_a_teacher_refuses_unless_its_site_opts_in(
     }
     with pytest.raises(InputError, match=r"NOT private.*allow_insecure_noise: true"):
         serve_teacher(TeacherSettings(**site), stop=threading.Event())
-    # Opted in, it gets past that check (and stops at the next: it has no heads).
+    # Opted in, it gets past that check (and, with its cap record made, stops at the next: it has no heads).
+    from capc_common.federation import FederationConfig
+    from capc_services.teacher.cap import LocalCap
+
+    LocalCap.init(tmp_path / "cap.jsonl", config=FederationConfig.load(seeded))
     with pytest.raises(InputError, match="missing-heads"):
         serve_teacher(TeacherSettings(**site, allow_insecure_noise=True), stop=threading.Event())
 

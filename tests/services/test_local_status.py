@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +22,7 @@ from capc_services.common.admin import Readiness, build_admin_app
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import AdminServer
 from capc_services.local.federation import party_state
-from capc_services.local.processes import PartyProcess
+from capc_services.local.processes import PartyProcess, pid_alive
 from capc_services.student.app import _labelling_check, waiting_text
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
@@ -131,3 +133,31 @@ def test_a_student_waiting_for_its_quorum_says_so(pki: Path, tmp_path: Path) -> 
         scheduler.stop()
         worker.join(timeout=30)
     assert not worker.is_alive() and scheduler.progress.waiting_for == 0
+
+
+def test_an_exited_process_another_process_has_not_reaped_yet_is_not_running() -> None:
+    # The parent starts a child, prints its pid and never waits for it: once killed, the child is a zombie
+    # of that parent (what a chaos campaign attached to someone else's federation sees after a kill -9).
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; "
+            "time.sleep(120)']); print(c.pid, flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert pid_alive(child)
+        os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while pid_alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not pid_alive(child)
+        assert Path(f"/proc/{child}").exists()  # still there, unreaped: a zombie, not a live party
+    finally:
+        parent.kill()
+        parent.wait()

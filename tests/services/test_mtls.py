@@ -220,3 +220,25 @@ def test_a_timed_out_readiness_probe_leaves_no_poller_behind(pki: Path) -> None:
         assert not set(threading.enumerate()) - before
     finally:
         channel.close()
+
+
+@pytest.mark.parametrize("party", ["student", "outsider"])
+def test_a_readiness_probe_that_reaches_its_peer_runs_no_thread_beside_the_channel(
+    pki, server, party
+) -> None:
+    """A probe that succeeds (a refusal is an answer: the connection is up) and the channel closed right
+    after: gRPC's connectivity poller, which a probe used to start, was still looking at the channel then and
+    died with "Channel closed!" (PytestUnhandledThreadExceptionWarning in the student's tests)."""
+    import threading
+
+    from capc_services.tls import channel_ready
+
+    srv, config = server
+    before = set(threading.enumerate())
+    _, channel = _stub(_files(pki, party), srv.port, config_hash=config.config_hash())
+    try:
+        assert channel_ready(channel, timeout=10)
+        beside = {t for t in set(threading.enumerate()) - before if not t.name.startswith("grpc")}
+        assert not beside  # the server's own workers ("grpc_N") answered the probe: not the channel's
+    finally:
+        channel.close()

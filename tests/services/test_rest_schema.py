@@ -160,7 +160,7 @@ def teacher_app(pki: Path, tmp_path: Path, token_file: Path, funded_federation: 
         guardian_address=NOWHERE, heads=tmp_path / "heads.safetensors",
         cap={"epsilon": 30.0, "record": tmp_path / "cap.jsonl"},
     )  # fmt: skip
-    party = PartyRuntime(settings, role="teacher")
+    party = PartyRuntime(settings, role="teacher", model=True)
     images = generate("dead_leaves", seed=3, start=0, count=32, height=28, width=28, channels=1)
     features = extract_features(party.backbone, images, bn_batch=16, mode="current")
     heads = train_heads(

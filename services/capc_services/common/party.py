@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI
 
@@ -17,6 +17,9 @@ from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import AdminServer
 from capc_services.common.settings import SiteSettings, is_loopback
 from capc_services.tls import certificate_info, refusal
+
+if TYPE_CHECKING:
+    from capc_common.models import Backbone
 
 _log = logging.getLogger(__name__)
 
@@ -35,6 +38,8 @@ class PartyRuntime:
     Args:
         settings: the party's site settings.
         role: ``guardian``, ``student`` or ``teacher``.
+        model: load the shared backbone now (a teacher votes with it); otherwise only its file is checked,
+            without torch (:func:`check_runnable`), and the party loads it when it needs it, once.
 
     Raises:
         InputError: the certificate's CN is not the site's party, the admin token is unusable, or the
@@ -42,15 +47,16 @@ class PartyRuntime:
         IntegrityError: the backbone is not the one federation.yaml pins.
     """
 
-    def __init__(self, settings: SiteSettings, *, role: str) -> None:
+    def __init__(self, settings: SiteSettings, *, role: str, model: bool = False) -> None:
         self.settings = settings
         self.role = role
         self.config = settings.federation_config
         self.config_hash = self.config.config_hash()
         #: The shared backbone (and a release mechanism's protocol), verified with everything else
         #: federation.yaml pins (refused otherwise).
-        self.runnable = check_runnable(self.config)
-        self.backbone = self.runnable.backbone
+        self.runnable = check_runnable(
+            self.config, model=model, cache=getattr(settings, "feature_cache", None)
+        )
         self.tls = settings.tls.files()
         self.certificate = certificate_info(settings.tls.cert)
         if self.certificate.common_name != settings.party:
@@ -79,6 +85,11 @@ class PartyRuntime:
         )
         self._admin: AdminServer | None = None
         self.admin_port = 0
+
+    @property
+    def backbone(self) -> Backbone:
+        """The shared backbone (loaded at start-up with ``model=True``, or by a release mechanism)."""
+        return self.runnable.backbone
 
     def _check_insecure_noise(self) -> None:
         """A federation with seeded noise runs on one machine: refuse any non-loopback listener, then say

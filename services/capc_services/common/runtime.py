@@ -95,7 +95,10 @@ class AdminServer:
 
     def __init__(self, app: FastAPI, *, bind: str) -> None:
         host, port = parse_bind(bind)
-        config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off")
+        # No websocket routes: ws="none" spares every party importing a websocket implementation at start.
+        config = uvicorn.Config(
+            app, host=host, port=port, log_config=None, access_log=False, lifespan="off", ws="none"
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="admin-http", daemon=True)
 

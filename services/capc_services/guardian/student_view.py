@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from capc_common.errors import InputError
 from capc_services.common.settings import load_admin_token
 from capc_services.guardian.settings import StudentAdminSettings
@@ -36,6 +34,8 @@ class StudentView:
             token = load_admin_token(self._settings.token_file)
         except InputError as exc:
             return {"reachable": False, "url": url, "error": f"student admin token: {exc}"}
+        import httpx  # (and the rich console it brings) only once the dashboard asks
+
         headers = {"Authorization": f"Bearer {token}"}
         try:
             with httpx.Client(base_url=url, headers=headers, timeout=self._timeout) as client:

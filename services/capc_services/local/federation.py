@@ -27,6 +27,7 @@ from capc_services.local.processes import (
     read_state,
     start_party,
     stop_processes,
+    train_parties,
     wait_ready,
     write_state,
 )
@@ -144,6 +145,36 @@ def ensure_provisioned(
     return layout, config
 
 
+def prepare(
+    root: str | Path, options: LocalOptions, *, given: Collection[str] | None = None, say: Say = _quiet
+) -> tuple[Layout, FederationConfig]:
+    """The federation in ``root`` (provisioned from ``options`` first if there is none), with every teacher
+    party's heads trained.
+
+    Teacher parties without a heads file train theirs (``capc teacher train``, each in its own process, all at
+    once) when the mechanism votes with heads; heads placed in ``parties/<name>/heads.safetensors`` beforehand
+    are used as they are. Under Private-kNN a party votes with its own records (featurised when it starts) and
+    trains nothing.
+
+    Raises:
+        InputError: the federation in ``root`` is already running or was provisioned with other options
+            (``given``: the options the user set explicitly, :func:`check_resume`), or the options are
+            invalid.
+        CapcError: a party's training failed.
+    """
+    layout, config = ensure_provisioned(root, options, given=given, say=say)
+    # Release federations' parties contribute per-example features and Private-kNN's vote with their records:
+    # only PATE mechanisms train heads.
+    trains = not isinstance(config.mechanism, ReleaseMember) and mechanism_of(config).trains_heads
+    untrained = [n for n in config.teacher_names if not (layout.party_dir(n) / "heads.safetensors").exists()]
+    if trains and untrained:
+        for name in untrained:
+            say(f"training {name}'s {config.teacher(name).heads} teacher heads on its own data")
+        for name, result in train_parties(layout, untrained).items():
+            say(f"  {name}: {result['summary']}")
+    return layout, config
+
+
 def up(
     root: str | Path,
     options: LocalOptions,
@@ -152,11 +183,7 @@ def up(
     say: Say = _quiet,
     ready_timeout: float = 180.0,
 ) -> dict[str, Any]:
-    """Bring a local federation up (provisioning it first if ``root`` holds none) and wait until ready.
-
-    Teacher parties without a heads file train theirs first (``capc teacher train``) when the mechanism
-    votes with heads; heads placed in ``parties/<name>/heads.safetensors`` beforehand are used as they are.
-    Under Private-kNN a party votes with its own records (featurised when it starts) and trains nothing.
+    """Bring a local federation up (:func:`prepare` first) and wait until every party is ready.
 
     Args:
         root: the state directory.
@@ -173,19 +200,8 @@ def up(
         InputError: the federation in ``root`` is already running, or was provisioned with other options.
         UnavailableError: a party did not become ready (the processes started are stopped again).
     """
-    from capc_services.teacher.settings import TeacherSettings
-    from capc_services.teacher.train import train_party_heads
-
-    layout, config = ensure_provisioned(root, options, given=given, say=say)
+    layout, config = prepare(root, options, given=given, say=say)
     endpoints = Endpoints.from_dict(read_state(layout)["endpoints"])
-    # Release federations' parties contribute per-example features and Private-kNN's vote with their records:
-    # only PATE mechanisms train heads.
-    trains = not isinstance(config.mechanism, ReleaseMember) and mechanism_of(config).trains_heads
-    for name in config.teacher_names:
-        if trains and not (layout.party_dir(name) / "heads.safetensors").exists():
-            say(f"training {name}'s {config.teacher(name).heads} teacher heads on its own data")
-            result = train_party_heads(TeacherSettings.load(layout.site(name)))
-            say(f"  {name}: {result['summary']}")
     roles = [(config.guardian, "guardian"), (config.student, "student")]
     roles += [(name, "teacher") for name in config.teacher_names]
     processes = [start_party(layout, party=p, role=r, admin_port=endpoints.admin[p]) for p, r in roles]

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from capc_common.errors import InputError, UnavailableError
+from capc_common.errors import CapcError, InputError, UnavailableError
 from capc_common.federation import FederationConfig
 from capc_services.local.layout import Layout
 from capc_services.local.provision import Endpoints
@@ -46,7 +46,10 @@ def _command(role: str, site: Path) -> list[str]:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists and is not a zombie we already reaped."""
+    """Whether a process with ``pid`` exists and has not exited: our own child is reaped here; another
+    process's child that exited is a zombie until its parent reaps it, and counts as dead (a tool that
+    attaches to a federation another process started, e.g. the chaos campaign, kills parties it is not
+    the parent of)."""
     try:
         waited, _ = os.waitpid(pid, os.WNOHANG)
         if waited == pid:
@@ -59,7 +62,17 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` exited and waits for its parent to reap it (its state in ``/proc``; without procfs,
+    only our own children can be told dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def start_party(
@@ -88,6 +101,46 @@ def start_party(
     )
     log.close()
     return PartyProcess(party=party, role=role, pid=proc.pid, admin_url=f"http://127.0.0.1:{admin_port}")
+
+
+def train_parties(layout: Layout, parties: list[str]) -> dict[str, dict[str, Any]]:
+    """Each party trains its heads in its own ``capc teacher train`` process, all at once (their output goes
+    to their logs): as on the hospitals' own machines, one party's featurisation does not wait for another's,
+    and a machine with several cores runs them side by side.
+
+    Returns:
+        party → what ``capc teacher train --format json`` printed.
+
+    Raises:
+        CapcError: a party's training failed (the error class of its exit code; the message is its own).
+    """
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    running: dict[str, tuple[subprocess.Popen[str], Any]] = {}
+    for party in parties:
+        log = layout.log(party).open("a")
+        command = [sys.executable, "-m", "capc_cli", "teacher", "train", "--site", str(layout.site(party))]
+        proc = subprocess.Popen(
+            [*command, "--format", "json"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+        running[party] = (proc, log)
+    results: dict[str, dict[str, Any]] = {}
+    failed: list[tuple[int, str]] = []
+    for party, (proc, log) in running.items():
+        out, _ = proc.communicate()
+        log.close()
+        if proc.returncode == 0:
+            results[party] = json.loads(out)
+        else:
+            failed.append((proc.returncode, f"{party}: {tail(layout.log(party), lines=1)}"))
+    if failed:
+        code = failed[0][0]
+        kind = next((c for c in (InputError, UnavailableError) if c.exit_code == code), CapcError)
+        raise kind("; ".join(message for _, message in failed))
+    return results
 
 
 def write_state(layout: Layout, *, endpoints: Endpoints, processes: list[PartyProcess]) -> None:

@@ -62,6 +62,9 @@ class LocalOptions:
             ``capc dietpate run`` does from ``mechanism.noise_seed``), for comparisons with the central run.
             The teacher sites opt in (``allow_insecure_noise: true``).
         torch_threads: CPU threads per party process.
+        student_threads: CPU threads the student trains with (None: torch's default, every core). It runs
+            torch only once it has stopped labelling, when the hospitals are idle; the default keeps it to
+            ``torch_threads`` beside other federations (the test suite).
         evaluation_images: held-out test images the student is evaluated on (None: no evaluation).
         pipeline_depth: the student's pipelining (0: one batch at a time).
         vote_deadline_s / share_deadline_s: quorum deadlines.
@@ -92,6 +95,7 @@ class LocalOptions:
     seed: int = 0
     insecure_noise_seed: str | None = None
     torch_threads: int = 1
+    student_threads: int | None = 1
     evaluation_images: int | None = 2000
     pipeline_depth: int = 1
     vote_deadline_s: float = 60.0
@@ -462,7 +466,8 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         "guardian_address": guardian_address,
         "store": f"../parties/{config.student}/labels.sqlite",
         "output_dir": f"../parties/{config.student}/published",
-        "torch_threads": options.torch_threads,
+        "torch_threads": options.student_threads,
+        "feature_cache": "../feature-cache",  # the parties share one machine: public features once
         "pipeline_depth": options.pipeline_depth,
         "train": {
             "device": "auto",
@@ -486,6 +491,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
                 # The simulated hospitals opt in to what the options asked for (a real site decides itself).
                 "allow_insecure_noise": config.insecure_noise,
                 "torch_threads": options.torch_threads,
+                "feature_cache": "../feature-cache",
                 "data": {
                     "dataset": options.dataset,
                     "shard": index,

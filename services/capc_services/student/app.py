@@ -103,9 +103,11 @@ def _labelling_check(progress: Progress, *, guardian: str) -> tuple[bool, dict[s
 
 def run(settings: StudentSettings, *, stop: threading.Event) -> None:
     """Run the student until ``stop`` is set (or, with ``exit_when_done``, until it has published)."""
-    apply_torch_threads(settings.torch_threads)  # before the start-up check featurises anything
+    releases = isinstance(settings.federation_config.mechanism, ReleaseMember)  # noisy totals, no batches
+    if releases:  # its start-up check builds the protocol (DPPL-Public featurises its pool)
+        apply_torch_threads(settings.torch_threads)
     party = PartyRuntime(settings, role="student")
-    if isinstance(party.config.mechanism, ReleaseMember):  # noisy totals, no query batches
+    if releases:
         run_release_student(settings, party, stop=stop, noise=noise_label(party.config))
         return
     store = LabelStore(
@@ -146,7 +148,8 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
             if stop.is_set():
                 return
             scheduler.progress.state = "training"
-            from capc_services.student.publish import publish_student  # torch: only once it trains
+            apply_torch_threads(settings.torch_threads)  # torch: only once it trains
+            from capc_services.student.publish import publish_student
 
             scheduler.progress.published = publish_student(
                 settings, store=store, progress=scheduler.progress, stop=stop

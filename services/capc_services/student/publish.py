@@ -23,6 +23,7 @@ from capc_common.errors import InputError
 from capc_common.federation import batch_plan, load_shared_backbone
 from capc_common.learn.student import accuracy, save_student
 from capc_common.models import extract_features
+from capc_common.models.cache import FeatureCache
 from capc_common.privacy.claims import CURRENT_STATISTICS
 from capc_services.student.accounting import noise_label, privacy_of
 from capc_services.student.scheduler import Progress
@@ -49,16 +50,23 @@ def pick_device(preference: str) -> str:
 
 
 def _features(
-    backbone: Any, images: np.ndarray, *, bn_batch: int, stop: threading.Event | None
+    backbone: Any,
+    images: np.ndarray,
+    *,
+    bn_batch: int,
+    stop: threading.Event | None,
+    cache: FeatureCache | None = None,
 ) -> np.ndarray:
     """Features of ``images``, a few whole bn_batch chunks at a time with a look at ``stop`` in between.
 
     The last block takes the remainder, so the BatchNorm chunks are exactly those of one pass over all the
     images (the teachers' chunks): the features are the same, and a shutdown waits for one block at most.
+    With a shared ``cache`` the chunks the teachers featurised are read, not computed again.
 
     Raises:
         TrainingStopped: ``stop`` was set.
     """
+    extract = extract_features if cache is None else cache.extract
     block = _BLOCK_CHUNKS * bn_batch
     starts = list(range(0, len(images) - block + 1, block)) if len(images) >= block else [0]
     bounds = [*starts[1:], len(images)]
@@ -66,7 +74,7 @@ def _features(
     for start, stop_at in zip(starts, bounds, strict=True):
         if stop is not None and stop.is_set():
             raise TrainingStopped("student training was stopped; it runs again at the next start")
-        out.append(extract_features(backbone, images[start:stop_at], bn_batch=bn_batch, mode="current"))
+        out.append(extract(backbone, images[start:stop_at], bn_batch=bn_batch, mode="current"))
     return out[0] if len(out) == 1 else np.concatenate(out)
 
 
@@ -96,6 +104,7 @@ def publish_student(
     backbone = load_shared_backbone(config)
     if device != "cpu":
         backbone = backbone.to(device)
+    cache = None if settings.feature_cache is None else FeatureCache(settings.feature_cache)
     done = store.batches(state="done")
     indices, labels = store.all_labels()
 
@@ -104,7 +113,8 @@ def publish_student(
         for record in done:
             spec = batch_plan(config, first_index=record.first_index, count=record.count).spec
             lo, hi = np.searchsorted(indices, [spec.first_index, spec.first_index + spec.count])
-            yield _features(backbone, spec.images(), bn_batch=spec.bn_batch, stop=stop), labels[lo:hi]
+            features = _features(backbone, spec.images(), bn_batch=spec.bn_batch, stop=stop, cache=cache)
+            yield features, labels[lo:hi]
 
     fit, chunks = fit_streamed(
         batches(),

@@ -48,6 +48,8 @@ class StudentSettings(SiteSettings):
         connect_timeout_s: how long to wait for a quorum of teacher parties before giving up.
         exit_when_done: exit after publishing (a one-shot job) instead of serving the admin API on.
         torch_threads: CPU threads for torch (None: torch's default).
+        feature_cache: a directory of query features shared with the teachers of the same machine
+            (:class:`~capc_common.models.cache.FeatureCache`; a local federation); unset otherwise.
     """
 
     grpc: GrpcSettings = GrpcSettings(bind="0.0.0.0:50052")
@@ -59,6 +61,7 @@ class StudentSettings(SiteSettings):
     exit_when_done: bool = False
     torch_threads: int | None = Field(default=None, ge=1)
     train: TrainSettings = TrainSettings()
+    feature_cache: Path | None = None
 
     def check_role(self) -> None:
         self._require_role("student")

@@ -27,6 +27,7 @@ from capc_services.teacher.worker import TeacherWorker
 
 if TYPE_CHECKING:
     from capc_common.models import Backbone
+    from capc_common.models.cache import FeatureCache
     from capc_common.privacy import NoiseSource
 
 _log = logging.getLogger(__name__)
@@ -85,6 +86,13 @@ class SiteResources:
         images, labels, name = party_examples(self.settings)
         check_labels(labels, classes=self.settings.federation_config.classes, name=name)
         return images, np.asarray(labels, dtype=np.int64)
+
+    @property
+    def feature_cache(self) -> FeatureCache | None:
+        """The site's shared query-feature cache (``feature_cache:`` in its site file), if any."""
+        from capc_common.models.cache import FeatureCache
+
+        return None if self.settings.feature_cache is None else FeatureCache(self.settings.feature_cache)
 
     def sampling(self) -> NoiseSource:
         """The site's sampling CSPRNG, or its seeded stream when federation.yaml seeds the noise."""
@@ -189,7 +197,7 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
             "federation: set allow_insecure_noise: true in this party's site file"
         )
     apply_torch_threads(settings.torch_threads)  # before the start-up check featurises anything
-    party = PartyRuntime(settings, role="teacher")
+    party = PartyRuntime(settings, role="teacher", model=True)
     config = party.config
     releases = isinstance(config.mechanism, ReleaseMember)  # contributions to noisy totals, no votes
     worst_case = None

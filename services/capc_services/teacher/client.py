@@ -35,10 +35,11 @@ from capc_services.tls import TlsFiles, channel_ready
 
 _log = logging.getLogger(__name__)
 _END = object()
-BACKOFF_S = (0.5, 2.0)
+BACKOFF_S = (0.5, 1.0)
 """First and longest wait between reconnection attempts to the student (doubling in between, back to the
-first once a session was welcomed): a restarted student gets its teachers back within about 2 s of
-listening, and a student that stays away costs one refused connection per 2 s."""
+first once a session was welcomed): a restarted student gets its teachers back within about 1 s of
+listening (as its channels' own reconnection, ``RECONNECT_BACKOFF_MS``), and a student that stays away costs
+one refused connection per second."""
 IDENTITY_IN_USE_BACKOFF_S = 30.0
 """Wait before trying again after the student refused this process because another process of the party is
 connected (see the module docstring)."""

@@ -65,6 +65,9 @@ class TeacherSettings(SiteSettings):
             (``mechanism.insecure_noise_seed``: reproducible, NOT private; tests only). Refused by default.
         torch_threads: CPU threads for inference (None: torch's default).
         data: the site's training data.
+        feature_cache: a directory of query features shared with the other parties of the same machine
+            (:class:`~capc_common.models.cache.FeatureCache`; a local federation, one operator); unset on a
+            hospital's own machine.
     """
 
     student_address: str
@@ -75,6 +78,7 @@ class TeacherSettings(SiteSettings):
     allow_insecure_noise: bool = False
     torch_threads: int | None = Field(default=None, ge=1)
     data: DataSettings | None = None
+    feature_cache: Path | None = None
 
     def check_role(self) -> None:
         self._require_role("teacher")

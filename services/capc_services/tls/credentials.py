@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from capc_common.errors import InputError
 from capc_common.mpc import MAX_FRAME_BYTES
@@ -100,15 +101,19 @@ class TlsFiles:
 
 
 def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
-    """Whether ``channel`` has a connection up (or gets one within ``timeout`` seconds).
+    """Whether the peer at the other end of ``channel`` answers (or does within ``timeout`` seconds).
 
-    A ready future that timed out stays subscribed to the channel: every probe of an absent peer added a
-    callback and kept gRPC's connectivity poller thread running for the channel's life (and that thread
-    died with "Channel closed!" when the channel was closed). Cancelling it on timeout unsubscribes.
+    One standard health check, made with ``wait_for_ready`` so that it waits for the connection: any answer,
+    a refusal included, means the connection is up. Not gRPC's ``channel_ready_future``: that subscribes to
+    the channel's connectivity, which runs a poller thread beside the channel, and a poller still looking at
+    the channel when it is closed dies with "Channel closed!" (gRPC checks the state of a channel another
+    thread has just closed).
     """
-    ready = grpc.channel_ready_future(channel)
     try:
-        ready.result(timeout=timeout)
-    except grpc.FutureTimeoutError:
-        return not ready.cancel()  # cancel() is False only if it matured in between
+        health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=timeout, wait_for_ready=True
+        )
+    except grpc.RpcError as exc:
+        code = exc.code() if isinstance(exc, grpc.Call) else None
+        return code not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
     return True

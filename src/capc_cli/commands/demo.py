@@ -10,24 +10,39 @@ import click
 from capc_cli.output import emit, format_option
 
 
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f} %"
+
+
 def _text(result: dict[str, Any]) -> str:
     from capc_services.local.demo import budget_line
 
-    budget, student = result["budget"], result["student"]
-    accuracy = "n/a" if student["accuracy"] is None else f"{100 * student['accuracy']:.1f} %"
-    return "\n".join(
-        [
-            f"DIET-CaPC demo: {result['parties']} teacher parties × {result['teachers_per_party']} teachers, "
-            f"{result['seconds']:.0f} s",
-            f"  privacy budget   {budget_line(budget)} "
-            f"(δ = {budget['delta']:g}, Rényi order {budget['order']:g})",
-            f"  queries          {budget['queries']} asked, {budget['answered']} answered",
-            f"  stopped because  {result['stopped_reason']}",
-            f"  student          {student['model']}",
-            f"  model card       {student['model_card']}",
-            f"  test accuracy    {accuracy} (Fashion-MNIST, 2,000 test images, current BN statistics)",
-        ]
-    )
+    budget, student, other = result["budget"], result["student"], result["compared"]
+    rec = result["recommendation"]
+    lines = [
+        f"DIET-CaPC demo: {result['parties']} hospitals, {result['seconds']:.0f} s",
+        f"  DIET-CaPC        {result['teachers_per_party']} teachers each; {budget_line(budget)} "
+        f"(δ = {budget['delta']:g}, Rényi order {budget['order']:g})",
+        f"                   {budget['queries']} queries asked, {budget['answered']} answered; stopped "
+        f"because {result['stopped_reason']}",
+        f"  secagg-dpsgd     {other['releases']} releases; guaranteed ε {other['epsilon']:.3f} "
+        f"({other['seconds']:.0f} s)",
+        "",
+        "  test accuracy (Fashion-MNIST, first 2,000 test images):",
+        f"    DIET-CaPC student      {_percent(student['accuracy'])}  (guaranteed ε {student['epsilon']:g}, "
+        f"current BN statistics)  {student['model_card']}",
+        f"    secagg-dpsgd student   {_percent(other['accuracy'])}  (guaranteed ε {other['epsilon']:.3f}, "
+        f"per-example features)  {other['model_card']}",
+    ]
+    lines += [
+        f"    {party} alone{' ' * max(1, 12 - len(party))}{_percent(acc)}  (its own images, not private)"
+        for party, acc in result["local_only"].items()
+    ]
+    lines += [
+        "",
+        f"  use {rec['mechanism']}: {rec['why']}.",
+    ]
+    return "\n".join(lines)
 
 
 @click.command("demo")
@@ -48,8 +63,16 @@ def _text(result: dict[str, Any]) -> str:
 def command(state_dir: Path, keep: bool, quick: bool, fmt: str) -> None:
     """Bring up a local federation (guardian, student, 3 hospitals), spend the privacy budget, train and
     publish the student, show the budget over REST, and shut everything down."""
-    from capc_services.local.demo import DEMO_OPTIONS, QUICK_OPTIONS, run_demo
+    from capc_services.local.demo import (
+        DEMO_COMPARE,
+        DEMO_OPTIONS,
+        QUICK_COMPARE,
+        QUICK_OPTIONS,
+        run_demo,
+    )
 
-    options = QUICK_OPTIONS if quick else DEMO_OPTIONS
-    result = run_demo(state_dir, options=options, keep=keep, say=lambda line: click.echo(line, err=True))
+    options, compare = (QUICK_OPTIONS, QUICK_COMPARE) if quick else (DEMO_OPTIONS, DEMO_COMPARE)
+    result = run_demo(
+        state_dir, options=options, compare=compare, keep=keep, say=lambda line: click.echo(line, err=True)
+    )
     emit(result, fmt, _text)

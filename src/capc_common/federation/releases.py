@@ -40,10 +40,12 @@ from capc_common.mechanisms import (
     SecureDPSGD,
     normalise,
 )
+from capc_common.mechanisms.central import PER_EXAMPLE_PASS
 from capc_common.mechanisms.training import DPSGDTrainer, Recipe
 
 if TYPE_CHECKING:
     from capc_common.models import Backbone
+    from capc_common.models.cache import FeatureCache
     from capc_common.privacy import NoiseSource
 
 __all__ = [
@@ -84,32 +86,44 @@ def check_records(config: FederationConfig, records: int) -> None:
 
 @dataclass(frozen=True)
 class Featuriser:
-    """How a party maps public images (a candidate pool) to the per-example features its records use.
+    """How a party maps public images (a candidate pool, a public basis's images) to the per-example features
+    its records use.
 
     Attributes:
         backbone: the shared backbone (per example: BatchNorm running statistics).
         shape: ``(height, width, channels)`` of the federation's images.
+        cache: the party's shared cache of public images' features (parties on one machine compute once).
     """
 
     backbone: Backbone
     shape: tuple[int, int, int]
+    cache: FeatureCache | None = None
 
     def __call__(self, images: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
         """Per-example features of ``images``."""
         from capc_common.mechanisms import per_example
 
+        if self.cache is not None and len(images) >= PER_EXAMPLE_PASS:
+            return self.cache.extract(self.backbone, images, bn_batch=PER_EXAMPLE_PASS, mode="running")
         return per_example(self.backbone, images)
 
 
-def protocol_for(config: FederationConfig, *, dim: int, backbone: Backbone | None = None) -> ReleaseProtocol:
+def protocol_for(
+    config: FederationConfig,
+    *,
+    dim: int,
+    backbone: Backbone | None = None,
+    cache: FeatureCache | None = None,
+) -> ReleaseProtocol:
     """The federation's release protocol over ``dim``-dimensional features, refused unless every release
     it plans fits the budget (so no party starts a federation the ledger would stop half way).
 
     Args:
         config: the federation.
         dim: the backbone's feature dimension.
-        backbone: the shared backbone, for a mechanism that featurises a public pool (DPPL-Public); the
-            others never use it.
+        backbone: the shared backbone, for a mechanism that featurises public images (DPPL-Public's pool,
+            secure-aggregation DP-SGD's basis); the others never use it.
+        cache: the party's shared cache of public features, if it has one.
 
     Raises:
         InputError: the mechanism is not of the release family, or its releases cost more than the budget.
@@ -120,7 +134,7 @@ def protocol_for(config: FederationConfig, *, dim: int, backbone: Backbone | Non
     if not isinstance(m, ReleaseMember):
         raise InputError(f"federation {config.name!r} runs {m.name!r}, not a release mechanism")
     q = config.queries
-    featuriser = None if backbone is None else Featuriser(backbone, (q.height, q.width, q.channels))
+    featuriser = None if backbone is None else Featuriser(backbone, (q.height, q.width, q.channels), cache)
     protocol = _PROTOCOLS[type(m)](m, classes=config.classes, dim=dim, featuriser=featuriser)
     # The ring must hold the noisy total of every record the federation could hold (a wrap would corrupt
     # the released model silently); each teacher also refuses a share of more than its part of this bound.
@@ -418,16 +432,13 @@ class DPSGDProtocol(ReleaseProtocol):
 def federation_basis(
     projection: ProjectionSection, *, featuriser: Featuriser | None
 ) -> npt.NDArray[np.float32]:
-    """The federation's public basis, computed with the shared backbone (cached under ``$CAPC_CACHE_DIR``
-    when set: every party on a machine computes the same one).
+    """The federation's public basis, computed with the shared backbone (once per machine when the party has
+    a shared feature cache: its synthetic images' features and the basis itself are cached there).
 
     Raises:
         InputError: no backbone to compute it with.
         IntegrityError: a basis whose digest differs from the one pinned in ``federation.yaml``.
     """
-    import os
-
-    from capc_common.dietpate.cache import FeatureCache
     from capc_common.errors import IntegrityError
     from capc_common.mechanisms.basis import BasisSpec, basis_digest, public_basis
 
@@ -436,18 +447,22 @@ def federation_basis(
     spec = BasisSpec(
         dim=projection.dim, generators=projection.generators, images=projection.images, seed=projection.seed
     )
-    key = {"kind": "public-basis", "backbone": featuriser.backbone.sha256, **spec.describe(),
-           "shape": list(featuriser.shape)}  # fmt: skip
-    cache = FeatureCache(os.environ.get("CAPC_CACHE_DIR") or None)
-    basis = cache.get_or_compute(
-        key, lambda: public_basis(spec, featurize=featuriser, shape=featuriser.shape)
-    )
+
+    def compute() -> npt.NDArray[np.float32]:
+        return public_basis(spec, featurize=featuriser, shape=featuriser.shape)
+
+    cache = featuriser.cache
+    if cache is None:
+        basis = compute()
+    else:
+        name = f"public-basis {featuriser.backbone.sha256} {featuriser.shape} {spec.describe()}"
+        basis = cache.array(name, compute)
     digest = basis_digest(basis)
     if projection.sha256 is not None and digest != projection.sha256:
         raise IntegrityError(
             f"this machine's public basis has SHA-256 {digest}, federation.yaml pins {projection.sha256}: "
-            "floating point differs between machines; copy the coordinator's cached basis "
-            "(public-basis-*.npy) into $CAPC_CACHE_DIR"
+            "its floating point differs from the coordinator's; run on the coordinator's machine type, or "
+            "pin the basis this machine computes (every party must compute the same one)"
         )
     return basis
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from capc_common.errors import CapcError, InputError
@@ -31,12 +32,23 @@ class Runnable:
     instance: one party process, one consumer.
 
     Attributes:
-        backbone: the shared backbone, SHA-256 checked.
+        loaded: the shared backbone, SHA-256 checked; None where only its file was checked (``model=False``).
         protocol: a release mechanism's protocol (None for mechanisms with query batches).
     """
 
-    backbone: Backbone
+    loaded: Backbone | None
     protocol: ReleaseProtocol | None = None
+
+    @property
+    def backbone(self) -> Backbone:
+        """The loaded shared backbone.
+
+        Raises:
+            InputError: the check ran with ``model=False`` (the party runs no model at start-up).
+        """
+        if self.loaded is None:
+            raise InputError("this party checked the backbone's file only and loaded no model")
+        return self.loaded
 
     def release_protocol(self) -> ReleaseProtocol:
         """The release protocol; only release federations have one.
@@ -49,7 +61,7 @@ class Runnable:
         return self.protocol
 
 
-def check_runnable(config: FederationConfig) -> Runnable:
+def check_runnable(config: FederationConfig, *, model: bool = True, cache: Path | None = None) -> Runnable:
     """Refuse a federation that could never run, at start-up, naming the field to fix.
 
     Pydantic checks each field of ``federation.yaml`` alone; this checks what the parties will do with them:
@@ -58,9 +70,17 @@ def check_runnable(config: FederationConfig) -> Runnable:
     image shape. Every party calls it before serving, so none starts (or creates a ledger, a label store or a
     cap record) on a configuration that can only fail later.
 
+    Args:
+        config: the federation.
+        model: load the backbone (a party that runs it now: a teacher). False checks its checkpoint file
+            alone, without torch (:func:`~capc_common.models.verify_backbone`): the guardian never runs it and
+            the student loads it once, when it trains. A release mechanism's protocol is built either way.
+        cache: the party's shared cache of public images' features (``feature_cache`` in its site file),
+            where a release protocol computes public arrays once per machine.
+
     Returns:
-        The verified shared backbone and, for a release mechanism, its protocol (parties that run them keep
-        them).
+        The verified shared backbone (when loaded) and, for a release mechanism, its protocol (parties that
+        run them keep them).
 
     Raises:
         InputError: a parameter no party could run with.
@@ -74,7 +94,12 @@ def check_runnable(config: FederationConfig) -> Runnable:
     q = config.queries
     if isinstance(config.mechanism, ReleaseMember):  # no query batches: the releases must fit instead
         backbone = _shape_checked_backbone(config)
-        return Runnable(backbone, protocol_for(config, dim=backbone.feature_dim, backbone=backbone))
+        from capc_common.models.cache import FeatureCache
+
+        shared = None if cache is None else FeatureCache(cache)
+        return Runnable(
+            backbone, protocol_for(config, dim=backbone.feature_dim, backbone=backbone, cache=shared)
+        )
     check_batch_fits(config)
     if usable_queries(config) == 0:
         raise InputError(
@@ -84,23 +109,42 @@ def check_runnable(config: FederationConfig) -> Runnable:
         batch_plan(config, first_index=0, count=min(q.batch_size, usable_queries(config)))
     except InputError as exc:
         raise InputError(f"federation.yaml queries cannot make a batch: {exc}") from None
-    return Runnable(_shape_checked_backbone(config))
+    if model:
+        return Runnable(_shape_checked_backbone(config))
+    _shape_checked_file(config)
+    return Runnable(None)
 
 
 def _shape_checked_backbone(config: FederationConfig) -> Backbone:
     """The shared backbone, refused unless it takes the federation's image shape (``queries``)."""
-    q = config.queries
     try:
         backbone = load_shared_backbone(config)
     except CapcError as exc:
         raise type(exc)(f"federation.yaml backbone: {exc}") from None
-    if backbone.input_shape != (q.height, q.width, q.channels):
-        have = "x".join(map(str, backbone.input_shape))
+    _check_shape(config, backbone.input_shape)
+    return backbone
+
+
+def _shape_checked_file(config: FederationConfig) -> None:
+    """The same check from the backbone's checkpoint file alone (no torch, no model built)."""
+    from capc_common.models import verify_backbone
+
+    try:
+        shape = verify_backbone(config.backbone.name, sha256=config.backbone.sha256)
+    except CapcError as exc:
+        raise type(exc)(f"federation.yaml backbone: {exc}") from None
+    _check_shape(config, shape)
+
+
+def _check_shape(config: FederationConfig, shape: tuple[int, int, int]) -> None:
+    """Refuse a backbone that does not take the federation's image shape."""
+    q = config.queries
+    if shape != (q.height, q.width, q.channels):
+        have = "x".join(map(str, shape))
         raise InputError(
             f"federation.yaml backbone {config.backbone.name} takes {have} images, but queries asks for "
             f"{q.height}x{q.width}x{q.channels}; pin a backbone for that shape or change the query shape"
         )
-    return backbone
 
 
 def load_shared_backbone(config: FederationConfig) -> Backbone:

@@ -99,7 +99,7 @@ class SelectionMechanism(ABC):
     # ------------------------------------------------------------------ what a teacher party contributes
     def voter(self, party: PartyResources) -> Voter:
         """The teacher party's voter under this mechanism: by default its trained heads (PATE)."""
-        return HeadsVoter(party.backbone, party.heads(), classes=self.classes)
+        return HeadsVoter(party.backbone, party.heads(), classes=self.classes, cache=party.feature_cache)
 
     def train_teachers(
         self,
@@ -138,7 +138,7 @@ class SelectionMechanism(ABC):
             bn_batch=bn_batch,
             features=lambda: features,
         )
-        own = ensemble.predict(features)[owners, np.arange(len(owners))]
+        own = ensemble.heads.predict_own(features, owners)
         return TrainedTeachers(
             save=ensemble.save,
             train_accuracy=float((own == labels[index]).mean()) if len(index) else None,

@@ -222,14 +222,17 @@ class DPSGDTrainer:
             raise InputError(f"a {m.name} state has {expected} values, got shape {state.shape}")
         phase, mean, scale = state[0], state[1 : 1 + k], state[1 + k : 1 + 2 * k]
         rows = m.sample(len(labels), source)
+        every = len(rows) == len(labels)  # q = 1: every record, used in place (no copy per round)
+        x, y = (prepared, labels) if every else (prepared[rows], labels[rows])
         if phase == _STATISTICS:
-            return m.statistics_contribution(prepared[rows])
+            return m.statistics_contribution(x)
         if phase != _GRADIENT:
             raise InputError(f"a {m.name} state's phase must be 0 or 1, got {phase!r}")
         if not (scale > 0).all():
             raise InputError(f"a {m.name} state's scale must be positive")
-        features = (prepared[rows] - mean) / scale
-        return m.contribution(state[1 + 2 * k :].reshape(self.weights.shape), features, labels[rows])
+        if mean.any() or (scale != 1).any():  # the identity map (no statistics release) copies nothing
+            x = (x - mean) / scale
+        return m.contribution(state[1 + 2 * k :].reshape(self.weights.shape), x, y)
 
     # --------------------------------------------------------------------------------------- student side
     def state(self) -> npt.NDArray[np.float64]:

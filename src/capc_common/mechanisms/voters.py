@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from capc_common.learn.prompts import PromptedTeachers
     from capc_common.mechanisms.knn import PrivateKNN
     from capc_common.models import Backbone
+    from capc_common.models.cache import FeatureCache
     from capc_common.privacy import NoiseSource
 
 __all__ = ["HeadsVoter", "KNNVoter", "PartyResources", "PromptedVoter", "Voter", "per_example"]
@@ -73,6 +74,10 @@ class PartyResources(Protocol):
     def sampling(self) -> NoiseSource:
         """The party's own randomness for sampling: a CSPRNG, or its seeded stream in insecure-noise mode."""
 
+    @property
+    def feature_cache(self) -> FeatureCache | None:
+        """Query features shared with the parties of the same machine (a local federation), or None."""
+
 
 class Voter(ABC):
     """Turns query images into this party's vote counts ``(B, classes)``.
@@ -101,20 +106,27 @@ class HeadsVoter(Voter):
         backbone: the shared backbone.
         heads: the party's heads.
         classes: classes of the federation.
+        cache: features of the (public) query chunks shared with co-located parties, if any.
     """
 
-    def __init__(self, backbone: Backbone, heads: HeadEnsemble, *, classes: int) -> None:
+    def __init__(
+        self, backbone: Backbone, heads: HeadEnsemble, *, classes: int, cache: FeatureCache | None = None
+    ) -> None:
         self.backbone = backbone
         self.ensemble = heads
         self.heads = heads.heads
         self.classes = classes
+        self.cache = cache
 
     def vote(self, images: npt.NDArray[np.uint8], *, bn_batch: int) -> npt.NDArray[np.int64]:
         """One-hot votes of every head, summed per query."""
         from capc_common.aggregation import vote_histogram
         from capc_common.models import extract_features
 
-        features = extract_features(self.backbone, images, bn_batch=bn_batch, mode="current")
+        if self.cache is not None:
+            features = self.cache.extract(self.backbone, images, bn_batch=bn_batch, mode="current")
+        else:
+            features = extract_features(self.backbone, images, bn_batch=bn_batch, mode="current")
         return vote_histogram(self.ensemble.predict(features), classes=self.classes)
 
     def describe(self) -> dict[str, Any]:

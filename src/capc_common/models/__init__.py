@@ -5,21 +5,55 @@ Front door::
     from capc_common.models import load_backbone, default_backbone, extract_features
     backbone = load_backbone(default_backbone(28, 28, 1))
     feats = extract_features(backbone, images_uint8, bn_batch=64, mode="current")
+
+Names load on first use (PEP 562): importing the package costs nothing, so a party that only checks a
+checkpoint file (:func:`verify_backbone`, the guardian) never imports torch.
 """
 
-from capc_common.models.architectures import ARCHITECTURES
-from capc_common.models.backbone import Backbone, build_backbone, format_shape, parse_shape
-from capc_common.models.batchnorm import (
-    BN_MODES,
-    BNMode,
-    StatBatchNorm1d,
-    StatBatchNorm2d,
-    bn_stats,
-    recalibrate_running_stats,
-)
-from capc_common.models.checkpoint import default_backbone, list_backbones, load_backbone, save_backbone
-from capc_common.models.features import chunk_starts, extract_features, to_tensor
-from capc_common.models.scattering import Scattering2D, scattering_channels
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from capc_common.models.architectures import ARCHITECTURES
+    from capc_common.models.backbone import Backbone, build_backbone
+    from capc_common.models.batchnorm import (
+        BN_MODES,
+        BNMode,
+        StatBatchNorm1d,
+        StatBatchNorm2d,
+        bn_stats,
+        recalibrate_running_stats,
+    )
+    from capc_common.models.checkpoint import default_backbone, load_backbone, save_backbone, verify_backbone
+    from capc_common.models.features import chunk_starts, extract_features, to_tensor
+    from capc_common.models.files import format_shape, list_backbones, parse_shape
+    from capc_common.models.scattering import Scattering2D, scattering_channels
+
+_HOME = {
+    "ARCHITECTURES": "architectures",
+    "Backbone": "backbone",
+    "build_backbone": "backbone",
+    "BN_MODES": "batchnorm",
+    "BNMode": "batchnorm",
+    "StatBatchNorm1d": "batchnorm",
+    "StatBatchNorm2d": "batchnorm",
+    "bn_stats": "batchnorm",
+    "recalibrate_running_stats": "batchnorm",
+    "default_backbone": "checkpoint",
+    "load_backbone": "checkpoint",
+    "save_backbone": "checkpoint",
+    "chunk_starts": "features",
+    "extract_features": "features",
+    "to_tensor": "features",
+    "format_shape": "files",
+    "list_backbones": "files",
+    "parse_shape": "files",
+    "verify_backbone": "checkpoint",
+    "Scattering2D": "scattering",
+    "scattering_channels": "scattering",
+}
 
 __all__ = [
     "ARCHITECTURES",
@@ -42,4 +76,15 @@ __all__ = [
     "save_backbone",
     "scattering_channels",
     "to_tensor",
+    "verify_backbone",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Import the submodule that defines ``name`` when it is first asked for."""
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value

@@ -7,9 +7,7 @@ bytes, in name order — so it identifies the model itself, not one file layout 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from typing import Any
 
 import numpy as np
@@ -18,40 +16,20 @@ from torch import nn
 
 from capc_common.errors import InputError
 from capc_common.models.architectures import Trunk, build_trunk
+from capc_common.models.files import FORMAT, format_shape, parse_shape, tensor_digest
 
 __all__ = ["Backbone", "build_backbone", "format_shape", "parse_shape"]
 
-FORMAT = "capc-backbone-v1"
-_SHAPE = re.compile(r"^(\d+)x(\d+)x(\d+)$")
-
-
-def parse_shape(text: str) -> tuple[int, int, int]:
-    """``"28x28x1"`` → ``(28, 28, 1)`` (height, width, channels).
-
-    Raises:
-        InputError: not of the form ``HxWxC`` with positive integers.
-    """
-    match = _SHAPE.match(text.strip())
-    if not match or min(int(g) for g in match.groups()) < 1:
-        raise InputError(f"bad image shape {text!r}; expected HEIGHTxWIDTHxCHANNELS, e.g. 28x28x1 or 32x32x3")
-    h, w, c = (int(g) for g in match.groups())
-    return h, w, c
-
-
-def format_shape(shape: tuple[int, int, int]) -> str:
-    """``(28, 28, 1)`` → ``"28x28x1"``."""
-    return "x".join(str(int(v)) for v in shape)
-
 
 def content_hash(state: dict[str, torch.Tensor], metadata: dict[str, str]) -> str:
-    """SHA-256 over canonical metadata and every tensor (name, dtype, shape, bytes) in name order."""
-    digest = hashlib.sha256()
-    digest.update(json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode())
-    for name in sorted(state):
-        tensor = state[name].detach().to("cpu").contiguous()
-        digest.update(f"\0{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
-        digest.update(tensor.numpy().tobytes() if tensor.numel() else b"")
-    return digest.hexdigest()
+    """SHA-256 over canonical metadata and every tensor (name, dtype, shape, bytes) in name order
+    (:func:`~capc_common.models.files.tensor_digest`, which a checkpoint file is verified with too)."""
+    tensors = []
+    for name, value in state.items():
+        tensor = value.detach().to("cpu").contiguous()
+        data = tensor.numpy().tobytes() if tensor.numel() else b""
+        tensors.append((name, str(tensor.dtype), tuple(tensor.shape), data))
+    return tensor_digest(metadata, tensors)
 
 
 class Backbone(nn.Module):

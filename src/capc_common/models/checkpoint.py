@@ -1,5 +1,8 @@
 """Backbone checkpoints: safetensors files with metadata and a verified content hash; shipped backbones.
 
+Importing this module costs no torch (the model code loads inside the functions that build one), so
+:func:`verify_backbone` checks a pinned backbone in a party that never runs it.
+
 A checkpoint stores the trunk's state (weights and BatchNorm buffers; the fixed scattering filters are
 rebuilt from the configuration) and string metadata: format, architecture, input shape, feature size,
 configuration, pretraining recipe and the SHA-256 content hash. Loading recomputes the hash and refuses a file
@@ -15,35 +18,26 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from capc_common.errors import InputError, IntegrityError
-from capc_common.models.backbone import FORMAT, Backbone, build_backbone, content_hash, parse_shape
+from capc_common.errors import InputError
+from capc_common.models.files import (
+    backbone_file,
+    check_pinned,
+    list_backbones,
+    parse_shape,
+    read_checkpoint,
+    shipped_files,
+)
 
-__all__ = ["default_backbone", "list_backbones", "load_backbone", "save_backbone"]
+if TYPE_CHECKING:
+    from capc_common.models.backbone import Backbone
 
-_WEIGHTS = "weights"
-_SCATTER_PREFIX = "scatter-"
-_BUILT_IN_SCATTER = ("scatter-28x28x1", "scatter-32x32x3")
+__all__ = ["default_backbone", "list_backbones", "load_backbone", "save_backbone", "verify_backbone"]
+
 # Preference order of the default for an input shape: a learned hybrid when shipped, else scattering.
 _DEFAULT_ORDER = ("hybrid", "scatter")
-
-
-def _weights_dir() -> Path:
-    return Path(str(resources.files("capc_common.models").joinpath(_WEIGHTS)))
-
-
-def _shipped_files() -> dict[str, Path]:
-    directory = _weights_dir()
-    if not directory.is_dir():
-        return {}
-    return {p.stem: p for p in sorted(directory.glob("*.safetensors"))}
-
-
-def list_backbones() -> list[str]:
-    """Names accepted by :func:`load_backbone` without a path: shipped files and built-in scattering."""
-    return sorted(set(_shipped_files()) | set(_BUILT_IN_SCATTER))
 
 
 def default_backbone(height: int, width: int, channels: int) -> str:
@@ -54,12 +48,14 @@ def default_backbone(height: int, width: int, channels: int) -> str:
     Raises:
         InputError: no backbone can take that shape (scattering needs sides that are multiples of 4, > 4).
     """
+    from capc_common.models.backbone import build_backbone  # torch: only when no file is shipped
+
     shape = f"{int(height)}x{int(width)}x{int(channels)}"
-    shipped = _shipped_files()
+    shipped = shipped_files()
     for family in _DEFAULT_ORDER:
         if f"{family}-{shape}" in shipped:
             return f"{family}-{shape}"
-    name = f"{_SCATTER_PREFIX}{shape}"
+    name = f"scatter-{shape}"
     build_backbone("scatter", input_shape=shape)  # raises InputError for an unsupported shape
     return name
 
@@ -71,6 +67,8 @@ def save_backbone(backbone: Backbone, path: str | Path) -> str:
     renamed), so a crash never leaves a half-written checkpoint behind.
     """
     from safetensors.torch import save_file
+
+    from capc_common.models.backbone import content_hash
 
     path = Path(path)
     if path.suffix != ".safetensors":
@@ -92,31 +90,22 @@ def save_backbone(backbone: Backbone, path: str | Path) -> str:
 
 
 def _load_file(path: Path) -> Backbone:
-    from safetensors import SafetensorError, safe_open
+    """The backbone of a checkpoint file, its content hash verified on the bytes its tensors load from."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
 
+    from capc_common.models.backbone import build_backbone
+
+    checkpoint = read_checkpoint(path)
+    meta = checkpoint.metadata
     try:
-        with safe_open(str(path), framework="pt") as fh:
-            meta = dict(fh.metadata() or {})
-            state = {key: fh.get_tensor(key) for key in fh.keys()}  # noqa: SIM118 (safe_open is not a dict)
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise InputError(f"backbone file {path} is not a readable safetensors file ({exc})") from exc
-    if meta.get("format") != FORMAT:
-        raise InputError(
-            f"{path} is not a capc backbone (metadata format {meta.get('format')!r}, want {FORMAT})"
-        )
-    stored = meta.pop("sha256", None)
-    if stored is None or content_hash(state, meta) != stored:
-        raise IntegrityError(
-            f"backbone {path}: content does not match its recorded SHA-256 ({stored}); the file was altered "
-            "or corrupted — restore it from the original"
-        )
-    try:
+        state = load(checkpoint.data)
         config, recipe = json.loads(meta["config"]), json.loads(meta["recipe"])
         backbone = build_backbone(
             meta["arch"], input_shape=parse_shape(meta["input_shape"]), config=config, recipe=recipe
         )
         backbone.load_state_dict(state, strict=True)
-    except (KeyError, json.JSONDecodeError, RuntimeError) as exc:
+    except (SafetensorError, KeyError, json.JSONDecodeError, RuntimeError) as exc:
         raise InputError(f"backbone {path}: metadata and tensors do not fit together ({exc})") from exc
     return backbone
 
@@ -135,24 +124,31 @@ def load_backbone(name_or_path: str | Path, *, sha256: str | None = None) -> Bac
         InputError: unknown name, missing or unreadable file.
         IntegrityError: the file does not match its own hash, or not the expected one.
     """
-    text = str(name_or_path)
-    shipped = _shipped_files()
-    if text in shipped:
-        backbone = _load_file(shipped[text])
-    elif text.startswith(_SCATTER_PREFIX) and not text.endswith(".safetensors"):
-        shape = parse_shape(text[len(_SCATTER_PREFIX) :])
+    from capc_common.models.backbone import build_backbone
+
+    path = backbone_file(name_or_path)
+    if path is None:  # training-free scattering: built from its configuration
+        shape = parse_shape(str(name_or_path).removeprefix("scatter-"))
         backbone = build_backbone("scatter", input_shape=shape, recipe={"kind": "training-free"})
     else:
-        path = Path(text)
-        if not path.is_file():
-            raise InputError(
-                f"no backbone {text!r}: not a shipped name ({', '.join(list_backbones())}) nor an existing "
-                ".safetensors file"
-            )
         backbone = _load_file(path)
-    if sha256 is not None and backbone.sha256 != sha256.lower():
-        raise IntegrityError(
-            f"backbone {text} has SHA-256 {backbone.sha256}, but {sha256} was expected; every party must use "
-            "the backbone the federation pinned"
-        )
+    check_pinned(name_or_path, actual=backbone.sha256, expected=sha256)
     return backbone.eval()
+
+
+def verify_backbone(name_or_path: str | Path, *, sha256: str | None) -> tuple[int, int, int]:
+    """Check a backbone against its pinned hash without building it; returns the ``(H, W, C)`` it takes.
+
+    From its file alone where it has one (no torch); a scattering backbone without a file is built to hash
+    it (it has no weights: a few filters).
+
+    Raises:
+        InputError: unknown name, missing or unreadable file.
+        IntegrityError: the file does not match its own hash, or not the pinned one.
+    """
+    path = backbone_file(name_or_path)
+    if path is None:
+        return load_backbone(name_or_path, sha256=sha256).input_shape
+    checkpoint = read_checkpoint(path)
+    check_pinned(name_or_path, actual=checkpoint.sha256, expected=sha256)
+    return checkpoint.input_shape

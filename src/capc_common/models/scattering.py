@@ -112,6 +112,16 @@ def _lowpass_matrix(profile: npt.NDArray[np.float64], *, res: int, J: int) -> np
     return np.real(out[1:-1])  # imaginary part is rounding: the profile is even
 
 
+def _modulus(z: torch.Tensor) -> torch.Tensor:
+    """``|z|`` of a complex tensor. Without autograd on the CPU numpy's vectorised modulus (within one ulp
+    of torch's) is used: torch's took a quarter of the whole transform (measured: 4.5 ms against numpy's
+    0.4 ms for 32 maps of 8 orientations at 36x36, one thread). Visual prompts backpropagate through the
+    transform, so a tensor that needs gradients keeps torch's."""
+    if z.requires_grad or z.device.type != "cpu":
+        return z.abs()
+    return torch.from_numpy(np.abs(z.numpy()))
+
+
 def _filter_subsample(spec: torch.Tensor, filters: torch.Tensor, factor: int) -> torch.Tensor:
     """``subsample(spec[:, :, None] · filters, factor)`` without materialising the full-size product.
 
@@ -228,7 +238,7 @@ class Scattering2D(nn.Module):
         second: list[torch.Tensor] = []
         for j1 in range(self.J):
             w1 = _filter_subsample(u0, self._buffer(f"psi_{j1}_0"), 2**j1)[:, 0]  # (B, L, ·, ·)
-            u1 = torch.fft.ifft2(w1).abs()  # |x ⋆ ψ_{j1}| at resolution j1
+            u1 = _modulus(torch.fft.ifft2(w1))  # |x ⋆ ψ_{j1}| at resolution j1
             outputs.append(self._lowpass(u1, j1))
             if j1 + 1 == self.J:
                 continue
@@ -236,6 +246,6 @@ class Scattering2D(nn.Module):
             per_j2 = []
             for j2 in range(j1 + 1, self.J):
                 w2 = _filter_subsample(u1_spec, self._buffer(f"psi_{j2}_{j1}"), 2 ** (j2 - j1))
-                per_j2.append(self._lowpass(torch.fft.ifft2(w2).abs(), j2))  # (B, L1, L2, h', w')
+                per_j2.append(self._lowpass(_modulus(torch.fft.ifft2(w2)), j2))  # (B, L1, L2, h', w')
             second.append(torch.stack(per_j2, dim=2).flatten(1, 3))
         return torch.cat(outputs + second, dim=1)

@@ -10,15 +10,15 @@ and a party that regenerates a batch from its ``SyntheticSpec`` gets the same by
 from __future__ import annotations
 
 import hashlib
+import importlib
 import operator
-from collections.abc import Callable
-from types import MappingProxyType
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType, ModuleType
 from typing import Final
 
 import numpy as np
 
 from capc_common.errors import InputError
-from capc_common.synth import dead_leaves, fractal, gaussian, shaders, stylegan
 
 __all__ = [
     "DEFAULT_GENERATOR",
@@ -33,25 +33,34 @@ __all__ = [
 ]
 
 _Renderer = Callable[[np.ndarray, np.ndarray], None]
-_RENDERERS: Final[dict[str, _Renderer]] = {
-    "gaussian": gaussian.render,
-    "dead_leaves": dead_leaves.render,
-    "fractal": fractal.render,
-    "stylegan": stylegan.render,
-    "shaders": shaders.render,
-}
-GENERATOR_NAMES: Final[tuple[str, ...]] = tuple(_RENDERERS)
-"""Every generator name, in the order the docs and benchmarks list them."""
+GENERATOR_NAMES: Final[tuple[str, ...]] = ("gaussian", "dead_leaves", "fractal", "stylegan", "shaders")
+"""Every generator name, in the order the docs and benchmarks list them (each is the module
+``capc_common.synth.<name>`` defining ``render`` and ``DESCRIPTION``)."""
 
-GENERATOR_DESCRIPTIONS: Final = MappingProxyType(
-    {
-        "gaussian": gaussian.DESCRIPTION,
-        "dead_leaves": dead_leaves.DESCRIPTION,
-        "fractal": fractal.DESCRIPTION,
-        "stylegan": stylegan.DESCRIPTION,
-        "shaders": shaders.DESCRIPTION,
-    }
-)
+
+def _generator(name: str) -> ModuleType:
+    """The generator's module, imported on first use: its numba kernels load (or compile) only in a process
+    that makes images, not in every one that merely names a query stream (the guardian, a CLI command)."""
+    return importlib.import_module(f"capc_common.synth.{name}")
+
+
+class _Descriptions(Mapping[str, str]):
+    """One line per generator, read from its module when asked (``capc synth list``)."""
+
+    def __getitem__(self, name: str) -> str:
+        if name not in GENERATOR_NAMES:
+            raise KeyError(name)
+        description: str = _generator(name).DESCRIPTION
+        return description
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(GENERATOR_NAMES)
+
+    def __len__(self) -> int:
+        return len(GENERATOR_NAMES)
+
+
+GENERATOR_DESCRIPTIONS: Final[Mapping[str, str]] = _Descriptions()
 """One line per generator for ``capc synth list``."""
 
 DEFAULT_GENERATOR: Final = "stylegan"
@@ -103,7 +112,7 @@ def check_shape(height: object, width: object, channels: object) -> tuple[int, i
 
 def check_generator(name: object) -> str:
     """Return ``name`` if it names a generator, else raise an InputError listing the names."""
-    if not isinstance(name, str) or name not in _RENDERERS:
+    if not isinstance(name, str) or name not in GENERATOR_NAMES:
         raise InputError(f"unknown generator {name!r}; choose one of {', '.join(GENERATOR_NAMES)}")
     return name
 
@@ -170,7 +179,8 @@ def generate(
         )
     out = np.empty((count, h, w, c), dtype=np.uint8)
     if count:
-        _RENDERERS[name](image_keys(name, seed=seed, start=start, count=count), out)
+        render: _Renderer = _generator(name).render
+        render(image_keys(name, seed=seed, start=start, count=count), out)
     return out
 
 

@@ -7,16 +7,16 @@ round trip moves 64× the data), so it is a small numba kernel that transposes 8
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from capc_common.errors import InputError
+from capc_common.mpc.primitives._njit import njit
 
 OT_WIDTH = 128
 """Columns of the IKNP matrix: one per bit of a 128-bit label (the computational security parameter)."""
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _transpose_kernel(columns: np.ndarray, rows: np.ndarray) -> None:  # pragma: no cover - compiled
     n_col_groups = columns.shape[0] // 8
     n_row_groups = columns.shape[1]

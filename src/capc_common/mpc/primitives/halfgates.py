@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numba
 import numpy as np
 
 from capc_common.errors import InputError
+from capc_common.mpc.primitives._njit import njit
 from capc_common.mpc.primitives.aes import FixedKeyAes
 
 TABLE_BLOCKS_PER_AND = 2
@@ -46,14 +46,14 @@ class Workspace:
         return buf[: n + 1]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _xor_tweaks(y: np.ndarray, tweaks: np.ndarray, z: np.ndarray) -> None:  # pragma: no cover - compiled
     for i in range(tweaks.shape[0]):
         z[i, 0] = y[i, 0] ^ tweaks[i]
         z[i, 1] = y[i, 1]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _xor_gate_tweaks(
     y: np.ndarray, first_gate: np.uint64, halves: np.ndarray, z: np.ndarray
 ) -> None:  # pragma: no cover
@@ -65,7 +65,7 @@ def _xor_gate_tweaks(
             z[k * n + i, 1] = y[k * n + i, 1]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _evaluator_hash_inputs(
     a: np.ndarray, b: np.ndarray, x: np.ndarray
 ) -> None:  # pragma: no cover - compiled
@@ -76,7 +76,7 @@ def _evaluator_hash_inputs(
             x[n + i, k] = b[i, k]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _garbler_hash_inputs(
     a0: np.ndarray, b0: np.ndarray, delta: np.ndarray, x: np.ndarray
 ) -> None:  # pragma: no cover
@@ -89,7 +89,7 @@ def _garbler_hash_inputs(
             x[3 * n + i, k] = b0[i, k] ^ delta[k]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _garble_combine(
     y: np.ndarray,
     h: np.ndarray,
@@ -119,7 +119,7 @@ def _garble_combine(
             c0[i, k] = h_a0 ^ (t_g & mask_a) ^ h_b0 ^ (d & mask_b)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _eval_combine(
     y: np.ndarray, h: np.ndarray, a: np.ndarray, b: np.ndarray, table: np.ndarray, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled
@@ -276,7 +276,7 @@ def eval_and(
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _active_labels(
     values: np.ndarray, zero: np.ndarray, delta: np.ndarray, out: np.ndarray
 ) -> None:  # pragma: no cover - compiled

@@ -1,0 +1,163 @@
+"""A content-addressed cache of the features of *public* images, shared by the parties on one machine.
+
+In a local federation (``capc local up``, ``capc demo``) every hospital featurises the same synthetic query
+batch, and the student featurises all of them again to train: four times the same work. Under the chunking
+rule (:func:`~capc_common.models.chunk_starts`) a chunk's features are a function of the backbone, the
+BatchNorm mode and that chunk's images alone, so they can be computed once and read by everyone: the key is
+the backbone's SHA-256, the mode and the SHA-256 of the chunk's bytes, and whoever wrote the value, it is what
+the reader would have computed. Processes that reach a chunk together do not both compute it: each takes the
+chunk's lock without waiting, leaves a chunk another holds for later (so several parties featurise a batch
+side by side, one chunk each), and finally waits for those locks and reads what their holders wrote.
+
+Only public images belong here (synthetic queries, a public test set): a party's private data is never
+written to a cache, and a hospital on its own machine has no one to share one with. Writes are atomic (a
+temporary file, then a rename), so a reader sees a whole value or none.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.models.features import chunk_starts, extract_features
+
+if TYPE_CHECKING:
+    from capc_common.models.backbone import Backbone
+
+__all__ = ["FeatureCache"]
+
+_STRIPES = 64  # lock files: a chunk's lock is one of these, by its key
+
+
+class FeatureCache:
+    """Features of public images by content, in ``root`` (created on first use).
+
+    Args:
+        root: the cache directory, shared by the parties of one machine.
+
+    Attributes:
+        computed: chunks this object featurised (and stored).
+        read: chunks it read from the cache.
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.computed = 0
+        self.read = 0
+
+    def extract(
+        self, backbone: Backbone, images: npt.NDArray[np.uint8], *, bn_batch: int, mode: str = "current"
+    ) -> npt.NDArray[np.float32]:
+        """:func:`~capc_common.models.extract_features` of ``images``, each chunk read from the cache or
+        computed (and stored) here.
+
+        Raises:
+            InputError: as :func:`~capc_common.models.extract_features` (shape, dtype, ``bn_batch``).
+        """
+        if len(images) < bn_batch:  # let extract_features say what is wrong
+            return extract_features(backbone, images, bn_batch=bn_batch, mode=mode)
+        self.root.mkdir(parents=True, exist_ok=True)
+        chunks = {
+            start: self._key(backbone, images[start : start + bn_batch], mode)
+            for start in chunk_starts(len(images), bn_batch=bn_batch)
+        }
+        values: dict[int, npt.NDArray[np.float32]] = {}
+        later = []
+        for start, key in chunks.items():
+            with self._lock(key, wait=False) as held:
+                if held:
+                    values[start] = self._get_or_compute(
+                        backbone, images[start : start + bn_batch], key, bn_batch, mode
+                    )
+                else:
+                    later.append(start)
+        for start in later:  # another process was computing these: its file is there once its lock is free
+            with self._lock(chunks[start], wait=True):
+                values[start] = self._get_or_compute(
+                    backbone, images[start : start + bn_batch], chunks[start], bn_batch, mode
+                )
+        out = np.empty((len(images), backbone.feature_dim), dtype=np.float32)
+        done = 0
+        for start in chunks:  # in order: the last chunk may overlap the previous one; keep its new rows only
+            out[done : start + bn_batch] = values[start][done - start :]
+            done = start + bn_batch
+        return out
+
+    def array(self, name: str, compute: Callable[[], npt.NDArray[Any]]) -> npt.NDArray[Any]:
+        """A named array made from public images alone (secure-aggregation DP-SGD's public basis): read, or
+        computed here while the other parties wait for it (one computation per machine, not one per party).
+
+        The name must say everything the value depends on (the caller's backbone hash and settings).
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256(name.encode()).hexdigest()
+        path = self.root / f"array-{digest}.npy"
+        # Its own lock file: the computation takes chunk locks of the stripes (no self-deadlock).
+        with (self.root / f".lock-array-{digest[:16]}").open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                if path.exists():
+                    self.read += 1
+                    stored: npt.NDArray[Any] = np.load(path)
+                    return stored
+                value = compute()
+                self.computed += 1
+                self._store(path, value)
+                return value
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _store(self, path: Path, value: npt.NDArray[Any]) -> None:
+        """Write ``value`` to ``path`` atomically (a temporary file, then a rename)."""
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=self.root)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                np.save(handle, value)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @staticmethod
+    def _key(backbone: Backbone, chunk: npt.NDArray[np.uint8], mode: str) -> str:
+        digest = hashlib.sha256(f"{backbone.sha256}\0{mode}\0{chunk.shape}\0".encode())
+        digest.update(np.ascontiguousarray(chunk).tobytes())
+        return digest.hexdigest()
+
+    def _get_or_compute(
+        self, backbone: Backbone, chunk: npt.NDArray[np.uint8], key: str, bn_batch: int, mode: str
+    ) -> npt.NDArray[np.float32]:
+        """The chunk's stored features, or computed and stored now (the caller holds the chunk's lock)."""
+        path = self.root / f"{key}.npy"
+        if path.exists():
+            stored: npt.NDArray[np.float32] = np.load(path)
+            if stored.shape == (len(chunk), backbone.feature_dim) and stored.dtype == np.float32:
+                self.read += 1
+                return stored
+        features = extract_features(backbone, chunk, bn_batch=bn_batch, mode=mode)
+        self.computed += 1
+        self._store(path, features)
+        return features
+
+    @contextmanager
+    def _lock(self, key: str, *, wait: bool) -> Iterator[bool]:
+        """The exclusive lock of the key's stripe; yields whether it is held (always, with ``wait``)."""
+        with (self.root / f".lock-{int(key[:8], 16) % _STRIPES:02d}").open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)

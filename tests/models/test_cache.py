@@ -1,0 +1,97 @@
+"""The shared feature cache: the same features as extracting them, and each chunk computed once however many
+processes featurise the same batch at the same time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from capc_common.models import extract_features, load_backbone
+from capc_common.models.cache import FeatureCache
+from capc_common.synth import generate
+
+# 5 chunks of 16 and a last one overlapping the fifth (the chunking rule): 90 images.
+IMAGES = dict(name="dead_leaves", seed=4, start=0, count=90, height=28, width=28, channels=1)
+WORKER = """
+import json, sys
+from capc_common.models import load_backbone
+from capc_common.models.cache import FeatureCache
+from capc_common.synth import generate
+images = generate(**json.loads(sys.argv[2]))
+cache = FeatureCache(sys.argv[1])
+total = float(cache.extract(load_backbone("scatter-28x28x1"), images, bn_batch=16).astype("float64").sum())
+print(json.dumps({"computed": cache.computed, "read": cache.read, "sum": total}))
+"""
+
+
+def _images() -> np.ndarray:
+    args = dict(IMAGES)
+    return generate(args.pop("name"), **args)
+
+
+def test_cached_features_equal_extracted_ones_computed_or_read(tmp_path: Path) -> None:
+    backbone, images = load_backbone("scatter-28x28x1"), _images()
+    direct = extract_features(backbone, images, bn_batch=16, mode="current")
+    first = FeatureCache(tmp_path)
+    np.testing.assert_array_equal(first.extract(backbone, images, bn_batch=16), direct)
+    assert (first.computed, first.read) == (6, 0)
+    again = FeatureCache(tmp_path)
+    np.testing.assert_array_equal(again.extract(backbone, images, bn_batch=16), direct)
+    assert (again.computed, again.read) == (0, 6)
+    # A value that does not fit the chunk (another shape) is computed again, not used.
+    for path in tmp_path.glob("*.npy"):
+        np.save(path, np.zeros((3, 3), np.float32))
+    third = FeatureCache(tmp_path)
+    np.testing.assert_array_equal(third.extract(backbone, images, bn_batch=16), direct)
+    assert third.computed == 6
+
+
+def test_processes_featurising_the_same_batch_together_compute_each_chunk_once(tmp_path: Path) -> None:
+    spec = json.dumps(IMAGES)
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, str(tmp_path), spec], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    results = [json.loads(w.communicate(timeout=120)[0]) for w in workers]
+    assert sum(r["computed"] for r in results) == 6, results
+    assert all(r["computed"] + r["read"] == 6 for r in results)
+    direct = extract_features(load_backbone("scatter-28x28x1"), _images(), bn_batch=16, mode="current")
+    assert {r["sum"] for r in results} == {float(direct.astype("float64").sum())}
+
+
+ARRAY_WORKER = """
+import sys, time
+import numpy as np
+from capc_common.models.cache import FeatureCache
+cache = FeatureCache(sys.argv[1])
+def compute():
+    time.sleep(1.0)  # long enough for the other process to arrive while this one holds the lock
+    return np.arange(6.0).reshape(2, 3)
+value = cache.array("a public basis of backbone X", compute)
+print(cache.computed, cache.read, float(value.sum()), flush=True)
+"""
+
+
+def test_a_named_public_array_is_computed_once_by_the_processes_that_need_it(tmp_path: Path) -> None:
+    """secagg-dpsgd's public basis: every party of a machine needs it; the first computes it under the
+    array's lock, the others wait and read it (not one computation per party)."""
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", ARRAY_WORKER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    outputs = sorted(w.communicate(timeout=120)[0].split() for w in workers)
+    assert outputs == [["0", "1", "15.0"], ["0", "1", "15.0"], ["1", "0", "15.0"]]
+    cache = FeatureCache(tmp_path)
+    np.testing.assert_array_equal(
+        cache.array("a public basis of backbone X", lambda: np.zeros(1)), np.arange(6.0).reshape(2, 3)
+    )
+    assert (cache.computed, cache.read) == (0, 1)
+    assert cache.array("another name", lambda: np.ones(2)).sum() == 2 and cache.computed == 1
