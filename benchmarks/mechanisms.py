@@ -70,6 +70,7 @@ import argparse
 import csv
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -198,13 +199,19 @@ def setting_of(args: argparse.Namespace) -> dict[str, Any]:
     return {**{k: getattr(args, k) for k in keys}, "split": SPLIT, "hyper": HYPER}
 
 
-def setting_differences(recorded: dict[str, Any], current: dict[str, Any], methods: set[str]) -> list[str]:
+def setting_differences(
+    recorded: dict[str, Any],
+    current: dict[str, Any],
+    methods: set[str],
+    uses: Mapping[str, tuple[str, ...]] = USES,
+) -> list[str]:
     """What differs between two recorded settings that rows of ``methods`` depend on: every key but the
-    hyper-parameters, and the hyper-parameter groups those methods read (:data:`USES`)."""
-    unknown = sorted(methods - USES.keys())
+    hyper-parameters, and the hyper-parameter groups those methods read (``uses``: this benchmark's
+    :data:`USES`, or another benchmark's map of the same kind)."""
+    unknown = sorted(methods - uses.keys())
     if unknown:
-        raise SystemExit(f"rows of unknown methods {unknown}: this benchmark runs {sorted(USES)}")
-    groups = {g for m in methods for g in USES[m]}
+        raise SystemExit(f"rows of unknown methods {unknown}: this benchmark runs {sorted(uses)}")
+    groups = {g for m in methods for g in uses[m]}
     return sorted(
         [k for k in current.keys() | recorded.keys() if k != "hyper" and recorded.get(k) != current.get(k)]
         + [f"hyper.{g}" for g in groups if recorded.get("hyper", {}).get(g) != current["hyper"][g]]

@@ -130,6 +130,54 @@ def heads_speed(tmp: Path) -> None:
     assert row["seconds"] >= 0 and row["heads_per_s"] > 0 and row["recipe"]["kind"] == "linear"
 
 
+def joining(tmp: Path) -> None:
+    common = ["--smoke", "--epsilons", "20", "--seeds", "0", "--out", str(tmp), "--cache-dir",
+              str(tmp / "cache"), "--runs-dir", str(tmp / "runs"), "--format", "json"]  # fmt: skip
+    methods = ["local-only", "pooled", "secagg-dpsgd", "private-knn", "diet-capc", "pate-scratch"]
+    table = tmp / "joining_table.json"
+    out = run_json("joining.py", *common, "--methods", *methods, "--export", str(table))
+    setting = out["setting"]
+    assert setting["dataset"] == "digits" and "add/remove one example" in setting["neighbouring"]
+    assert [lay["name"] for lay in out["layouts"]] == ["3x480-iid", "6x80-skewed"]
+    # Private-kNN cannot vote with 20 neighbours from a Poisson sample of the skewed layout's smallest
+    # party: that cell is recorded with why, not run (and not tried again).
+    (skipped,) = out["skipped"]
+    assert skipped["layout"] == "6x80-skewed" and skipped["method"] == "private-knn"
+    assert (
+        "fewer than the 20 neighbours" in skipped["noise"] and out["ran"] == 12
+    )  # rows added, the skip included
+    for lay in out["layouts"]:
+        assert lay["parties"] in (3, 6) and 70 < lay["examples_per_party"] < 500
+        alone = lay["local_only"]
+        assert _fraction(alone["min"], 0.1) and alone["min"] <= alone["mean"] <= alone["max"]
+        assert _fraction(lay["pooled"], 0.8)  # 1,438 or 479 digits, one head
+        cells = {m["name"]: m for m in lay["mechanisms"]}
+        ran = set(methods[2:]) - ({"private-knn"} if lay["name"] == "6x80-skewed" else set())
+        assert set(cells) == ran and all(m["epsilon"] == 20.0 for m in cells.values())
+        for m in cells.values():
+            assert _fraction(m["accuracy_mean"]) and m["accuracy_std"] == 0.0 and m["seeds"] == 1
+            assert m["gain_over_best_party"] == pytest.approx(m["accuracy_mean"] - alone["max"])
+        assert cells["secagg-dpsgd"]["accuracy_mean"] > 0.7
+    assert {p.split(".")[-1] for p in out["outputs"]} == {"csv", "md", "png", "json"}
+    assert (tmp / "joining-smoke.png").stat().st_size > 5_000
+    assert "| 3x480-iid |" in (tmp / "joining-smoke.md").read_text()
+    # The table `capc federation plan` recommends from: the federation's mechanisms only, labelled.
+    exported = json.loads(table.read_text())
+    assert exported["dataset"] == "digits" and "benchmarks/joining.py" in exported["source"]
+    assert {m["name"] for lay in exported["layouts"] for m in lay["mechanisms"]} == {
+        "secagg-dpsgd", "private-knn", "diet-capc"}  # fmt: skip
+    # Resumable: every cell is in the CSV, so a second run runs nothing and reports the same table.
+    again = run_json("joining.py", *common, "--methods", *methods)
+    assert again["ran"] == 0 and again["layouts"] == out["layouts"]
+    # A CSV of another setting (here: another pipeline config) is refused, not mixed in.
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "joining.py"), *common, "--methods", "diet-capc",
+         "--config", str(REPO / "configs" / "fashion-mnist-diet-pate.yaml")],
+        capture_output=True, text=True, timeout=120, env=ENV, cwd=REPO, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "holds rows of another setting" in proc.stderr and "hyper" in proc.stderr
+
+
 def linear_probe(tmp: Path) -> None:
     out = run_json(
         "linear_probe.py", "--format", "json", "--limit", "256", "--bn-batch", "64", "--max-iter", "5",
@@ -272,6 +320,7 @@ SMOKE: dict[str, Callable[[Path], None]] = {
     "federation.py": federation,
     "gpu_check.py": gpu_check,
     "heads_speed.py": heads_speed,
+    "joining.py": joining,
     "linear_probe.py": linear_probe,
     "mechanisms.py": mechanisms,
     "mpc.py": mpc,
@@ -282,7 +331,7 @@ SMOKE: dict[str, Callable[[Path], None]] = {
     "utility.py": utility,
 }
 #: Smoke tests that take more than ~20 s on the 2-core machine.
-SLOW = {"federation.py", "mechanisms.py", "recipe_sweep.py", "startup.py"}
+SLOW = {"federation.py", "joining.py", "mechanisms.py", "recipe_sweep.py", "startup.py"}
 #: Script → the test elsewhere in the suite that runs it at toy size and checks its JSON.
 ELSEWHERE = {
     "chaos.py": "tests/e2e/test_restarts.py::test_the_chaos_campaigns_short_version",

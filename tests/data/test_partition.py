@@ -152,14 +152,14 @@ def test_site_part_refuses_a_part_or_fraction_out_of_range():
         site_part(images, labels - 1, part=0, parts=3, seed=0)
 
 
-@pytest.mark.parametrize("ratio", [None, 10.0])
-def test_site_parts_move_one_part_by_one_example_when_one_is_added_or_removed(ratio):
+@pytest.mark.parametrize("skew", [{}, {"imbalance_ratio": 10.0}, {"alpha": 0.5}])
+def test_site_parts_move_one_part_by_one_example_when_one_is_added_or_removed(skew):
     """Issue 25.4: the benchmark's parties (uniform or class-skewed) under the services' add/remove relation —
     removing or adding one record changes exactly one party's set, by exactly that record."""
     rng = np.random.default_rng(1)
     images = rng.integers(0, 256, size=(3000, 5, 5, 1), dtype=np.uint8)
     labels = np.repeat(np.arange(10), 300)
-    parts = site_parts(images, labels, parts=10, seed=7, imbalance_ratio=ratio)
+    parts = site_parts(images, labels, parts=10, seed=7, **skew)
     _check_cover(parts, len(labels))
 
     def records(split, imgs, labs):  # each party's records as a set of (image, label)
@@ -169,7 +169,7 @@ def test_site_parts_move_one_part_by_one_example_when_one_is_added_or_removed(ra
     for gone in (0, 1234, 2999):
         keep = np.delete(np.arange(len(labels)), gone)
         removed = records(
-            site_parts(images[keep], labels[keep], parts=10, seed=7, imbalance_ratio=ratio),
+            site_parts(images[keep], labels[keep], parts=10, seed=7, **skew),
             images[keep],
             labels[keep],
         )
@@ -179,7 +179,7 @@ def test_site_parts_move_one_part_by_one_example_when_one_is_added_or_removed(ra
         assert removed[changed[0]] <= base[changed[0]]
     extra = rng.integers(0, 256, size=(1, 5, 5, 1), dtype=np.uint8)
     more_images, more_labels = np.concatenate([images, extra]), np.append(labels, 4)
-    more = site_parts(more_images, more_labels, parts=10, seed=7, imbalance_ratio=ratio)
+    more = site_parts(more_images, more_labels, parts=10, seed=7, **skew)
     added = records(more, more_images, more_labels)
     changed = [k for k in range(10) if base[k] != added[k]]
     assert len(changed) == 1 and added[changed[0]] - base[changed[0]] == {(extra.tobytes(), 4)}
@@ -208,3 +208,29 @@ def test_site_parts_uniform_is_site_part_and_skewed_favours_one_class_per_party(
         site_parts(images, labels, parts=0, seed=0)
     with pytest.raises(InputError, match=r"seed must be in \[0, 2\^64\), got -1"):
         site_parts(images, labels, parts=2, seed=-1)
+
+
+def test_site_parts_dirichlet_gives_each_class_its_public_shares():
+    """Issue 24.1: the joining benchmark's skewed layouts — class ``c``'s records are spread over the parts in
+    the proportions of one public Dirichlet(α) draw (seed and class only), so each party sees few classes."""
+    from capc_common.data.partition import _class_shares
+
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, size=(20_000, 4, 4, 1), dtype=np.uint8)
+    labels = np.repeat(np.arange(10), 2_000)
+    parts = site_parts(images, labels, parts=10, seed=5, alpha=0.5)
+    _check_cover([p for p in parts if len(p)], len(labels))
+    counts = np.stack([np.bincount(labels[p], minlength=10) for p in parts])  # (parts, classes)
+    shares = np.stack([_class_shares(c, 10, 0.5, 5) for c in range(10)]).T
+    np.testing.assert_allclose(counts / 2_000, shares, atol=0.03)  # binomial noise of 2,000 draws
+    # Skewed: the two largest classes of a party hold most of its records (uniform: 20 %).
+    top_two = np.sort(counts, axis=1)[:, -2:].sum(axis=1) / np.maximum(counts.sum(axis=1), 1)
+    assert np.median(top_two) > 0.5
+    again = site_parts(images[::-1], labels[::-1], parts=10, seed=5, alpha=0.5)  # order does not matter
+    assert [sorted(len(labels) - 1 - p) for p in again] == [sorted(p) for p in parts]
+    other = site_parts(images, labels, parts=10, seed=6, alpha=0.5)
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other, strict=True))
+    with pytest.raises(InputError, match=r"alpha must be a finite number > 0, got 0"):
+        site_parts(images, labels, parts=3, seed=0, alpha=0)
+    with pytest.raises(InputError, match="imbalance_ratio or alpha, not both"):
+        site_parts(images, labels, parts=3, seed=0, alpha=0.5, imbalance_ratio=10.0)

@@ -24,9 +24,10 @@ Schemes:
 hash (its own domain, so a site's part and its teachers' shards are independent), and can keep only a fixed
 fraction of a part: whether an example is selected depends on that example alone, never on how many others
 there are or where it sits in the file, so adding or removing one example changes one site's set by exactly
-that example. :func:`site_parts` returns every site's part at once, optionally class-skewed: the hash range
-is cut at thresholds that depend on the example's label, so the skew is a public function of
-``(label, hash)`` and the relation is still add/remove.
+that example. :func:`site_parts` returns every site's part at once, optionally class-skewed (a fixed
+imbalance ratio, or Dirichlet class proportions drawn from the public seed): the hash range is cut at
+thresholds that depend on the example's label, so the skew is a public function of ``(label, hash)`` and the
+relation is still add/remove.
 
 Every scheme is disjoint and covering (each index in exactly one shard) and a pure function of
 ``(labels, shards, scheme, seed, parameters)`` (``hash`` also of the images): the randomness is a seeded
@@ -60,6 +61,8 @@ _DIRICHLET_TRIES = 1000
 #: Domain of the site split's hash key (the teacher shards' key is the bare 8-byte seed).
 _SITE_DOMAIN = b"capc-site-part\x00"
 _HASH_RANGE = 1 << 64
+#: Third word of the Dirichlet shares' generator seed ``(seed, class, stream)``: its own stream.
+_DIRICHLET_STREAM = 0xD1C1
 
 
 def _apportion(total: int, weights: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
@@ -161,6 +164,7 @@ def site_parts(
     parts: int,
     seed: int,
     imbalance_ratio: float | None = None,
+    alpha: float | None = None,
 ) -> list[npt.NDArray[np.int64]]:
     """Every site's part at once (ascending indices), each example placed by its label and site hash alone.
 
@@ -170,9 +174,13 @@ def site_parts(
     proportional to ``r^(−((c − k) mod parts)/(parts − 1))`` — the class's hash range is cut at thresholds
     that depend on ``c`` only — so part ``k`` favours the classes ``c ≡ k (mod parts)`` and, for balanced
     classes and as many parts as classes, its most and least frequent classes differ by ``r`` in expectation
-    (the skew of :func:`partition`'s ``imbalanced`` scheme). Either way each example's part is a public
-    function of ``(its label, its hash)``: adding or removing one example changes exactly one part, by that
-    example (:data:`NEIGHBOURING` ``["hash"]``). Part sizes vary (multinomial); a part may be empty.
+    (the skew of :func:`partition`'s ``imbalanced`` scheme). With ``alpha``, class ``c``'s shares of the
+    parts are one draw of ``Dirichlet(alpha · 1)`` from a generator seeded by ``(seed, c)`` — the usual
+    non-iid benchmark split (Hsu et al. 2019), with proportions that depend on the public seed and the class
+    only, never on the data (unlike :func:`partition`'s ``dirichlet``, which deals each class by count).
+    Either way each example's part is a public function of ``(its label, its hash)``: adding or removing one
+    example changes exactly one part, by that example (:data:`NEIGHBOURING` ``["hash"]``). Part sizes vary
+    (multinomial); a part may be empty.
 
     Args:
         images: the examples' images ``(N, ...)`` (their bytes are hashed).
@@ -180,34 +188,53 @@ def site_parts(
         parts: how many sites share the dataset (≥ 1).
         seed: the split's public seed, in ``[0, 2^64)``.
         imbalance_ratio: ``r ≥ 1`` for a class-skewed split; None (or 1) for a uniform one.
+        alpha: Dirichlet concentration ``> 0`` for a class-skewed split (0.5: each part sees few classes, and
+            part sizes vary too); not with ``imbalance_ratio``.
 
     Raises:
-        InputError: fewer than one part, a ratio below 1 or not finite, a seed out of range, a negative label,
-            or images and labels of different lengths.
+        InputError: fewer than one part, a ratio below 1 or not finite, an alpha not finite and positive or
+            given with a ratio, a seed out of range, a negative label, or images and labels of different
+            lengths.
     """
     if parts < 1:
         raise InputError(f"parts must be at least 1, got {parts}")
     if imbalance_ratio is not None and not (math.isfinite(imbalance_ratio) and imbalance_ratio >= 1):
         raise InputError(f"imbalance_ratio must be a finite number >= 1, got {imbalance_ratio}")
+    if alpha is not None and not (math.isfinite(alpha) and alpha > 0):
+        raise InputError(f"alpha must be a finite number > 0, got {alpha}")
+    if alpha is not None and imbalance_ratio is not None:
+        raise InputError("give imbalance_ratio or alpha, not both: they are two ways to skew the classes")
     y = np.asarray(labels).astype(np.int64)
     hashes = np.asarray(_content_hashes(np.asarray(images), y, key=_site_key(seed)), dtype=np.uint64)
     owner = np.empty(len(y), dtype=np.int64)
     for cls in np.unique(y):
         members = y == cls
-        cuts = _thresholds(int(cls), parts, imbalance_ratio)
+        cuts = _thresholds(int(cls), parts, imbalance_ratio, _class_shares(int(cls), parts, alpha, seed))
         owner[members] = np.searchsorted(cuts, hashes[members], side="right")
     return [np.flatnonzero(owner == k).astype(np.int64) for k in range(parts)]
 
 
-def _thresholds(cls: int, parts: int, ratio: float | None) -> npt.NDArray[np.uint64]:
-    """The ``parts − 1`` cuts of class ``cls``'s hash range: part ``k`` holds ``[cut_{k−1}, cut_k)``."""
-    if ratio is None or ratio == 1 or parts == 1:
+def _class_shares(cls: int, parts: int, alpha: float | None, seed: int) -> npt.NDArray[np.float64] | None:
+    """Class ``cls``'s Dirichlet shares of the parts, drawn from the public ``(seed, cls)``; None without
+    ``alpha``. Public, data-independent randomness (the split is public), hence a seeded NumPy generator."""
+    if alpha is None:
+        return None
+    return np.random.default_rng([seed, cls, _DIRICHLET_STREAM]).dirichlet(np.full(parts, float(alpha)))
+
+
+def _thresholds(
+    cls: int, parts: int, ratio: float | None, shares: npt.NDArray[np.float64] | None = None
+) -> npt.NDArray[np.uint64]:
+    """The ``parts − 1`` cuts of class ``cls``'s hash range: part ``k`` holds ``[cut_{k−1}, cut_k)``; its
+    width is ``shares[k]`` of the range when given, else set by the imbalance ``ratio`` (uniform without)."""
+    if shares is None and ratio is not None and ratio != 1 and parts > 1:
+        rank = (cls - np.arange(parts)) % parts
+        shares = float(ratio) ** (-rank / (parts - 1))
+    if shares is None:
         # ceil(k · 2^64 / parts): exactly site_part's test k·2^64 ≤ h·parts on integer hashes.
         cuts = [-(-k * _HASH_RANGE // parts) for k in range(1, parts)]
     else:
-        rank = (cls - np.arange(parts)) % parts
-        weights = float(ratio) ** (-rank / (parts - 1))
-        edges = np.cumsum(weights / weights.sum())[:-1]
+        edges = np.cumsum(shares / shares.sum())[:-1]
         cuts = [min(int(e * _HASH_RANGE), _HASH_RANGE - 1) for e in edges]
     return np.asarray(cuts, dtype=np.uint64)
 
