@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 import pytest
+import yaml
 
 from capc_cli import main as cli_main
 from capc_common.errors import BudgetExhaustedError, CapcError, InputError, IntegrityError
@@ -66,12 +67,13 @@ def test_every_subcommand_has_help(capc):
 
 def test_a_file_this_user_cannot_read_is_bad_input_without_a_traceback(tmp_path, require):
     # A container (uid 10001) reading host files copied as root with mode 600: say who we are and the fix.
-    federation = tmp_path / "federation.yaml"
-    federation.write_bytes((REPO / "deploy" / "compose" / "federation.yaml").read_bytes())
-    federation.chmod(0)
-    site = tmp_path / "sites" / "hospital-a.yaml"  # names ../federation.yaml
-    site.parent.mkdir()
     compose_site = (REPO / "deploy" / "compose" / "sites" / "hospital-a.yaml").read_text()
+    named = yaml.safe_load(compose_site)["federation"]  # ../federation-<mechanism>.yaml
+    federation = tmp_path / Path(named).name
+    federation.write_bytes((REPO / "deploy" / "compose" / Path(named).name).read_bytes())
+    federation.chmod(0)
+    site = tmp_path / "sites" / "hospital-a.yaml"
+    site.parent.mkdir()
     site.write_text(compose_site.replace("0.0.0.0", "127.0.0.1"))
     # root reads any file unless it lacks the capabilities that override file modes
     drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []

@@ -22,7 +22,7 @@ HEADS = 3
 @pytest.fixture
 def site(tmp_path: Path) -> Path:
     """hospital-a of the compose federation with 3 heads, its data an .npz of 240 Fashion-MNIST images."""
-    config = yaml.safe_load((REPO / "deploy" / "compose" / "federation.yaml").read_text())
+    config = yaml.safe_load((REPO / "deploy" / "compose" / "federation-confident-gnmax.yaml").read_text())
     config["teachers"] = [{"name": name, "heads": HEADS} for name in ("hospital-a", "hospital-b")]
     FederationConfig.from_dict(config).save(tmp_path / "federation.yaml")
     data = load_dataset("fashion-mnist", split="train")

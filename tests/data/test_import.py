@@ -17,7 +17,9 @@ from capc_common.federation import FederationConfig
 from capc_common.federation.site_data import dataset_findings
 
 REPO = Path(__file__).resolve().parents[2]
-FEDERATION = REPO / "deploy" / "compose" / "federation.yaml"  # 28x28x1, 10 classes, 25 heads a party
+FEDERATION = (
+    REPO / "deploy" / "compose" / "federation-confident-gnmax.yaml"
+)  # 28x28x1, 10 classes, 25 heads a party
 CLASSES = ",".join(FASHION_MNIST_CLASSES)
 PER_CLASS = 10
 

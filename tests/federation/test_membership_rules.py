@@ -19,7 +19,7 @@ from capc_common.federation import (
 )
 from capc_services.tls import init_ca, issue_certificate, refusal
 
-COMPOSE = Path(__file__).resolve().parents[2] / "deploy" / "compose" / "federation.yaml"
+COMPOSE = Path(__file__).resolve().parents[2] / "deploy" / "compose" / "federation-confident-gnmax.yaml"
 
 
 @pytest.fixture
