@@ -146,7 +146,10 @@ def test_a_state_that_does_not_fit_is_refused(basis: np.ndarray) -> None:
     with pytest.raises(InputError, match="phase must be 0 or 1"):
         trainer.contribute(bad, x, y, SeededNoise("s"))
     bad[0], bad[40] = 1.0, 0.0  # a scale of 0
-    with pytest.raises(InputError, match="scale must be positive"):
+    with pytest.raises(InputError, match="scale finite and positive"):
+        trainer.contribute(bad, x, y, SeededNoise("s"))
+    bad[1] = np.inf
+    with pytest.raises(InputError, match="mean must be finite"):
         trainer.contribute(bad, x, y, SeededNoise("s"))
     with pytest.raises(InputError, match="expected_batch"):
         Recipe(rounds=3, statistics=False)
@@ -176,3 +179,40 @@ def test_the_recipe_on_digits_beats_the_old_one_at_the_same_noise(digits, basis:
     assert new.rounds == old.rounds == 61
     a_new, a_old = accuracy(new), accuracy(old)
     assert a_new > 0.88 and a_new > a_old, (a_new, a_old)
+
+
+def test_a_crafted_map_cannot_make_refusing_depend_on_the_records(basis: np.ndarray) -> None:
+    """A student's scale of 1e-310 overflows a record whose coordinate differs from the mean: the party
+    still contributes (that record as zero features) whichever records it holds, so whether it refuses says
+    nothing about them, and the contribution stays within the sensitivity of the one without the record."""
+    trainer = _trainer(basis)
+    y = np.zeros(2, dtype=np.int64)
+    state = trainer.state()
+    state[0] = 1.0
+    k = trainer.mechanism.dim
+    state[1], state[1 + k] = 0.5, 1e-310
+    alike, unlike = np.zeros((2, k)), np.zeros((2, k))
+    alike[:, 0] = unlike[:, 0] = 0.5
+    unlike[1, 0] = 1.0
+    with np.errstate(all="raise"):  # no warning escapes either
+        a = trainer.contribute(state, alike, y, SeededNoise("s"))
+        b = trainer.contribute(state, unlike, y, SeededNoise("s"))
+    assert a.shape == b.shape == (trainer.mechanism.size,)
+    assert np.linalg.norm((a - b).astype(np.float64)) <= trainer.mechanism.sensitivity
+
+
+def test_a_sampled_federation_normalises_by_the_expected_batch(digits, basis: np.ndarray) -> None:
+    """With q < 1 the statistics release is over a Poisson sample, so its noisy count already estimates a
+    round's expected batch q·N: the student divides the gradient sums by it, not by q² N."""
+    parties, _, _ = digits
+    records = sum(len(p.labels) for p in parties)
+    m = SecureDPSGD(classes=10, dim=basis.shape[1], clip=1.0, noise_multiplier=1.0, sampling_rate=0.25)
+    trainer = DPSGDTrainer(m, Recipe(rounds=2), basis=basis)
+    prepared = [trainer.prepare(p.features) for p in parties]
+    state = trainer.state()
+    contributions = [
+        trainer.contribute(state, x, p.labels, SeededNoise(f"s:{p.name}"))
+        for p, x in zip(parties, prepared, strict=True)
+    ]
+    trainer.absorb(release_once(m, contributions, guardian=SeededNoise("g")))
+    assert trainer.normaliser == pytest.approx(0.25 * records, rel=0.2)

@@ -95,3 +95,22 @@ def test_a_named_public_array_is_computed_once_by_the_processes_that_need_it(tmp
     )
     assert (cache.computed, cache.read) == (0, 1)
     assert cache.array("another name", lambda: np.ones(2)).sum() == 2 and cache.computed == 1
+
+
+def test_a_stored_array_that_is_damaged_or_fails_its_check_is_computed_again(tmp_path: Path) -> None:
+    """A truncated or edited file (or another code version's basis) is never used: computed and replaced."""
+    from capc_common.mechanisms.basis import is_basis
+
+    cache = FeatureCache(tmp_path)
+    basis = np.linalg.qr(np.random.default_rng(0).normal(size=(8, 3)))[0].astype(np.float32)
+    compute = lambda: basis  # noqa: E731
+    check = lambda a: is_basis(a, 3)  # noqa: E731
+    np.testing.assert_array_equal(cache.array("basis", compute, valid=check), basis)
+    (path,) = tmp_path.glob("array-*.npy")
+    path.write_bytes(path.read_bytes()[:-7])  # truncated
+    np.testing.assert_array_equal(cache.array("basis", compute, valid=check), basis)
+    np.save(path, basis * 2)  # not orthonormal: edited
+    np.testing.assert_array_equal(cache.array("basis", compute, valid=check), basis)
+    assert (cache.computed, cache.read) == (3, 0)
+    assert np.array_equal(cache.array("basis", compute, valid=check), basis) and cache.read == 1
+    assert not is_basis(basis.astype(np.float64), 3) and not is_basis(basis, 2)

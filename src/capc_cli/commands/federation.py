@@ -21,7 +21,8 @@ def _recommendation_text(rec: dict[str, Any]) -> list[str]:
         f"({100 * rec['expected_gain_over_best_party']:+.1f} points over the best party alone; measured, "
         f"not promised: {rec['measured']['dataset']}, {rec['measured']['source']})",
         f"  why: {rec['why']}",
-        f"  federation.yaml mechanism: {p['name']} ({fields})",
+        f"  federation.yaml mechanism: {p['name']} ({fields}); budget: "
+        + ", ".join(f"{k} {v:g}" for k, v in rec["budget"].items()),
     ]
 
 
@@ -101,12 +102,17 @@ def plan_command(
         if recommendation["mechanism"] == "confident-gnmax":
             raise
         result = {"notes": [f"DIET-CaPC cannot be sized for these parties: {exc}"]}
+    # `parameters` is federation.yaml's `mechanism` entry as is; `budget` its `budget` entry.
+    budget = {"epsilon": epsilon, "delta": delta}
     if recommendation["mechanism"] == "secagg-dpsgd":
-        recommendation["parameters"] = {**dpsgd, "order": order}
+        recommendation["parameters"] = dpsgd
+        recommendation["budget"] = {**budget, "order": order}
     elif recommendation["mechanism"] == "confident-gnmax":
-        recommendation["parameters"] = {**result["mechanism"], "order": result["budget"]["order"]}
+        recommendation["parameters"] = result["mechanism"]
+        recommendation["budget"] = {**budget, "order": result["budget"]["order"]}
     else:  # a mechanism this command does not size: its section in docs/mechanisms.md does
         recommendation["parameters"] = {"name": recommendation["mechanism"]}
+        recommendation["budget"] = budget
     emit({"recommendation": recommendation, **result}, fmt, _text)
 
 

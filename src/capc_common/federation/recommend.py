@@ -2,8 +2,8 @@
 
 A consortium asks one question before it starts: which student will be worth joining for at our budget? The
 answer here is a lookup, not a model: the measured layout nearest to the parties' sizes (examples per party,
-then the number of parties, on a log scale), the measured budget nearest below the requested ε (a smaller
-budget's figure is what the requested one can at least expect), and the mechanism that scored best there.
+then the number of parties, on a log scale), every measured budget up to the requested ε (a smaller budget's
+figure is what the requested one can at least expect), and the mechanism that scored best there.
 It is labelled for what it is: a measurement on Fashion-MNIST with the shipped backbone, not a promise for
 another dataset.
 
@@ -58,21 +58,29 @@ def recommend(examples: Sequence[int], *, epsilon: float) -> dict[str, Any]:
             abs(math.log(lay["parties"] / len(examples))),
         ),
     )
-    budgets = sorted({m["epsilon"] for m in layout["mechanisms"]})
-    below = [e for e in budgets if e <= epsilon * (1 + 1e-9)]
-    at = below[-1] if below else budgets[0]
-    rows = [m for m in layout["mechanisms"] if m["epsilon"] == at]
+    # Every measured budget up to the requested one counts (a larger budget can run a smaller one's
+    # settings): each mechanism at its best there; below every measurement, the smallest one measured.
+    below = [m for m in layout["mechanisms"] if m["epsilon"] <= epsilon * (1 + 1e-9)]
+    smallest = min(m["epsilon"] for m in layout["mechanisms"])
+    candidates = below or [m for m in layout["mechanisms"] if m["epsilon"] == smallest]
+    per_mechanism: dict[str, dict[str, Any]] = {}
+    for m in candidates:
+        if m["name"] not in per_mechanism or m["accuracy_mean"] > per_mechanism[m["name"]]["accuracy_mean"]:
+            per_mechanism[m["name"]] = m
+    rows = list(per_mechanism.values())
     best = max(rows, key=lambda m: m["accuracy_mean"])
+    at = best["epsilon"]
     local = layout["local_only"]
     gain = best["accuracy_mean"] - local["max"]
     runner_up = sorted(rows, key=lambda m: -m["accuracy_mean"])[1:2]
     why = (
         f"measured on {table['dataset']} in the layout {layout['name']!r} ({layout['parties']} parties of "
         f"about {layout['examples_per_party']} examples, the nearest to yours) at ε {at:g}"
-        + ("" if at <= epsilon else f" (the smallest measured; you asked for {epsilon:g})")
+        + ("" if below else f" (the smallest measured; you asked for {epsilon:g})")
         + f": {best['name']} {100 * best['accuracy_mean']:.1f} %"
         + (
             f" against {runner_up[0]['name']} {100 * runner_up[0]['accuracy_mean']:.1f} %"
+            f" (at ε {runner_up[0]['epsilon']:g})"
             if runner_up
             else ""
         )

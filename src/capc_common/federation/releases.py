@@ -440,7 +440,7 @@ def federation_basis(
         IntegrityError: a basis whose digest differs from the one pinned in ``federation.yaml``.
     """
     from capc_common.errors import IntegrityError
-    from capc_common.mechanisms.basis import BasisSpec, basis_digest, public_basis
+    from capc_common.mechanisms.basis import BASIS_VERSION, BasisSpec, basis_digest, is_basis, public_basis
 
     if featuriser is None:
         raise InputError("secagg-dpsgd's public basis is computed with the shared backbone; none given")
@@ -455,8 +455,10 @@ def federation_basis(
     if cache is None:
         basis = compute()
     else:
-        name = f"public-basis {featuriser.backbone.sha256} {featuriser.shape} {spec.describe()}"
-        basis = cache.array(name, compute)
+        name = (
+            f"public-basis v{BASIS_VERSION} {featuriser.backbone.sha256} {featuriser.shape} {spec.describe()}"
+        )
+        basis = cache.array(name, compute, valid=lambda a: is_basis(a, spec.dim))
     digest = basis_digest(basis)
     if projection.sha256 is not None and digest != projection.sha256:
         raise IntegrityError(

@@ -26,7 +26,11 @@ import numpy.typing as npt
 
 from capc_common.errors import InputError
 
-__all__ = ["BasisSpec", "basis_digest", "public_basis"]
+__all__ = ["BASIS_VERSION", "BasisSpec", "basis_digest", "is_basis", "public_basis"]
+
+#: Bumped whenever :func:`public_basis` computes a different basis from the same spec: it is part of the
+#: cache key, so a machine never reads an older version's basis from its feature cache.
+BASIS_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,17 @@ def public_basis(
     top = vectors[:, ::-1][:, :k]
     signs = np.sign(top[np.abs(top).argmax(axis=0), np.arange(k)])
     return np.ascontiguousarray(top * np.where(signs == 0, 1.0, signs), dtype=np.float32)
+
+
+def is_basis(array: npt.NDArray[np.generic], dim: int) -> bool:
+    """Whether ``array`` can be a public basis of at most ``dim`` directions: float32, finite, orthonormal
+    columns (a cheap check of a cached file; the digest pinned in federation.yaml is the exact one)."""
+    if array.dtype != np.float32 or array.ndim != 2 or not 0 < array.shape[1] <= min(dim, array.shape[0]):
+        return False
+    a = array.astype(np.float64)
+    if not np.isfinite(a).all():
+        return False
+    return bool(np.abs(a.T @ a - np.eye(a.shape[1])).max() < 1e-3)
 
 
 def basis_digest(basis: npt.NDArray[np.float32]) -> str:

@@ -214,7 +214,8 @@ class DPSGDTrainer:
         """A party's contribution to the release ``state`` announces, over its Poisson sample.
 
         Raises:
-            InputError: a state of another length or a non-positive scale.
+            InputError: a state of another length, phase, or a mean or scale that is not finite (or a
+                scale not positive): checks of the public state only, never of the records.
         """
         k, m = self.mechanism.dim, self.mechanism
         expected = 1 + 2 * k + self.weights.size
@@ -228,10 +229,17 @@ class DPSGDTrainer:
             return m.statistics_contribution(x)
         if phase != _GRADIENT:
             raise InputError(f"a {m.name} state's phase must be 0 or 1, got {phase!r}")
-        if not (scale > 0).all():
-            raise InputError(f"a {m.name} state's scale must be positive")
+        if not (np.isfinite(mean).all() and np.isfinite(scale).all() and (scale > 0).all()):
+            raise InputError(f"a {m.name} state's mean must be finite and its scale finite and positive")
         if mean.any() or (scale != 1).any():  # the identity map (no statistics release) copies nothing
-            x = (x - mean) / scale
+            with np.errstate(over="ignore", invalid="ignore"):
+                x = (x - mean) / scale
+            # A student's map that overflows some records (a scale of 1e-310) must not switch the party
+            # from contributing to refusing (that switch would depend on the records): such a record
+            # contributes the zero feature vector instead, inside the same clipped sensitivity.
+            overflowed = ~np.isfinite(x).all(axis=1)
+            if overflowed.any():
+                x[overflowed] = 0.0
         return m.contribution(state[1 + 2 * k :].reshape(self.weights.shape), x, y)
 
     # --------------------------------------------------------------------------------------- student side
@@ -249,7 +257,9 @@ class DPSGDTrainer:
             self.mean, self.scale = standardiser(
                 sums, squares, count, floor=r.variance_floor, noise=m.statistics_sigma
             )
-            self.normaliser = max(count, 1.0) * m.sampling_rate
+            # The statistics release is over the same Poisson sample as a round: its count already
+            # estimates a round's expected batch q·N.
+            self.normaliser = max(count, 1.0)
         else:
             grad = m.gradient(total) / self.normaliser
             step = self.done - int(r.statistics) + 1

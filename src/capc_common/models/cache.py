@@ -92,11 +92,19 @@ class FeatureCache:
             done = start + bn_batch
         return out
 
-    def array(self, name: str, compute: Callable[[], npt.NDArray[Any]]) -> npt.NDArray[Any]:
+    def array(
+        self,
+        name: str,
+        compute: Callable[[], npt.NDArray[Any]],
+        *,
+        valid: Callable[[npt.NDArray[Any]], bool] = lambda _: True,
+    ) -> npt.NDArray[Any]:
         """A named array made from public images alone (secure-aggregation DP-SGD's public basis): read, or
         computed here while the other parties wait for it (one computation per machine, not one per party).
 
-        The name must say everything the value depends on (the caller's backbone hash and settings).
+        The name must say everything the value depends on (the caller's backbone hash, settings and code
+        version). A stored file that does not load or fails ``valid`` (truncated, edited, another version's)
+        is computed again and replaced, never used.
         """
         self.root.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256(name.encode()).hexdigest()
@@ -106,9 +114,13 @@ class FeatureCache:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 if path.exists():
-                    self.read += 1
-                    stored: npt.NDArray[Any] = np.load(path)
-                    return stored
+                    try:
+                        stored: npt.NDArray[Any] = np.load(path, allow_pickle=False)
+                    except (OSError, ValueError, EOFError):
+                        stored = np.empty(0)
+                    if stored.size and valid(stored):
+                        self.read += 1
+                        return stored
                 value = compute()
                 self.computed += 1
                 self._store(path, value)
