@@ -97,3 +97,24 @@ def test_images_of_another_size_are_refused_with_preflights_advice(site: Path, t
     assert "pick the backbone" not in message and not settings.heads.exists()
     (check,) = dataset_checks(settings, settings.federation_config, out_dir=tmp_path / "preflight")
     assert check.status == "fail" and message == f"{check.detail}; {check.fix}"
+
+
+def test_serve_train_missing_under_a_release_mechanism_trains_nothing_and_creates_the_record(
+    site: Path, capc
+) -> None:
+    """Compose's hospitals run `teacher serve --train-missing` whatever the mechanism: under secagg-dpsgd
+    (compose's default) there are no heads to train, only the cap record to create; then serving needs its
+    certificates (none here: exit 2 with the reason, after the record is made)."""
+    federation = site.parent / "federation.yaml"
+    config = yaml.safe_load(federation.read_text())
+    secagg = yaml.safe_load((REPO / "deploy" / "compose" / "federation-secagg-dpsgd.yaml").read_text())
+    config.update(mechanism=secagg["mechanism"], budget=secagg["budget"])
+    FederationConfig.from_dict(config).save(federation)
+    proc = capc("teacher", "serve", "--site", str(site), "--train-missing", timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "query batches" not in proc.stderr, proc.stderr
+    record = site.parent / "state" / "cap.jsonl"
+    assert record.exists() and not (site.parent / "state" / "heads.safetensors").exists()
+    first = record.read_text()
+    capc("teacher", "serve", "--site", str(site), "--train-missing", timeout=120)
+    assert record.read_text() == first  # an existing record is never re-created

@@ -28,10 +28,12 @@ def command() -> None:
     is_flag=True,
     help="Set up a new site first (containers): when the heads file does not exist, train the heads from "
     "the site's data and, if there is none yet, create the cap record. Never creates a record next to "
-    "existing heads.",
+    "existing heads. A federation of a release mechanism (secagg-dpsgd, dppl) has no heads: the record is "
+    "created when the site's state volume holds none.",
 )
 def serve(site: Path, train_missing: bool) -> None:
     """Dial the student and the guardian (no inbound port) and answer work until SIGTERM/SIGINT."""
+    from capc_common.federation.config import ReleaseMember
     from capc_services.common.logging import configure_logging
     from capc_services.common.runtime import stop_event_on_signals
     from capc_services.teacher.app import serve as run_teacher
@@ -42,10 +44,14 @@ def serve(site: Path, train_missing: bool) -> None:
     settings = TeacherSettings.load(site)
     configure_logging(party=settings.party, level=settings.log_level)
     stop = stop_event_on_signals()
-    if train_missing and not settings.heads.exists():
+    config = settings.federation_config
+    if train_missing and isinstance(config.mechanism, ReleaseMember):
+        if not settings.cap.record.exists():  # the contributions are computed per release: nothing to train
+            LocalCap.init(settings.cap.record, config=config)
+    elif train_missing and not settings.heads.exists():
         train_party_heads(settings)
         if not settings.cap.record.exists():
-            LocalCap.init(settings.cap.record, config=settings.federation_config)
+            LocalCap.init(settings.cap.record, config=config)
     run_teacher(settings, stop=stop)
 
 
