@@ -47,5 +47,8 @@ def test_demo_spends_the_budget_and_publishes_a_student(capc, capc_json, tmp_pat
     assert rec["mechanism"] == best[0] and rec["gain_over_best_hospital"] == pytest.approx(
         best[1] - max(alone.values())
     )
+    # and what the joining benchmark's measurements recommend for hospitals of these sizes
+    assert result["plan"]["mechanism"] in {"secagg-dpsgd", "confident-gnmax", "dppl", "private-knn"}
+    assert "benchmarks/joining.py" in result["plan"]["measured"]["source"]
     other_ledger = Path(other["state_dir"]) / "parties" / "guardian" / "ledger.sqlite"
     assert capc_json("budget", "verify", "--ledger", str(other_ledger))["ok"]

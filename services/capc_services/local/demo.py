@@ -80,6 +80,7 @@ class DemoRun:
     compare: dict[str, Any] = field(default_factory=dict)
     compared: dict[str, Any] = field(default_factory=dict)
     local_only: dict[str, float] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
 
 
 def train_teachers(run: DemoRun) -> None:
@@ -252,6 +253,7 @@ def each_hospital_alone(run: DemoRun) -> None:
             recipe=HeadRecipe(optimizer="adam", steps=100, lr=0.1),  # the benchmarks' local-only head
         )
         run.local_only[party] = float((head.predict(test_x)[0] == test.labels[:count]).mean())
+        run.sizes[party] = len(labels)
         run.say(
             f"{party} alone (its own {len(labels)} images, not private): {100 * run.local_only[party]:.1f} %"
         )
@@ -283,6 +285,10 @@ def which_to_use(run: DemoRun) -> None:
             )
         ),
     }
+    # What the measurements say for hospitals of these sizes (the joining benchmark's table, not this run).
+    from capc_common.federation.recommend import recommend
+
+    run.summary["plan"] = recommend(list(run.sizes.values()), epsilon=run.options.epsilon)
     run.summary["seconds"] = round(time.monotonic() - run.started, 1)
 
 

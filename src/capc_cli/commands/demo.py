@@ -38,9 +38,12 @@ def _text(result: dict[str, Any]) -> str:
         f"    {party} alone{' ' * max(1, 12 - len(party))}{_percent(acc)}  (its own images, not private)"
         for party, acc in result["local_only"].items()
     ]
+    plan = result["plan"]
     lines += [
         "",
         f"  use {rec['mechanism']}: {rec['why']}.",
+        f"  `capc federation plan` for hospitals of these sizes recommends {plan['mechanism']} "
+        f"(expected {_percent(plan['expected_accuracy'])}; {plan['why']})",
     ]
     return "\n".join(lines)
 
