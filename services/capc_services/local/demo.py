@@ -101,27 +101,18 @@ def label_and_publish(run: DemoRun) -> None:
         ProtocolError: the student failed.
         UnavailableError: the run exceeded the demo's timeout.
     """
-    student, budget_url = run.endpoints["student"]["progress"], run.endpoints["guardian"]["budget"]
-    last = ""
-    while True:
-        _, progress = probe(student, token=run.secret)
+    budget_url = run.endpoints["guardian"]["budget"]
+
+    def line_of(progress: dict[str, Any]) -> str | None:
         _, budget = probe(budget_url, token=run.secret)
-        if isinstance(progress, dict) and isinstance(budget, dict):
-            asked = f"{progress['queries']} queries asked, {progress['answered']} answered"
-            line = f"{progress['state']}: {asked}, {budget_line(budget)}"
-            if line != last:
-                run.say(line)
-                last = line
-            if progress["state"] in ("published", "failed"):
-                break
-        if time.monotonic() - run.started > run.timeout:
-            raise UnavailableError(
-                f"the demo did not finish within {run.timeout:.0f} s; logs in {run.layout.logs}"
-            )
-        time.sleep(1.0)
-    if progress["state"] == "failed":
-        raise ProtocolError(f"the student failed: {progress['error']} (logs in {run.layout.logs})")
-    run.progress = progress
+        if not isinstance(budget, dict):
+            return None
+        asked = f"{progress['queries']} queries asked, {progress['answered']} answered"
+        return f"{progress['state']}: {asked}, {budget_line(budget)}"
+
+    run.progress = _wait_published(
+        run, run.endpoints["student"]["progress"], run.secret, run.layout.logs, line_of=line_of
+    )
 
 
 def read_budget(run: DemoRun) -> None:
@@ -162,8 +153,16 @@ def summarise(run: DemoRun) -> None:
     }
 
 
-def _wait_published(run: DemoRun, endpoints: dict[str, Any], secret: str, logs: Path) -> dict[str, Any]:
-    """Follow a student's progress until it published (or failed); its last progress.
+def _wait_published(
+    run: DemoRun,
+    progress_url: str,
+    secret: str,
+    logs: Path,
+    *,
+    line_of: Callable[[dict[str, Any]], str | None] = lambda progress: str(progress["state"]),
+) -> dict[str, Any]:
+    """Follow a student's progress until it published (or failed), saying each new ``line_of`` it (None:
+    not readable yet); its last progress.
 
     Raises:
         ProtocolError: the student failed.
@@ -171,9 +170,9 @@ def _wait_published(run: DemoRun, endpoints: dict[str, Any], secret: str, logs: 
     """
     last = ""
     while True:
-        _, progress = probe(endpoints["student"]["progress"], token=secret)
-        if isinstance(progress, dict):
-            line = f"{progress['state']}"
+        _, progress = probe(progress_url, token=secret)
+        line = line_of(progress) if isinstance(progress, dict) else None
+        if line is not None:
             if line != last:
                 run.say(line)
                 last = line
@@ -206,7 +205,8 @@ def second_student(run: DemoRun) -> None:
     run.say(f"the same hospitals, secure-aggregation DP-SGD at ε {run.options.epsilon:g} ({root})")
     endpoints = up(root, options, say=run.say)
     try:
-        progress = _wait_published(run, endpoints, token(Layout(root)), Layout(root).logs)
+        layout = Layout(root)
+        progress = _wait_published(run, endpoints["student"]["progress"], token(layout), layout.logs)
     finally:
         down(root)
     published = progress["published"]
