@@ -673,7 +673,11 @@ def plot(layouts: list[dict[str, Any]], path: Path, epsilon: float) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("test accuracy (%)")
-    axes[0][-1].legend(fontsize="small", loc="lower right")
+    # One legend for both panels: a method measured in one layout only has its marker in one panel.
+    handles = {}
+    for ax in axes[0]:
+        handles.update(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
+    axes[0][-1].legend(handles.values(), handles.keys(), fontsize="small", loc="lower right")
     fig.suptitle(f"Worth joining? Fashion-MNIST, alone vs. the federation (δ = {DELTA:g})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
