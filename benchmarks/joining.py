@@ -786,7 +786,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "outputs": [str(args.out / f"{args.name}.{ext}") for ext in ("csv", "md", "png")],
     }
     if args.export:
-        export(args.export, layouts, dataset=args.dataset, source=f"{command} ({len(rows)} rows)")
+        export(args.export, layouts, dataset=args.dataset, source=f"{len(rows)} runs, {csv_path.name}")
         result["outputs"].append(str(args.export))
     if args.format == "json":
         print(json.dumps(result, default=float))
