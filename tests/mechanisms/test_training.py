@@ -148,7 +148,7 @@ def test_a_state_that_does_not_fit_is_refused(basis: np.ndarray) -> None:
     bad[0], bad[40] = 1.0, 0.0  # a scale of 0
     with pytest.raises(InputError, match="scale finite and positive"):
         trainer.contribute(bad, x, y, SeededNoise("s"))
-    bad[1] = np.inf
+    bad[40], bad[1] = 1.0, np.inf  # the scale fine again, the mean not
     with pytest.raises(InputError, match="mean must be finite"):
         trainer.contribute(bad, x, y, SeededNoise("s"))
     with pytest.raises(InputError, match="expected_batch"):
@@ -193,12 +193,18 @@ def test_a_crafted_map_cannot_make_refusing_depend_on_the_records(basis: np.ndar
     state[1], state[1 + k] = 0.5, 1e-310
     alike, unlike = np.zeros((2, k)), np.zeros((2, k))
     alike[:, 0] = unlike[:, 0] = 0.5
+    alike[:, 1] = unlike[:, 1] = 0.3  # a coordinate the map leaves finite
     unlike[1, 0] = 1.0
     with np.errstate(all="raise"):  # no warning escapes either
         a = trainer.contribute(state, alike, y, SeededNoise("s"))
         b = trainer.contribute(state, unlike, y, SeededNoise("s"))
     assert a.shape == b.shape == (trainer.mechanism.size,)
     assert np.linalg.norm((a - b).astype(np.float64)) <= trainer.mechanism.sensitivity
+    # Only the overflowed record is zeroed: the other contributes its standardised features as they are.
+    weights = state[1 + 2 * k :].reshape(trainer.weights.shape)
+    x = (alike[:1] - state[1 : 1 + k]) / state[1 + k : 1 + 2 * k]
+    zeroed = np.vstack([x, np.zeros((1, k))])
+    np.testing.assert_array_equal(b, trainer.mechanism.contribution(weights, zeroed, y))
 
 
 def test_a_sampled_federation_normalises_by_the_expected_batch(digits, basis: np.ndarray) -> None:

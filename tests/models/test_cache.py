@@ -114,3 +114,5 @@ def test_a_stored_array_that_is_damaged_or_fails_its_check_is_computed_again(tmp
     assert (cache.computed, cache.read) == (3, 0)
     assert np.array_equal(cache.array("basis", compute, valid=check), basis) and cache.read == 1
     assert not is_basis(basis.astype(np.float64), 3) and not is_basis(basis, 2)
+    assert not is_basis(basis[:, [0, 0, 1]], 3)  # unit columns, but not orthogonal
+    assert is_basis(basis, 5) and is_basis(basis[:, :2], 3)  # fewer directions than asked for: a basis
