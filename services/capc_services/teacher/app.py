@@ -18,7 +18,7 @@ from capc_common.federation.releases import check_records
 from capc_common.learn.heads import HeadEnsemble
 from capc_common.mechanisms import Voter
 from capc_services.common.admin import api_router
-from capc_services.common.party import PartyRuntime, apply_torch_threads
+from capc_services.common.party import PartyRuntime, apply_threads
 from capc_services.teacher.cap import LocalCap
 from capc_services.teacher.client import TeacherLinks
 from capc_services.teacher.contributor import POLL_TIMEOUT_S, ReleaseContributor
@@ -196,7 +196,7 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
             "labels would be reproducible and NOT private, so this party refuses to vote. Only for a test "
             "federation: set allow_insecure_noise: true in this party's site file"
         )
-    apply_torch_threads(settings.torch_threads)  # before the start-up check featurises anything
+    apply_threads(settings.torch_threads)  # before the start-up check featurises anything
     party = PartyRuntime(settings, role="teacher", model=True)
     config = party.config
     releases = isinstance(config.mechanism, ReleaseMember)  # contributions to noisy totals, no votes

@@ -63,7 +63,7 @@ class TeacherSettings(SiteSettings):
         allow_raw_queries: answer queries shipped as raw images (default: synthetic queries only).
         allow_insecure_noise: take part in a federation whose ``federation.yaml`` seeds the noise
             (``mechanism.insecure_noise_seed``: reproducible, NOT private; tests only). Refused by default.
-        torch_threads: CPU threads for inference (None: torch's default).
+        torch_threads: CPU threads for inference, torch's and numpy's BLAS (None: their defaults).
         data: the site's training data.
         feature_cache: a directory of query features shared with the other parties of the same machine
             (:class:`~capc_common.models.cache.FeatureCache`; a local federation, one operator); unset on a

@@ -25,7 +25,7 @@ from capc_common.data import load_dataset, partition, site_part
 from capc_common.errors import InputError
 from capc_common.federation import load_shared_backbone, mechanism_of
 from capc_common.federation.site_data import dataset_findings, label_problem, refuse
-from capc_services.common.party import apply_torch_threads
+from capc_services.common.party import apply_threads
 from capc_services.teacher.settings import TeacherSettings
 
 
@@ -103,7 +103,7 @@ def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
     """
     config = settings.federation_config
     heads = config.teacher(settings.party).heads
-    apply_torch_threads(settings.torch_threads)
+    apply_threads(settings.torch_threads)
     start = time.perf_counter()
     images, labels, name = party_examples(settings)
     # preflight's checks first: data of another size is converted (the backbone is pinned), not trained on.
