@@ -144,6 +144,7 @@ def run_release_student(
 
     def work() -> None:
         try:
+            protocol.precompute()  # while the teachers featurise their records
             run_releases(
                 protocol=protocol,
                 rounds=rounds,
