@@ -144,16 +144,14 @@ def serve_releases(
 ) -> None:
     """Run a release federation's teacher party: featurise its own records once (per example), then
     contribute to every release the student opens until ``stop`` is set."""
-    from capc_common.learn import BackboneFeaturizer
-    from capc_common.mechanisms.central import extract_per_example
-    from capc_services.teacher.train import check_labels, party_examples
+    from capc_services.teacher.train import check_labels, party_examples, record_features
 
     config = party.config
     protocol = party.runnable.release_protocol()
     images, labels, name = party_examples(settings)
     check_labels(np.asarray(labels), classes=config.classes, name=name)
     check_records(config, len(labels))
-    features = extract_per_example(BackboneFeaturizer(party.backbone), images)
+    features = record_features(settings, party.backbone, images)
     _log.info("features ready", extra={"records": len(labels), "data": name})
     contributor = ReleaseContributor(
         config=config,
