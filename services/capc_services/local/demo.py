@@ -272,11 +272,15 @@ def each_hospital_alone(run: DemoRun) -> None:
 
     The features are those the hospital's secure-aggregation DP-SGD party computed (read back from its own
     records cache), the test images' those the second student was evaluated on (that federation's shared
-    cache of public features): nothing is featurised again.
+    cache of public features): nothing is featurised again. The hospitals' heads train side by side, one
+    thread each (the second federation's releases run beside; one thread per core does not spin).
 
     Raises:
         InputError: the demo's options evaluate no test images.
     """
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
 
     from capc_common.federation import FederationConfig, load_shared_backbone
@@ -287,7 +291,7 @@ def each_hospital_alone(run: DemoRun) -> None:
     from capc_services.teacher.settings import TeacherSettings
     from capc_services.teacher.train import party_examples, record_features
 
-    apply_threads(run.options.torch_threads)  # the second federation's releases run beside
+    apply_threads(1)
     config = FederationConfig.load(run.second.federation)
     backbone = load_shared_backbone(config)
     evaluation = evaluation_set(StudentSettings.load(run.second.site(config.student)), backbone)
@@ -295,7 +299,9 @@ def each_hospital_alone(run: DemoRun) -> None:
         raise InputError("the demo compares students and hospitals on test images: set evaluation_images")
     test_features, test_y, _ = evaluation
     test_x = normalise(test_features)
-    for party in config.teacher_names:
+
+    def alone(party: str) -> tuple[float, int]:
+        """The hospital's test accuracy alone and its record count."""
         settings = TeacherSettings.load(run.second.site(party))
         images, labels, _ = party_examples(settings)
         head = train_heads(
@@ -306,11 +312,13 @@ def each_hospital_alone(run: DemoRun) -> None:
             classes=config.classes,
             recipe=HeadRecipe(optimizer="adam", steps=100, lr=0.1),  # the benchmarks' local-only head
         )
-        run.local_only[party] = float((head.predict(test_x)[0] == test_y).mean())
-        run.sizes[party] = len(labels)
-        run.say(
-            f"{party} alone (its own {len(labels)} images, not private): {100 * run.local_only[party]:.1f} %"
-        )
+        return float((head.predict(test_x)[0] == test_y).mean()), len(labels)
+
+    parties = config.teacher_names
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for party, (accuracy, records) in zip(parties, pool.map(alone, parties), strict=True):
+            run.local_only[party], run.sizes[party] = accuracy, records
+            run.say(f"{party} alone (its own {records} images, not private): {100 * accuracy:.1f} %")
 
 
 def which_to_use(run: DemoRun) -> None:
