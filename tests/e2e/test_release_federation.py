@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 from federation_harness import NOISE_SEED, Running, federation_options
+from threadpoolctl import threadpool_limits
 
 from capc_common.aggregation import party_noise, sampling_noise
 from capc_common.federation import FederationConfig, load_shared_backbone
@@ -112,6 +113,13 @@ def _protocol(config: FederationConfig, layout: Layout) -> ReleaseProtocol:
 
 
 def _central_head(running: Running) -> np.ndarray:
+    """The central runner's head, with numpy's BLAS on one thread as the parties run it (``torch_threads``
+    caps both): the rounding of a threaded product may depend on its thread count."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _central_head_of(running)
+
+
+def _central_head_of(running: Running) -> np.ndarray:
     config = running.config
     parties = _parties(running.layout, config)
     protocol = _protocol(config, running.layout)

@@ -327,3 +327,29 @@ def test_prom_pate_builds_confident_gnmax_over_prompted_teachers(tmp_path: Path,
 def test_bad_prom_pate_configs_name_the_field(federation_dict, change: dict[str, object], match: str) -> None:
     with pytest.raises(InputError, match=match):
         FederationConfig.from_dict(federation_dict(mechanism={**PROMPATE, **change}))
+
+
+def test_the_student_precomputes_the_public_basis_for_the_parties_of_its_machine(
+    federation_dict, tmp_path: Path
+) -> None:
+    """secagg-dpsgd's student computes the basis at start (while the parties featurise their records); a party
+    sharing its cache reads it from there instead of computing it after them. Other protocols have nothing
+    to precompute."""
+    from capc_common.federation.releases import protocol_for
+    from capc_common.models import default_backbone, load_backbone
+    from capc_common.models.cache import FeatureCache
+
+    projected = {**DPSGD, "projection": {"dim": 4, "generators": ["dead_leaves"], "images": 40}}
+    config = FederationConfig.from_dict(federation_dict(mechanism=projected))
+    q = config.queries
+    backbone = load_backbone(default_backbone(q.height, q.width, q.channels))
+    student, party = FeatureCache(tmp_path), FeatureCache(tmp_path)
+    protocol = protocol_for(config, dim=backbone.feature_dim, backbone=backbone, cache=student)
+    protocol.precompute()
+    assert (student.computed, student.read) == (1, 0)
+    other = protocol_for(config, dim=backbone.feature_dim, backbone=backbone, cache=party)
+    assert other.prepare(np.ones((2, backbone.feature_dim))).shape == (2, 4)
+    assert (party.computed, party.read) == (0, 1)
+    protocol_for(
+        FederationConfig.from_dict(federation_dict(mechanism={"name": "dppl", "rho": 0.2})), dim=8
+    ).precompute()

@@ -3,6 +3,8 @@ anything is created (the campaign's guardian created a ledger on a backbone sha 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -95,3 +97,22 @@ def test_every_party_refuses_a_federation_that_cannot_run(
         entry(settings, stop=threading.Event())
     created = {p.name for p in tmp_path.iterdir()} - {"federation.yaml", token_file.name}
     assert not created  # no ledger, label store or cap record
+
+
+THREADS = """
+from threadpoolctl import threadpool_info
+from capc_services.common.party import apply_threads
+import torch
+apply_threads(1)
+blas = {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+print(torch.get_num_threads(), sorted(blas))
+"""
+
+
+def test_torch_threads_caps_numpy_blas_too() -> None:
+    """Parties on one machine set ``torch_threads``: numpy's BLAS (a release party's projections, the public
+    basis's eigenvectors) keeps to it as well, or its idle threads spin against the other parties."""
+    out = subprocess.run(
+        [sys.executable, "-c", THREADS], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split(maxsplit=1) == ["1", "[1]\n"], out

@@ -1,5 +1,6 @@
 """``capc demo``: the whole product in a few minutes — a local federation spends its privacy budget, the
-student is trained and published, the budget is read back over the guardian's REST API, and everything is
+student is trained and published, the budget is read back over the guardian's REST API; the same hospitals go
+through secure-aggregation DP-SGD and each trains a head alone, the three side by side; and everything is
 shut down again."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from capc_common.errors import ProtocolError, UnavailableError
+from capc_common.errors import InputError, ProtocolError, UnavailableError
+from capc_services.common.party import apply_threads
 from capc_services.local.federation import down, prepare, token, up
 from capc_services.local.layout import Layout
 from capc_services.local.processes import probe
@@ -29,7 +31,6 @@ DEMO_OPTIONS = LocalOptions(
     bn_batch=64,
     train_limit=None,
     order=None,  # the order capc budget plan picks for this mechanism and budget
-    student_threads=None,  # it trains once the hospitals are done: every core
 )
 
 # `capc demo --quick`: the same code on 3 × 2,000 images, 33 teachers each (what `capc federation plan
@@ -65,12 +66,13 @@ def budget_line(budget: dict[str, Any]) -> str:
 
 @dataclass
 class DemoRun:
-    """What the demo's steps share: the federation's directory and options, and what each step found."""
+    """What the demo's steps share: the federations' directories and options, and what each step found."""
 
     layout: Layout
     options: LocalOptions
     say: Callable[[str], None]
     timeout: float
+    keep: bool = False
     started: float = field(default_factory=time.monotonic)
     endpoints: dict[str, Any] = field(default_factory=dict)
     secret: str = ""
@@ -78,9 +80,16 @@ class DemoRun:
     budget: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     compare: dict[str, Any] = field(default_factory=dict)
+    second_endpoints: dict[str, Any] = field(default_factory=dict)
+    second_started: float = 0.0
     compared: dict[str, Any] = field(default_factory=dict)
     local_only: dict[str, float] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def second(self) -> Layout:
+        """The second federation's directory: the same hospitals through secure-aggregation DP-SGD."""
+        return Layout(self.layout.root / "secagg-dpsgd")
 
 
 def train_teachers(run: DemoRun) -> None:
@@ -94,25 +103,47 @@ def start_parties(run: DemoRun) -> None:
     run.secret = token(run.layout)
 
 
-def label_and_publish(run: DemoRun) -> None:
-    """Follow the student's progress until it has spent the budget, trained and published (or failed).
+def label(run: DemoRun) -> None:
+    """Follow the student's labelling until the guardian's ledger stops it (the student then trains).
 
     Raises:
         ProtocolError: the student failed.
         UnavailableError: the run exceeded the demo's timeout.
     """
-    budget_url = run.endpoints["guardian"]["budget"]
-
-    def line_of(progress: dict[str, Any]) -> str | None:
-        _, budget = probe(budget_url, token=run.secret)
-        if not isinstance(budget, dict):
-            return None
-        asked = f"{progress['queries']} queries asked, {progress['answered']} answered"
-        return f"{progress['state']}: {asked}, {budget_line(budget)}"
-
-    run.progress = _wait_published(
-        run, run.endpoints["student"]["progress"], run.secret, run.layout.logs, line_of=line_of
+    run.progress = _follow(
+        run, run.endpoints, run.secret, run.layout, until=_LABELLED, line_of=_budget_line(run)
     )
+
+
+def start_second(run: DemoRun) -> None:
+    """The same hospitals' data and budget through secure-aggregation DP-SGD: a second local federation (its
+    own ledger, the same sites), started while the first one's student trains; its hospitals featurise their
+    records meanwhile (that student trains on one core, they take the other)."""
+    from capc_common.federation.sizing import dpsgd_mechanism
+
+    run.second_started = time.monotonic()
+    fields, order = dpsgd_mechanism(epsilon=run.options.epsilon, delta=run.options.delta)
+    options = replace(
+        run.options,
+        mechanism="secagg-dpsgd",
+        order=order,
+        mechanism_params={"rounds": fields["rounds"], **run.compare},  # z: calibrated to these rounds
+    )
+    run.say(f"the same hospitals, secure-aggregation DP-SGD at ε {run.options.epsilon:g} ({run.second.root})")
+    # Its hospitals are ready once their records are featurised and on the public basis: minutes on a busy
+    # machine, so the demo's own deadline bounds the wait, not a party's start-up time.
+    left = run.timeout - (time.monotonic() - run.started)
+    run.second_endpoints = up(run.second.root, options, say=run.say, ready_timeout=left)
+
+
+def publish(run: DemoRun) -> None:
+    """Follow the first student until it has trained and published (or failed).
+
+    Raises:
+        ProtocolError: the student failed.
+        UnavailableError: the run exceeded the demo's timeout.
+    """
+    run.progress = _follow(run, run.endpoints, run.secret, run.layout, line_of=_budget_line(run))
 
 
 def read_budget(run: DemoRun) -> None:
@@ -131,7 +162,8 @@ def read_budget(run: DemoRun) -> None:
 
 
 def summarise(run: DemoRun) -> None:
-    """The figures ``capc demo`` prints: the budget, the published student, the federation and the time."""
+    """The figures ``capc demo`` prints: the budget, the published student, the federation and the time;
+    the first federation is stopped (unless kept): it has published."""
     published = run.progress["published"]
     run.summary = {
         "state_dir": str(run.layout.root),
@@ -151,18 +183,39 @@ def summarise(run: DemoRun) -> None:
         "teachers_per_party": run.options.teachers_per_party,
         "seconds": round(time.monotonic() - run.started, 1),
     }
+    if not run.keep:
+        down(run.layout.root)
 
 
-def _wait_published(
+#: Student states that end its labelling (it trains and publishes next).
+_LABELLED = ("labelled", "training", "published")
+
+
+def _budget_line(run: DemoRun) -> Callable[[dict[str, Any]], str | None]:
+    """The first student's progress beside the guardian's budget, as one line (None: not readable yet)."""
+    budget_url = run.endpoints["guardian"]["budget"]
+
+    def line_of(progress: dict[str, Any]) -> str | None:
+        _, budget = probe(budget_url, token=run.secret)
+        if not isinstance(budget, dict):
+            return None
+        asked = f"{progress['queries']} queries asked, {progress['answered']} answered"
+        return f"{progress['state']}: {asked}, {budget_line(budget)}"
+
+    return line_of
+
+
+def _follow(
     run: DemoRun,
-    progress_url: str,
+    endpoints: dict[str, Any],
     secret: str,
-    logs: Path,
+    layout: Layout,
     *,
+    until: tuple[str, ...] = ("published",),
     line_of: Callable[[dict[str, Any]], str | None] = lambda progress: str(progress["state"]),
 ) -> dict[str, Any]:
-    """Follow a student's progress until it published (or failed), saying each new ``line_of`` it (None:
-    not readable yet); its last progress.
+    """Follow a student's progress until its state is one of ``until`` (or it failed), saying each new
+    ``line_of`` it (None: not readable yet); its last progress.
 
     Raises:
         ProtocolError: the student failed.
@@ -170,93 +223,102 @@ def _wait_published(
     """
     last = ""
     while True:
-        _, progress = probe(progress_url, token=secret)
+        _, progress = probe(endpoints["student"]["progress"], token=secret)
         line = line_of(progress) if isinstance(progress, dict) else None
         if line is not None:
             if line != last:
                 run.say(line)
                 last = line
-            if progress["state"] in ("published", "failed"):
+            if progress["state"] in (*until, "failed"):
                 break
         if time.monotonic() - run.started > run.timeout:
-            raise UnavailableError(f"the demo did not finish within {run.timeout:.0f} s; logs in {logs}")
+            raise UnavailableError(
+                f"the demo did not finish within {run.timeout:.0f} s; logs in {layout.logs}"
+            )
         time.sleep(1.0)
     if progress["state"] == "failed":
-        raise ProtocolError(f"the student failed: {progress['error']} (logs in {logs})")
+        raise ProtocolError(f"the student failed: {progress['error']} (logs in {layout.logs})")
     return progress
 
 
-def second_student(run: DemoRun) -> None:
-    """The same hospitals' data and budget through secure-aggregation DP-SGD: a second local federation
-    (its own ledger, the same sites), started once the first one has stopped (the cores are free)."""
-    from capc_common.federation.sizing import dpsgd_mechanism
+def second_published(run: DemoRun) -> None:
+    """Follow the second student until it has published (then its federation is stopped, unless kept).
 
-    down(run.layout.root)
-    started = time.monotonic()
-    fields, order = dpsgd_mechanism(epsilon=run.options.epsilon, delta=run.options.delta)
-    options = replace(
-        run.options,
-        mechanism="secagg-dpsgd",
-        order=order,
-        mechanism_params={"rounds": fields["rounds"], **run.compare},  # z: calibrated to these rounds
-        student_threads=run.options.torch_threads,
-    )
-    root = run.layout.root / "secagg-dpsgd"
-    run.say(f"the same hospitals, secure-aggregation DP-SGD at ε {run.options.epsilon:g} ({root})")
-    endpoints = up(root, options, say=run.say)
-    try:
-        layout = Layout(root)
-        progress = _wait_published(run, endpoints["student"]["progress"], token(layout), layout.logs)
-    finally:
-        down(root)
+    Raises:
+        ProtocolError: the student failed.
+        UnavailableError: the run exceeded the demo's timeout.
+    """
+    layout = run.second
+    progress = _follow(run, run.second_endpoints, token(layout), layout)
+    if not run.keep:
+        down(layout.root)
     published = progress["published"]
     run.compared = {
         "mechanism": "secagg-dpsgd",
-        "state_dir": str(root),
+        "state_dir": str(layout.root),
         "model": published["model"],
         "model_card": published["model_card"],
         "accuracy": published["accuracy"],
         "epsilon": published["epsilon"],
         "epsilon_spent": published["epsilon_spent"],
         "releases": published["releases"],
-        "seconds": round(time.monotonic() - started, 1),
+        "seconds": round(time.monotonic() - run.second_started, 1),
     }
 
 
 def each_hospital_alone(run: DemoRun) -> None:
     """What each hospital gets alone: a (non-private) linear head on its own records' per-example features,
-    evaluated on the students' test images — the figure a hospital weighs joining against."""
+    evaluated on the students' test images — the figure a hospital weighs joining against.
+
+    The features are those the hospital's secure-aggregation DP-SGD party computed (read back from its own
+    records cache), the test images' those the second student was evaluated on (that federation's shared
+    cache of public features): nothing is featurised again. The hospitals' heads train side by side, one
+    thread each (the second federation's releases run beside; one thread per core does not spin).
+
+    Raises:
+        InputError: the demo's options evaluate no test images.
+    """
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
 
-    from capc_common.data import load_dataset
     from capc_common.federation import FederationConfig, load_shared_backbone
-    from capc_common.learn.featurizers import BackboneFeaturizer
     from capc_common.learn.heads import HeadRecipe, train_heads
     from capc_common.mechanisms import normalise
-    from capc_common.mechanisms.central import extract_per_example
+    from capc_services.student.release_app import evaluation_set
+    from capc_services.student.settings import StudentSettings
     from capc_services.teacher.settings import TeacherSettings
-    from capc_services.teacher.train import party_examples
+    from capc_services.teacher.train import party_examples, record_features
 
-    config = FederationConfig.load(run.layout.federation)
-    featurizer = BackboneFeaturizer(load_shared_backbone(config))
-    test = load_dataset(run.options.dataset, split="test")
-    count = run.options.evaluation_images or len(test.labels)
-    test_x = normalise(extract_per_example(featurizer, test.images[:count]))
-    for party in config.teacher_names:
-        images, labels, _ = party_examples(TeacherSettings.load(run.layout.site(party)))
+    apply_threads(1)
+    config = FederationConfig.load(run.second.federation)
+    backbone = load_shared_backbone(config)
+    evaluation = evaluation_set(StudentSettings.load(run.second.site(config.student)), backbone)
+    if evaluation is None:
+        raise InputError("the demo compares students and hospitals on test images: set evaluation_images")
+    test_features, test_y, _ = evaluation
+    test_x = normalise(test_features)
+
+    def alone(party: str) -> tuple[float, int]:
+        """The hospital's test accuracy alone and its record count."""
+        settings = TeacherSettings.load(run.second.site(party))
+        images, labels, _ = party_examples(settings)
         head = train_heads(
-            normalise(extract_per_example(featurizer, images)),
+            normalise(record_features(settings, backbone, images)),
             labels,
             owners=np.zeros(len(labels), dtype=np.int64),
             heads=1,
             classes=config.classes,
             recipe=HeadRecipe(optimizer="adam", steps=100, lr=0.1),  # the benchmarks' local-only head
         )
-        run.local_only[party] = float((head.predict(test_x)[0] == test.labels[:count]).mean())
-        run.sizes[party] = len(labels)
-        run.say(
-            f"{party} alone (its own {len(labels)} images, not private): {100 * run.local_only[party]:.1f} %"
-        )
+        return float((head.predict(test_x)[0] == test_y).mean()), len(labels)
+
+    parties = config.teacher_names
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for party, (accuracy, records) in zip(parties, pool.map(alone, parties), strict=True):
+            run.local_only[party], run.sizes[party] = accuracy, records
+            run.say(f"{party} alone (its own {records} images, not private): {100 * accuracy:.1f} %")
 
 
 def which_to_use(run: DemoRun) -> None:
@@ -292,15 +354,19 @@ def which_to_use(run: DemoRun) -> None:
     run.summary["seconds"] = round(time.monotonic() - run.started, 1)
 
 
-#: The demo, step by step. A step reads what earlier ones left in the :class:`DemoRun` and adds its own.
+#: The demo, step by step. A step reads what earlier ones left in the :class:`DemoRun` and adds its own. The
+#: second federation starts once the first has labelled, while its student trains, and each hospital trains
+#: alone while the second federation runs its releases: on two cores, neither waits for idle ones.
 STEPS: tuple[Callable[[DemoRun], None], ...] = (
     train_teachers,
     start_parties,
-    label_and_publish,
+    label,
+    start_second,
+    publish,
     read_budget,
     summarise,
-    second_student,
     each_hospital_alone,
+    second_published,
     which_to_use,
 )
 
@@ -316,19 +382,31 @@ def run_demo(
 ) -> dict[str, Any]:
     """Run the demo's :data:`STEPS` in ``root`` (a previous demo there is removed first); returns the summary.
 
+    Args:
+        root: the first federation's state directory (the second one's is inside it).
+        options: the first federation's options (the second one takes its hospitals and budget).
+        compare: the second federation's secure-aggregation DP-SGD fields beside the budget's.
+        keep: leave both federations running (``capc local down`` stops them).
+        say: receives one-line progress messages.
+        timeout: seconds the whole demo may take.
+
     Raises:
-        ProtocolError: the student failed (its error is in the message).
+        ProtocolError: a student failed (its error is in the message).
         UnavailableError: a party did not come up, or the run exceeded ``timeout`` seconds.
     """
     layout = Layout(Path(root).resolve())
     if layout.federation.exists():
         down(layout.root, purge=True)
-    run = DemoRun(layout=layout, options=options, say=say, timeout=timeout, compare=dict(compare or {}))
+    run = DemoRun(
+        layout=layout, options=options, say=say, timeout=timeout, keep=keep, compare=dict(compare or {})
+    )
     try:
         for step in STEPS:
             step(run)
     finally:
-        if not keep and layout.state.exists():
-            down(layout.root)
-            say(f"federation stopped; its state (ledger, labels, model, logs) is kept in {layout.root}")
+        started = [each for each in (run.second, layout) if each.state.exists()]
+        if not keep and started:
+            for each in started:
+                down(each.root)
+            say(f"federations stopped; their state (ledgers, labels, models, logs) is kept in {layout.root}")
     return run.summary

@@ -492,6 +492,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
                 "allow_insecure_noise": config.insecure_noise,
                 "torch_threads": options.torch_threads,
                 "feature_cache": "../feature-cache",
+                "records_cache": f"../parties/{name}/records",
                 "data": {
                     "dataset": options.dataset,
                     "shard": index,

@@ -16,7 +16,7 @@ from capc_common.federation import ReleaseMember
 from capc_common.wire import rpc
 from capc_services.common.admin import api_router, problem_response
 from capc_services.common.limits import MessageLimits
-from capc_services.common.party import PartyRuntime, apply_torch_threads
+from capc_services.common.party import PartyRuntime, apply_threads
 from capc_services.common.runtime import start_grpc_server
 from capc_services.student.accounting import epsilon_figures, guarantee, noise_label
 from capc_services.student.guardian_client import GuardianClient
@@ -105,7 +105,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
     """Run the student until ``stop`` is set (or, with ``exit_when_done``, until it has published)."""
     releases = isinstance(settings.federation_config.mechanism, ReleaseMember)  # noisy totals, no batches
     if releases:  # its start-up check builds the protocol (DPPL-Public featurises its pool)
-        apply_torch_threads(settings.torch_threads)
+        apply_threads(settings.torch_threads)
     party = PartyRuntime(settings, role="student")
     if releases:
         run_release_student(settings, party, stop=stop, noise=noise_label(party.config))
@@ -148,7 +148,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
             if stop.is_set():
                 return
             scheduler.progress.state = "training"
-            apply_torch_threads(settings.torch_threads)  # torch: only once it trains
+            apply_threads(settings.torch_threads)  # torch: only once it trains
             from capc_services.student.publish import publish_student
 
             scheduler.progress.published = publish_student(

@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
+import numpy as np
+import numpy.typing as npt
 from fastapi import APIRouter
 
 from capc_common.errors import CapcError
@@ -34,6 +36,9 @@ from capc_services.student.releases import (
 )
 from capc_services.student.servicer import add_to_server
 from capc_services.student.settings import StudentSettings
+
+if TYPE_CHECKING:
+    from capc_common.models import Backbone
 
 _log = logging.getLogger(__name__)
 RELEASE_POLICY = {
@@ -104,19 +109,28 @@ def progress_router(
     return api
 
 
-def _evaluation(settings: StudentSettings, party: PartyRuntime) -> Any:
-    """Held-out per-example features, labels and name for the model card, or None when not configured."""
+def evaluation_set(
+    settings: StudentSettings, backbone: Backbone
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], str] | None:
+    """Held-out per-example features, labels and name for the model card, or None when not configured.
+
+    Public test images: their features go through the site's shared feature cache (``feature_cache:``), so
+    what reads the same set on this machine (the demo's hospitals alone) reads them there.
+    """
     evaluate = settings.train.evaluate
     if evaluate is None:
         return None
     from capc_common.data import load_dataset
-    from capc_common.learn import BackboneFeaturizer
-    from capc_common.mechanisms.central import extract_per_example
+    from capc_common.federation.releases import Featuriser
+    from capc_common.models.cache import FeatureCache
 
+    q = settings.federation_config.queries
+    cache = None if settings.feature_cache is None else FeatureCache(settings.feature_cache)
+    featurise = Featuriser(backbone, (q.height, q.width, q.channels), cache)
     test = load_dataset(evaluate.dataset, split="test")
     limit = evaluate.limit or len(test.labels)
-    features = extract_per_example(BackboneFeaturizer(party.backbone), test.images[:limit])
-    return features, test.labels[:limit], f"{evaluate.dataset}/test"
+    labels = np.asarray(test.labels[:limit], dtype=np.int64)
+    return featurise(test.images[:limit]), labels, f"{evaluate.dataset}/test"
 
 
 def run_release_student(
@@ -144,6 +158,7 @@ def run_release_student(
 
     def work() -> None:
         try:
+            protocol.precompute()  # while the teachers featurise their records
             run_releases(
                 protocol=protocol,
                 rounds=rounds,
@@ -161,7 +176,7 @@ def run_release_student(
                 protocol=protocol,
                 progress=progress,
                 output_dir=settings.output_dir,
-                evaluate=_evaluation(settings, party),
+                evaluate=evaluation_set(settings, party.backbone),
             )
             progress.state = "published"
             _log.info("student published", extra=progress.published)

@@ -47,7 +47,7 @@ class StudentSettings(SiteSettings):
             batch k is computed; 0 = one batch at a time).
         connect_timeout_s: how long to wait for a quorum of teacher parties before giving up.
         exit_when_done: exit after publishing (a one-shot job) instead of serving the admin API on.
-        torch_threads: CPU threads for torch (None: torch's default).
+        torch_threads: CPU threads for torch and numpy's BLAS (None: their defaults).
         feature_cache: a directory of query features shared with the teachers of the same machine
             (:class:`~capc_common.models.cache.FeatureCache`; a local federation); unset otherwise.
     """

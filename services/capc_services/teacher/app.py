@@ -18,7 +18,7 @@ from capc_common.federation.releases import check_records
 from capc_common.learn.heads import HeadEnsemble
 from capc_common.mechanisms import Voter
 from capc_services.common.admin import api_router
-from capc_services.common.party import PartyRuntime, apply_torch_threads
+from capc_services.common.party import PartyRuntime, apply_threads
 from capc_services.teacher.cap import LocalCap
 from capc_services.teacher.client import TeacherLinks
 from capc_services.teacher.contributor import POLL_TIMEOUT_S, ReleaseContributor
@@ -144,16 +144,14 @@ def serve_releases(
 ) -> None:
     """Run a release federation's teacher party: featurise its own records once (per example), then
     contribute to every release the student opens until ``stop`` is set."""
-    from capc_common.learn import BackboneFeaturizer
-    from capc_common.mechanisms.central import extract_per_example
-    from capc_services.teacher.train import check_labels, party_examples
+    from capc_services.teacher.train import check_labels, party_examples, record_features
 
     config = party.config
     protocol = party.runnable.release_protocol()
     images, labels, name = party_examples(settings)
     check_labels(np.asarray(labels), classes=config.classes, name=name)
     check_records(config, len(labels))
-    features = extract_per_example(BackboneFeaturizer(party.backbone), images)
+    features = record_features(settings, party.backbone, images)
     _log.info("features ready", extra={"records": len(labels), "data": name})
     contributor = ReleaseContributor(
         config=config,
@@ -196,7 +194,7 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
             "labels would be reproducible and NOT private, so this party refuses to vote. Only for a test "
             "federation: set allow_insecure_noise: true in this party's site file"
         )
-    apply_torch_threads(settings.torch_threads)  # before the start-up check featurises anything
+    apply_threads(settings.torch_threads)  # before the start-up check featurises anything
     party = PartyRuntime(settings, role="teacher", model=True)
     config = party.config
     releases = isinstance(config.mechanism, ReleaseMember)  # contributions to noisy totals, no votes

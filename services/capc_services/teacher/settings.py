@@ -63,11 +63,16 @@ class TeacherSettings(SiteSettings):
         allow_raw_queries: answer queries shipped as raw images (default: synthetic queries only).
         allow_insecure_noise: take part in a federation whose ``federation.yaml`` seeds the noise
             (``mechanism.insecure_noise_seed``: reproducible, NOT private; tests only). Refused by default.
-        torch_threads: CPU threads for inference (None: torch's default).
+        torch_threads: CPU threads for inference, torch's and numpy's BLAS (None: their defaults).
         data: the site's training data.
         feature_cache: a directory of query features shared with the other parties of the same machine
             (:class:`~capc_common.models.cache.FeatureCache`; a local federation, one operator); unset on a
             hospital's own machine.
+        records_cache: a directory of the per-example features of the site's *own* records
+            (:func:`~capc_common.mechanisms.central.extract_per_example`), beside its other private files
+            and never shared: derived from its data. A release federation's party that starts again, or the
+            same site in another federation on its machine, reads them instead of featurising its records
+            again.
     """
 
     student_address: str
@@ -79,6 +84,7 @@ class TeacherSettings(SiteSettings):
     torch_threads: int | None = Field(default=None, ge=1)
     data: DataSettings | None = None
     feature_cache: Path | None = None
+    records_cache: Path | None = None
 
     def check_role(self) -> None:
         self._require_role("teacher")

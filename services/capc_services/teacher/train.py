@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,8 +25,11 @@ from capc_common.data import load_dataset, partition, site_part
 from capc_common.errors import InputError
 from capc_common.federation import load_shared_backbone, mechanism_of
 from capc_common.federation.site_data import dataset_findings, label_problem, refuse
-from capc_services.common.party import apply_torch_threads
+from capc_services.common.party import apply_threads
 from capc_services.teacher.settings import TeacherSettings
+
+if TYPE_CHECKING:
+    from capc_common.models import Backbone
 
 
 def _mount_hint(dataset: str) -> str:
@@ -83,6 +86,17 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
     return dataset.images[index], dataset.labels[index], name
 
 
+def record_features(settings: TeacherSettings, backbone: Backbone, images: np.ndarray) -> np.ndarray:
+    """Per-example features of the site's records ``images`` (:func:`party_examples`), read back from its
+    own records cache (``records_cache:`` in its site file) when it featurised the same records before."""
+    from capc_common.dietpate.cache import FeatureCache
+    from capc_common.learn import BackboneFeaturizer
+    from capc_common.mechanisms.central import extract_per_example
+
+    cache = None if settings.records_cache is None else FeatureCache(settings.records_cache)
+    return extract_per_example(BackboneFeaturizer(backbone), images, cache=cache)
+
+
 def check_labels(labels: np.ndarray, *, classes: int, name: str) -> None:
     """Refuse labels the federation has no class for (the kNN voter checks the records it votes with).
 
@@ -103,7 +117,7 @@ def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
     """
     config = settings.federation_config
     heads = config.teacher(settings.party).heads
-    apply_torch_threads(settings.torch_threads)
+    apply_threads(settings.torch_threads)
     start = time.perf_counter()
     images, labels, name = party_examples(settings)
     # preflight's checks first: data of another size is converted (the backbone is pinned), not trained on.

@@ -56,7 +56,12 @@ def _text(result: dict[str, Any]) -> str:
     show_default=True,
     help="Where the demo federation lives (a previous demo there is replaced).",
 )
-@click.option("--keep", is_flag=True, help="Leave the federation running (stop it with `capc local down`).")
+@click.option(
+    "--keep",
+    is_flag=True,
+    help="Leave both federations running (stop them with `capc local down`, the second one's state directory "
+    "is STATE_DIR/secagg-dpsgd).",
+)
 @click.option(
     "--quick",
     is_flag=True,

@@ -201,6 +201,12 @@ class ReleaseProtocol(ABC):
         """A party's per-example features as its contributions use them, computed once (default: as is)."""
         return features
 
+    def precompute(self) -> None:
+        """Compute now what the protocol derives from public inputs alone and otherwise computes on first use
+        (secure-aggregation DP-SGD's basis; default: nothing): the student does while the parties featurise
+        their records, so a party sharing its cache finds it there instead of computing it after them."""
+        return None
+
     @abstractmethod
     def state(self) -> npt.NDArray[np.float64]:
         """The public state the parties compute the next contribution at (empty when there is none)."""
@@ -404,6 +410,10 @@ class DPSGDProtocol(ReleaseProtocol):
     def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """The party's records on the public basis (once; every round reuses them)."""
         return self.trainer.prepare(features)
+
+    def precompute(self) -> None:
+        """The public basis."""
+        self.trainer.basis  # noqa: B018 -- the property computes it on first use
 
     def state(self) -> npt.NDArray[np.float64]:
         """The next release's phase, the feature map and the current head."""

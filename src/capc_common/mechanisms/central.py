@@ -13,6 +13,7 @@ party (its Poisson samples) and of the guardian (its noise) comes from its own
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -55,13 +56,32 @@ FEATURE_CHUNK = 2000
 PER_EXAMPLE_PASS = 64
 
 
-def extract_per_example(featurizer: Featurizer, images: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+def extract_per_example(
+    featurizer: Featurizer, images: npt.NDArray[np.uint8], *, cache: FeatureCache | None = None
+) -> npt.NDArray[np.float32]:
     """Per-example features (BatchNorm running statistics) of ``images``, a party's own records.
 
     The one extraction the release mechanisms use, in a teacher party's process and in the central runner
     alike, so both see the same floats (the differential test compares them bit for bit).
+
+    Args:
+        featurizer: the shared map.
+        images: uint8 ``(N, H, W, C)``.
+        cache: the party's *own* cache (the features are derived from its records: never one shared with
+            other parties), keyed by the map and the records' content: a party that featurised the same
+            records before (it starts again; the same site in another federation on its machine; what the
+            site gets alone) reads them back instead of featurising them again.
     """
-    return np.asarray(featurizer.extract(images, bn_batch=PER_EXAMPLE_PASS, mode="running"))
+
+    def extract() -> npt.NDArray[np.float32]:
+        return np.asarray(featurizer.extract(images, bn_batch=PER_EXAMPLE_PASS, mode="running"))
+
+    if cache is None:
+        return extract()
+    content = hashlib.sha256(f"{images.dtype} {images.shape}".encode())
+    content.update(np.ascontiguousarray(images).tobytes())
+    key = {"kind": "records", "map": featurizer.sha256, "content": content.hexdigest(), "mode": "running"}
+    return cache.get_or_compute(key, extract)
 
 
 @dataclass(frozen=True)

@@ -233,7 +233,8 @@ class DPSGDTrainer:
             raise InputError(f"a {m.name} state's mean must be finite and its scale finite and positive")
         if mean.any() or (scale != 1).any():  # the identity map (no statistics release) copies nothing
             with np.errstate(over="ignore", invalid="ignore"):
-                x = (x - mean) / scale
+                x = x - mean  # a new array: the prepared records stay as they are
+                x /= scale
             # A student's map that overflows some records (a scale of 1e-310) must not switch the party
             # from contributing to refusing (that switch would depend on the records): such a record
             # contributes the zero feature vector instead, inside the same clipped sensitivity.
