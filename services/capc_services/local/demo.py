@@ -395,6 +395,9 @@ def run_demo(
         UnavailableError: a party did not come up, or the run exceeded ``timeout`` seconds.
     """
     layout = Layout(Path(root).resolve())
+    second = Layout(layout.root / "secagg-dpsgd")
+    if second.state.exists():  # a demo kept with --keep runs two federations: stop the nested one first
+        down(second.root)
     if layout.federation.exists():
         down(layout.root, purge=True)
     run = DemoRun(
