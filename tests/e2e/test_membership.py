@@ -11,7 +11,11 @@ stream ends when the budget does, and the ledger verifies, its membership entry 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -23,7 +27,7 @@ from capc_common.federation import FederationConfig
 from capc_common.privacy import BudgetLedger
 from capc_services.local.federation import ensure_provisioned
 from capc_services.local.layout import Layout
-from capc_services.local.processes import read_state, write_state
+from capc_services.local.processes import processes_of, read_state, write_state
 from capc_services.local.provision import Endpoints, free_port
 from capc_services.teacher.cap import LocalCap
 from capc_services.tls import issue_certificate
@@ -62,6 +66,13 @@ def _provision_new_hospital(layout: Layout, config: FederationConfig) -> None:
     write_state(layout, endpoints=endpoints, processes=[])
 
 
+def _until(done: Callable[[], bool], *, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "no batch settled on the guardian"
+        time.sleep(0.02)
+
+
 def test_a_fourth_hospital_joins_and_the_federation_finishes_its_budget(tmp_path: Path, capc) -> None:
     root, new_file = tmp_path / "state", tmp_path / "federation-4.yaml"
     # ε 500 buys about five of the 8 batches: a few before the change, the rest with hospital-4.
@@ -78,10 +89,18 @@ def test_a_fourth_hospital_joins_and_the_federation_finishes_its_budget(tmp_path
     assert "capc guardian membership" in added.stdout
     new = FederationConfig.load(new_file)
     running = Running(root, options, teachers=None)
+    (student,) = [p.pid for p in processes_of(read_state(layout)) if p.role == "student"]
     try:
-        running.wait(lambda p: p["batches_done"] >= 1)
-        # What `capc guardian membership` sends (tests/services/test_guardian_membership.py runs the command),
-        # posted at once: batches take seconds here, and some of the budget must be left for hospital-4.
+        # The student drives the stream and settles a batch on the guardian well before its own progress
+        # counts it (four more had settled by then, the budget all but spent). The guardian's ledger is
+        # watched, and the student frozen as soon as one batch has settled: it cannot spend the rest before
+        # the change arrives. Batches it had reserved and not revealed are released by the change.
+        _until(lambda: running.budget()["spent_rdp"] > 0)
+        os.kill(student, signal.SIGSTOP)
+        left = running.budget()
+        worst_batch = left["reserved_rdp"] / max(left["open_batches"], 1)
+        assert left["budget_rdp"] - left["spent_rdp"] > worst_batch, f"no batch left for hospital-4: {left}"
+        # What `capc guardian membership` sends (tests/services/test_guardian_membership.py runs the command).
         reply = httpx.post(
             f"{running.endpoints['guardian']['admin']}/api/v1/membership",
             json=new.model_dump(mode="json"),
@@ -91,6 +110,7 @@ def test_a_fourth_hospital_joins_and_the_federation_finishes_its_budget(tmp_path
         assert reply.status_code == 200, reply.text
         assert reply.json()["added"] == [NEW]
     finally:
+        os.kill(student, signal.SIGCONT)
         running.close()  # the guardian has stopped by itself; the others stop to load the new file
     with BudgetLedger.open(layout.party_dir("guardian") / "ledger.sqlite") as ledger:
         before = ledger.summary()
