@@ -180,10 +180,15 @@ def run_release_student(
             )
             progress.state = "published"
             _log.info("student published", extra=progress.published)
-        except CapcError as exc:
-            progress.state, progress.error = ("stopped" if stop.is_set() else "failed"), str(exc)
+        except Exception as exc:
+            # Any failure ends the releases visibly (state "failed", the reason, logged): an OSError (a full
+            # disk, an unusable feature cache) that escaped would end this thread alone, and the student would
+            # serve on as if it waited for its teachers. A CapcError says what to fix; anything else gets its
+            # traceback in the log.
+            error = str(exc) if isinstance(exc, CapcError) else f"{type(exc).__name__}: {exc}"
+            progress.state, progress.error = ("stopped" if stop.is_set() else "failed"), error
             rounds.finish()
-            _log.error("student failed", extra={"error": str(exc)})
+            _log.error("student failed", extra={"error": error}, exc_info=not isinstance(exc, CapcError))
         finally:
             if settings.exit_when_done:
                 stop.set()
