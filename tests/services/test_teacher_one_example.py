@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from sites_harness import teacher_settings
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from capc_common.data import load_dataset, partition
 from capc_common.federation import FederationConfig
@@ -164,3 +165,27 @@ def test_a_short_hash_shard_abstains_and_one_example_moves_only_its_head(
     assert shrunk.abstaining == (0, 1)
     changed_params, changed_votes = _differs(base, shrunk, queries)
     assert changed_params == [1] and changed_votes == [1]
+
+
+def _limits() -> dict[str, int]:
+    """Each loaded thread pool's thread count, by library file."""
+    return {p["filepath"]: p["num_threads"] for p in threadpool_info()}
+
+
+def test_training_gives_the_caller_its_thread_limits_back(tmp_path, backbone, site_data, federation_dict):
+    """The site's ``torch_threads`` (1 here) caps torch and the BLAS for the training call alone: the process
+    that called it (a test worker, a benchmark, the demo) gets its own limits back, not one thread for ever.
+    The caller's limits are 3, whatever the environment set (OMP_NUM_THREADS=1 would hide a leak)."""
+    images, labels = site_data
+    torch_threads = torch.get_num_threads()
+    with threadpool_limits(limits=3, user_api="blas"):
+        torch.set_num_threads(3)
+        try:
+            before = _limits()
+            assert 3 in before.values() and torch.get_num_threads() == 3
+            _train(tmp_path, backbone, images[:64], labels[:64], federation_dict)
+            after = _limits()
+            assert torch.get_num_threads() == 3
+        finally:
+            torch.set_num_threads(torch_threads)
+    assert {path: after[path] for path in before} == before

@@ -25,7 +25,7 @@ from capc_common.data import load_dataset, partition, site_part
 from capc_common.errors import InputError
 from capc_common.federation import load_shared_backbone, mechanism_of
 from capc_common.federation.site_data import dataset_findings, label_problem, refuse
-from capc_services.common.party import apply_threads
+from capc_services.common.party import threads_limited
 from capc_services.teacher.settings import TeacherSettings
 
 if TYPE_CHECKING:
@@ -111,13 +111,20 @@ def check_labels(labels: np.ndarray, *, classes: int, name: str) -> None:
 def train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
     """Train and save the party's heads (atomically, to ``settings.heads``); returns a summary.
 
+    On ``settings.torch_threads`` threads for this call only: the caller's thread limits are restored after.
+
     Raises:
         InputError: bad data section, or data that does not fit the federation (its image size, its
             classes: the checks preflight runs). A shard too short for a head is no error: that head abstains.
     """
+    with threads_limited(settings.torch_threads):
+        return _train_party_heads(settings)
+
+
+def _train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
+    """:func:`train_party_heads` within its thread limits."""
     config = settings.federation_config
     heads = config.teacher(settings.party).heads
-    apply_threads(settings.torch_threads)
     start = time.perf_counter()
     images, labels, name = party_examples(settings)
     # preflight's checks first: data of another size is converted (the backbone is pinned), not trained on.
