@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Callable
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from capc_common.learn.teachers import TeacherEnsemble
 
 __all__ = ["FeatureCache", "digest_indices"]
+
+_log = logging.getLogger(__name__)
 
 
 def digest_indices(index: npt.ArrayLike) -> str:
@@ -49,12 +52,34 @@ class FeatureCache:
         key = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
         return self.directory / f"{description.get('kind', 'features')}-{key[:40]}{suffix}"
 
-    def load(self, description: dict[str, Any]) -> npt.NDArray[Any] | None:
-        """The stored array for ``description``, or ``None``."""
+    def load(
+        self, description: dict[str, Any], *, valid: Callable[[npt.NDArray[Any]], bool] | None = None
+    ) -> npt.NDArray[Any] | None:
+        """The stored array for ``description``, or ``None``.
+
+        Also ``None``, with a warning naming the file and why, for a stored file that is no array (truncated,
+        overwritten) or fails ``valid`` (another shape or dtype than its description implies: edited, or
+        written by other code): the caller computes the value again and :meth:`store` replaces the file
+        atomically, rather than use it or fail on it. (A file edited to other values of the same shape and
+        dtype cannot be told from a good one.)
+        """
         path = self._path(description)
         if path is None or not path.is_file():
             return None
-        return np.load(path, allow_pickle=False)
+        try:
+            found = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            reason = f"does not load ({type(exc).__name__}: {exc})"
+        else:
+            if not isinstance(found, np.ndarray):  # an .npz archive
+                found.close()
+                reason = f"holds a {type(found).__name__}, not one array"
+            elif valid is None or valid(found):
+                return found
+            else:
+                reason = f"holds a {found.dtype} array of shape {found.shape}, not what its entry describes"
+        _log.warning("cache file %s %s: computing it again and replacing the file", path, reason)
+        return None
 
     def store(self, description: dict[str, Any], features: npt.NDArray[Any]) -> None:
         """Store an array under ``description`` (atomically: temporary file, then rename)."""
@@ -86,10 +111,15 @@ class FeatureCache:
             teachers.save(path)
 
     def get_or_compute(
-        self, description: dict[str, Any], compute: Callable[[], npt.NDArray[np.float32]]
+        self,
+        description: dict[str, Any],
+        compute: Callable[[], npt.NDArray[np.float32]],
+        *,
+        valid: Callable[[npt.NDArray[Any]], bool] | None = None,
     ) -> npt.NDArray[np.float32]:
-        """Cached features for ``description``, computing (and storing) them on a miss."""
-        found = self.load(description)
+        """Cached features for ``description``, computing (and storing) them on a miss, or where the stored
+        file does not load or fails ``valid`` (:meth:`load`)."""
+        found = self.load(description, valid=valid)
         if found is not None:
             return found
         features = compute()

@@ -70,7 +70,9 @@ def extract_per_example(
         cache: the party's *own* cache (the features are derived from its records: never one shared with
             other parties), keyed by the map and the records' content: a party that featurised the same
             records before (it starts again; the same site in another federation on its machine; what the
-            site gets alone) reads them back instead of featurising them again.
+            site gets alone) reads them back instead of featurising them again. A cached file that does not
+            load or holds another shape or dtype than ``(N, feature_dim)`` float32 (truncated, edited) is
+            featurised again and replaced, with a warning naming it.
     """
 
     def extract() -> npt.NDArray[np.float32]:
@@ -81,7 +83,8 @@ def extract_per_example(
     content = hashlib.sha256(f"{images.dtype} {images.shape}".encode())
     content.update(np.ascontiguousarray(images).tobytes())
     key = {"kind": "records", "map": featurizer.sha256, "content": content.hexdigest(), "mode": "running"}
-    return cache.get_or_compute(key, extract)
+    shape = (len(images), featurizer.feature_dim)
+    return cache.get_or_compute(key, extract, valid=lambda a: a.shape == shape and a.dtype == np.float32)
 
 
 @dataclass(frozen=True)
