@@ -3,6 +3,7 @@ anything is created (the campaign's guardian created a ledger on a backbone sha 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -100,19 +101,30 @@ def test_every_party_refuses_a_federation_that_cannot_run(
 
 
 THREADS = """
-from threadpoolctl import threadpool_info
-from capc_services.common.party import apply_threads
 import torch
+from threadpoolctl import threadpool_info, threadpool_limits
+from capc_services.common.party import apply_threads
+
+def limits():
+    blas = {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+    return torch.get_num_threads(), sorted(blas)
+
+torch.set_num_threads(3)  # not 1 to start with, whatever the cores and the environment
+threadpool_limits(limits=3, user_api="blas")
+before = limits()
 apply_threads(1)
-blas = {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
-print(torch.get_num_threads(), sorted(blas))
+print(before, limits())
 """
 
 
 def test_torch_threads_caps_numpy_blas_too() -> None:
     """Parties on one machine set ``torch_threads``: numpy's BLAS (a release party's projections, the public
-    basis's eigenvectors) keeps to it as well, or its idle threads spin against the other parties."""
+    basis's eigenvectors) keeps to it as well, or its idle threads spin against the other parties. The
+    process raises both to 3 threads first: on one core, or with OMP_NUM_THREADS or OPENBLAS_NUM_THREADS=1
+    in the environment, a cap that did nothing would read as one thread too."""
+    # Its own environment too: no thread variable of this one's.
+    env = {k: v for k, v in os.environ.items() if not (k.endswith("_NUM_THREADS") or k.startswith("OMP_"))}
     out = subprocess.run(
-        [sys.executable, "-c", THREADS], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", THREADS], capture_output=True, text=True, timeout=120, check=True, env=env
     )
-    assert out.stdout.split(maxsplit=1) == ["1", "[1]\n"], out
+    assert out.stdout == "(3, [3]) (1, [1])\n", out
