@@ -11,8 +11,11 @@ the discrete Gaussian calibrated so that all the variant's releases cost ``ε`` 
 * ``adam`` — the student steps with Adam (lr 0.1) instead, 100 rounds;
 * ``adam+basis`` — the head over the top 1,024 principal directions of the backbone's features on synthetic
   images (public), Adam lr 0.3, 60 rounds;
-* ``recipe`` — plus the statistics release (one more release) and the standardisation it pays for: the
-  default of ``secagg-dpsgd``.
+* ``adam+statistics`` — plus the statistics release (one more release) and the standardisation it pays for;
+* ``recipe`` — the default of ``secagg-dpsgd`` (:data:`~capc_common.federation.sizing.DPSGD_RECIPE`): unit
+  variance per coordinate, every gradient clipped (clip 0.1), heavy ball at the step that follows the noise
+  (docs/mechanisms.md, "A step that follows the noise"). Its ``noise off`` row keeps the step the first ε's
+  noise sets (the step is part of the recipe), so it is not the recipe's best without noise.
 
     python benchmarks/dpsgd_recipe.py --format json                  # 50,000 / 10,000 validation split
     python benchmarks/dpsgd_recipe.py --smoke --format json          # digits, seconds
@@ -39,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from methods.common import DELTA, ORDERS, log
 from methods.dpsgd import public_basis_for
 
+from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
 from capc_common.mechanisms import SecureDPSGD, calibrate
 from capc_common.mechanisms.central import PartyData, predict_head, release_once
 from capc_common.mechanisms.training import DPSGDTrainer, Recipe
@@ -51,7 +55,8 @@ VARIANTS: dict[str, tuple[bool, dict[str, Any]]] = {
     "old": (False, {"rounds": 100, "statistics": False, "optimizer": "momentum", "learning_rate": 8.0}),
     "adam": (False, {"rounds": 100, "statistics": False, "optimizer": "adam", "learning_rate": 0.1}),
     "adam+basis": (True, {"rounds": 60, "statistics": False, "optimizer": "adam", "learning_rate": 0.3}),
-    "recipe": (True, {"rounds": 60, "statistics": True, "optimizer": "adam", "learning_rate": 0.3}),
+    "adam+statistics": (True, {"rounds": 60, "statistics": True, "optimizer": "adam", "learning_rate": 0.3}),
+    "recipe": (True, {"rounds": DPSGD_ROUNDS, "statistics": True, **DPSGD_RECIPE}),
 }
 
 
@@ -59,6 +64,8 @@ def train(
     party: PartyData, basis: np.ndarray | None, fields: dict[str, Any], *, epsilon: float, noise: bool
 ) -> tuple[DPSGDTrainer, float]:
     """One variant's head, with or without the noise its releases would carry at ``epsilon``."""
+    fields = dict(fields)
+    clip = fields.pop("clip", 1.0)
     recipe = Recipe(**fields, expected_batch=float(len(party.labels)))
 
     def eps_of(z: float) -> float:
@@ -67,7 +74,7 @@ def train(
 
     z = calibrate(eps_of, target=epsilon)
     dim = party.features.shape[1] if basis is None else basis.shape[1]
-    m = SecureDPSGD(classes=10, dim=dim, clip=1.0, noise_multiplier=z, sampling_rate=1.0)
+    m = SecureDPSGD(classes=10, dim=dim, clip=clip, noise_multiplier=z, sampling_rate=1.0)
     trainer = DPSGDTrainer(m, recipe, basis=basis)
     x, guardian, sampler = trainer.prepare(party.features), SystemNoise(), SystemNoise()
     for _ in range(trainer.rounds):

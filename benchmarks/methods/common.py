@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
 from capc_common.privacy.analysis import DEFAULT_ORDERS
 
 DELTA = 1e-5
@@ -27,24 +28,21 @@ ORDERS = DEFAULT_ORDERS[DEFAULT_ORDERS <= 256]
 #: Chosen on the validation split (see the module docstring and docs/mechanisms.md).
 HYPER = {
     "dpsgd": {  # the recipe's, centrally; batch and epochs tuned like the federation's (docs/mechanisms.md)
-        "clip": 1.0,
         "batch": 60_000,  # ≥ the records: full batch, which beat every Poisson batch tried
-        "epochs": 60,
-        "learning_rate": 0.3,
+        "epochs": DPSGD_ROUNDS,
         "momentum": 0.9,
         "adam_eps": 1e-4,
+        **DPSGD_RECIPE,
     },
-    "secagg": {  # docs/mechanisms.md, "A learning recipe"
-        "clip": 1.0,
+    "secagg": {  # docs/mechanisms.md, "A learning recipe" and "A step that follows the noise"
         "sampling_rate": 1.0,
-        "rounds": 60,
+        "rounds": DPSGD_ROUNDS,
         "statistics": True,
         "projection": 1024,
-        "optimizer": "adam",
-        "learning_rate": 0.3,
         "momentum": 0.9,
         "adam_eps": 1e-4,
         "variance_floor": 1.0,
+        **DPSGD_RECIPE,  # the planner's: what `capc local up --mechanism secagg-dpsgd` runs
     },
     "dppl": {"count_share": 0.1, "metric": "euclidean"},
     "dppl_public": {  # the pool: the first `queries` images of the generator's stream

@@ -69,6 +69,8 @@ def recipe_trainer(
         adam_eps=h["adam_eps"],
         variance_floor=h["variance_floor"],
         expected_batch=h.get("expected_batch"),
+        step_noise=h.get("step_noise"),
+        unit_variance=h.get("unit_variance", False),
     )
     q = h["sampling_rate"]
 
@@ -114,8 +116,8 @@ def central_dpsgd(
     basis: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Central DP-SGD on the pooled features, given the same recipe and tuning as the federation's (the
-    reference, not a straw man): the public basis, a statistics release, Adam — with what only a trusted
-    curator can do, Poisson sampling (batch ``HYPER["dpsgd"]["batch"]``) of continuous Gaussian noise,
+    reference, not a straw man): the public basis, a statistics release, the same step — with what only a
+    trusted curator can do, Poisson sampling (batch ``HYPER["dpsgd"]["batch"]``) of continuous Gaussian noise,
     accounted by Mironov et al.'s exact subsampled-Gaussian RDP (every release, statistics included)."""
     import secrets
 
@@ -125,11 +127,13 @@ def central_dpsgd(
     q, steps, _ = dpsgd_plan(len(y))
     recipe = Recipe(
         rounds=steps,
-        optimizer="adam",
+        optimizer=h["optimizer"],
         learning_rate=h["learning_rate"],
         momentum=h["momentum"],
         adam_eps=h["adam_eps"],
         variance_floor=HYPER["secagg"]["variance_floor"],
+        step_noise=h.get("step_noise"),
+        unit_variance=h.get("unit_variance", False),
     )
 
     def eps_of(z: float) -> float:

@@ -8,6 +8,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 from capc_common.errors import InputError
+from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
 from capc_common.mechanisms import SecureDPSGD
 from capc_common.mechanisms.basis import BasisSpec, basis_digest, public_basis
 from capc_common.mechanisms.central import PartyData, release_once, run_secure_dpsgd
@@ -74,6 +75,8 @@ def test_the_standardiser_reads_a_noisy_count_and_floors_variances() -> None:
     mean, scale = standardiser(np.array([0.0, 0.0, 0.0]), np.array([1.0, 4.0, 9.0]), 1.0, floor=1.0)
     sd = np.sqrt(np.array([1.0, 4.0, 9.0]) + 4.0)
     np.testing.assert_allclose(scale / sd, np.sqrt(np.sum([1, 4, 9] / sd**2)))
+    _, unit = standardiser(np.zeros(3), np.array([1.0, 4.0, 9.0]), 1.0, floor=1.0, unit_variance=True)
+    np.testing.assert_allclose(unit, sd)  # unit variance per coordinate: no division by the spread
 
 
 def test_the_published_head_is_the_same_function_of_the_raw_features(basis: np.ndarray) -> None:
@@ -103,6 +106,47 @@ def _trainer(basis: np.ndarray | None, *, z: float = 1.0, rounds: int = 30) -> D
     dim = 64 if basis is None else basis.shape[1]
     m = SecureDPSGD(classes=10, dim=dim, clip=1.0, noise_multiplier=z, sampling_rate=1.0)
     return DPSGDTrainer(m, Recipe(rounds=rounds), basis=basis)
+
+
+def _planned(basis: np.ndarray, *, z: float, rounds: int = DPSGD_ROUNDS) -> DPSGDTrainer:
+    """The planner's recipe (what `capc federation plan` and `capc local up` write) at noise ``z``."""
+    step = dict(DPSGD_RECIPE)
+    m = SecureDPSGD(
+        classes=10, dim=basis.shape[1], clip=step.pop("clip"), noise_multiplier=z, sampling_rate=1.0
+    )
+    return DPSGDTrainer(m, Recipe(rounds=rounds, **step), basis=basis)
+
+
+def test_the_step_follows_the_noise(digits, basis: np.ndarray) -> None:
+    """After the statistics release the heavy ball's step is ``min(cap, step_noise · count / σ)``, σ the noise
+    on each decoded coordinate of a round's sum (z times the clip as encoded): less noise, a longer step, up
+    to the cap; and the step is never set for Adam, where it would mean nothing."""
+    parties, _, _ = digits
+    steps = []
+    for z in (8.0, 2.0, 0.01):
+        trainer = _planned(basis, z=z, rounds=2)
+        m, r = trainer.mechanism, trainer.recipe
+        sigma = m.sigma / m.fixed_point.scale
+        assert sigma == pytest.approx(z * m.clip, rel=1e-2)  # the clip as encoded: a whole number of units
+        prepared = [trainer.prepare(p.features) for p in parties]
+        state = trainer.state()
+        total = release_once(
+            m,
+            [
+                trainer.contribute(state, x, p.labels, SeededNoise("q = 1"))
+                for p, x in zip(parties, prepared, strict=True)
+            ],
+            guardian=SeededNoise(f"g{z}"),
+        )
+        trainer.absorb(total)
+        count = m.statistics(total)[2]
+        assert count == pytest.approx(1400, abs=10 * m.statistics_sigma)
+        assert trainer.learning_rate == pytest.approx(min(r.learning_rate, r.step_noise * count / sigma))
+        steps.append(trainer.learning_rate)
+    assert steps[0] < steps[1] < steps[2] == DPSGD_RECIPE["learning_rate"]
+    assert steps[1] == pytest.approx(4 * steps[0], rel=0.05)
+    with pytest.raises(InputError, match="heavy-ball step"):
+        Recipe(rounds=3, optimizer="adam", step_noise=0.004)
 
 
 def test_one_record_moves_every_release_by_at_most_the_sensitivity(digits, basis: np.ndarray) -> None:
@@ -156,8 +200,10 @@ def test_a_state_that_does_not_fit_is_refused(basis: np.ndarray) -> None:
 
 
 def test_the_recipe_on_digits_beats_the_old_one_at_the_same_noise(digits, basis: np.ndarray) -> None:
-    """A public proxy the recipe was not tuned on: the same noise multiplier and releases, the recipe (basis,
-    DP statistics, Adam) against the old one (raw coordinates, heavy ball, a public normaliser)."""
+    """A public proxy the recipe was not tuned on: the same noise multiplier and releases, the planner's
+    recipe (basis, DP statistics, the step that follows the noise) against the old one (raw coordinates,
+    heavy ball at a fixed step, a public normaliser). Its noise per record is 30 times Fashion-MNIST's at
+    ε 3, where the step was chosen: a fixed step tuned there scored 0.86 here."""
     parties, test_x, test_y = digits
 
     def accuracy(trainer: DPSGDTrainer) -> float:
@@ -169,7 +215,7 @@ def test_the_recipe_on_digits_beats_the_old_one_at_the_same_noise(digits, basis:
         )
         return float(np.mean(result.predict(test_x) == test_y))
 
-    new = _trainer(basis, z=8.0, rounds=60)
+    new = _planned(basis, z=8.0)
     m = SecureDPSGD(classes=10, dim=64, clip=1.0, noise_multiplier=8.0, sampling_rate=1.0)
     old = DPSGDTrainer(
         m,

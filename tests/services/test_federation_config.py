@@ -197,6 +197,19 @@ def test_release_members_round_trip_and_hash_their_parameters(
         assert bits.config_hash() != config.config_hash()
 
 
+def test_the_step_that_follows_the_noise_leaves_running_federations_hashes_alone(federation_dict) -> None:
+    """The recipe's newer fields are left out of the canonical form while unset, so a secagg-dpsgd
+    federation written before them keeps its config hash (its ledger and cap records name it); set, they
+    are parameters like any other."""
+    before = FederationConfig.from_dict(federation_dict(mechanism=DPSGD))
+    for field in ("step_noise", "unit_variance"):
+        assert f'"{field}"' not in before.canonical_json()
+    stepped = {**DPSGD, "optimizer": "momentum", "step_noise": 0.004}
+    with_step = FederationConfig.from_dict(federation_dict(mechanism=stepped))
+    with_unit = FederationConfig.from_dict(federation_dict(mechanism={**stepped, "unit_variance": True}))
+    assert len({before.config_hash(), with_step.config_hash(), with_unit.config_hash()}) == 3
+
+
 @pytest.mark.parametrize(
     ("mechanism", "match"),
     [
@@ -211,6 +224,8 @@ def test_release_members_round_trip_and_hash_their_parameters(
             "without statistics the noisy gradient sum is normalised by expected_batch",
         ),
         ({**DPSGD, "projection": {"dim": 0}}, r"projection\.dim"),
+        ({**DPSGD, "step_noise": 0.004}, r"step_noise sets a heavy-ball step, but optimizer is 'adam'"),
+        ({**DPSGD, "optimizer": "momentum", "step_noise": 0}, r"secagg-dpsgd\.step_noise"),
         ({"name": "dppl-public"}, r"mechanism\.dppl-public\.rho: Field required"),
         ({"name": "dppl-public", "rho": 1, "pool_size": 0}, r"mechanism\.dppl-public\.pool_size"),
         (

@@ -217,8 +217,9 @@ def _dppl_public(options: LocalOptions) -> tuple[dict[str, Any], int]:
 #: Rounds, sampling rate, clip and step of the default secure-aggregation DP-SGD: full batch (every record
 #: in every round, so a round costs the discrete Gaussian's own RDP, with no subsampling bound and its floor
 #: at small ε), the learning rate chosen on validation data in docs/mechanisms.md.
-#: ``capc local up --mechanism secagg-dpsgd``'s recipe (docs/mechanisms.md, "A learning recipe"); the rest of
-#: its fields (projection, Adam's settings, the statistics release) are federation.yaml's defaults.
+#: ``capc local up --mechanism secagg-dpsgd``'s recipe (docs/mechanisms.md, "A learning recipe"), its step
+#: the planner's (:data:`~capc_common.federation.sizing.DPSGD_RECIPE`); the projection is federation.yaml's
+#: default.
 DPSGD_DEFAULTS = {"rounds": 60, "sampling_rate": 1.0, "statistics": True}
 
 
@@ -235,6 +236,7 @@ def site_fraction(options: LocalOptions) -> float:
 def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
     """Secure-aggregation DP-SGD whose noise multiplier is the smallest that fits all its releases (the
     statistics release and the gradient rounds) in the budget."""
+    from capc_common.federation.sizing import DPSGD_RECIPE
     from capc_common.mechanisms import calibrate
     from capc_common.privacy.analysis import rdp_subsampled_discrete_gaussian
 
@@ -256,6 +258,7 @@ def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
         "noise_multiplier": z,
         "sampling_rate": rate,
         "statistics": bool(given["statistics"]),
+        **DPSGD_RECIPE,  # mechanism_dict lays mechanism_params over these
     }, options.teachers_per_party
 
 

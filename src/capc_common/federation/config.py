@@ -337,12 +337,21 @@ class SecAggDPSGDMechanism(ReleaseMember):
         variance_floor: added to every variance, as a multiple of the median (the standardisation).
         expected_batch: ``q · N``, the public normaliser of the noisy sum; only without ``statistics``
             (with it, the released count normalises).
+        step_noise: heavy ball only: the step follows the noise (``learning_rate`` is then its cap), see
+            :class:`~capc_common.mechanisms.training.Recipe`.
+        unit_variance: standardise to unit variance per coordinate (the recipe with ``step_noise``).
+
+    The schema's defaults stay those of the federations already running (a default that changed would
+    change their config hash); the planner (:func:`~capc_common.federation.sizing.dpsgd_mechanism`) writes
+    the recipe new federations get.
     """
 
     _omitted_when_unset: ClassVar[tuple[str, ...]] = (
         "insecure_noise_seed",
         "fixed_point_bits",
         "expected_batch",
+        "step_noise",
+        "unit_variance",
     )
 
     name: Literal["secagg-dpsgd"]
@@ -359,6 +368,8 @@ class SecAggDPSGDMechanism(ReleaseMember):
     adam_eps: float = Field(default=1e-4, gt=0)
     variance_floor: float = Field(default=1.0, ge=0)
     expected_batch: float | None = Field(default=None, gt=0)
+    step_noise: float | None = Field(default=None, gt=0)
+    unit_variance: bool | None = None
 
     @model_validator(mode="after")
     def _normaliser(self) -> Self:
@@ -366,6 +377,11 @@ class SecAggDPSGDMechanism(ReleaseMember):
             raise ValueError(
                 "without statistics the noisy gradient sum is normalised by expected_batch (q · N): set it, "
                 "or set statistics: true"
+            )
+        if self.step_noise is not None and self.optimizer != "momentum":
+            raise ValueError(
+                f"step_noise sets a heavy-ball step, but optimizer is {self.optimizer!r}: set optimizer: "
+                "momentum, or remove step_noise"
             )
         return self
 

@@ -403,6 +403,8 @@ class DPSGDProtocol(ReleaseProtocol):
             adam_eps=config.adam_eps,
             variance_floor=config.variance_floor,
             expected_batch=config.expected_batch,
+            step_noise=config.step_noise,
+            unit_variance=bool(config.unit_variance),
         )
         basis = None if p is None else (lambda: federation_basis(p, featuriser=featuriser))
         return cls(DPSGDTrainer(mechanism, recipe, basis=basis))

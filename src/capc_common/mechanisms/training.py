@@ -60,6 +60,16 @@ class Recipe:
             from taking full steps).
         variance_floor: added to each coordinate's variance, as a multiple of the median variance.
         expected_batch: the normaliser of the noisy sum without a statistics release (``q · N``, public).
+        step_noise: heavy ball only: the step follows the noise instead of being fixed, so that each
+            round's noisy mean gradient, times the step, carries noise of this σ on each weight:
+            ``min(learning_rate, step_noise · N / σ)``, ``N`` the released count (or ``expected_batch``),
+            ``σ`` the noise on each coordinate of the sum (a release and public parameters:
+            post-processing). Why: the best step follows the noise on the mean gradient (``σ / N``):
+            Fashion-MNIST's 50,000 records at ε 3 want ``lr · C`` near 20, digits' 1,100 at a like ε near 1
+            (docs/mechanisms.md, "A step that follows the noise").
+        unit_variance: standardise every coordinate to unit variance, instead of also dividing by the root
+            of the expected squared norm (records of norm about 1): with a clip well below the records'
+            norm, every per-example gradient is clipped and the step reads as a sum of directions.
     """
 
     rounds: int
@@ -71,6 +81,8 @@ class Recipe:
     adam_eps: float = 1e-4
     variance_floor: float = 1.0
     expected_batch: float | None = None
+    step_noise: float | None = None
+    unit_variance: bool = False
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -81,6 +93,11 @@ class Recipe:
             )
         if self.optimizer not in ("adam", "momentum"):
             raise InputError(f"optimizer must be adam or momentum, got {self.optimizer!r}")
+        if self.step_noise is not None and not (self.step_noise > 0 and self.optimizer == "momentum"):
+            raise InputError(
+                f"step_noise sets a heavy-ball step and must be > 0 (got {self.step_noise!r} with optimizer "
+                f"{self.optimizer!r}): use optimizer momentum, or leave step_noise unset"
+            )
 
     @property
     def releases(self) -> int:
@@ -129,6 +146,7 @@ def standardiser(
     *,
     floor: float,
     noise: float = 0.0,
+    unit_variance: bool = False,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """``(mean, scale)`` from a statistics release (post-processing), robust to its noise.
 
@@ -137,7 +155,8 @@ def standardiser(
     factor ``1 − k τ² / ‖mean‖²`` (a small federation's noisy mean would shift every record); each variance
     gets ``floor × median variance + 3τ`` added, so coordinates the noise dominates are not blown up. The
     scale also divides by the root of the expected squared norm, so a standardised record has norm about 1
-    whatever the dimension (the clip is in those units). A count the noise made tiny is read as 1.
+    whatever the dimension (the clip is in those units), unless ``unit_variance``. A count the noise made
+    tiny is read as 1.
     """
     n = max(float(count), 1.0)
     tau = noise / n
@@ -149,6 +168,8 @@ def standardiser(
     if not pad > 0:
         pad = 1e-12
     sd = np.sqrt(variance + pad)
+    if unit_variance:
+        return mean, sd
     spread = max(float(np.sqrt(np.sum(variance / (variance + pad)))), 0.3)
     return mean, sd * spread
 
@@ -178,9 +199,18 @@ class DPSGDTrainer:
         self.mean = np.zeros(k)
         self.scale = np.ones(k)
         self.normaliser = recipe.expected_batch or 1.0
+        self.learning_rate = self._learning_rate()
         self.done = 0
         self._m = np.zeros_like(self.weights)
         self._v = np.zeros_like(self.weights)
+
+    def _learning_rate(self) -> float:
+        """The recipe's step, or with ``step_noise`` the one adding that much noise to each weight."""
+        r, m = self.recipe, self.mechanism
+        if r.step_noise is None:
+            return r.learning_rate
+        sigma = m.sigma / m.fixed_point.scale  # each coordinate of the decoded sum
+        return min(r.learning_rate, r.step_noise * self.normaliser / sigma)
 
     @property
     def rounds(self) -> int:
@@ -256,11 +286,13 @@ class DPSGDTrainer:
         if r.statistics and self.done == 0:
             sums, squares, count = m.statistics(total)
             self.mean, self.scale = standardiser(
-                sums, squares, count, floor=r.variance_floor, noise=m.statistics_sigma
-            )
+                sums, squares, count, floor=r.variance_floor, noise=m.statistics_sigma,
+                unit_variance=r.unit_variance,
+            )  # fmt: skip
             # The statistics release is over the same Poisson sample as a round: its count already
             # estimates a round's expected batch q·N.
             self.normaliser = max(count, 1.0)
+            self.learning_rate = self._learning_rate()
         else:
             grad = m.gradient(total) / self.normaliser
             step = self.done - int(r.statistics) + 1
@@ -269,10 +301,10 @@ class DPSGDTrainer:
                 self._v = r.beta2 * self._v + (1 - r.beta2) * grad * grad
                 m_hat = self._m / (1 - r.momentum**step)
                 v_hat = self._v / (1 - r.beta2**step)
-                self.weights = self.weights - r.learning_rate * m_hat / (np.sqrt(v_hat) + r.adam_eps)
+                self.weights = self.weights - self.learning_rate * m_hat / (np.sqrt(v_hat) + r.adam_eps)
             else:
                 self._m = r.momentum * self._m + grad
-                self.weights = self.weights - r.learning_rate * self._m
+                self.weights = self.weights - self.learning_rate * self._m
         self.done += 1
 
     def head(self) -> npt.NDArray[np.float64]:
