@@ -14,8 +14,7 @@ the discrete Gaussian calibrated so that all the variant's releases cost ``ε`` 
 * ``adam+statistics`` — plus the statistics release (one more release) and the standardisation it pays for;
 * ``recipe`` — the default of ``secagg-dpsgd`` (:data:`~capc_common.federation.sizing.DPSGD_RECIPE`): unit
   variance per coordinate, every gradient clipped (clip 0.1), heavy ball at the step that follows the noise
-  (docs/mechanisms.md, "A step that follows the noise"). Its ``noise off`` row keeps the step the first ε's
-  noise sets (the step is part of the recipe), so it is not the recipe's best without noise.
+  (docs/mechanisms.md, "A step that follows the noise"); noise off, the step is its cap.
 
     python benchmarks/dpsgd_recipe.py --format json                  # 50,000 / 10,000 validation split
     python benchmarks/dpsgd_recipe.py --smoke --format json          # digits, seconds
@@ -66,6 +65,8 @@ def train(
     """One variant's head, with or without the noise its releases would carry at ``epsilon``."""
     fields = dict(fields)
     clip = fields.pop("clip", 1.0)
+    if not noise:
+        fields.pop("step_noise", None)  # no noise to follow: the step is its cap
     recipe = Recipe(**fields, expected_batch=float(len(party.labels)))
 
     def eps_of(z: float) -> float:

@@ -204,7 +204,7 @@ def pooled_ceiling(cell: Cell) -> np.ndarray:
     from methods.dpsgd import recipe_trainer
 
     basis = cell.needs["pooled"]["basis"] if HYPER["secagg"]["projection"] else None
-    trainer, _ = recipe_trainer(cell.parties[0].features.shape[1], basis, epsilon=1.0)
+    trainer, _ = recipe_trainer(cell.parties[0].features.shape[1], basis, epsilon=1.0, noiseless=True)
     prepared = [trainer.prepare(p.features) for p in cell.parties]
     sampler = SystemNoise()  # q = 1: every record, nothing drawn
     for _ in range(trainer.rounds):

@@ -55,10 +55,11 @@ def public_basis_for(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def recipe_trainer(
-    dim: int, basis: np.ndarray | None, *, epsilon: float, group: str = "secagg"
+    dim: int, basis: np.ndarray | None, *, epsilon: float, group: str = "secagg", noiseless: bool = False
 ) -> tuple[DPSGDTrainer, float]:
     """The recipe of ``HYPER[group]`` over ``dim``-dimensional features, its noise calibrated so all its
-    releases (statistics and gradient rounds, full batch) cost ``epsilon``; and the ε they cost."""
+    releases (statistics and gradient rounds, full batch) cost ``epsilon``; and the ε they cost.
+    ``noiseless``: for sums released without noise, whose step is the cap (no noise for it to follow)."""
     h = HYPER[group]
     recipe = Recipe(
         rounds=h["rounds"],
@@ -69,7 +70,7 @@ def recipe_trainer(
         adam_eps=h["adam_eps"],
         variance_floor=h["variance_floor"],
         expected_batch=h.get("expected_batch"),
-        step_noise=h.get("step_noise"),
+        step_noise=None if noiseless else h.get("step_noise"),
         unit_variance=h.get("unit_variance", False),
     )
     q = h["sampling_rate"]
