@@ -134,17 +134,26 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
 
     def kill_after_the_first_batch() -> tuple[float, dict[str, Any]]:
         # Whoever answers the first batch, hospital-a goes down right after it: from then on the federation
-        # needs hospital-b and hospital-c (quorum 2 of 3), so the rest of the run proves both work.
+        # needs hospital-b and hospital-c (quorum 2 of 3), so the rest of the run proves both work. Batches
+        # take tenths of a second here: hospital-a and hospital-b once spent the whole budget before a poll
+        # saw the first one. So the guardian's ledger is watched, and the student (which drives the stream)
+        # is paused from the first settled batch until hospital-a is down (containers looked up before:
+        # `docker compose ps` takes longer than a batch).
+        student, killed = project.container("student"), project.container(KILLED)
         wait_for(
             "the first labelled batch",
-            lambda: (get(f"{student_admin}/progress", token) or {}).get("queries", 0) > 0,
+            lambda: (get(f"{guardian_admin}/budget", token) or {}).get("batches", 0) > 0,
             timeout=900,
             project=project,
-            every=0.5,
+            every=0.02,
         )
         first_label_s = time.monotonic() - started
-        engine.docker("kill", project.container(KILLED))
-        return first_label_s, get(f"{guardian_admin}/parties", token)["parties"]
+        engine.docker("pause", student)
+        try:
+            engine.docker("kill", killed)
+            return first_label_s, get(f"{guardian_admin}/parties", token)["parties"]
+        finally:
+            engine.docker("unpause", student)
 
     killer = ThreadPoolExecutor(max_workers=1).submit(kill_after_the_first_batch)
 
