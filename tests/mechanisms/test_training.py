@@ -139,7 +139,11 @@ def test_the_step_follows_the_noise(digits, basis: np.ndarray) -> None:
             guardian=SeededNoise(f"g{z}"),
         )
         trainer.absorb(total)
-        count = m.statistics(total)[2]
+        sums, squares, count = m.statistics(total)
+        _, unit = standardiser(
+            sums, squares, count, floor=r.variance_floor, noise=m.statistics_sigma, unit_variance=True
+        )
+        np.testing.assert_array_equal(trainer.scale, unit)  # coordinates of unit variance, as planned
         assert count == pytest.approx(1400, abs=10 * m.statistics_sigma)
         assert trainer.learning_rate == pytest.approx(min(r.learning_rate, r.step_noise * count / sigma))
         steps.append(trainer.learning_rate)

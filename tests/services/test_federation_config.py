@@ -208,6 +208,12 @@ def test_the_step_that_follows_the_noise_leaves_running_federations_hashes_alone
     with_step = FederationConfig.from_dict(federation_dict(mechanism=stepped))
     with_unit = FederationConfig.from_dict(federation_dict(mechanism={**stepped, "unit_variance": True}))
     assert len({before.config_hash(), with_step.config_hash(), with_unit.config_hash()}) == 3
+    # and they reach the trainer the parties and the student build from federation.yaml
+    from capc_common.federation.releases import DPSGDProtocol
+
+    recipe = DPSGDProtocol.of(with_unit.mechanism, classes=10, dim=64).trainer.recipe
+    assert (recipe.step_noise, recipe.unit_variance, recipe.optimizer) == (0.004, True, "momentum")
+    assert DPSGDProtocol.of(before.mechanism, classes=10, dim=64).trainer.recipe.step_noise is None
 
 
 @pytest.mark.parametrize(

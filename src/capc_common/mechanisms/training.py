@@ -65,7 +65,7 @@ class Recipe:
             ``min(learning_rate, step_noise · N / σ)``, ``N`` the released count (or ``expected_batch``),
             ``σ`` the noise on each coordinate of the sum (a release and public parameters:
             post-processing). Why: the best step follows the noise on the mean gradient (``σ / N``):
-            Fashion-MNIST's 50,000 records at ε 3 want ``lr · C`` near 20, digits' 1,100 at a like ε near 1
+            Fashion-MNIST's 50,000 records at ε 3 want ``lr · C`` near 30, digits' 1,400 at z 8 near 1
             (docs/mechanisms.md, "A step that follows the noise").
         unit_variance: standardise every coordinate to unit variance, instead of also dividing by the root
             of the expected squared norm (records of norm about 1): with a clip well below the records'
