@@ -19,14 +19,12 @@ from capc_services.student.accounting import noise_label
 from capc_services.student.release_app import run_release_student
 from capc_services.student.settings import StudentSettings
 
+#: A secagg-dpsgd federation with a public basis for the student to precompute (the schema's other defaults).
 PROJECTED = {
     "name": "secagg-dpsgd",
     "rounds": 5,
     "noise_multiplier": 2.0,
-    "clip": 1.0,
-    "sampling_rate": 0.1,
-    "expected_batch": 100.0,
-    "learning_rate": 4.0,
+    "sampling_rate": 0.1,  # within the fixture's budget
     "projection": {"dim": 4, "generators": ["dead_leaves"], "images": 40},
 }
 

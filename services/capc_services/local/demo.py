@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from capc_common.errors import InputError, ProtocolError, UnavailableError
-from capc_services.common.party import apply_threads
+from capc_services.common.party import threads_limited
 from capc_services.local.federation import down, prepare, token, up
 from capc_services.local.layout import Layout
 from capc_services.local.processes import probe
@@ -291,34 +291,35 @@ def each_hospital_alone(run: DemoRun) -> None:
     from capc_services.teacher.settings import TeacherSettings
     from capc_services.teacher.train import party_examples, record_features
 
-    apply_threads(1)
-    config = FederationConfig.load(run.second.federation)
-    backbone = load_shared_backbone(config)
-    evaluation = evaluation_set(StudentSettings.load(run.second.site(config.student)), backbone)
-    if evaluation is None:
-        raise InputError("the demo compares students and hospitals on test images: set evaluation_images")
-    test_features, test_y, _ = evaluation
-    test_x = normalise(test_features)
+    # one thread per head (a head per core); the caller's thread limits come back after
+    with threads_limited(1):
+        config = FederationConfig.load(run.second.federation)
+        backbone = load_shared_backbone(config)
+        evaluation = evaluation_set(StudentSettings.load(run.second.site(config.student)), backbone)
+        if evaluation is None:
+            raise InputError("the demo compares students and hospitals on test images: set evaluation_images")
+        test_features, test_y, _ = evaluation
+        test_x = normalise(test_features)
 
-    def alone(party: str) -> tuple[float, int]:
-        """The hospital's test accuracy alone and its record count."""
-        settings = TeacherSettings.load(run.second.site(party))
-        images, labels, _ = party_examples(settings)
-        head = train_heads(
-            normalise(record_features(settings, backbone, images)),
-            labels,
-            owners=np.zeros(len(labels), dtype=np.int64),
-            heads=1,
-            classes=config.classes,
-            recipe=HeadRecipe(optimizer="adam", steps=100, lr=0.1),  # the benchmarks' local-only head
-        )
-        return float((head.predict(test_x)[0] == test_y).mean()), len(labels)
+        def alone(party: str) -> tuple[float, int]:
+            """The hospital's test accuracy alone and its record count."""
+            settings = TeacherSettings.load(run.second.site(party))
+            images, labels, _ = party_examples(settings)
+            head = train_heads(
+                normalise(record_features(settings, backbone, images)),
+                labels,
+                owners=np.zeros(len(labels), dtype=np.int64),
+                heads=1,
+                classes=config.classes,
+                recipe=HeadRecipe(optimizer="adam", steps=100, lr=0.1),  # the benchmarks' local-only head
+            )
+            return float((head.predict(test_x)[0] == test_y).mean()), len(labels)
 
-    parties = config.teacher_names
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        for party, (accuracy, records) in zip(parties, pool.map(alone, parties), strict=True):
-            run.local_only[party], run.sizes[party] = accuracy, records
-            run.say(f"{party} alone (its own {records} images, not private): {100 * accuracy:.1f} %")
+        parties = config.teacher_names
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            for party, (accuracy, records) in zip(parties, pool.map(alone, parties), strict=True):
+                run.local_only[party], run.sizes[party] = accuracy, records
+                run.say(f"{party} alone (its own {records} images, not private): {100 * accuracy:.1f} %")
 
 
 def which_to_use(run: DemoRun) -> None:
