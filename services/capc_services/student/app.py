@@ -147,10 +147,13 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
             scheduler.run()
             if stop.is_set():
                 return
-            scheduler.progress.state = "training"
             apply_threads(settings.torch_threads)  # torch: only once it trains
+            # Importing torch takes seconds on a busy machine and cannot be interrupted: "training" (whose
+            # steps look at `stop` between blocks) starts once it is done, so a shutdown sent in that state
+            # is answered within a block.
             from capc_services.student.publish import publish_student
 
+            scheduler.progress.state = "training"
             scheduler.progress.published = publish_student(
                 settings, store=store, progress=scheduler.progress, stop=stop
             )
