@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,24 @@ def test_provision_refuses_release_mechanisms_the_budget_cannot_pay(tmp_path: Pa
     assert not state.exists()
     with pytest.raises(InputError, match="unknown mechanism 'laplace'; choose one of"):
         provision(state, LocalOptions(mechanism="laplace"))
+
+
+def test_another_optimizer_for_secagg_dpsgd_takes_its_own_step(tmp_path: Path) -> None:
+    """``--mechanism-param optimizer=adam`` provisions with the schema's Adam step, not the heavy ball's clip,
+    lr cap and step rule (the schema refuses step_noise with Adam: this used to fail); without it, the
+    planner's recipe."""
+    from capc_common.federation.sizing import DPSGD_RECIPE
+
+    options = LocalOptions(mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1")
+    _, planned, _ = provision(tmp_path / "planned", options)
+    assert {k: getattr(planned.mechanism, k) for k in DPSGD_RECIPE} == DPSGD_RECIPE
+    for i, params in enumerate(({"optimizer": "adam"}, {"optimizer": "adam", "learning_rate": 0.1})):
+        _, config, _ = provision(tmp_path / str(i), replace(options, mechanism_params=params))
+        m = config.mechanism
+        assert m.optimizer == "adam" and m.step_noise is None and not m.unit_variance, m
+        assert m.clip == 1.0 and m.learning_rate == params.get("learning_rate", 0.3)
+        assert m.rounds == planned.mechanism.rounds
+        assert m.noise_multiplier == planned.mechanism.noise_multiplier
 
 
 def test_mechanism_params_are_key_value_pairs_read_as_yaml() -> None:

@@ -25,7 +25,7 @@ from capc_common.federation import (
     check_runnable,
     scaled_mechanism,
 )
-from capc_common.federation.sizing import ANSWER_RATE
+from capc_common.federation.sizing import ANSWER_RATE, DPSGD_ROUNDS
 from capc_common.privacy import plan
 from capc_services.local.layout import Layout
 from capc_services.teacher.cap import LocalCap
@@ -214,13 +214,11 @@ def _dppl_public(options: LocalOptions) -> tuple[dict[str, Any], int]:
     return {"name": "dppl-public", "rho": _one_release_rho(options)}, options.teachers_per_party
 
 
-#: Rounds, sampling rate, clip and step of the default secure-aggregation DP-SGD: full batch (every record
-#: in every round, so a round costs the discrete Gaussian's own RDP, with no subsampling bound and its floor
-#: at small ε), the learning rate chosen on validation data in docs/mechanisms.md.
-#: ``capc local up --mechanism secagg-dpsgd``'s recipe (docs/mechanisms.md, "A learning recipe"), its step
-#: the planner's (:data:`~capc_common.federation.sizing.DPSGD_RECIPE`); the projection is federation.yaml's
-#: default.
-DPSGD_DEFAULTS = {"rounds": 60, "sampling_rate": 1.0, "statistics": True}
+#: Rounds and sampling rate of ``capc local up --mechanism secagg-dpsgd``: the planner's rounds, full batch
+#: (every record in every round, so a round costs the discrete Gaussian's own RDP, with no subsampling bound
+#: and its floor at small ε); its step is the planner's too
+#: (:data:`~capc_common.federation.sizing.DPSGD_RECIPE`), the projection federation.yaml's default.
+DPSGD_DEFAULTS = {"rounds": DPSGD_ROUNDS, "sampling_rate": 1.0, "statistics": True}
 
 
 def site_fraction(options: LocalOptions) -> float:
@@ -235,12 +233,19 @@ def site_fraction(options: LocalOptions) -> float:
 
 def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
     """Secure-aggregation DP-SGD whose noise multiplier is the smallest that fits all its releases (the
-    statistics release and the gradient rounds) in the budget."""
+    statistics release and the gradient rounds) in the budget.
+
+    The step is the planner's heavy ball (:data:`~capc_common.federation.sizing.DPSGD_RECIPE`) unless
+    ``mechanism_params`` names another optimizer: then the schema's own step for it (Adam's recipe: clip 1,
+    lr 0.3, records of norm 1) fills what is not given, since the heavy ball's clip, step cap and step rule
+    mean nothing to Adam (its lr 250 would diverge, and ``step_noise`` is refused with it)."""
     from capc_common.federation.sizing import DPSGD_RECIPE
     from capc_common.mechanisms import calibrate
     from capc_common.privacy.analysis import rdp_subsampled_discrete_gaussian
 
     given = {**DPSGD_DEFAULTS, **dict(options.mechanism_params or {})}
+    heavy_ball = given.get("optimizer", DPSGD_RECIPE["optimizer"]) == DPSGD_RECIPE["optimizer"]
+    step = DPSGD_RECIPE if heavy_ball else {}
     releases = int(given["rounds"]) + int(bool(given["statistics"]))
     rate = float(given["sampling_rate"])
     order = options.order or _FALLBACK_ORDER
@@ -258,7 +263,7 @@ def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
         "noise_multiplier": z,
         "sampling_rate": rate,
         "statistics": bool(given["statistics"]),
-        **DPSGD_RECIPE,  # mechanism_dict lays mechanism_params over these
+        **step,  # mechanism_dict lays mechanism_params over these
     }, options.teachers_per_party
 
 

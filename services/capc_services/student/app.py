@@ -162,10 +162,15 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
         except TrainingStopped as exc:
             scheduler.progress.state = "stopped"
             _log.info("training interrupted by shutdown", extra={"detail": str(exc)})
-        except CapcError as exc:
-            scheduler.progress.state = "failed"
-            scheduler.progress.error = str(exc)
-            _log.error("student failed", extra={"error": str(exc)})
+        except Exception as exc:
+            # Any failure ends the work visibly (state "failed", the reason, logged), as the release student
+            # does: an OSError (a full disk, an output directory that cannot be made) that escaped would end
+            # this thread alone, and the student would report "training" for ever. A CapcError says what to
+            # fix; anything else gets its traceback in the log. The labels stay in the store: the next start
+            # trains again.
+            error = str(exc) if isinstance(exc, CapcError) else f"{type(exc).__name__}: {exc}"
+            scheduler.progress.state, scheduler.progress.error = "failed", error
+            _log.error("student failed", extra={"error": error}, exc_info=not isinstance(exc, CapcError))
         finally:
             if settings.exit_when_done:
                 stop.set()
