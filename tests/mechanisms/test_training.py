@@ -258,6 +258,41 @@ def test_a_crafted_map_cannot_make_refusing_depend_on_the_records(basis: np.ndar
     np.testing.assert_array_equal(b, trainer.mechanism.contribution(weights, zeroed, y))
 
 
+def test_a_party_maps_its_full_batch_once_per_map_and_never_a_stale_one(basis: np.ndarray) -> None:
+    """Full batch, a party maps its records once per map the student sends (not every round); a round after
+    the map changed (a restarted student, another statistics release) or with other records uses the new
+    ones: each contribution equals the mechanism's on the records mapped by that round's state."""
+    rng = np.random.default_rng(5)
+    trainer = _trainer(basis)
+    k, m = trainer.mechanism.dim, trainer.mechanism
+    prepared = rng.uniform(-1, 1, size=(30, k))
+    kept = prepared.copy()
+    y = rng.integers(0, 10, size=30)
+
+    def gradient_state(mean: float, scale: float, weight: float) -> np.ndarray:
+        state = trainer.state()
+        state[0], state[1 : 1 + k], state[1 + k : 1 + 2 * k] = 1.0, mean, scale
+        state[1 + 2 * k :] = weight
+        return state
+
+    def expected(state: np.ndarray, x: np.ndarray) -> np.ndarray:
+        mapped = (x - state[1 : 1 + k]) / state[1 + k : 1 + 2 * k]
+        return m.contribution(state[1 + 2 * k :].reshape(trainer.weights.shape), mapped, y)
+
+    source = SeededNoise("unused: q = 1")
+    for state in (
+        gradient_state(0.1, 2.0, 0.01),
+        gradient_state(0.1, 2.0, 0.02),
+        gradient_state(-0.2, 0.5, 0.02),
+    ):
+        np.testing.assert_array_equal(
+            trainer.contribute(state, prepared, y, source), expected(state, prepared)
+        )
+    other = rng.uniform(-1, 1, size=(30, k))  # other records, the same map
+    np.testing.assert_array_equal(trainer.contribute(state, other, y, source), expected(state, other))
+    np.testing.assert_array_equal(prepared, kept)  # the records a party prepared are never changed
+
+
 def test_a_sampled_federation_normalises_by_the_expected_batch(digits, basis: np.ndarray) -> None:
     """With q < 1 the statistics release is over a Poisson sample, so its noisy count already estimates a
     round's expected batch q·N: the student divides the gradient sums by it, not by q² N."""

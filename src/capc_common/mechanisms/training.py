@@ -174,6 +174,24 @@ def standardiser(
     return mean, sd * spread
 
 
+def _mapped(
+    x: npt.NDArray[np.float64], mean: npt.NDArray[np.float64], scale: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Records centred by ``mean`` and divided by ``scale``, as a new array (``x`` stays as it is).
+
+    A student's map that overflows some records (a scale of 1e-310) must not switch the party from
+    contributing to refusing (that switch would depend on the records): such a record becomes the zero
+    feature vector instead, inside the same clipped sensitivity.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = x - mean
+        out /= scale
+    overflowed = ~np.isfinite(out).all(axis=1)
+    if overflowed.any():
+        out[overflowed] = 0.0
+    return out
+
+
 class DPSGDTrainer:
     """Secure-aggregation DP-SGD by the recipe: the parties' contributions and the student's state.
 
@@ -203,6 +221,9 @@ class DPSGDTrainer:
         self.done = 0
         self._m = np.zeros_like(self.weights)
         self._v = np.zeros_like(self.weights)
+        #: A party's full batch on the last map it was sent: (its prepared records, the map's bytes, them
+        #: mapped). See :meth:`_on_map`.
+        self._mapped: tuple[npt.NDArray[np.float64], bytes, npt.NDArray[np.float64]] | None = None
 
     def _learning_rate(self) -> float:
         """The recipe's step, or with ``step_noise`` the one adding that much noise to each weight."""
@@ -262,16 +283,27 @@ class DPSGDTrainer:
         if not (np.isfinite(mean).all() and np.isfinite(scale).all() and (scale > 0).all()):
             raise InputError(f"a {m.name} state's mean must be finite and its scale finite and positive")
         if mean.any() or (scale != 1).any():  # the identity map (no statistics release) copies nothing
-            with np.errstate(over="ignore", invalid="ignore"):
-                x = x - mean  # a new array: the prepared records stay as they are
-                x /= scale
-            # A student's map that overflows some records (a scale of 1e-310) must not switch the party
-            # from contributing to refusing (that switch would depend on the records): such a record
-            # contributes the zero feature vector instead, inside the same clipped sensitivity.
-            overflowed = ~np.isfinite(x).all(axis=1)
-            if overflowed.any():
-                x[overflowed] = 0.0
+            x = self._on_map(prepared, mean, scale) if every else _mapped(x, mean, scale)
         return m.contribution(state[1 + 2 * k :].reshape(self.weights.shape), x, y)
+
+    def _on_map(
+        self, prepared: npt.NDArray[np.float64], mean: npt.NDArray[np.float64], scale: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float64]:
+        """The full batch on the map ``(mean, scale)``, computed once per map and records.
+
+        Full batch, every gradient round sends the map the statistics release set, so mapping the records
+        (a copy and a divide: half a round's work for 20,000 records of 1,024 coordinates) is paid once
+        instead of every round. The cache is keyed by the records' object (held, so its identity cannot be
+        reused) and the map's exact bytes: another map or other records compute it again. ``contribution``
+        only reads it.
+        """
+        key = mean.tobytes() + scale.tobytes()
+        cached = self._mapped
+        if cached is None or cached[0] is not prepared or cached[1] != key:
+            mapped = _mapped(prepared, mean, scale)
+            mapped.flags.writeable = False  # shared by every round: nothing may change it in place
+            self._mapped = cached = (prepared, key, mapped)
+        return cached[2]
 
     # --------------------------------------------------------------------------------------- student side
     def state(self) -> npt.NDArray[np.float64]:
