@@ -1,4 +1,7 @@
-"""SIGTERM while the student trains: it stops within seconds (labels stay in the store; training reruns)."""
+"""The selection student's work thread ends visibly. SIGTERM while it trains: it stops within seconds (labels
+stay in the store; training reruns). Publishing fails for a reason that is not a CapcError (an OSError: its
+output directory cannot be made): progress and readiness say ``failed`` with the reason and the log has the
+traceback (it used to catch CapcError alone, so the thread ended and the student said "training" for ever)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -16,30 +20,45 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from student_memory import labelled_student, student_command  # a benchmark's helpers
 
+from capc_services.local.layout import Layout
+
+
+class Student:
+    """The student of a provisioned layout, started as ``capc local up`` starts it (its log in the layout)."""
+
+    def __init__(self, layout: Layout) -> None:
+        site = yaml.safe_load(layout.site("student").read_text())
+        self.admin = f"http://{site['admin']['bind']}"
+        self.headers = {"Authorization": f"Bearer {layout.token.read_text().strip()}"}
+        self.log = layout.root / "student.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                student_command(layout),
+                cwd=layout.root,
+                stdout=out,
+                stderr=out,
+                env={**os.environ, "CAPC_TORCH_THREADS": "1"},
+            )
+
+    def wait_for(self, state: str, *, timeout: float = 180) -> dict[str, Any]:
+        """Its progress once it reports ``state`` (fails if it exits, publishes or times out first)."""
+        deadline, progress = time.monotonic() + timeout, {}
+        while progress.get("state") != state:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"never reached {state!r}: {progress}"
+            assert progress.get("state") != "published", progress
+            with contextlib.suppress(httpx.HTTPError):
+                progress = httpx.get(f"{self.admin}/api/v1/progress", headers=self.headers, timeout=5).json()
+            time.sleep(0.2)
+        return progress
+
 
 def test_sigterm_while_training_stops_the_student_promptly(tmp_path: Path) -> None:
     layout = labelled_student(tmp_path / "state", queries=8192, evaluation=2000)
-    site = yaml.safe_load(layout.site("student").read_text())
-    admin = f"http://{site['admin']['bind']}"
-    headers = {"Authorization": f"Bearer {layout.token.read_text().strip()}"}
-    log = layout.root / "student.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            student_command(layout),
-            cwd=layout.root,
-            stdout=out,
-            stderr=out,
-            env={**os.environ, "CAPC_TORCH_THREADS": "1"},
-        )
+    student = Student(layout)
+    proc, log = student.proc, student.log
     try:
-        deadline = time.monotonic() + 180
-        state = ""
-        while state != "training":
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"never started training (state {state!r})"
-            with contextlib.suppress(httpx.HTTPError):
-                state = httpx.get(f"{admin}/api/v1/progress", headers=headers, timeout=5).json()["state"]
-            time.sleep(0.2)
+        student.wait_for("training")
         time.sleep(1.0)  # well inside the feature extraction of 8,192 queries
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
@@ -52,3 +71,22 @@ def test_sigterm_while_training_stops_the_student_promptly(tmp_path: Path) -> No
     assert took < 12, f"the student took {took:.1f} s to stop (capc local down kills it after 15 s)"
     assert "training interrupted by shutdown" in log.read_text()
     assert not (layout.party_dir("student") / "published" / "model_card.json").exists()
+
+
+def test_an_os_error_while_publishing_fails_the_student_visibly(tmp_path: Path) -> None:
+    layout = labelled_student(tmp_path / "state", queries=256)
+    blocker = layout.party_dir("student") / "published"
+    blocker.write_text("a file where the student's output directory should be")
+    student = Student(layout)
+    try:
+        progress = student.wait_for("failed")
+        ready = httpx.get(f"{student.admin}/readyz", timeout=5)
+    finally:
+        student.proc.terminate()
+        student.proc.wait(timeout=60)
+    assert progress["error"].startswith(("FileExistsError", "NotADirectoryError")), progress
+    assert str(blocker) in progress["error"]
+    assert ready.status_code == 503 and "failed" in ready.text
+    text = student.log.read_text()
+    assert "student failed" in text and "Traceback" in text, text[-3000:]
+    assert student.proc.returncode == 0, text[-3000:]  # SIGTERM still stops it cleanly
