@@ -9,7 +9,7 @@ from sklearn.datasets import load_digits
 
 from capc_common.errors import InputError
 from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
-from capc_common.mechanisms import SecureDPSGD
+from capc_common.mechanisms import SecureDPSGD, training
 from capc_common.mechanisms.basis import BasisSpec, basis_digest, public_basis
 from capc_common.mechanisms.central import PartyData, release_once, run_secure_dpsgd
 from capc_common.mechanisms.training import DPSGDTrainer, FeatureMap, Recipe, standardiser
@@ -258,7 +258,9 @@ def test_a_crafted_map_cannot_make_refusing_depend_on_the_records(basis: np.ndar
     np.testing.assert_array_equal(b, trainer.mechanism.contribution(weights, zeroed, y))
 
 
-def test_a_party_maps_its_full_batch_once_per_map_and_never_a_stale_one(basis: np.ndarray) -> None:
+def test_a_party_maps_its_full_batch_once_per_map_and_never_a_stale_one(
+    basis: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Full batch, a party maps its records once per map the student sends (not every round); a round after
     the map changed (a restarted student, another statistics release) or with other records uses the new
     ones: each contribution equals the mechanism's on the records mapped by that round's state."""
@@ -279,17 +281,23 @@ def test_a_party_maps_its_full_batch_once_per_map_and_never_a_stale_one(basis: n
         mapped = (x - state[1 : 1 + k]) / state[1 + k : 1 + 2 * k]
         return m.contribution(state[1 + 2 * k :].reshape(trainer.weights.shape), mapped, y)
 
+    maps = []
+    real = training._mapped
+    monkeypatch.setattr(training, "_mapped", lambda *a: maps.append(a) or real(*a))
     source = SeededNoise("unused: q = 1")
-    for state in (
+    states = [
         gradient_state(0.1, 2.0, 0.01),
-        gradient_state(0.1, 2.0, 0.02),
-        gradient_state(-0.2, 0.5, 0.02),
-    ):
-        np.testing.assert_array_equal(
-            trainer.contribute(state, prepared, y, source), expected(state, prepared)
-        )
+        gradient_state(0.1, 2.0, 0.02),  # the next round: the same map, another head
+        gradient_state(-0.2, 2.0, 0.02),  # another mean only
+        gradient_state(-0.2, 0.5, 0.02),  # another scale only
+    ]
+    for state in states:
+        got = trainer.contribute(state, prepared, y, source)
+        np.testing.assert_array_equal(got, expected(state, prepared))
+    assert len(maps) == 3  # once per map, not once per round
     other = rng.uniform(-1, 1, size=(30, k))  # other records, the same map
     np.testing.assert_array_equal(trainer.contribute(state, other, y, source), expected(state, other))
+    assert len(maps) == 4
     np.testing.assert_array_equal(prepared, kept)  # the records a party prepared are never changed
 
 

@@ -123,11 +123,12 @@ def test_another_optimizer_for_secagg_dpsgd_takes_its_own_step(tmp_path: Path) -
     """``--mechanism-param optimizer=adam`` provisions with the schema's Adam step, not the heavy ball's clip,
     lr cap and step rule (the schema refuses step_noise with Adam: this used to fail); without it, the
     planner's recipe."""
-    from capc_common.federation.sizing import DPSGD_RECIPE
+    from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
 
     options = LocalOptions(mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1")
     _, planned, _ = provision(tmp_path / "planned", options)
     assert {k: getattr(planned.mechanism, k) for k in DPSGD_RECIPE} == DPSGD_RECIPE
+    assert planned.mechanism.rounds == DPSGD_ROUNDS
     for i, params in enumerate(({"optimizer": "adam"}, {"optimizer": "adam", "learning_rate": 0.1})):
         _, config, _ = provision(tmp_path / str(i), replace(options, mechanism_params=params))
         m = config.mechanism

@@ -169,7 +169,8 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
             # fix; anything else gets its traceback in the log. The labels stay in the store: the next start
             # trains again.
             error = str(exc) if isinstance(exc, CapcError) else f"{type(exc).__name__}: {exc}"
-            scheduler.progress.state, scheduler.progress.error = "failed", error
+            scheduler.progress.error = error  # first: a reader never sees "failed" without its reason
+            scheduler.progress.state = "stopped" if stop.is_set() else "failed"
             _log.error("student failed", extra={"error": error}, exc_info=not isinstance(exc, CapcError))
         finally:
             if settings.exit_when_done:

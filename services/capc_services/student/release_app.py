@@ -186,7 +186,8 @@ def run_release_student(
             # serve on as if it waited for its teachers. A CapcError says what to fix; anything else gets its
             # traceback in the log.
             error = str(exc) if isinstance(exc, CapcError) else f"{type(exc).__name__}: {exc}"
-            progress.state, progress.error = ("stopped" if stop.is_set() else "failed"), error
+            progress.error = error  # first: a reader never sees "failed" without its reason
+            progress.state = "stopped" if stop.is_set() else "failed"
             rounds.finish()
             _log.error("student failed", extra={"error": error}, exc_info=not isinstance(exc, CapcError))
         finally:

@@ -77,8 +77,8 @@ class _MechanismConfig(_Frozen):
             existed.
     """
 
-    #: Optional fields dropped from the canonical form while at their default (unset, or a switch left off),
-    #: so adding one never changes the hash of a federation that does not use it, written out or not.
+    #: Optional fields dropped from the canonical form while unset, so adding one never changes the hash of
+    #: a federation that does not use it.
     _omitted_when_unset: ClassVar[tuple[str, ...]] = ("insecure_noise_seed",)
 
     insecure_noise_seed: str | None = Field(default=None, min_length=1, max_length=256)
@@ -87,8 +87,8 @@ class _MechanismConfig(_Frozen):
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         for key in self._omitted_when_unset:
-            if key in data and data[key] == type(self).model_fields[key].default:
-                del data[key]
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
     def votes_per_party(self) -> int | None:
@@ -369,7 +369,7 @@ class SecAggDPSGDMechanism(ReleaseMember):
     variance_floor: float = Field(default=1.0, ge=0)
     expected_batch: float | None = Field(default=None, gt=0)
     step_noise: float | None = Field(default=None, gt=0)
-    unit_variance: bool = False
+    unit_variance: bool | None = None
 
     @model_validator(mode="after")
     def _normaliser(self) -> Self:

@@ -404,7 +404,7 @@ class DPSGDProtocol(ReleaseProtocol):
             variance_floor=config.variance_floor,
             expected_batch=config.expected_batch,
             step_noise=config.step_noise,
-            unit_variance=config.unit_variance,
+            unit_variance=bool(config.unit_variance),
         )
         basis = None if p is None else (lambda: federation_basis(p, featuriser=featuriser))
         return cls(DPSGDTrainer(mechanism, recipe, basis=basis))

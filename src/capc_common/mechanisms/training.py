@@ -252,8 +252,11 @@ class DPSGDTrainer:
 
     # ----------------------------------------------------------------------------------------- party side
     def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
-        """A party's records on the basis, once (the projection is the costly step; rounds reuse it)."""
-        return self._map(self.mean, self.scale).project(features)
+        """A party's records on the basis, once (the projection is the costly step; rounds reuse it).
+        Read-only: every round reads the same records, and :meth:`_on_map` keys its cache by this object."""
+        prepared = self._map(self.mean, self.scale).project(features)
+        prepared.flags.writeable = False
+        return prepared
 
     def contribute(
         self,
@@ -291,15 +294,18 @@ class DPSGDTrainer:
     ) -> npt.NDArray[np.float64]:
         """The full batch on the map ``(mean, scale)``, computed once per map and records.
 
-        Full batch, every gradient round sends the map the statistics release set, so mapping the records
-        (a copy and a divide: half a round's work for 20,000 records of 1,024 coordinates) is paid once
-        instead of every round. The cache is keyed by the records' object (held, so its identity cannot be
-        reused) and the map's exact bytes: another map or other records compute it again. ``contribution``
-        only reads it.
+        When a round takes every record (full batch), every gradient round sends the map the statistics
+        release set, so mapping the records (a copy and a divide: half a round's work for 20,000 records of
+        1,024 coordinates) is paid once instead of every round. The cache is keyed by the records' object
+        (held, so its identity cannot be reused; :meth:`prepare` returns it read-only, so it cannot change in
+        place) and the map's exact bytes: another map or other records compute it again. It holds one
+        party's batch: a trainer shared by several parties (the central runner) maps each call, as before.
+        ``contribution`` only reads it.
         """
         key = mean.tobytes() + scale.tobytes()
         cached = self._mapped
         if cached is None or cached[0] is not prepared or cached[1] != key:
+            self._mapped = None  # one mapped batch held at a time, also while the next is computed
             mapped = _mapped(prepared, mean, scale)
             mapped.flags.writeable = False  # shared by every round: nothing may change it in place
             self._mapped = cached = (prepared, key, mapped)
