@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from capc_common.federation.sizing import DPSGD_ROUNDS
+
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CAPC_TORCH_THREADS": "1"}
@@ -80,7 +82,7 @@ def dpsgd_recipe(tmp: Path) -> None:
     assert out["setting"]["dataset"] == "digits" and out["setting"]["records"] == 1037
     rows = {(r["variant"], r["noise"]): r for r in out["rows"]}
     assert set(rows) == {("old", "off"), ("old", "on"), ("recipe", "off"), ("recipe", "on")}
-    assert rows["recipe", "on"]["releases"] == 61 and rows["old", "on"]["releases"] == 100
+    assert rows["recipe", "on"]["releases"] == DPSGD_ROUNDS + 1 and rows["old", "on"]["releases"] == 100
     assert all(_fraction(r["accuracy"], 0.5) for r in out["rows"])  # digits: far above chance (0.1)
     assert all(abs(r["spent"] - 3.0) < 0.01 for r in out["rows"])
     assert {(t["variant"], t["noise"]) for t in out["table"]} == set(rows)
