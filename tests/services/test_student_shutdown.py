@@ -1,7 +1,8 @@
 """The selection student's work thread ends visibly. SIGTERM while it trains: it stops within seconds (labels
 stay in the store; training reruns). Publishing fails for a reason that is not a CapcError (an OSError: its
 output directory cannot be made): progress and readiness say ``failed`` with the reason and the log has the
-traceback (it used to catch CapcError alone, so the thread ended and the student said "training" for ever)."""
+traceback (it used to catch CapcError alone, so the thread ended and the student said "training" for ever); a
+one-shot student (``exit_when_done``) that fails exits 1, not 0."""
 
 from __future__ import annotations
 
@@ -90,3 +91,20 @@ def test_an_os_error_while_publishing_fails_the_student_visibly(tmp_path: Path) 
     text = student.log.read_text()
     assert "student failed" in text and "Traceback" in text, text[-3000:]
     assert student.proc.returncode == 0, text[-3000:]  # SIGTERM still stops it cleanly
+
+
+def test_a_one_shot_student_that_fails_exits_non_zero(tmp_path: Path) -> None:
+    layout = labelled_student(tmp_path / "state", queries=256)
+    blocker = layout.party_dir("student") / "published"
+    blocker.write_text("a file where the student's output directory should be")
+    site_path = layout.site("student")
+    site_path.write_text(yaml.safe_dump({**yaml.safe_load(site_path.read_text()), "exit_when_done": True}))
+    student = Student(layout)
+    try:
+        student.proc.wait(timeout=180)  # it stops by itself: a one-shot job
+    finally:
+        if student.proc.poll() is None:
+            student.proc.kill()
+    text = student.log.read_text()
+    assert student.proc.returncode == 1, text[-3000:]  # it used to exit 0 as if it had published
+    assert "error: the student failed: " in text and str(blocker) in text, text[-3000:]

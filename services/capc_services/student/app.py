@@ -101,15 +101,19 @@ def _labelling_check(progress: Progress, *, guardian: str) -> tuple[bool, dict[s
     return progress.state not in ("failed", "reconnecting"), detail
 
 
-def run(settings: StudentSettings, *, stop: threading.Event) -> None:
-    """Run the student until ``stop`` is set (or, with ``exit_when_done``, until it has published)."""
+def run(settings: StudentSettings, *, stop: threading.Event) -> str | None:
+    """Run the student until ``stop`` is set (or, with ``exit_when_done``, until it has published).
+
+    Returns:
+        Why its work failed (its state ended ``failed``), or ``None``: a one-shot job's caller exits non-zero
+        on a failure rather than reporting success.
+    """
     releases = isinstance(settings.federation_config.mechanism, ReleaseMember)  # noisy totals, no batches
     if releases:  # its start-up check builds the protocol (DPPL-Public featurises its pool)
         apply_threads(settings.torch_threads)
     party = PartyRuntime(settings, role="student")
     if releases:
-        run_release_student(settings, party, stop=stop, noise=noise_label(party.config))
-        return
+        return run_release_student(settings, party, stop=stop, noise=noise_label(party.config))
     store = LabelStore(
         settings.store, config_hash=party.config_hash, continues=party.config.previous_hashes.keys()
     )
@@ -201,3 +205,4 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> None:
         if worker is None or not worker.is_alive():
             store.close()
         _log.info("student stopped", extra={"state": scheduler.progress.state})
+    return scheduler.progress.error if scheduler.progress.state == "failed" else None

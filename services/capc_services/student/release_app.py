@@ -135,8 +135,12 @@ def evaluation_set(
 
 def run_release_student(
     settings: StudentSettings, party: PartyRuntime, *, stop: threading.Event, noise: str
-) -> None:
-    """Run a release federation's student until ``stop`` is set (or, with ``exit_when_done``, published)."""
+) -> str | None:
+    """Run a release federation's student until ``stop`` is set (or, with ``exit_when_done``, published).
+
+    Returns:
+        Why its work failed (its state ended ``failed``), or ``None``.
+    """
     config = party.config
     protocol = party.runnable.release_protocol()
     rounds = ReleaseRounds(config, length=protocol.length)
@@ -217,3 +221,4 @@ def run_release_student(
         guardian.close()
         party.stop_admin()
         _log.info("student stopped", extra={"state": progress.state})
+    return progress.error if progress.state == "failed" else None

@@ -21,7 +21,8 @@ def command() -> None:
 )
 def run(site: Path) -> None:
     """Label queries with the federation, then train and publish; serves until SIGTERM/SIGINT
-    (or exits after publishing with exit_when_done: true)."""
+    (or exits after publishing with exit_when_done: true; exit code 1 if it failed instead)."""
+    from capc_common.errors import CapcError
     from capc_services.common.logging import configure_logging
     from capc_services.common.runtime import stop_event_on_signals
     from capc_services.student.app import run as run_student
@@ -29,4 +30,11 @@ def run(site: Path) -> None:
 
     settings = StudentSettings.load(site)
     configure_logging(party=settings.party, level=settings.log_level)
-    run_student(settings, stop=stop_event_on_signals())
+    failure = run_student(settings, stop=stop_event_on_signals())
+    if failure is not None and settings.exit_when_done:
+        # A one-shot job (a Kubernetes Job, a compose service whose exit is awaited) must not report success
+        # for a student that never published; a serving student's exit after SIGTERM stays 0.
+        raise CapcError(
+            f"the student failed: {failure} (its labels stay in its store: fix the cause and start it again "
+            "to train and publish)"
+        )
