@@ -121,7 +121,7 @@ cmd_wheels() {
   fi
   say "downloading the runtime dependencies of diet-capc into $dir"
   "$python" -m pip download -q --only-binary=:all: --find-links "$dir" -d "$dir" "torch==$TORCH_VERSION" \
-    setuptools wheel -r "$requirements" 2>&1 | grep -v "is ignored" || true
+    "setuptools>=77" wheel -r "$requirements" 2>&1 | grep -v "is ignored" || true
   rm -f "$requirements"
 }
 

@@ -16,6 +16,7 @@ from sites_harness import federation_dict
 from capc_common.federation import FederationConfig
 from capc_services.common.party import PartyRuntime
 from capc_services.student.accounting import noise_label
+from capc_services.student.failure import Failure
 from capc_services.student.release_app import run_release_student
 from capc_services.student.settings import StudentSettings
 
@@ -45,10 +46,11 @@ def test_an_os_error_while_precomputing_the_basis_fails_the_student(
     )  # fmt: skip
     party = PartyRuntime(settings, role="student")
     stop = threading.Event()
+    returned: list[Failure | None] = []
     student = threading.Thread(
-        target=run_release_student,
-        args=(settings, party),
-        kwargs={"stop": stop, "noise": noise_label(party.config)},
+        target=lambda: returned.append(
+            run_release_student(settings, party, stop=stop, noise=noise_label(party.config))
+        ),
         daemon=True,
     )
     caplog.set_level(logging.ERROR, logger="capc_services.student.release_app")
@@ -72,5 +74,6 @@ def test_an_os_error_while_precomputing_the_basis_fails_the_student(
     assert progress["error"].startswith(("NotADirectoryError", "FileExistsError")), progress
     assert str(blocker) in progress["error"]
     assert ready.status_code == 503 and "failed" in ready.text
+    assert returned == [Failure(progress["error"], 2)]  # what `capc student run` exits with (a bad file)
     failed = [r for r in caplog.records if r.getMessage() == "student failed"]
     assert failed and failed[0].error == progress["error"] and failed[0].exc_info is not None

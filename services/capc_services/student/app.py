@@ -19,6 +19,7 @@ from capc_services.common.limits import MessageLimits
 from capc_services.common.party import PartyRuntime, apply_threads
 from capc_services.common.runtime import start_grpc_server
 from capc_services.student.accounting import epsilon_figures, guarantee, noise_label
+from capc_services.student.failure import Failure, failure_of
 from capc_services.student.guardian_client import GuardianClient
 from capc_services.student.links import TeacherRegistry
 from capc_services.student.release_app import run_release_student
@@ -101,7 +102,7 @@ def _labelling_check(progress: Progress, *, guardian: str) -> tuple[bool, dict[s
     return progress.state not in ("failed", "reconnecting"), detail
 
 
-def run(settings: StudentSettings, *, stop: threading.Event) -> str | None:
+def run(settings: StudentSettings, *, stop: threading.Event) -> Failure | None:
     """Run the student until ``stop`` is set (or, with ``exit_when_done``, until it has published).
 
     Returns:
@@ -145,6 +146,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> str | None:
         max_send_bytes=limits.work,
     )
     worker: threading.Thread | None = None
+    failures: list[Failure] = []
 
     def work() -> None:
         try:
@@ -172,7 +174,8 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> str | None:
             # this thread alone, and the student would report "training" for ever. A CapcError says what to
             # fix; anything else gets its traceback in the log. The labels stay in the store: the next start
             # trains again.
-            error = str(exc) if isinstance(exc, CapcError) else f"{type(exc).__name__}: {exc}"
+            failures.append(failure_of(exc))
+            error = failures[-1].reason
             scheduler.progress.error = error  # first: a reader never sees "failed" without its reason
             scheduler.progress.state = "stopped" if stop.is_set() else "failed"
             _log.error("student failed", extra={"error": error}, exc_info=not isinstance(exc, CapcError))
@@ -205,4 +208,4 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> str | None:
         if worker is None or not worker.is_alive():
             store.close()
         _log.info("student stopped", extra={"state": scheduler.progress.state})
-    return scheduler.progress.error if scheduler.progress.state == "failed" else None
+    return failures[-1] if failures and scheduler.progress.state == "failed" else None

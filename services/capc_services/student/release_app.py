@@ -25,6 +25,7 @@ from capc_services.common.interceptors import acting_party
 from capc_services.common.limits import HEADROOM
 from capc_services.common.party import PartyRuntime
 from capc_services.common.runtime import start_grpc_server
+from capc_services.student.failure import Failure, failure_of
 from capc_services.student.releases import (
     ReleaseClient,
     ReleaseJournal,
@@ -135,7 +136,7 @@ def evaluation_set(
 
 def run_release_student(
     settings: StudentSettings, party: PartyRuntime, *, stop: threading.Event, noise: str
-) -> str | None:
+) -> Failure | None:
     """Run a release federation's student until ``stop`` is set (or, with ``exit_when_done``, published).
 
     Returns:
@@ -149,6 +150,7 @@ def run_release_student(
         config=config, tls=party.tls, address=settings.guardian_address, length=protocol.length
     )
     message = release_message_bytes(protocol.length)
+    failures: list[Failure] = []
     server = start_grpc_server(
         bind=settings.grpc.bind,
         tls=party.tls,
@@ -189,7 +191,8 @@ def run_release_student(
             # disk, an unusable feature cache) that escaped would end this thread alone, and the student would
             # serve on as if it waited for its teachers. A CapcError says what to fix; anything else gets its
             # traceback in the log.
-            error = str(exc) if isinstance(exc, CapcError) else f"{type(exc).__name__}: {exc}"
+            failures.append(failure_of(exc))
+            error = failures[-1].reason
             progress.error = error  # first: a reader never sees "failed" without its reason
             progress.state = "stopped" if stop.is_set() else "failed"
             rounds.finish()
@@ -221,4 +224,4 @@ def run_release_student(
         guardian.close()
         party.stop_admin()
         _log.info("student stopped", extra={"state": progress.state})
-    return progress.error if progress.state == "failed" else None
+    return failures[-1] if failures and progress.state == "failed" else None

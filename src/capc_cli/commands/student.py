@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -21,8 +22,7 @@ def command() -> None:
 )
 def run(site: Path) -> None:
     """Label queries with the federation, then train and publish; serves until SIGTERM/SIGINT
-    (or exits after publishing with exit_when_done: true; exit code 1 if it failed instead)."""
-    from capc_common.errors import CapcError
+    (or exits after publishing with exit_when_done: true; a non-zero exit code if it failed instead)."""
     from capc_services.common.logging import configure_logging
     from capc_services.common.runtime import stop_event_on_signals
     from capc_services.student.app import run as run_student
@@ -34,7 +34,9 @@ def run(site: Path) -> None:
     if failure is not None and settings.exit_when_done:
         # A one-shot job (a Kubernetes Job, a compose service whose exit is awaited) must not report success
         # for a student that never published; a serving student's exit after SIGTERM stays 0.
-        raise CapcError(
-            f"the student failed: {failure} (its labels stay in its store: fix the cause and start it again "
-            "to train and publish)"
+        click.echo(
+            f"error: the student failed: {failure.reason} (what it has done is kept: fix the cause and start "
+            "it again to finish)",
+            err=True,
         )
+        sys.exit(failure.exit_code)
