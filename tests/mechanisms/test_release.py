@@ -64,16 +64,17 @@ def test_dpsgd_integer_sensitivity_holds_for_adversarial_records():
     )
     assert 0.5 * mechanism.sensitivity < worst <= mechanism.sensitivity
     assert mechanism.sigma == pytest.approx(1.0 * mechanism.sensitivity)
-    assert mechanism.sigma <= 1e5  # the exact sampler's range picks the fixed point
+    assert mechanism.sigma <= 3e5  # the table sampler's range bounds the fixed point
 
 
 def test_dpsgd_fixed_point_follows_the_sampler_range():
-    # d = 10 · 101 = 1,010: 16 (√d + 1) = 524.5 → 10 bits; σ = 2 · 1024.
+    # d = 10 · 101 = 1,010: 64 (√d + 1) = 2,098 → 12 bits; σ = 2 · 4096; rounding costs < 1/64 of the clip.
     fine = SecureDPSGD(classes=10, dim=100, clip=1.0, noise_multiplier=2.0, sampling_rate=0.01)
-    assert fine.fixed_point.bits == 10 and fine.sigma == 2048
-    # z = 200 would need σ = 204,800 at 10 bits: the sampler's range (1e5) forces 8 bits (51,200).
+    assert fine.fixed_point.bits == 12 and fine.sigma == 8192
+    assert fine.clip_effective >= (1 - 1 / 64) * fine.clip
+    # z = 200 would need σ = 819,200 at 12 bits: the sampler's range (3e5) forces 10 bits (204,800).
     coarse = SecureDPSGD(classes=10, dim=100, clip=1.0, noise_multiplier=200.0, sampling_rate=0.01)
-    assert coarse.fixed_point.bits == 8 and coarse.sigma <= 1e5
+    assert coarse.fixed_point.bits == 10 and coarse.sigma <= 3e5
     with pytest.raises(InputError, match="no room for rounding"):
         SecureDPSGD(
             classes=10,

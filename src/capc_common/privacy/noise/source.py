@@ -86,7 +86,7 @@ class NoiseSource(ABC):
             int64 array of ``shape``.
 
         Raises:
-            InputError: σ is not a finite number in ``(0, 1e5]`` or the shape is invalid.
+            InputError: σ is not a finite number in ``(0, 3e5]`` (``MAX_SIGMA``) or the shape is invalid.
         """
         dims = _check_shape(shape)
         return discrete_gaussian_table(sigma=sigma).sample(self, dims)
