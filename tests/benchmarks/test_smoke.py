@@ -77,12 +77,12 @@ def backbone_speed(tmp: Path) -> None:
 def dpsgd_recipe(tmp: Path) -> None:
     out = run_json(
         "dpsgd_recipe.py", "--smoke", "--format", "json", "--epsilons", "3",
-        "--variants", "old", "recipe", "recipe+fine-encoding",
+        "--variants", "old", "recipe", "recipe+14-bits", "recipe+fine-encoding",
         "--out", str(tmp / "recipe" / "dpsgd_recipe"), "--cache-dir", str(tmp / "cache"),
     )  # fmt: skip
     assert out["setting"]["dataset"] == "digits" and out["setting"]["records"] == 1037
     rows = {(r["variant"], r["noise"]): r for r in out["rows"]}
-    variants = ("old", "recipe", "recipe+fine-encoding")
+    variants = ("old", "recipe", "recipe+14-bits", "recipe+fine-encoding")
     assert set(rows) == {(v, noise) for v in variants for noise in ("off", "on")}
     assert rows["recipe", "on"]["releases"] == DPSGD_ROUNDS + 1 and rows["old", "on"]["releases"] == 100
     assert rows["recipe+fine-encoding", "on"]["releases"] == DPSGD_ROUNDS + 1

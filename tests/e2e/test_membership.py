@@ -75,8 +75,10 @@ def _until(done: Callable[[], bool], *, timeout: float = 240) -> None:
 
 def test_a_fourth_hospital_joins_and_the_federation_finishes_its_budget(tmp_path: Path, capc) -> None:
     root, new_file = tmp_path / "state", tmp_path / "federation-4.yaml"
-    # ε 500 buys about five of the 8 batches: a few before the change, the rest with hospital-4.
-    options = federation_options(train_limit=400, epsilon=EPSILON, queries=512)
+    # ε 500 buys about five batches of 64: a few before the change, the rest with hospital-4. The stream plans
+    # 16 so that the budget, not the stream, ends the run (with 8 planned, one run in CI asked them all within
+    # the budget and ended "all planned queries asked": a batch's charge depends on how many queries pass).
+    options = federation_options(train_limit=400, epsilon=EPSILON, queries=1024)
     layout, old = ensure_provisioned(root, options)
     for index, name in enumerate(old.teacher_names):
         _set_shards(layout, name, shard=index)

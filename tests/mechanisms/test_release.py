@@ -3,6 +3,8 @@ runners on real data (scikit-learn digits, a public proxy)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
@@ -75,6 +77,12 @@ def test_dpsgd_fixed_point_follows_the_sampler_range():
     # z = 200 would need σ = 819,200 at 12 bits: the sampler's range (3e5) forces 10 bits (204,800).
     coarse = SecureDPSGD(classes=10, dim=100, clip=1.0, noise_multiplier=200.0, sampling_rate=0.01)
     assert coarse.fixed_point.bits == 10 and coarse.sigma <= 3e5
+    # The recipe's head (10 × 1,025 coordinates, clip 0.1) at ε 1 (z 40.7): 16 bits within the sampler, and
+    # the clip a record gets is within the rounding slack of C (14 bits and 0.94 C until 2026-12-02).
+    recipe = SecureDPSGD(classes=10, dim=1024, clip=0.1, noise_multiplier=40.6746, sampling_rate=1.0)
+    assert recipe.fixed_point.bits == 16 and recipe.sigma <= 3e5
+    slack = (math.sqrt(recipe.size) + 2) / recipe.fixed_point.scale
+    assert recipe.clip - slack <= recipe.clip_effective and recipe.clip_effective > 0.98 * recipe.clip
     with pytest.raises(InputError, match="no room for rounding"):
         SecureDPSGD(
             classes=10,
