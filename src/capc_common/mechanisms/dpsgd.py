@@ -54,9 +54,10 @@ def fixed_point_for(*, sigma_per_unit: float, coordinates: int, unit: float = 1.
     ``⌊C·2^bits⌋``: the smallest ``bits ≥ 8`` with ``unit · 2^bits ≥ 64 (√d + 1)`` keeps that loss within
     ``1/64 + 2^-bits/C`` of the clip (0.984 C for the recipe's 10,250 coordinates). Fewer bits are used if
     ``σ_per_unit · unit · 2^bits`` would exceed the table sampler's range (σ ≤ 3e5). The rule used to stop at
-    1/16 (a clip of 0.94 C for the recipe's 10,250 coordinates), which cost 0.09 and 0.23 points of validation
-    accuracy at ε 1 on Fashion-MNIST in two runs of 8 seeds (``benchmarks/dpsgd_recipe.py --variants recipe
-    recipe+fine-encoding``; docs/mechanisms.md) and nothing measurable at ε 3.
+    1/16 (a clip of 0.94 C for the recipe's 10,250 coordinates): on Fashion-MNIST's validation split that cost
+    about 0.1 point at ε 1 (three runs of 8 draws: +0.09, +0.23, −0.04 for an exact clip; 0.10 with the noise
+    off; ``benchmarks/dpsgd_recipe.py --variants recipe+14-bits recipe recipe+fine-encoding``,
+    docs/mechanisms.md) and nothing measurable at ε 3.
 
     Args:
         sigma_per_unit: noise σ per unit of sensitivity (the noise multiplier).
