@@ -174,8 +174,9 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> Failure | None:
             # this thread alone, and the student would report "training" for ever. A CapcError says what to
             # fix; anything else gets its traceback in the log. The labels stay in the store: the next start
             # trains again.
-            failures.append(failure_of(exc))
-            error = failures[-1].reason
+            failure = failure_of(exc)
+            failures.append(failure)
+            error = failure.reason
             scheduler.progress.error = error  # first: a reader never sees "failed" without its reason
             scheduler.progress.state = "stopped" if stop.is_set() else "failed"
             _log.error("student failed", extra={"error": error}, exc_info=not isinstance(exc, CapcError))

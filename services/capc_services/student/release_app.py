@@ -191,8 +191,9 @@ def run_release_student(
             # disk, an unusable feature cache) that escaped would end this thread alone, and the student would
             # serve on as if it waited for its teachers. A CapcError says what to fix; anything else gets its
             # traceback in the log.
-            failures.append(failure_of(exc))
-            error = failures[-1].reason
+            failure = failure_of(exc)
+            failures.append(failure)
+            error = failure.reason
             progress.error = error  # first: a reader never sees "failed" without its reason
             progress.state = "stopped" if stop.is_set() else "failed"
             rounds.finish()
