@@ -3,7 +3,8 @@
 Usage: ``.venv/bin/python benchmarks/startup.py --format json [--runs 5] [--heads 189]``. With
 ``--format json`` it prints one object with ``guardian_ready_s``, ``student_ready_s`` and ``teacher_ready_s``
 (medians over ``--runs``), ``guardian_modules``, ``student_modules`` and ``teacher_modules`` (modules the
-process had imported when it became ready), ``guardian_imports_torch`` (and the same for the others),
+process had imported when it became ready), ``guardian_imports_torch`` and ``guardian_imports_scipy_special``
+(and the same for the others: the accountant loads scipy.special on first use, not at start-up),
 ``runs``, ``heads`` and the per-run figures (``*_runs``).
 
 A local federation (2 teacher parties, the default backbone for 28x28x1 images, ``--heads`` heads for
@@ -107,6 +108,12 @@ def imported_modules(log: Path, *, offset: int) -> list[str]:
     ]
 
 
+def imports(modules: list[str], package: str) -> bool:
+    """Whether ``package`` or one of its submodules is among ``modules`` (``-X importtime`` does not always
+    log the package itself: scipy's lazily loaded subpackages show only their submodules)."""
+    return any(m == package or m.startswith(package + ".") for m in modules)
+
+
 def one_run(
     layout: Layout,
     parties: dict[str, str],
@@ -133,7 +140,8 @@ def one_run(
             if count_modules:
                 modules = imported_modules(log, offset=offset)
                 figures[f"{role}_modules"] = len(set(modules))
-                figures[f"{role}_imports_torch"] = "torch" in modules
+                figures[f"{role}_imports_torch"] = imports(modules, "torch")
+                figures[f"{role}_imports_scipy_special"] = imports(modules, "scipy.special")
     finally:
         stop_processes(started, grace=10)
     return figures

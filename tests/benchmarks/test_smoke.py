@@ -317,6 +317,8 @@ def startup(tmp: Path) -> None:
         False,
         True,
     )
+    # The accountant's scipy.special (0.15 s) loads at the first release, not before a party is ready.
+    assert not out["guardian_imports_scipy_special"] and not out["student_imports_scipy_special"]
     assert out["guardian_modules"] < out["teacher_modules"] and out["runs"] == 1 and out["heads"] == 2
 
 

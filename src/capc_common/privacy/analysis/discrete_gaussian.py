@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 import numpy.typing as npt
-from scipy import special
 
+from capc_common.privacy.analysis import _special as special
 from capc_common.privacy.analysis._checks import count, non_negative, positive
 
 __all__ = [

@@ -26,9 +26,9 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from scipy import special
 
 from capc_common.errors import InputError
+from capc_common.privacy.analysis import _special as special
 from capc_common.privacy.analysis._checks import histograms, non_negative, positive
 from capc_common.privacy.analysis.discrete_gaussian import (
     discrete_gaussian_log_sf,

@@ -36,9 +36,9 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
-from scipy import special
 
 from capc_common.errors import InputError
+from capc_common.privacy.analysis import _special as special
 from capc_common.privacy.analysis._checks import positive
 from capc_common.privacy.analysis.orders import as_orders
 

@@ -23,9 +23,9 @@ import math
 
 import numpy as np
 import numpy.typing as npt
-from scipy import special
 
 from capc_common.errors import InputError
+from capc_common.privacy.analysis import _special as special
 from capc_common.privacy.analysis._checks import positive
 from capc_common.privacy.analysis.orders import as_orders
 
