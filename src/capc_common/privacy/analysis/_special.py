@@ -3,8 +3,8 @@
 Why not ``from scipy import special`` at the top of each module: that import costs about 0.15 s (its
 array-API shims pull in ``numpy.f2py`` and ``numpy.testing``), a seventh of the guardian's start-up, and a
 guardian needs no accounting before its first release (issue 27: ready in 1 s). Importing inside each
-function is one dictionary lookup after the first call and is thread-safe under the import lock, which
-``importlib.util.LazyLoader`` is not on Python 3.11.
+function is a cached import after the first call (about 0.35 µs, under 1 % of any caller's array work) and
+is thread-safe under the import lock, which ``importlib.util.LazyLoader`` is not on Python 3.11.
 """
 
 from __future__ import annotations
