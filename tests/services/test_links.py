@@ -46,6 +46,23 @@ def test_disconnected_party_does_not_hold_up_the_batch() -> None:
     assert sorted(registry.live()) == ["hospital-a"]
 
 
+def test_shutdown_ends_a_collection_at_once_without_inventing_answers() -> None:
+    """close_all (the student stopping) wakes a batch waiting for its teachers: the wait returns the answers
+    so far at once, not after the vote deadline, and marks the collection closed (the scheduler then leaves
+    the batch open for the next start instead of aborting it for a quorum the shutdown broke)."""
+    registry = TeacherRegistry()
+    a = registry.connect("hospital-a", heads=2)
+    registry.connect("hospital-b", heads=3)
+    collection = registry.dispatch(_item())
+    registry.deliver(a, batch_id="b0", attempt=1, answer=Answer(party="hospital-a", share=np.zeros((1, 10))))
+    threading.Timer(0.2, registry.close_all).start()
+    started = time.monotonic()
+    answers = collection.wait(timeout=30)
+    assert time.monotonic() - started < 5
+    assert collection.closed and set(answers) == {"hospital-a"}
+    assert not registry.live()
+
+
 def test_late_and_foreign_answers_are_dropped() -> None:
     registry = TeacherRegistry()
     a = registry.connect("hospital-a", heads=2)

@@ -85,6 +85,7 @@ class Collection:
         self.parties = parties
         self._answers: dict[str, Answer] = {}
         self._cond = threading.Condition()
+        self.closed = False
 
     def deliver(self, answer: Answer) -> None:
         """Record a party's answer (the first one per party counts)."""
@@ -93,11 +94,18 @@ class Collection:
                 self._answers[answer.party] = answer
                 self._cond.notify_all()
 
+    def close(self) -> None:
+        """Stop waiting (the student shuts down): :meth:`wait` returns the answers so far at once."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
     def wait(self, *, timeout: float) -> dict[str, Answer]:
-        """Block until every party answered or ``timeout`` seconds passed; returns the answers so far."""
+        """Block until every party answered, ``timeout`` seconds passed or the collection was closed; returns
+        the answers so far."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while len(self._answers) < len(self.parties):
+            while len(self._answers) < len(self.parties) and not self.closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -203,9 +211,14 @@ class TeacherRegistry:
         collection.deliver(answer)
 
     def close_all(self) -> None:
-        """End every stream (shutdown)."""
+        """End every stream and every wait for answers (shutdown): a batch being collected does not hold
+        the student for its vote deadline (seconds of every shutdown, measured) for answers no stream can
+        bring."""
         with self._lock:
             links = list(self._links.values())
             self._links.clear()
+            collections = list(self._collections.values())
         for link in links:
             link.close()
+        for collection in collections:
+            collection.close()

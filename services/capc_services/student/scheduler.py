@@ -216,6 +216,10 @@ class Scheduler:
             answers = collection.wait(timeout=self.config.quorum.vote_deadline_s)
         finally:
             self.registry.finish(collection)
+        if collection.closed and len(answers) < len(collection.parties):
+            # Shutting down mid-collection: the batch stays open in the store and on the guardian, as after
+            # a crash, and the next start resumes it; nothing is aborted for a quorum the shutdown broke.
+            return None
         shares, problems = self._valid_shares(plan, answers)
         missing = sorted(set(collection.parties) - set(answers))
         if len(shares) < quorum:
