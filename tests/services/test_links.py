@@ -61,6 +61,12 @@ def test_shutdown_ends_a_collection_at_once_without_inventing_answers() -> None:
     assert time.monotonic() - started < 5
     assert collection.closed and set(answers) == {"hospital-a"}
     assert not registry.live()
+    # After the close nothing new waits: a reconnecting party's stream ends at once, a batch dispatched
+    # now is closed before anything is sent, and waiting for parties gives up.
+    assert not registry.connect("hospital-a", heads=2, instance="again").alive and not registry.live()
+    late = registry.dispatch(_item("b1"))
+    assert late.closed and late.wait(timeout=30) == {}
+    assert not registry.wait_for(1, timeout=30, stop=threading.Event())
 
 
 def test_late_and_foreign_answers_are_dropped() -> None:

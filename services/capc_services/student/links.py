@@ -120,6 +120,7 @@ class TeacherRegistry:
         self._lock = threading.Condition()
         self._links: dict[str, TeacherLink] = {}
         self._collections: dict[tuple[str, int], Collection] = {}
+        self._closed = False  # close_all ran: no new stream, no new wait for answers
 
     def connect(self, party: str, *, heads: int, instance: str = "", process: str = "") -> TeacherLink:
         """Register a new stream for ``party``, closing an older one of the same process (a reconnection).
@@ -132,6 +133,9 @@ class TeacherRegistry:
         """
         link = TeacherLink(party=party, heads=heads, instance=instance, process=process)
         with self._lock:
+            if self._closed:
+                link.close()  # the student is shutting down: the stream ends at once, the party backs off
+                return link
             old = self._links.get(party)
             if old is not None and old.alive and old.instance != instance:
                 since = datetime.datetime.fromtimestamp(old.connected_at, datetime.UTC)
@@ -170,9 +174,9 @@ class TeacherRegistry:
         """Wait until at least ``count`` parties are connected; False on timeout or stop."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while len(self._links) < count:
+            while len(self._links) < count or self._closed:
                 left = deadline - time.monotonic()
-                if left <= 0 or stop.is_set():
+                if left <= 0 or stop.is_set() or self._closed:
                     return False
                 self._lock.wait(timeout=min(left, 0.5))
             return True
@@ -187,6 +191,9 @@ class TeacherRegistry:
                 parties=tuple(sorted(link.party for link in links)),
             )
             self._collections[(item.batch_id, item.attempt)] = collection
+            if self._closed:
+                collection.close()  # shutting down: nothing is sent, the caller leaves the batch open
+                return collection
         message = pb.StudentMessage(work=item)
         for link in links:
             link.send(message)
@@ -215,9 +222,11 @@ class TeacherRegistry:
         the student for its vote deadline (seconds of every shutdown, measured) for answers no stream can
         bring."""
         with self._lock:
+            self._closed = True
             links = list(self._links.values())
             self._links.clear()
             collections = list(self._collections.values())
+            self._lock.notify_all()
         for link in links:
             link.close()
         for collection in collections:

@@ -216,12 +216,13 @@ class Scheduler:
             answers = collection.wait(timeout=self.config.quorum.vote_deadline_s)
         finally:
             self.registry.finish(collection)
-        if collection.closed and len(answers) < len(collection.parties):
-            # Shutting down mid-collection: the batch stays open in the store and on the guardian, as after
-            # a crash, and the next start resumes it; nothing is aborted for a quorum the shutdown broke.
-            return None
         shares, problems = self._valid_shares(plan, answers)
         missing = sorted(set(collection.parties) - set(answers))
+        if len(shares) < quorum and (collection.closed or self._halt.is_set()):
+            # Shutting down (this student, or the teachers with it): the batch stays open in the store and
+            # on the guardian, as after a crash, and the next start resumes it; nothing is aborted for a
+            # quorum the shutdown broke. A batch that has its quorum goes on: the batch in hand.
+            return None
         if len(shares) < quorum:
             reason = (
                 f"quorum not met: {len(shares)} of {len(self.config.teachers)} teacher parties answered "
@@ -318,6 +319,8 @@ class Scheduler:
         costs = batch_costs(self.config)
         try:
             for record in self.store.batches(state="open"):
+                if self._halt.is_set():
+                    break
                 plan = batch_plan(self.config, first_index=record.first_index, count=record.count)
                 reply = self.guardian.status(plan.batch_id)
                 state = STATE_NAMES[reply.state]

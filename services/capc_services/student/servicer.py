@@ -111,6 +111,8 @@ class StudentServicer(rpc.StudentServiceServicer):
         except IdentityInUse as exc:
             _log.warning("second process of a party refused", extra={"teacher": party, "error": str(exc)})
             context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+        if not link.alive:  # the registry closed: this student is shutting down
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the student is shutting down; try again later")
         context.add_callback(lambda: self._registry.disconnect(link))
         threading.Thread(
             target=self._read, args=(link, request_iterator), name=f"read-{party}", daemon=True

@@ -88,7 +88,7 @@ class TeacherLinks:
             receive=limits.control,
             send=limits.control,
         )
-        self._guardian_address = guardian_address
+        self._guardian_address, self._student_address = guardian_address, student_address
         self._student = rpc.StudentServiceStub(self._student_channel)
         self._guardian = rpc.GuardianServiceStub(self._guardian_channel)
         self._submit_timeout = submit_timeout
@@ -158,6 +158,7 @@ class TeacherLinks:
         # wait_for_ready: while the student is away (restarting) the stream waits for the channel's next
         # successful connection (RECONNECT_BACKOFF_MS) instead of failing at once and sleeping BACKOFF_S;
         # close() cancels it.
+        self.last_error = self.last_error or f"waiting for the student at {self._student_address}"
         call = self._student.Work(requests(), wait_for_ready=True)
         self._call = call
         try:

@@ -28,7 +28,6 @@ from capc_services.common.errors import error_from_rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor
 from capc_services.common.limits import HEADROOM
 from capc_services.teacher.cap import LocalCap
-from capc_services.teacher.client import BACKOFF_S
 from capc_services.tls import TlsFiles
 
 _log = logging.getLogger(__name__)
@@ -38,6 +37,9 @@ KEPT_RELEASES = 4
 """Seeds and shares kept for re-offers (the student offers one release at a time; a few cover its retries)."""
 DONE_POLL_S = 5.0
 """How often a party polls once the student said every release is done (a restarted student may open more)."""
+BACKOFF_S = (0.5, 1.0)
+"""First and longest wait between two failed polls (doubling in between; back to the first after a poll that
+went through): a restarted student is polled again within about a second."""
 
 
 class ReleaseContributor:

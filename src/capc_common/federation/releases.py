@@ -474,9 +474,11 @@ def federation_basis(
     digest = basis_digest(basis)
     if projection.sha256 is not None and digest != projection.sha256:
         raise IntegrityError(
-            f"this machine's public basis has SHA-256 {digest}, federation.yaml pins {projection.sha256}: "
-            "its floating point differs from the coordinator's; run on the coordinator's machine type, or "
-            "pin the basis this machine computes (every party must compute the same one)"
+            f"this machine's public basis (basis version {BASIS_VERSION}) has SHA-256 {digest}, "
+            f"federation.yaml pins {projection.sha256}: its floating point differs from the coordinator's, "
+            "or the pin was made by another version of this software (version 2 since 2026-12-02); run on "
+            "the coordinator's machine type and software, or pin the basis this machine computes (every "
+            "party must compute the same one)"
         )
     return basis
 

@@ -115,7 +115,7 @@ def _top_directions(x: npt.NDArray[np.float64], k: int) -> npt.NDArray[np.float6
         values, vectors = values[::-1], vectors[:, ::-1]
         if values[-1] > _RELATIVE_FLOOR * values[0] > 0:
             top = x.T @ (vectors / np.sqrt(values))
-            q, r = np.linalg.qr(top)  # orthonormal to rounding: the columns already are, to ~1e-12
+            q, r = np.linalg.qr(top)  # the columns are orthonormal up to rounding amplified by √(λ₁/λₖ)
             return q * np.sign(np.diag(r))
     _, vectors = eigh(x.T @ x, subset_by_index=[d - k, d - 1], driver="evr")
     return vectors[:, ::-1]
