@@ -12,8 +12,9 @@ checkpoint file (:func:`verify_backbone`, the guardian) never imports torch.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from capc_common._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from capc_common.models.architectures import ARCHITECTURES
@@ -80,11 +81,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """Import the submodule that defines ``name`` when it is first asked for."""
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _HOME, globals())
