@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from capc_common.wire import messages as pb
-from capc_services.student.links import Answer, IdentityInUse, TeacherRegistry
+from capc_services.student.links import Answer, IdentityInUse, RegistryClosed, TeacherRegistry
 
 
 def _item(batch_id: str = "b0", attempt: int = 1) -> pb.WorkItem:
@@ -63,7 +63,9 @@ def test_shutdown_ends_a_collection_at_once_without_inventing_answers() -> None:
     assert not registry.live()
     # After the close nothing new waits: a reconnecting party's stream ends at once, a batch dispatched
     # now is closed before anything is sent, and waiting for parties gives up.
-    assert not registry.connect("hospital-a", heads=2, instance="again").alive and not registry.live()
+    with pytest.raises(RegistryClosed, match="shutting down"):
+        registry.connect("hospital-a", heads=2, instance="again")
+    assert not registry.live()
     late = registry.dispatch(_item("b1"))
     assert late.closed and late.wait(timeout=30) == {}
     assert not registry.wait_for(1, timeout=30, stop=threading.Event())

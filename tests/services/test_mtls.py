@@ -222,6 +222,24 @@ def test_a_timed_out_readiness_probe_leaves_no_poller_behind(pki: Path) -> None:
         channel.close()
 
 
+def test_a_probe_on_a_channel_this_side_closed_is_not_a_reachable_peer(pki) -> None:
+    """A teacher shutting down closes its guardian channel while its work thread may still probe it: that
+    probe (cut off, or made after the close) must say "not reachable", so that nothing is charged to the
+    party's cap for a share no guardian can take, and no thread dies with grpc's ValueError."""
+    import socket
+    import threading
+
+    from capc_services.tls import channel_ready
+
+    with socket.socket() as free:  # a port nobody listens on: the probe waits until the close cuts it off
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    channel = _files(pki, "student").channel(f"127.0.0.1:{port}", peer="guardian")
+    threading.Timer(0.3, channel.close).start()
+    assert not channel_ready(channel, timeout=10)  # cut off by the close: CANCELLED
+    assert not channel_ready(channel, timeout=10)  # after it: "Cannot invoke RPC on closed channel!"
+
+
 @pytest.mark.parametrize("party", ["student", "outsider"])
 def test_a_readiness_probe_that_reaches_its_peer_runs_no_thread_beside_the_channel(
     pki, server, party

@@ -28,6 +28,10 @@ class IdentityInUse(Exception):
     """Another process of the same party already holds a live work stream (the message names it)."""
 
 
+class RegistryClosed(Exception):
+    """The student is shutting down: no new work stream is taken."""
+
+
 @dataclass
 class TeacherLink:
     """One connected teacher party's work stream.
@@ -134,8 +138,7 @@ class TeacherRegistry:
         link = TeacherLink(party=party, heads=heads, instance=instance, process=process)
         with self._lock:
             if self._closed:
-                link.close()  # the student is shutting down: the stream ends at once, the party backs off
-                return link
+                raise RegistryClosed("the student is shutting down; try again later")
             old = self._links.get(party)
             if old is not None and old.alive and old.instance != instance:
                 since = datetime.datetime.fromtimestamp(old.connected_at, datetime.UTC)

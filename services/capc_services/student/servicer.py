@@ -14,7 +14,7 @@ from capc_common.federation import FederationConfig
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, rpc
 from capc_services.common.interceptors import peer_name
-from capc_services.student.links import Answer, IdentityInUse, TeacherLink, TeacherRegistry
+from capc_services.student.links import Answer, IdentityInUse, RegistryClosed, TeacherLink, TeacherRegistry
 
 _log = logging.getLogger(__name__)
 POLICY = {f"/{rpc.STUDENT_SERVICE}/Work": frozenset({"teacher"})}
@@ -111,8 +111,8 @@ class StudentServicer(rpc.StudentServiceServicer):
         except IdentityInUse as exc:
             _log.warning("second process of a party refused", extra={"teacher": party, "error": str(exc)})
             context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
-        if not link.alive:  # the registry closed: this student is shutting down
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the student is shutting down; try again later")
+        except RegistryClosed as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         context.add_callback(lambda: self._registry.disconnect(link))
         threading.Thread(
             target=self._read, args=(link, request_iterator), name=f"read-{party}", daemon=True

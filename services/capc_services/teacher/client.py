@@ -37,10 +37,11 @@ _log = logging.getLogger(__name__)
 _END = object()
 BACKOFF_S = (0.1, 1.0)
 """First and longest wait between two sessions with the student (doubling in between, back to the first once
-a session was welcomed). A session waits for the channel to connect (``wait_for_ready``), so a restarted
-student gets its teachers back at the channel's next attempt after it listens (``RECONNECT_BACKOFF_MS``):
-measured here, within 0.2 s; sessions that failed at once and slept 0.5 s, then 1 s, brought them about 0.8 s
-after it listened, a third of each restart cycle of a student killed again and again."""
+a session was welcomed). After a welcomed session a new one waits for the channel to connect
+(``wait_for_ready``), so a restarted student gets its teachers back at the channel's next attempt after it
+listens (``RECONNECT_BACKOFF_MS``): measured here, within 0.2 s; sessions that failed at once and slept
+0.5 s, then 1 s, brought them about 0.8 s after it listened, a third of each restart cycle of a student
+killed again and again."""
 IDENTITY_IN_USE_BACKOFF_S = 30.0
 """Wait before trying again after the student refused this process because another process of the party is
 connected (see the module docstring)."""
@@ -155,11 +156,14 @@ class TeacherLinks:
                     return
                 yield item
 
-        # wait_for_ready: while the student is away (restarting) the stream waits for the channel's next
-        # successful connection (RECONNECT_BACKOFF_MS) instead of failing at once and sleeping BACKOFF_S;
-        # close() cancels it.
-        self.last_error = self.last_error or f"waiting for the student at {self._student_address}"
-        call = self._student.Work(requests(), wait_for_ready=True)
+        # Once a session was welcomed, a lost student is restarting: the next stream waits for the channel's
+        # next successful connection (wait_for_ready, RECONNECT_BACKOFF_MS) instead of failing at once and
+        # sleeping BACKOFF_S; close() cancels it. Before the first welcome a stream fails fast, so that a
+        # wrong address or certificate is logged (and in readiness) at every try instead of waited on.
+        restarting = self.welcomes > 0
+        if restarting:
+            self.last_error = self.last_error or f"waiting for the student at {self._student_address}"
+        call = self._student.Work(requests(), wait_for_ready=restarting)
         self._call = call
         try:
             for message in call:
@@ -210,6 +214,10 @@ class TeacherLinks:
                     backoff = BACKOFF_S[0]
                     continue
             except CapcError as exc:
+                self.last_error = str(exc)
+            except ValueError as exc:  # grpc: a channel closed under the stream (shutting down)
+                if stop.is_set():
+                    break
                 self.last_error = str(exc)
             if stop.is_set():
                 break

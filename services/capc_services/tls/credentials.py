@@ -116,5 +116,12 @@ def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
         )
     except grpc.RpcError as exc:
         code = exc.code() if isinstance(exc, grpc.Call) else None
-        return code not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+        # CANCELLED: this side closed the channel meanwhile (shutting down), no answer from the peer
+        return code not in (
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.CANCELLED,
+        )
+    except ValueError:  # grpc: "Cannot invoke RPC on closed channel!"
+        return False
     return True
