@@ -152,14 +152,6 @@ def flower_python(cache_dir: Path, *, timeout: float = 900) -> Path:
     return python
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_all(
     server: subprocess.Popen[bytes], clients: list[subprocess.Popen[bytes]], *, timeout: float
 ) -> tuple[int | None, list[int | None]]:
@@ -207,8 +199,10 @@ def dp_fedavg(
         for i, (x, y) in enumerate(shards):
             np.save(work / f"x{i}.npy", x)
             np.save(work / f"y{i}.npy", y)
+        from capc_services.local.provision import free_port  # below the ephemeral range (its docstring)
+
         plan = {
-            "address": f"127.0.0.1:{_free_port()}",
+            "address": f"127.0.0.1:{free_port()}",
             "clients": len(shards),
             "rounds": rounds,
             "local_steps": local_steps,

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +28,7 @@ import pytest
 from docker_harness import IMAGE, REPO, Engine, Project, run
 
 from capc_common.data import load_dataset, partition
+from capc_services.local.provision import free_port
 
 # The first test of a session also waits for the image build (minutes from nothing, seconds when cached).
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.timeout(3600)]
@@ -41,12 +41,6 @@ SECTION = "## Deploy a teacher at a hospital (container)"
 HOSPITAL = "hospital-c"
 CAPC = (sys.executable, "-m", "capc_cli")
 KILLED = "hospital-a"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def doc_blocks() -> list[tuple[str, str]]:

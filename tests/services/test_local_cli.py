@@ -17,7 +17,7 @@ from capc_common.privacy import BudgetLedger
 from capc_services.local.federation import check_resume, ensure_provisioned, summary
 from capc_services.local.layout import Layout
 from capc_services.local.processes import PartyProcess, federation_of, write_state
-from capc_services.local.provision import Endpoints, LocalOptions, provision
+from capc_services.local.provision import Endpoints, LocalOptions, free_port, provision
 from capc_services.teacher.settings import TeacherSettings
 
 
@@ -318,3 +318,17 @@ def test_down_text_lists_each_party() -> None:
         "deleted /x (ledger, labels, certificates, logs)",
     ]
     assert "{" not in _down_text({"state_dir": "/x", "processes": {}, "purged": False})
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_bind() -> None:
+    """A local party's port is never one the kernel hands to an outgoing connection (which took a port
+    between its choice and the party's bind: "Address already in use" in the suite), and it binds."""
+    import random
+    import socket
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    random.seed(0)  # a test runner seeding `random` alike in every worker does not make them agree
+    ports = [free_port() for _ in range(50)]
+    assert all(10_000 <= port < low for port in ports) and len(set(ports)) > 40
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[0]))

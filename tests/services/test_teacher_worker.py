@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from capc_common.wire import messages as pb
 from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import start_grpc_server
+from capc_services.local.provision import free_port
 from capc_services.student.links import Answer, TeacherRegistry
 from capc_services.student.servicer import POLICY as STUDENT_POLICY
 from capc_services.student.servicer import StudentServicer
@@ -159,19 +159,13 @@ def test_specs_that_contradict_the_federation_and_the_local_cap_are_refused(
     assert worker.cap.batches == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        return int(free.getsockname()[1])
-
-
 class TeacherOfStudent:
     """A teacher party's links to a real student gRPC server (which dispatches its work), and to a guardian
     address where nothing listens until :meth:`start_guardian`."""
 
     def __init__(self, tmp_path: Path, pki: Path, config: FederationConfig, heads) -> None:
         self.tmp_path, self.pki, self.config = tmp_path, pki, config
-        self.student_port, self.guardian_port = _free_port(), _free_port()
+        self.student_port, self.guardian_port = free_port(), free_port()
         self.start_student()
         self.worker = _worker(tmp_path, pki, config, heads)
         self.links = TeacherLinks(

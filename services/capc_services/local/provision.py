@@ -8,6 +8,7 @@ The files are the same a real deployment uses (see deploy/ and docs/operations.m
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import socket
 from collections.abc import Callable, Mapping
@@ -309,11 +310,41 @@ def default_cap(config: FederationConfig, options: LocalOptions) -> float:
 
 
 def free_port() -> int:
-    """A TCP port that is free on loopback right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A TCP port that is free on loopback right now, below the kernel's ephemeral range.
+
+    A port the OS picks (``bind(port 0)``) comes from the ephemeral range, from which the kernel also takes
+    the local port of every outgoing connection: between this call and the party binding the port, a
+    connection anywhere on the machine (a teacher reconnecting, a probe, another test) could take it, and the
+    party then failed to start ("Address already in use", seen in the suite). Below that range only a
+    process binding that very port can take it. The candidates are drawn by ``random.SystemRandom``, not the
+    ``random`` module, which a test runner may seed alike in every worker.
+    """
+    low = _ephemeral_low()
+    draw = random.SystemRandom()
+    for _ in range(_PORT_TRIES if low > _PORTS_FROM + 1000 else 0):
+        port = draw.randrange(_PORTS_FROM, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # no room below it: the OS picks
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
+
+
+_PORTS_FROM = 10_000  # above the well-known and most registered service ports
+_PORT_TRIES = 50
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768, its default, elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def teacher_names(parties: int) -> list[str]:
