@@ -227,17 +227,20 @@ def _follow(
         ProtocolError: the student failed.
         UnavailableError: the run exceeded the demo's timeout.
     """
-    last, said = "", 0.0
+    last, looked = "", 0.0
     while True:
         _, progress = probe(endpoints["student"]["progress"], token=secret)
-        line = line_of(progress) if isinstance(progress, dict) else None
-        if line is not None:
-            ended = progress["state"] in (*until, "failed")
-            if line != last and (ended or time.monotonic() - said >= _SAY_EVERY_S):
-                run.say(line)
-                last, said = line, time.monotonic()
-            if ended:
-                break
+        ended = isinstance(progress, dict) and progress["state"] in (*until, "failed")
+        # The line (which may read the guardian's budget too) is made at most once a second, and at the end.
+        if isinstance(progress, dict) and (ended or time.monotonic() - looked >= _SAY_EVERY_S):
+            looked = time.monotonic()
+            line = line_of(progress)
+            if line is not None:
+                if line != last:
+                    run.say(line)
+                    last = line
+                if ended:
+                    break
         if time.monotonic() - run.started > run.timeout:
             raise UnavailableError(
                 f"the demo did not finish within {run.timeout:.0f} s; logs in {layout.logs}"

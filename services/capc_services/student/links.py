@@ -177,12 +177,12 @@ class TeacherRegistry:
         """Wait until at least ``count`` parties are connected; False on timeout or stop."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while len(self._links) < count or self._closed:
+            while len(self._links) < count and not self._closed:
                 left = deadline - time.monotonic()
-                if left <= 0 or stop.is_set() or self._closed:
+                if left <= 0 or stop.is_set():
                     return False
                 self._lock.wait(timeout=min(left, 0.5))
-            return True
+            return not self._closed
 
     def dispatch(self, item: pb.WorkItem) -> Collection:
         """Send a work item to every live party and return the collection of their answers."""

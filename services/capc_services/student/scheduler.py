@@ -218,12 +218,12 @@ class Scheduler:
             self.registry.finish(collection)
         shares, problems = self._valid_shares(plan, answers)
         missing = sorted(set(collection.parties) - set(answers))
-        if len(shares) < quorum and (collection.closed or self._halt.is_set()):
-            # Shutting down (this student, or the teachers with it): the batch stays open in the store and
-            # on the guardian, as after a crash, and the next start resumes it; nothing is aborted for a
-            # quorum the shutdown broke. A batch that has its quorum goes on: the batch in hand.
-            return None
         if len(shares) < quorum:
+            if collection.closed or self._halt.is_set():
+                # Shutting down (this student, or the teachers with it): the batch stays open in the store
+                # and on the guardian, as after a crash, and the next start resumes it; nothing is aborted for
+                # a quorum the shutdown broke. A batch that has its quorum goes on: the batch in hand.
+                return None
             reason = (
                 f"quorum not met: {len(shares)} of {len(self.config.teachers)} teacher parties answered "
                 f"(need {quorum}); refused: {problems or 'none'}; no answer in "
