@@ -121,3 +121,31 @@ def test_serve_train_missing_under_a_release_mechanism_trains_nothing_and_create
         assert record.exists() and not (site.parent / "state" / "heads.safetensors").exists()
         records.append(record.read_text())
     assert records[0] == records[1]
+
+
+def test_training_with_a_records_cache_keeps_the_records_features_and_the_same_heads(site: Path) -> None:
+    """With ``records_cache:`` the party keeps its records' per-example features, sharing the scattering
+    with its heads' features: the cache holds exactly what a fresh extraction gives, and the heads are the
+    same as without the cache."""
+    from capc_common.federation import load_shared_backbone
+    from capc_common.learn import BackboneFeaturizer
+    from capc_common.mechanisms.central import extract_per_example
+    from capc_services.teacher.train import record_features, train_party_heads
+
+    plain = TeacherSettings.load(site)
+    train_party_heads(plain)
+    heads = load_file(plain.heads)
+    data = yaml.safe_load(site.read_text())
+    data["records_cache"] = "state/records"
+    site.write_text(yaml.safe_dump(data))
+    settings = TeacherSettings.load(site)
+    assert settings.records_cache is not None and not settings.records_cache.exists()
+    train_party_heads(settings)
+    again = load_file(settings.heads)
+    assert again.keys() == heads.keys() and all(np.array_equal(again[k], heads[k]) for k in heads)
+    (cached,) = settings.records_cache.iterdir()
+    images, _, _ = party_examples(settings)
+    backbone = load_shared_backbone(settings.federation_config)
+    fresh = extract_per_example(BackboneFeaturizer(backbone), images)
+    np.testing.assert_array_equal(np.load(cached), fresh)
+    np.testing.assert_array_equal(record_features(settings, backbone, images), fresh)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from capc_common.errors import InputError
-from capc_common.models import bn_stats, build_backbone, chunk_starts, extract_features, to_tensor
+from capc_common.models import FixedFront, bn_stats, build_backbone, chunk_starts, extract_features, to_tensor
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +67,53 @@ def test_bad_images(backbone):
         extract_features(backbone, np.zeros((4, 12, 12, 1), np.float32), bn_batch=2)
     with pytest.raises(InputError, match=r"expects images \(N, 1, 12, 12\)"):
         backbone.features(torch.zeros(2, 3, 12, 12))
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    """A scattering + CNN backbone: a fixed front end (the scattering), then statistics."""
+    return build_backbone("scatter_cnn", input_shape="16x16x1", config={"cnn_width": 8}, seed=1).eval()
+
+
+@pytest.fixture(scope="module")
+def pictures():
+    return np.random.default_rng(5).integers(0, 256, (150, 16, 16, 1), dtype=np.uint8)
+
+
+@pytest.mark.parametrize(
+    ("mode", "bn_batch"), [("current", 64), ("current", 50), ("current", 2), ("running", 64)]
+)
+def test_a_fixed_front_gives_the_same_features(hybrid, pictures, mode, bn_batch):
+    """Features from the table are the same bits as computed, for any chunking, subset and order."""
+    front = FixedFront.of(hybrid, pictures)
+    assert front is not None
+    order = np.random.default_rng(6).permutation(len(pictures))[:90]
+    for subset in (pictures, pictures[order]):
+        expected = extract_features(hybrid, subset, bn_batch=bn_batch, mode=mode)
+        np.testing.assert_array_equal(
+            extract_features(hybrid, subset, bn_batch=bn_batch, mode=mode, front=front), expected
+        )
+
+
+def test_a_fixed_front_is_used_and_only_for_its_own_images(hybrid, pictures):
+    front = FixedFront.of(hybrid, pictures[:100])
+    assert front is not None
+    assert front.rows(pictures[[3, 1, 3]]) is not None
+    assert front.rows(pictures[98:102]) is None  # two of them are not in the table: computed
+    np.testing.assert_array_equal(
+        extract_features(hybrid, pictures[90:120], bn_batch=10, front=front),
+        extract_features(hybrid, pictures[90:120], bn_batch=10),
+    )
+    # The table is what the features are made of: another table, other features (it is not ignored).
+    zeros = FixedFront(hybrid, pictures[:20], torch.zeros((20, 81, 4, 4)))
+    assert not np.array_equal(
+        extract_features(hybrid, pictures[:20], bn_batch=10, front=zeros),
+        extract_features(hybrid, pictures[:20], bn_batch=10),
+    )
+
+
+def test_no_fixed_front_without_one_or_beyond_the_memory_bound(backbone, images, hybrid, pictures):
+    assert not backbone.has_fixed and FixedFront.of(backbone, images) is None  # a CNN: nothing fixed
+    per_image = 81 * 4 * 4 * 4  # float32 scattering of a 16x16 image (J=2, L=8)
+    assert FixedFront.of(hybrid, pictures, max_bytes=per_image * len(pictures)) is not None
+    assert FixedFront.of(hybrid, pictures, max_bytes=per_image * len(pictures) - 1) is None

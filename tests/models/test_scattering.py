@@ -96,3 +96,15 @@ def test_bad_shapes():
         Scattering2D(height=30, width=28)
     with pytest.raises(InputError, match="built for 28x28"):
         Scattering2D(height=28, width=28)(torch.rand(1, 1, 32, 32))
+
+
+def test_an_images_coefficients_do_not_depend_on_its_batch(scat28):
+    """Every pass holds 32 maps (the last overlaps, a short input is padded), so an image's coefficients
+    are the same bits alone, in any batch and in any order: what FixedFront's reuse relies on."""
+    x = torch.from_numpy(np.random.default_rng(3).random((40, 1, 28, 28), dtype=np.float32))
+    with torch.inference_mode():
+        whole = scat28(x)
+        assert torch.equal(torch.cat([scat28(x[i : i + 7]) for i in range(0, 40, 7)]), whole)
+        assert torch.equal(scat28(x[5:6]), whole[5:6])
+        order = torch.from_numpy(np.random.default_rng(4).permutation(40))
+        assert torch.equal(scat28(x[order]), whole[order])

@@ -117,8 +117,9 @@ def label(run: DemoRun) -> None:
 
 def start_second(run: DemoRun) -> None:
     """The same hospitals' data and budget through secure-aggregation DP-SGD: a second local federation (its
-    own ledger, the same sites), started while the first one's student trains; its hospitals featurise their
-    records meanwhile (that student trains on one core, they take the other)."""
+    own ledger, the same sites), started while the first one's student trains; its hospitals read their
+    records' features from the caches they wrote when they trained their heads, and its student computes the
+    public basis meanwhile (the first student trains on one core, the second federation takes the other)."""
     from capc_common.federation.sizing import dpsgd_mechanism
 
     run.second_started = time.monotonic()
@@ -128,9 +129,12 @@ def start_second(run: DemoRun) -> None:
         mechanism="secagg-dpsgd",
         order=order,
         mechanism_params={"rounds": fields["rounds"], **run.compare},  # z: calibrated to these rounds
+        # The same hospitals on the same machine: their records were featurised when they trained their
+        # heads, into their records caches in the first federation's directory.
+        records_from=str(run.layout.root),
     )
     run.say(f"the same hospitals, secure-aggregation DP-SGD at ε {run.options.epsilon:g} ({run.second.root})")
-    # Its hospitals are ready once their records are featurised and on the public basis: minutes on a busy
+    # Its hospitals are ready once their records' features are read and on the public basis: minutes on a busy
     # machine, so the demo's own deadline bounds the wait, not a party's start-up time.
     left = run.timeout - (time.monotonic() - run.started)
     run.second_endpoints = up(run.second.root, options, say=run.say, ready_timeout=left)

@@ -8,6 +8,7 @@ The files are the same a real deployment uses (see deploy/ and docs/operations.m
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import socket
@@ -70,6 +71,9 @@ class LocalOptions:
         pipeline_depth: the student's pipelining (0: one batch at a time).
         vote_deadline_s / share_deadline_s: quorum deadlines.
         mechanism_params: fields of that mechanism set explicitly (the rest: :data:`MECHANISMS`' defaults).
+        records_from: the state directory of another local federation of the same hospitals (None: this
+            one): each site keeps its records cache in that federation's directory of the same party, as a
+            hospital in two federations keeps one on its machine, so its records are featurised once.
     """
 
     parties: int = 3
@@ -102,6 +106,7 @@ class LocalOptions:
     vote_deadline_s: float = 60.0
     share_deadline_s: float = 30.0
     mechanism_params: Mapping[str, Any] | None = None
+    records_from: str | None = None
 
 
 def options_record(options: LocalOptions) -> dict[str, Any]:
@@ -518,6 +523,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     _write_yaml(layout.site(config.student), student_site)
     cap = options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
     fraction = site_fraction(options)
+    records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
     for index, name in enumerate(config.teacher_names):
         _write_yaml(
             layout.site(name),
@@ -531,7 +537,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
                 "allow_insecure_noise": config.insecure_noise,
                 "torch_threads": options.torch_threads,
                 "feature_cache": "../feature-cache",
-                "records_cache": f"../parties/{name}/records",
+                "records_cache": f"{records}/parties/{name}/records",
                 "data": {
                     "dataset": options.dataset,
                     "shard": index,

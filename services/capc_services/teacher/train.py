@@ -29,7 +29,7 @@ from capc_services.common.party import threads_limited
 from capc_services.teacher.settings import TeacherSettings
 
 if TYPE_CHECKING:
-    from capc_common.models import Backbone
+    from capc_common.models import Backbone, FixedFront
 
 
 def _mount_hint(dataset: str) -> str:
@@ -86,15 +86,18 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
     return dataset.images[index], dataset.labels[index], name
 
 
-def record_features(settings: TeacherSettings, backbone: Backbone, images: np.ndarray) -> np.ndarray:
+def record_features(
+    settings: TeacherSettings, backbone: Backbone, images: np.ndarray, *, front: FixedFront | None = None
+) -> np.ndarray:
     """Per-example features of the site's records ``images`` (:func:`party_examples`), read back from its
-    own records cache (``records_cache:`` in its site file) when it featurised the same records before."""
+    own records cache (``records_cache:`` in its site file) when it featurised the same records before;
+    ``front``: their fixed front end, computed before."""
     from capc_common.dietpate.cache import FeatureCache
     from capc_common.learn import BackboneFeaturizer
     from capc_common.mechanisms.central import extract_per_example
 
     cache = None if settings.records_cache is None else FeatureCache(settings.records_cache)
-    return extract_per_example(BackboneFeaturizer(backbone), images, cache=cache)
+    return extract_per_example(BackboneFeaturizer(backbone, front=front), images, cache=cache)
 
 
 def check_labels(labels: np.ndarray, *, classes: int, name: str) -> None:
@@ -132,15 +135,27 @@ def _train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
     # trains never depends on one example.
     refuse(dataset_findings(images, labels, config=config, name=name))
     shards = partition(labels, shards=heads, scheme="hash", seed=config.queries.seed, images=images)
-    trained = mechanism_of(config).train_teachers(
-        load_shared_backbone(config),
+    mechanism, backbone = mechanism_of(config), load_shared_backbone(config)
+    # A site with a records cache also keeps its records' per-example features (what a release mechanism,
+    # Private-kNN or the site alone needs: the same hospital in another federation on this machine reads them
+    # back). Both featurisations share the scattering, most of their cost: it is computed once.
+    front = None
+    if settings.records_cache is not None and mechanism.shares_fixed_front:
+        from capc_common.models import FixedFront
+
+        front = FixedFront.of(backbone, images)
+    trained = mechanism.train_teachers(
+        backbone,
         images,
         np.asarray(labels, dtype=np.int64),
         shards,
         bn_batch=config.queries.bn_batch,
+        front=front,
     )
     settings.heads.parent.mkdir(parents=True, exist_ok=True)
     trained.save(settings.heads)
+    if front is not None:
+        record_features(settings, backbone, images, front=front)
     train_accuracy = trained.train_accuracy
     seconds = time.perf_counter() - start
     accuracy = "no head votes" if train_accuracy is None else f"train accuracy {train_accuracy:.3f}"

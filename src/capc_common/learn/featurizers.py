@@ -22,7 +22,7 @@ import numpy.typing as npt
 from capc_common.errors import InputError
 
 if TYPE_CHECKING:
-    from capc_common.models import Backbone
+    from capc_common.models import Backbone, FixedFront
 
 __all__ = ["BackboneFeaturizer", "Featurizer", "PixelFeaturizer"]
 
@@ -47,10 +47,12 @@ class Featurizer(Protocol):
 
 
 class BackboneFeaturizer:
-    """The shared frozen backbone as a featurizer."""
+    """The shared frozen backbone as a featurizer; with ``front``, the fixed front end of the images it
+    featurises is taken from that table (:class:`~capc_common.models.FixedFront`: the same features)."""
 
-    def __init__(self, backbone: Backbone) -> None:
+    def __init__(self, backbone: Backbone, *, front: FixedFront | None = None) -> None:
         self.backbone = backbone
+        self.front = front
         self._sha = backbone.sha256
 
     @property
@@ -72,7 +74,7 @@ class BackboneFeaturizer:
         """:func:`capc_common.models.extract_features` with the given chunk size and statistics."""
         from capc_common.models import extract_features
 
-        return extract_features(self.backbone, images, bn_batch=bn_batch, mode=mode)
+        return extract_features(self.backbone, images, bn_batch=bn_batch, mode=mode, front=self.front)
 
 
 class PixelFeaturizer:

@@ -29,7 +29,7 @@ from capc_common.aggregation.noise import MechanismNoise
 from capc_common.mechanisms.voters import HeadsVoter, PartyResources, Voter
 
 if TYPE_CHECKING:
-    from capc_common.models import Backbone
+    from capc_common.models import Backbone, FixedFront
     from capc_common.mpc import GarblerSession, MpcConfig, Reveal
     from capc_common.privacy import DataDependentPATEAccountant, NoiseSource
 
@@ -94,6 +94,9 @@ class SelectionMechanism(ABC):
     accounting: ClassVar[str]
     #: Whether a teacher party votes with heads it trained (``capc local up`` trains missing ones).
     trains_heads: ClassVar[bool] = True
+    #: Whether :meth:`train_teachers` featurises the party's images through the backbone as they are, so a
+    #: :class:`~capc_common.models.FixedFront` of them computed once serves it (and the party's records cache).
+    shares_fixed_front: ClassVar[bool] = True
     classes: int
 
     # ------------------------------------------------------------------ what a teacher party contributes
@@ -109,6 +112,7 @@ class SelectionMechanism(ABC):
         shards: Sequence[npt.NDArray[np.int64]],
         *,
         bn_batch: int,
+        front: FixedFront | None = None,
     ) -> TrainedTeachers:
         """What a party trains for its voter (``capc teacher train``), one teacher per shard of its own data,
         each on its shard alone: by default PATE heads (the central pipeline's
@@ -122,10 +126,12 @@ class SelectionMechanism(ABC):
             labels: their labels.
             shards: disjoint index arrays, one per teacher.
             bn_batch: the federation's BatchNorm chunk.
+            front: the backbone's fixed front end of ``images``, computed once by the party (the same
+                features, without computing the scattering again).
         """
         from capc_common.learn import BackboneFeaturizer, fit_teachers, shard_features
 
-        featurizer = BackboneFeaturizer(backbone)
+        featurizer = BackboneFeaturizer(backbone, front=front)
         features, owners, index = shard_features(
             featurizer, images, shards, bn_batch=bn_batch, mode="current"
         )

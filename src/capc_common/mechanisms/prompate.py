@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from capc_common.learn.prompts import PromptedTeachers, PromptRecipe
     from capc_common.learn.student import StudentFit
     from capc_common.mechanisms.base import SelectionMechanism
-    from capc_common.models import Backbone
+    from capc_common.models import Backbone, FixedFront
 
 __all__ = [
     "Answers",
@@ -56,6 +56,7 @@ class PromPATE(ConfidentGNMax):
     """
 
     name = "prom-pate"
+    shares_fixed_front = False
 
     def __init__(self, *, recipe: PromptRecipe, **confident: Any) -> None:
         super().__init__(**confident)
@@ -81,10 +82,12 @@ class PromPATE(ConfidentGNMax):
         shards: Sequence[npt.NDArray[np.int64]],
         *,
         bn_batch: int,
+        front: FixedFront | None = None,
     ) -> TrainedTeachers:
         """One prompted teacher per shard, each on its shard alone
         (:func:`~capc_common.learn.prompts.train_prompted_teachers`); the sanity figure is each teacher's
-        accuracy on its own shard."""
+        accuracy on its own shard. ``front`` is not used: a prompt changes the images before the fixed
+        front end (:attr:`shares_fixed_front` is False)."""
         from capc_common.learn.prompts import train_prompted_teachers
 
         teachers = train_prompted_teachers(

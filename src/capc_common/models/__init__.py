@@ -28,7 +28,7 @@ if TYPE_CHECKING:
         recalibrate_running_stats,
     )
     from capc_common.models.checkpoint import default_backbone, load_backbone, save_backbone, verify_backbone
-    from capc_common.models.features import chunk_starts, extract_features, to_tensor
+    from capc_common.models.features import FixedFront, chunk_starts, extract_features, to_tensor
     from capc_common.models.files import format_shape, list_backbones, parse_shape
     from capc_common.models.scattering import Scattering2D, scattering_channels
 
@@ -45,6 +45,7 @@ _HOME = {
     "default_backbone": "checkpoint",
     "load_backbone": "checkpoint",
     "save_backbone": "checkpoint",
+    "FixedFront": "features",
     "chunk_starts": "features",
     "extract_features": "features",
     "to_tensor": "features",
@@ -61,6 +62,7 @@ __all__ = [
     "BN_MODES",
     "BNMode",
     "Backbone",
+    "FixedFront",
     "Scattering2D",
     "StatBatchNorm1d",
     "StatBatchNorm2d",

@@ -37,10 +37,22 @@ class Trunk(nn.Module):
     feature_dim: int
     ssl_dim: int
     learned_dim: int
+    #: Whether the trunk starts with a fixed per-image transform (no weights, no statistics: the scattering)
+    #: that :meth:`fixed` computes on its own, so a party can compute it once for all its records.
+    has_fixed: bool = False
 
     def ssl_features(self, x: torch.Tensor) -> torch.Tensor:
         """Features the self-supervised objective acts on (the learnable part); default: all features."""
         out: torch.Tensor = self(x)
+        return out
+
+    def fixed(self, x: torch.Tensor) -> torch.Tensor:
+        """The fixed per-image front end of the trunk (the identity for a trunk without one)."""
+        return x
+
+    def from_fixed(self, f: torch.Tensor) -> torch.Tensor:
+        """The features from :meth:`fixed`'s output: ``self(x)`` is ``self.from_fixed(self.fixed(x))``."""
+        out: torch.Tensor = self(f)
         return out
 
 
@@ -69,14 +81,24 @@ class ScatterTrunk(Trunk):
         self.grid = (height // 2**J, width // 2**J)
         self.feature_dim = self.ssl_dim = self.out_channels * self.grid[0] * self.grid[1]
         self.learned_dim = 0
+        self.has_fixed = True
+
+    def fixed(self, x: torch.Tensor) -> torch.Tensor:
+        """Scattering coefficients ``(N, C·K, H/2^J, W/2^J)``: per image, no statistics."""
+        out: torch.Tensor = self.scattering(x)
+        return out
 
     def maps(self, x: torch.Tensor) -> torch.Tensor:
         """Standardised scattering maps ``(N, C·K, H/2^J, W/2^J)``."""
-        out: torch.Tensor = self.norm(self.scattering(x))
+        out: torch.Tensor = self.norm(self.fixed(x))
         return out
 
+    def from_fixed(self, f: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.norm(f)
+        return out.flatten(1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.maps(x).flatten(1)
+        return self.from_fixed(self.fixed(x))
 
 
 class HybridTrunk(Trunk):
@@ -113,14 +135,22 @@ class HybridTrunk(Trunk):
         self.learned_dim = cnn_width * pool * pool
         self.learned_norm = StatBatchNorm1d(self.learned_dim, affine=False, momentum=None)
         self.feature_dim = self.front.feature_dim + self.learned_dim
+        self.has_fixed = True
 
     def ssl_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.cnn(self.front.maps(x)).mean(dim=(2, 3))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        maps = self.front.maps(x)
+    def fixed(self, x: torch.Tensor) -> torch.Tensor:
+        """The scattering front's coefficients (:meth:`ScatterTrunk.fixed`)."""
+        return self.front.fixed(x)
+
+    def from_fixed(self, f: torch.Tensor) -> torch.Tensor:
+        maps = self.front.norm(f)
         learned = self.learned_norm(self.pool(self.cnn(maps)).flatten(1))
         return torch.cat([maps.flatten(1), learned], dim=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.from_fixed(self.fixed(x))
 
 
 class SmallCNN(Trunk):

@@ -97,6 +97,20 @@ class Backbone(nn.Module):
         out: torch.Tensor = self.trunk(x)
         return out
 
+    @property
+    def has_fixed(self) -> bool:
+        """Whether the trunk starts with a fixed per-image transform (:meth:`fixed_features`)."""
+        return bool(self.trunk.has_fixed)
+
+    def fixed_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The trunk's fixed per-image front end of images ``x`` (the scattering; ``x`` itself without one)."""
+        self._check(x)
+        return self.trunk.fixed(x)
+
+    def features_from_fixed(self, f: torch.Tensor) -> torch.Tensor:
+        """:meth:`features` of the images whose :meth:`fixed_features` are ``f``."""
+        return self.trunk.from_fixed(f)
+
     def ssl_features(self, x: torch.Tensor) -> torch.Tensor:
         """The learnable part of the features ``(N, ssl_dim)``, on which SimCLR's projection head sits."""
         self._check(x)

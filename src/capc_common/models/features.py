@@ -9,6 +9,7 @@ statistics are always estimated from ``bn_batch`` images.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 
 import numpy as np
@@ -19,7 +20,12 @@ from capc_common.errors import InputError
 from capc_common.models.backbone import Backbone, format_shape
 from capc_common.models.batchnorm import BN_MODES, bn_stats
 
-__all__ = ["chunk_starts", "extract_features", "to_tensor"]
+__all__ = ["FixedFront", "chunk_starts", "extract_features", "to_tensor"]
+
+#: Images per pass when :class:`FixedFront` computes its table (any size gives the same bits).
+_FRONT_PASS = 64
+#: Largest table :meth:`FixedFront.of` holds in memory (about 130,000 Fashion-MNIST images' scattering).
+FRONT_MAX_BYTES = 2 << 30
 
 
 def chunk_starts(n: int, *, bn_batch: int) -> list[int]:
@@ -36,6 +42,55 @@ def to_tensor(images: npt.NDArray[np.uint8], *, device: torch.device | None = No
     return tensor.permute(0, 3, 1, 2).float().div_(255.0)
 
 
+def _digests(images: npt.NDArray[np.uint8]) -> list[bytes]:
+    """One content digest per image (what :class:`FixedFront` looks rows up by)."""
+    return [hashlib.blake2b(image.tobytes(), digest_size=16).digest() for image in images]
+
+
+class FixedFront:
+    """The backbone's fixed front end (:meth:`~capc_common.models.Backbone.fixed_features`, the scattering)
+    of a set of images, computed once and looked up by each image's content.
+
+    The scattering is most of the cost of a feature and depends on its image alone (no weights, no
+    statistics; the same bits however the images are batched), while what follows it depends on the chunk
+    (current statistics). A party that featurises its records several ways — each teacher's shard in
+    current statistics for its heads, every record alone for its records cache — computes the scattering
+    once here and :func:`extract_features` takes the rest from it: the features are the same bits.
+    """
+
+    def __init__(self, backbone: Backbone, images: npt.NDArray[np.uint8], table: torch.Tensor) -> None:
+        self.backbone = backbone
+        self._rows = {digest: row for row, digest in enumerate(_digests(images))}
+        self._table = table
+
+    @classmethod
+    def of(
+        cls, backbone: Backbone, images: npt.NDArray[np.uint8], *, max_bytes: int = FRONT_MAX_BYTES
+    ) -> FixedFront | None:
+        """The fixed front end of ``images`` (uint8 ``(N, H, W, C)``), or None where the backbone has none
+        (nothing to share) or the table would exceed ``max_bytes`` of memory (each use computes its own)."""
+        if not backbone.has_fixed or len(images) == 0:
+            return None
+        device = backbone.device
+        with torch.inference_mode():
+            first = backbone.fixed_features(to_tensor(images[:_FRONT_PASS], device=device)).cpu()
+            if first[0].numel() * first.element_size() * len(images) > max_bytes:
+                return None
+            table = torch.empty((len(images), *first.shape[1:]), dtype=first.dtype)
+            table[: len(first)] = first
+            for start in range(_FRONT_PASS, len(images), _FRONT_PASS):
+                chunk = to_tensor(images[start : start + _FRONT_PASS], device=device)
+                table[start : start + len(chunk)] = backbone.fixed_features(chunk).cpu()
+        return cls(backbone, images, table)
+
+    def rows(self, images: npt.NDArray[np.uint8]) -> torch.Tensor | None:
+        """The front end of ``images`` from the table (None if one of them is not in it)."""
+        index = [self._rows.get(digest) for digest in _digests(images)]
+        if any(row is None for row in index):
+            return None
+        return self._table[torch.tensor(index, dtype=torch.long)]
+
+
 def extract_features(
     backbone: Backbone,
     images: npt.NDArray[np.uint8],
@@ -43,6 +98,7 @@ def extract_features(
     bn_batch: int,
     mode: str = "current",
     progress: bool = False,
+    front: FixedFront | None = None,
 ) -> npt.NDArray[np.float32]:
     """Features of ``images`` computed chunk by chunk with BatchNorm statistics ``mode``.
 
@@ -52,6 +108,8 @@ def extract_features(
         bn_batch: chunk size (the query batch size of the protocol; ≥ 2 for ``current``, 16+ advised).
         mode: ``current`` (statistics of each chunk) or ``running`` (stored averages).
         progress: show a progress bar on stderr.
+        front: this backbone's fixed front end of these images, computed before (the same features, from
+            the table instead of computing it again); without all of them in it, computed as without it.
 
     Returns:
         float32 ``(N, backbone.feature_dim)``.
@@ -88,9 +146,13 @@ def extract_features(
         from tqdm import tqdm
 
         bar = tqdm(total=n, desc="features", unit="img", file=sys.stderr, leave=False, dynamic_ncols=True)
+    fixed = None if front is None or front.backbone is not backbone else front.rows(images)
     with torch.inference_mode(), bn_stats(backbone, mode):
         for start in starts:
-            feats = backbone.features(to_tensor(images[start : start + bn_batch], device=device))
+            if fixed is None:
+                feats = backbone.features(to_tensor(images[start : start + bn_batch], device=device))
+            else:
+                feats = backbone.features_from_fixed(fixed[start : start + bn_batch].to(device))
             keep = done - start  # rows of this chunk already produced by the previous one
             out[done : start + bn_batch] = feats[keep:].float().cpu().numpy()
             if bar is not None:

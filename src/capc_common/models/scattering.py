@@ -27,6 +27,7 @@ convolution with the spatial filter, so the transform is consistent across resol
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +41,8 @@ __all__ = ["Scattering2D", "gabor_2d", "morlet_2d", "scattering_channels"]
 
 _PERIODS = (-2, -1, 0, 1, 2)
 # Maps transformed together: small enough that the second-order tensors stay in cache (measured: 32 maps per
-# pass run ~1.4x faster than 256 on one core), large enough to amortise Python overhead.
+# pass run ~1.4x faster than 256 on one core), large enough to amortise Python overhead. Every pass holds
+# exactly this many maps (see :meth:`Scattering2D.forward`).
 _MAPS_PER_PASS = 32
 
 
@@ -227,8 +229,27 @@ class Scattering2D(nn.Module):
         if (h, w) != (self.height, self.width):
             raise InputError(f"scattering built for {self.height}x{self.width} images, got {h}x{w}")
         maps = x.reshape(n * c, 1, h, w).float()
-        coeffs = torch.cat([self._transform(part) for part in maps.split(_MAPS_PER_PASS)])
+        coeffs = torch.cat(list(self._passes(maps)))
         return coeffs.reshape(n, c * coeffs.shape[1], *coeffs.shape[2:])
+
+    def _passes(self, maps: torch.Tensor) -> Iterator[torch.Tensor]:
+        """:meth:`_transform` of ``maps`` in passes of exactly :data:`_MAPS_PER_PASS` maps, in order.
+
+        A map's coefficients are then the same bits whatever it was batched with (the FFTs and matrix
+        products of a full pass take one code path; a shorter pass may round differently in the last bit):
+        the last pass overlaps the one before it, and fewer maps than one pass are padded with zeros. So the
+        transform of an image is a function of that image alone, and a party that computed it once for all
+        its records (:class:`~capc_common.models.features.FixedFront`) reuses it for any chunking exactly.
+        """
+        m, size = len(maps), _MAPS_PER_PASS
+        if m < size:
+            pad = maps.new_zeros((size - m, *maps.shape[1:]))
+            yield self._transform(torch.cat([maps, pad]))[:m]
+            return
+        done = 0
+        for start in [*range(0, m - size + 1, size), *([m - size] if m % size else [])]:
+            yield self._transform(maps[start : start + size])[done - start :]
+            done = start + size
 
     def _transform(self, maps: torch.Tensor) -> torch.Tensor:
         """Scattering of single-channel maps ``(B, 1, H, W)`` → ``(B, K, h', w')``."""
