@@ -94,8 +94,8 @@ class SelectionMechanism(ABC):
     accounting: ClassVar[str]
     #: Whether a teacher party votes with heads it trained (``capc local up`` trains missing ones).
     trains_heads: ClassVar[bool] = True
-    #: Whether :meth:`train_teachers` featurises the party's images through the backbone as they are, so a
-    #: :class:`~capc_common.models.FixedFront` of them computed once serves it (and the party's records cache).
+    #: Whether :meth:`train_teachers` featurises the party's images through the backbone as they are, so
+    #: a :class:`~capc_common.models.FixedFront` of them computed once serves it (and the records cache).
     shares_fixed_front: ClassVar[bool] = True
     classes: int
 

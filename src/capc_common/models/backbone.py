@@ -103,7 +103,7 @@ class Backbone(nn.Module):
         return bool(self.trunk.has_fixed)
 
     def fixed_features(self, x: torch.Tensor) -> torch.Tensor:
-        """The trunk's fixed per-image front end of images ``x`` (the scattering; ``x`` itself without one)."""
+        """The trunk's fixed per-image front end of images ``x`` (the scattering; ``x`` if it has none)."""
         self._check(x)
         return self.trunk.fixed(x)
 
