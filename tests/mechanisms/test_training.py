@@ -316,3 +316,45 @@ def test_a_sampled_federation_normalises_by_the_expected_batch(digits, basis: np
     ]
     trainer.absorb(release_once(m, contributions, guardian=SeededNoise("g")))
     assert trainer.normaliser == pytest.approx(0.25 * records, rel=0.2)
+
+
+def test_a_full_batchs_norms_are_computed_once_and_only_for_the_trainers_own_records(
+    basis: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check and squared norms of a full batch are computed once per batch, for the read-only arrays the
+    trainer made; each contribution equals the mechanism's from scratch, and an array the caller can
+    still change (writeable) is never taken from the cache."""
+    rng = np.random.default_rng(6)
+    trainer = _trainer(basis)
+    k, m = trainer.mechanism.dim, trainer.mechanism
+    raw = rng.uniform(-1, 1, size=(30, basis.shape[0]))
+    y = rng.integers(0, 10, size=30)
+    prepared = trainer.prepare(raw)
+    calls = []
+    real = training.record_squares
+    monkeypatch.setattr(training, "record_squares", lambda x: calls.append(x) or real(x))
+    source = SeededNoise("unused: q = 1")
+    state = trainer.state()
+    state[0] = 1.0  # a gradient round on the identity map: the prepared records themselves
+    for weight in (0.01, 0.02, 0.03):
+        state[1 + 2 * k :] = weight
+        got = trainer.contribute(state, prepared, y, source)
+        np.testing.assert_array_equal(
+            got, m.contribution(state[1 + 2 * k :].reshape(trainer.weights.shape), prepared, y)
+        )
+    assert len(calls) == 1 and calls[0] is prepared
+    mine = prepared.copy()  # writeable: the caller may change it between rounds
+    for _ in range(2):
+        trainer.contribute(state, mine, y, source)
+        mine[0] *= 2.0
+        np.testing.assert_array_equal(
+            trainer.contribute(state, mine, y, source),
+            m.contribution(state[1 + 2 * k :].reshape(trainer.weights.shape), mine, y),
+        )
+    assert len(calls) == 1
+    bad = prepared.copy()
+    bad[3, 0] = np.nan
+    bad.flags.writeable = False
+    for _ in range(2):  # refused every round: a failed check is never kept
+        with pytest.raises(InputError, match="inf or NaN"):
+            trainer.contribute(state, bad, y, source)

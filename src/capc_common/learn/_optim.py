@@ -40,22 +40,34 @@ def targets(ys: torch.Tensor, classes: int, *, smoothing: float, dtype: torch.dt
     return onehot * (1.0 - smoothing) + smoothing / classes if smoothing else onehot
 
 
+#: Rows per block of a linear head's gradient: a block is read from memory once for its logits and used again
+#: from the cache for its gradient (measured on one core, 15,000 × 4,225 rows: 86 ms a step against 123 ms
+#: for two passes over all rows). A head with at most this many rows (a teacher's shard) is one block.
+_ROWS_PER_BLOCK = 1024
+
+
 def _linear_gradients(
     p: dict[str, torch.Tensor], xs: torch.Tensor, target: torch.Tensor, ws: torch.Tensor, *, l2: float
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-head loss ``(heads,)`` and gradients of linear heads, in closed form.
+    """Per-head loss ``(heads,)`` and gradients of linear heads, in closed form, a block of rows at a time.
 
     Autograd would form ``∂L/∂W`` as ``xᵀ·G``, a transposed tall-skinny product that BLAS runs several
     times slower than the equivalent ``Gᵀ·x`` used here (measured: 0.36 s against 0.02 s for a
-    5000 × 3969 student).
+    5000 × 3969 student). The blocks follow the head's own rows, so a head's sums are still a function of
+    its own rows only.
     """
     w, b = p["w_out"], p["b_out"]
-    logits = torch.baddbmm(b.unsqueeze(1), xs, w.transpose(1, 2))
-    logp = torch.log_softmax(logits, dim=2)
-    loss = -(logp * target).sum(dim=2).mul(ws).sum(dim=1) + 0.5 * l2 * (w * w).sum(dim=(1, 2))
-    g = (logp.exp() - target) * ws.unsqueeze(2)  # ∂L/∂logits, (heads, m, classes); targets sum to 1
-    grad_w = torch.bmm(g.transpose(1, 2).contiguous(), xs) + l2 * w
-    return loss, {"w_out": grad_w, "b_out": g.sum(dim=1)}
+    loss = 0.5 * l2 * (w * w).sum(dim=(1, 2))
+    grad_w, grad_b = l2 * w, torch.zeros_like(b)
+    for start in range(0, xs.shape[1], _ROWS_PER_BLOCK):
+        rows = slice(start, start + _ROWS_PER_BLOCK)
+        x, t, weight = xs[:, rows], target[:, rows], ws[:, rows]
+        logp = torch.log_softmax(torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2)), dim=2)
+        loss = loss - (logp * t).sum(dim=2).mul(weight).sum(dim=1)
+        g = (logp.exp() - t) * weight.unsqueeze(2)  # ∂L/∂logits, (heads, rows, classes); targets sum to 1
+        grad_w = grad_w + torch.bmm(g.transpose(1, 2).contiguous(), x)
+        grad_b = grad_b + g.sum(dim=1)
+    return loss, {"w_out": grad_w, "b_out": grad_b}
 
 
 def _autograd_gradients(

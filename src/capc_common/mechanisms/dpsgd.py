@@ -39,7 +39,7 @@ from capc_common.privacy.noise.tables import MAX_SIGMA
 if TYPE_CHECKING:
     from capc_common.privacy import NoiseSource
 
-__all__ = ["MAX_HEAD_REACH", "SecureDPSGD", "fixed_point_for", "poisson_sample"]
+__all__ = ["MAX_HEAD_REACH", "SecureDPSGD", "fixed_point_for", "poisson_sample", "record_squares"]
 
 #: Largest ``‖w_c‖ + |b_c|`` over the head's rows a party computes gradients for: beyond it a unit-norm
 #: record's logits could overflow to inf (and inf − inf is NaN).
@@ -75,6 +75,18 @@ def fixed_point_for(*, sigma_per_unit: float, coordinates: int, unit: float = 1.
     if sigma_per_unit * unit * (1 << bits) > MAX_SIGMA:
         raise InputError(f"noise σ {sigma_per_unit * unit:g} per unit exceeds the sampler's {MAX_SIGMA:g}")
     return FixedPoint(bits)
+
+
+def record_squares(features: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Each record's squared L2 norm (what :meth:`SecureDPSGD.contribution` clips by), after checking that
+    every feature is finite.
+
+    Raises:
+        InputError: a feature is inf or NaN (its gradient's norm, hence its clip, would be undefined).
+    """
+    if not np.isfinite(features).all():
+        raise InputError("the features hold inf or NaN; refusing to compute a contribution")
+    return np.einsum("ij,ij->i", features, features)
 
 
 def poisson_sample(records: int, *, rate: float, source: NoiseSource) -> npt.NDArray[np.int64]:
@@ -176,7 +188,12 @@ class SecureDPSGD(ReleaseMechanism):
         return poisson_sample(records, rate=self.sampling_rate, source=source)
 
     def contribution(
-        self, weights: npt.ArrayLike, features: npt.ArrayLike, labels: npt.ArrayLike
+        self,
+        weights: npt.ArrayLike,
+        features: npt.ArrayLike,
+        labels: npt.ArrayLike,
+        *,
+        squares: npt.NDArray[np.float64] | None = None,
     ) -> npt.NDArray[np.int64]:
         """A party's fixed-point sum of clipped per-example gradients over the records given (its sample).
 
@@ -184,6 +201,8 @@ class SecureDPSGD(ReleaseMechanism):
             weights: the current head ``(classes, dim + 1)``, bias last.
             features: the sampled records' features ``(n, dim)``.
             labels: their labels ``(n,)``.
+            squares: :func:`record_squares` of these very features, computed before (a full batch is the
+                same records every round: :class:`~.training.DPSGDTrainer` keeps them); None computes them.
 
         Returns:
             int64 vector of length ``classes · (dim + 1)``.
@@ -201,10 +220,14 @@ class SecureDPSGD(ReleaseMechanism):
             )
         if y.shape != (x.shape[0],) or (y.size and (y.min() < 0 or y.max() >= self.classes)):
             raise InputError(f"labels must be {x.shape[0]} class indices in [0, {self.classes})")
-        if not (np.isfinite(w).all() and np.isfinite(x).all()):
+        if squares is None:
+            squares = record_squares(x)
+        if squares.shape != (x.shape[0],):
+            raise InputError(f"{squares.shape} squared norms for {x.shape[0]} records")
+        if not np.isfinite(w).all():
             # inf − inf in the logits would make a record's clipped gradient NaN, which encodes far beyond
             # the sensitivity Δ: a party must not trust the head it is sent.
-            raise InputError("the head or the features hold inf or NaN; refusing to compute a contribution")
+            raise InputError("the head holds inf or NaN; refusing to compute a contribution")
         with np.errstate(over="ignore"):
             reach = float((np.linalg.norm(w[:, :-1], axis=1) + np.abs(w[:, -1])).max())
         if not reach <= MAX_HEAD_REACH:
@@ -224,7 +247,7 @@ class SecureDPSGD(ReleaseMechanism):
             p /= p.sum(axis=1, keepdims=True)
             p[np.arange(len(y)), y] -= 1.0  # d loss / d logits
             # The per-example gradient is an outer product: its norm is the product of the two norms.
-            norms = np.sqrt((p * p).sum(axis=1) * (np.einsum("ij,ij->i", x, x) + 1.0))
+            norms = np.sqrt((p * p).sum(axis=1) * (squares + 1.0))
             g = p * np.minimum(1.0, self.clip_effective / np.maximum(norms, 1e-300))[:, None]
         # A record whose gradient is not finite (huge features overflowing the logits) contributes zero: a
         # per-record map, so it stays within the clip whatever the other records are. Refusing instead

