@@ -321,9 +321,9 @@ def test_a_sampled_federation_normalises_by_the_expected_batch(digits, basis: np
 def test_a_full_batchs_norms_are_computed_once_and_only_for_the_trainers_own_records(
     basis: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The check and squared norms of a full batch are computed once per batch, for the read-only arrays the
-    trainer made; each contribution equals the mechanism's from scratch, and an array the caller can
-    still change (writeable) is never taken from the cache."""
+    """The check and squared norms of a full batch are computed once per batch, for the immutable arrays
+    the trainer made; each contribution equals the mechanism's from scratch, and an array the caller can
+    change (writeable, or read-only but theirs) is never taken from the cache."""
     rng = np.random.default_rng(6)
     trainer = _trainer(basis)
     k, m = trainer.mechanism.dim, trainer.mechanism
@@ -352,6 +352,15 @@ def test_a_full_batchs_norms_are_computed_once_and_only_for_the_trainers_own_rec
             m.contribution(state[1 + 2 * k :].reshape(trainer.weights.shape), mine, y),
         )
     assert len(calls) == 1
+    with pytest.raises(ValueError, match="WRITEABLE"):  # the cached batch cannot change behind the cache
+        prepared.flags.writeable = True
+    theirs = 2.0 * prepared
+    theirs.flags.writeable = False  # read-only but the caller's (it could make it writeable again)
+    np.testing.assert_array_equal(
+        trainer.contribute(state, theirs, y, source),
+        m.contribution(state[1 + 2 * k :].reshape(trainer.weights.shape), theirs, y),
+    )
+    assert len(calls) == 1  # not kept: computed by the contribution itself
     bad = prepared.copy()
     bad[3, 0] = np.nan
     bad.flags.writeable = False

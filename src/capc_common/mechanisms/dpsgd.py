@@ -202,7 +202,9 @@ class SecureDPSGD(ReleaseMechanism):
             features: the sampled records' features ``(n, dim)``.
             labels: their labels ``(n,)``.
             squares: :func:`record_squares` of these very features, computed before (a full batch is the
-                same records every round: :class:`~.training.DPSGDTrainer` keeps them); None computes them.
+                same records every round: :class:`~.training.DPSGDTrainer` keeps them for the immutable
+                arrays it made); None computes them. Trusted as given: other norms would clip by a wrong
+                norm, so only pass what :func:`record_squares` returned for these unchanged features.
 
         Returns:
             int64 vector of length ``classes · (dim + 1)``.

@@ -25,6 +25,7 @@ drives exactly these calls, so a federation with seeded noise publishes its head
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -226,6 +227,8 @@ class DPSGDTrainer:
         self._mapped: tuple[npt.NDArray[np.float64], bytes, npt.NDArray[np.float64]] | None = None
         #: The last full batch's records and their squared norms. See :meth:`_squares`.
         self._squared: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
+        #: The immutable arrays this trainer made and handed out, by id (weakly: gone with the array).
+        self._made: weakref.WeakValueDictionary[int, npt.NDArray[np.float64]] = weakref.WeakValueDictionary()
 
     def _learning_rate(self) -> float:
         """The recipe's step, or with ``step_noise`` the one adding that much noise to each weight."""
@@ -255,9 +258,8 @@ class DPSGDTrainer:
     # ----------------------------------------------------------------------------------------- party side
     def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """A party's records on the basis, once (the projection is the costly step; rounds reuse it).
-        Read-only: every round reads the same records, and :meth:`_on_map` keys its cache by this object."""
-        prepared = self._map(self.mean, self.scale).project(features)
-        prepared.flags.writeable = False
+        Immutable: every round reads the same records, and :meth:`_on_map` keys its cache by this object."""
+        prepared = self._immutable(self._map(self.mean, self.scale).project(features))
         return prepared
 
     def contribute(
@@ -296,17 +298,25 @@ class DPSGDTrainer:
         """The full batch's squared norms (and finiteness check), once per batch rather than every round.
 
         Measured: the check and the norms were two of a round's four passes over 20,000 records of 1,024
-        coordinates (115 ms a round against 64 ms). Kept only for the read-only arrays this trainer made
-        and holds (:meth:`prepare`'s, :meth:`_on_map`'s), keyed by the array held, so the norms a record
-        is clipped by are always its own; None (computed by the contribution) for any other array.
+        coordinates (115 ms a round against 64 ms). Kept only for the immutable arrays this trainer made
+        (:meth:`prepare`'s, :meth:`_on_map`'s: the very objects), keyed by the array held, so the norms a
+        record is clipped by are its own; None (computed by the contribution) for any other array, such as a
+        copy of them or the caller's own.
         """
-        if records.flags.writeable or not records.flags.owndata:
+        if self._made.get(id(records)) is not records:
             return None
         cached = self._squared
         if cached is None or cached[0] is not records:
             self._squared = None
             self._squared = cached = (records, record_squares(records))
         return cached[1]
+
+    def _immutable(self, records: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """A copy of ``records`` that nothing can change in place (its memory is a ``bytes`` object: numpy
+        refuses to make it writeable again), noted as this trainer's own for :meth:`_squares`."""
+        frozen = np.frombuffer(records.tobytes(), dtype=records.dtype).reshape(records.shape)
+        self._made[id(frozen)] = frozen
+        return frozen
 
     def _on_map(
         self, prepared: npt.NDArray[np.float64], mean: npt.NDArray[np.float64], scale: npt.NDArray[np.float64]
@@ -316,7 +326,7 @@ class DPSGDTrainer:
         When a round takes every record (full batch), every gradient round sends the map the statistics
         release set, so mapping the records (a copy and a divide: half a round's work for 20,000 records of
         1,024 coordinates) is paid once instead of every round. The cache is keyed by the records' object
-        (held, so its identity cannot be reused; :meth:`prepare` returns it read-only, so it cannot change in
+        (held, so its identity cannot be reused; :meth:`prepare` returns it immutable, so it cannot change in
         place) and the map's exact bytes: another map or other records compute it again. It holds one
         party's batch: a trainer shared by several parties (the central runner) maps each call, as before.
         ``contribution`` only reads it.
@@ -324,9 +334,9 @@ class DPSGDTrainer:
         key = mean.tobytes() + scale.tobytes()
         cached = self._mapped
         if cached is None or cached[0] is not prepared or cached[1] != key:
-            self._mapped = None  # one mapped batch held at a time, also while the next is computed
-            mapped = _mapped(prepared, mean, scale)
-            mapped.flags.writeable = False  # shared by every round: nothing may change it in place
+            # one mapped batch held at a time (its norms too), also while the next is computed
+            self._mapped = self._squared = None
+            mapped = self._immutable(_mapped(prepared, mean, scale))  # shared by every round
             self._mapped = cached = (prepared, key, mapped)
         return cached[2]
 

@@ -83,12 +83,17 @@ class FixedFront:
                 table[start : start + len(chunk)] = backbone.fixed_features(chunk).cpu()
         return cls(backbone, images, table)
 
-    def rows(self, images: npt.NDArray[np.uint8]) -> torch.Tensor | None:
-        """The front end of ``images`` from the table (None if one of them is not in it)."""
-        index = [self._rows.get(digest) for digest in _digests(images)]
-        if any(row is None for row in index):
+    def index(self, images: npt.NDArray[np.uint8]) -> torch.Tensor | None:
+        """The table's rows of ``images`` (None if one of them is not in it), for :meth:`take`."""
+        rows = [self._rows.get(digest) for digest in _digests(images)]
+        if any(row is None for row in rows):
             return None
-        return self._table[torch.tensor(index, dtype=torch.long)]
+        return torch.tensor(rows, dtype=torch.long)
+
+    def take(self, rows: torch.Tensor) -> torch.Tensor:
+        """The front end at these rows of the table (a chunk's worth at a time: the caller never holds a
+        second copy of the table)."""
+        return self._table[rows]
 
 
 def extract_features(
@@ -146,13 +151,13 @@ def extract_features(
         from tqdm import tqdm
 
         bar = tqdm(total=n, desc="features", unit="img", file=sys.stderr, leave=False, dynamic_ncols=True)
-    fixed = None if front is None or front.backbone is not backbone else front.rows(images)
+    rows = None if front is None or front.backbone is not backbone else front.index(images)
     with torch.inference_mode(), bn_stats(backbone, mode):
         for start in starts:
-            if fixed is None:
+            if rows is None or front is None:
                 feats = backbone.features(to_tensor(images[start : start + bn_batch], device=device))
             else:
-                feats = backbone.features_from_fixed(fixed[start : start + bn_batch].to(device))
+                feats = backbone.features_from_fixed(front.take(rows[start : start + bn_batch]).to(device))
             keep = done - start  # rows of this chunk already produced by the previous one
             out[done : start + bn_batch] = feats[keep:].float().cpu().numpy()
             if bar is not None:
