@@ -116,3 +116,33 @@ def test_a_stored_array_that_is_damaged_or_fails_its_check_is_computed_again(tmp
     assert not is_basis(basis.astype(np.float64), 3) and not is_basis(basis, 2)
     assert not is_basis(basis[:, [0, 0, 1]], 3)  # unit columns, but not orthogonal
     assert is_basis(basis, 5) and is_basis(basis[:, :2], 3)  # fewer directions than asked for: a basis
+
+
+def test_synthetic_queries_are_generated_once_and_read_back_as_generated(tmp_path: Path) -> None:
+    """A spec's images come a block of bn_batch at a time from the cache, equal to generating them; a damaged
+    block is generated again; another recipe (seed, first index, generator) is another block."""
+    from capc_common.synth import SyntheticSpec
+
+    spec = SyntheticSpec("stylegan", seed=3, first_index=40, count=80, height=28, width=28, channels=1,
+                         bn_batch=16)  # fmt: skip
+    first = FeatureCache(tmp_path)
+    np.testing.assert_array_equal(first.images(spec), spec.images())
+    assert (first.computed, first.read) == (5, 0)
+    again = FeatureCache(tmp_path)
+    np.testing.assert_array_equal(again.images(spec), spec.images())
+    assert (again.computed, again.read) == (0, 5)
+    blocks = sorted(tmp_path.glob("images-*.npy"))
+    assert len(blocks) == 5
+    blocks[0].write_bytes(b"not an array")
+    np.save(blocks[1], np.zeros((16, 28, 28, 1), np.float32))  # another dtype: not these images
+    third = FeatureCache(tmp_path)
+    np.testing.assert_array_equal(third.images(spec), spec.images())
+    assert (third.computed, third.read) == (2, 3)
+    for other, new in (
+        (SyntheticSpec("stylegan", 4, 40, 80, 28, 28, 1, 16), 5),  # another seed
+        (SyntheticSpec("dead_leaves", 3, 40, 80, 28, 28, 1, 16), 5),  # another generator
+        (SyntheticSpec("stylegan", 3, 56, 80, 28, 28, 1, 16), 1),  # the same stream: 4 blocks coincide
+    ):
+        cache = FeatureCache(tmp_path)
+        np.testing.assert_array_equal(cache.images(other), other.images())
+        assert (cache.computed, cache.read) == (new, 5 - new)

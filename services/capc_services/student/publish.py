@@ -113,7 +113,8 @@ def publish_student(
         for record in done:
             spec = batch_plan(config, first_index=record.first_index, count=record.count).spec
             lo, hi = np.searchsorted(indices, [spec.first_index, spec.first_index + spec.count])
-            features = _features(backbone, spec.images(), bn_batch=spec.bn_batch, stop=stop, cache=cache)
+            images = spec.images() if cache is None else cache.images(spec)
+            features = _features(backbone, images, bn_batch=spec.bn_batch, stop=stop, cache=cache)
             yield features, labels[lo:hi]
 
     fit, chunks = fit_streamed(

@@ -224,12 +224,18 @@ def _serve_votes(
 ) -> None:
     """Answer the student's work items with this party's votes until ``stop`` is set."""
     voter = make_voter(settings, party.backbone)
+    images = None
+    if settings.feature_cache is not None:  # co-located parties generate each synthetic batch once
+        from capc_common.models.cache import FeatureCache
+
+        images = FeatureCache(settings.feature_cache).images
     worker = TeacherWorker(
         config=party.config,
         voter=voter,
         cap=cap,
         metrics=party.metrics,
         allow_raw_queries=settings.allow_raw_queries,
+        images=images,
     )
     links = TeacherLinks(
         config=party.config,

@@ -13,9 +13,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from capc_common.errors import BudgetExhaustedError, CapcError, InputError
 from capc_common.federation import FederationConfig, mpc_config
@@ -26,6 +27,9 @@ from capc_common.wire import messages as pb
 from capc_services.common import faults
 from capc_services.common.metrics import PartyMetrics
 from capc_services.teacher.cap import LocalCap
+
+if TYPE_CHECKING:  # the generators load only where images are made
+    from capc_common.synth import SyntheticSpec
 
 _log = logging.getLogger(__name__)
 SubmitSeed = Callable[[str, int, bytes, tuple[int, int]], None]
@@ -64,6 +68,8 @@ class TeacherWorker:
         cap: the party's local ε cap record.
         metrics: the party's metrics.
         allow_raw_queries: answer queries shipped as pixels (off by default: synthetic only).
+        images: a synthetic query's images (None: generated here; a local federation's parties share a
+            :meth:`~capc_common.models.cache.FeatureCache.images`).
     """
 
     def __init__(
@@ -74,8 +80,10 @@ class TeacherWorker:
         cap: LocalCap,
         metrics: PartyMetrics,
         allow_raw_queries: bool = False,
+        images: Callable[[SyntheticSpec], npt.NDArray[np.uint8]] | None = None,
     ) -> None:
         self.config = config
+        self.images = images
         self.voter = voter
         self.cap = cap
         self.metrics = metrics
@@ -147,7 +155,10 @@ class TeacherWorker:
         except BudgetExhaustedError as exc:
             return self._refuse(item, "LOCAL_BUDGET_EXHAUSTED", str(exc))
         t0 = time.perf_counter()
-        images = query.images if isinstance(query, RawQuery) else query.images()
+        if isinstance(query, RawQuery):
+            images = query.images
+        else:
+            images = query.images() if self.images is None else self.images(query)
         t1 = time.perf_counter()
         votes = self.voter.vote(images, bn_batch=query.bn_batch)
         t2 = time.perf_counter()

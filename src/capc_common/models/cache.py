@@ -9,21 +9,24 @@ the reader would have computed. Processes that reach a chunk together do not bot
 chunk's lock without waiting, leaves a chunk another holds for later (so several parties featurise a batch
 side by side, one chunk each), and finally waits for those locks and reads what their holders wrote.
 
-Only public images belong here (synthetic queries, a public test set): a party's private data is never
-written to a cache, and a hospital on its own machine has no one to share one with. Writes are atomic (a
+The synthetic queries themselves are kept too (:meth:`FeatureCache.images`), by their recipe: each party would
+otherwise generate every batch again. Only public images belong here (synthetic queries, a public test set):
+a party's private data is never written to a cache, and a hospital on its own machine has no one to share one
+with. Writes are atomic (a
 temporary file, then a rename), so a reader sees a whole value or none.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -32,10 +35,33 @@ from capc_common.models.features import chunk_starts, extract_features
 
 if TYPE_CHECKING:
     from capc_common.models.backbone import Backbone
+    from capc_common.synth import SyntheticSpec
 
 __all__ = ["FeatureCache"]
 
 _STRIPES = 64  # lock files: a chunk's lock is one of these, by its key
+_T = TypeVar("_T", bound=np.generic)
+
+
+@functools.cache
+def _synth_version() -> str:
+    """SHA-256 of the synth package's sources and numpy's version: what generated images depend on beside
+    their recipe (a cache written by other code is never read)."""
+    import capc_common.synth as synth
+
+    digest = hashlib.sha256(np.__version__.encode())
+    for path in sorted(Path(synth.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _images_key(spec: SyntheticSpec, start: int, count: int) -> str:
+    """The key of ``count`` images of the spec's stream from its image ``start``."""
+    shape = f"{spec.height}x{spec.width}x{spec.channels}"
+    recipe = (
+        f"{_synth_version()}\0{spec.generator}\0{spec.seed}\0{spec.first_index + start}\0{count}\0{shape}"
+    )
+    return hashlib.sha256(recipe.encode()).hexdigest()
 
 
 class FeatureCache:
@@ -65,32 +91,89 @@ class FeatureCache:
         """
         if len(images) < bn_batch:  # let extract_features say what is wrong
             return extract_features(backbone, images, bn_batch=bn_batch, mode=mode)
-        self.root.mkdir(parents=True, exist_ok=True)
         chunks = {
             start: self._key(backbone, images[start : start + bn_batch], mode)
             for start in chunk_starts(len(images), bn_batch=bn_batch)
         }
-        values: dict[int, npt.NDArray[np.float32]] = {}
-        later = []
-        for start, key in chunks.items():
-            with self._lock(key, wait=False) as held:
-                if held:
-                    values[start] = self._get_or_compute(
-                        backbone, images[start : start + bn_batch], key, bn_batch, mode
-                    )
-                else:
-                    later.append(start)
-        for start in later:  # another process was computing these: its file is there once its lock is free
-            with self._lock(chunks[start], wait=True):
-                values[start] = self._get_or_compute(
-                    backbone, images[start : start + bn_batch], chunks[start], bn_batch, mode
-                )
+        values = self._shared(
+            chunks,
+            lambda start, key: self._get_or_compute(
+                backbone, images[start : start + bn_batch], key, bn_batch, mode
+            ),
+        )
         out = np.empty((len(images), backbone.feature_dim), dtype=np.float32)
         done = 0
         for start in chunks:  # in order: the last chunk may overlap the previous one; keep its new rows only
             out[done : start + bn_batch] = values[start][done - start :]
             done = start + bn_batch
         return out
+
+    def images(self, spec: SyntheticSpec) -> npt.NDArray[np.uint8]:
+        """:meth:`SyntheticSpec.images <capc_common.synth.SyntheticSpec.images>`, a ``bn_batch`` block at a
+        time read from the cache or generated (and stored) here.
+
+        Every party of a local federation regenerates each query batch, and the student all of them again to
+        train: generating 13,000 StyleGAN-like queries took about 4 s of CPU per party. A block is a function
+        of the generator's code, its seed, its first image's index and the shape alone (images are addressed
+        by index in their stream), so it is keyed by those — the synth package's source and numpy's version
+        standing for the code — and co-located parties split a batch's blocks as they split its chunks'
+        features. Only public synthetic images are stored.
+        """
+        blocks = {
+            start: _images_key(spec, start, min(spec.bn_batch, spec.count - start))
+            for start in range(0, spec.count, spec.bn_batch)
+        }
+        values = self._shared(
+            blocks, lambda start, key: self._images(spec, start, min(spec.bn_batch, spec.count - start), key)
+        )
+        return np.concatenate([values[start] for start in blocks])
+
+    def _images(self, spec: SyntheticSpec, start: int, count: int, key: str) -> npt.NDArray[np.uint8]:
+        """A block's stored images, or generated and stored now (the caller holds the block's lock)."""
+        from capc_common.synth import generate
+
+        path = self.root / f"images-{key}.npy"
+        shape = (count, spec.height, spec.width, spec.channels)
+        if path.exists():
+            try:
+                stored: npt.NDArray[np.uint8] = np.load(path, allow_pickle=False)
+            except (OSError, ValueError, EOFError):
+                stored = np.empty(0, np.uint8)
+            if stored.shape == shape and stored.dtype == np.uint8:
+                self.read += 1
+                return stored
+        block = generate(
+            spec.generator,
+            seed=spec.seed,
+            start=spec.first_index + start,
+            count=count,
+            height=spec.height,
+            width=spec.width,
+            channels=spec.channels,
+        )
+        self.computed += 1
+        self._store(path, block)
+        return block
+
+    def _shared(
+        self, keys: dict[int, str], get: Callable[[int, str], npt.NDArray[_T]]
+    ) -> dict[int, npt.NDArray[_T]]:
+        """``get(start, key)`` of every block, under its key's lock: first the blocks no other process holds
+        (so co-located parties work side by side, one block each), then, waiting for their locks, the blocks
+        others were computing (their files are there once the locks are free)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        values: dict[int, npt.NDArray[_T]] = {}
+        later = []
+        for start, key in keys.items():
+            with self._lock(key, wait=False) as held:
+                if held:
+                    values[start] = get(start, key)
+                else:
+                    later.append(start)
+        for start in later:
+            with self._lock(keys[start], wait=True):
+                values[start] = get(start, keys[start])
+        return values
 
     def array(
         self,
