@@ -146,3 +146,24 @@ def test_synthetic_queries_are_generated_once_and_read_back_as_generated(tmp_pat
         cache = FeatureCache(tmp_path)
         np.testing.assert_array_equal(cache.images(other), other.images())
         assert (cache.computed, cache.read) == (new, 5 - new)
+
+
+def test_features_of_other_feature_code_are_not_read(tmp_path: Path, monkeypatch) -> None:
+    """The key names the feature code: after a change that moves features' bits, every stored chunk misses."""
+    import capc_common.models.cache as cache_module
+    from capc_common.models.files import sources_digest
+
+    backbone, images = load_backbone("scatter-28x28x1"), _images()
+    FeatureCache(tmp_path).extract(backbone, images, bn_batch=16)
+    monkeypatch.setattr(cache_module, "features_version", lambda: "another version of the feature code")
+    other = FeatureCache(tmp_path)
+    other.extract(backbone, images, bn_batch=16)
+    assert (other.computed, other.read) == (6, 0)
+    # the version is the package's sources: another file's bytes, another digest
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    before = sources_digest(package, "torch 1")
+    assert sources_digest(package, "torch 2") != before
+    (package / "a.py").write_text("x = 2\n")
+    assert sources_digest(package, "torch 1") != before

@@ -453,6 +453,7 @@ def federation_basis(
     """
     from capc_common.errors import IntegrityError
     from capc_common.mechanisms.basis import BASIS_VERSION, BasisSpec, basis_digest, is_basis, public_basis
+    from capc_common.models.features import features_version
 
     if featuriser is None:
         raise InputError("secagg-dpsgd's public basis is computed with the shared backbone; none given")
@@ -468,7 +469,8 @@ def federation_basis(
         basis = compute()
     else:
         name = (
-            f"public-basis v{BASIS_VERSION} {featuriser.backbone.sha256} {featuriser.shape} {spec.describe()}"
+            f"public-basis v{BASIS_VERSION} {features_version()} {featuriser.backbone.sha256} "
+            f"{featuriser.shape} {spec.describe()}"
         )
         basis = cache.array(name, compute, valid=lambda a: is_basis(a, spec.dim))
     digest = basis_digest(basis)
@@ -476,7 +478,7 @@ def federation_basis(
         raise IntegrityError(
             f"this machine's public basis (basis version {BASIS_VERSION}) has SHA-256 {digest}, "
             f"federation.yaml pins {projection.sha256}: its floating point differs from the coordinator's, "
-            "or the pin was made by another version of this software (version 2 since 2026-12-02); run on "
+            "or the pin was made by another version of this software (version 3 since 2026-12-03); run on "
             "the coordinator's machine type and software, or pin the basis this machine computes (every "
             "party must compute the same one)"
         )

@@ -29,8 +29,10 @@ from capc_common.errors import InputError
 __all__ = ["BASIS_VERSION", "BasisSpec", "basis_digest", "is_basis", "public_basis"]
 
 #: Bumped whenever :func:`public_basis` computes a different basis from the same spec: it is part of the
-#: cache key, so a machine never reads an older version's basis from its feature cache.
-BASIS_VERSION = 2
+#: cache key, so a machine never reads an older version's basis from its feature cache, and the error for a
+#: pinned digest names it. 3 (2026-12-03): the backbone's order-0 scattering coefficients in float64, which
+#: moves features, hence the basis, in their last bits.
+BASIS_VERSION = 3
 
 
 @dataclass(frozen=True)

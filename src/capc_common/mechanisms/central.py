@@ -82,7 +82,15 @@ def extract_per_example(
         return extract()
     content = hashlib.sha256(f"{images.dtype} {images.shape}".encode())
     content.update(np.ascontiguousarray(images).tobytes())
-    key = {"kind": "records", "map": featurizer.sha256, "content": content.hexdigest(), "mode": "running"}
+    from capc_common.models.features import features_version
+
+    key = {
+        "kind": "records",
+        "map": featurizer.sha256,
+        "code": features_version(),
+        "content": content.hexdigest(),
+        "mode": "running",
+    }
     shape = (len(images), featurizer.feature_dim)
     return cache.get_or_compute(key, extract, valid=lambda a: a.shape == shape and a.dtype == np.float32)
 

@@ -270,7 +270,8 @@ class SecureDPSGD(ReleaseMechanism):
         one. The vector is zero-padded to the gradient's length.
 
         Args:
-            features: the sampled records' features ``(n, dim)``, each of L2 norm at most 1.
+            features: the sampled records' features ``(n, dim)``, each of L2 norm at most 1 up to rounding
+                (the clip bounds a record's share whatever its norm).
 
         Raises:
             InputError: features of another width, or holding inf or NaN.

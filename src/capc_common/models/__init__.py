@@ -28,7 +28,13 @@ if TYPE_CHECKING:
         recalibrate_running_stats,
     )
     from capc_common.models.checkpoint import default_backbone, load_backbone, save_backbone, verify_backbone
-    from capc_common.models.features import FixedFront, chunk_starts, extract_features, to_tensor
+    from capc_common.models.features import (
+        FixedFront,
+        chunk_starts,
+        extract_features,
+        features_version,
+        to_tensor,
+    )
     from capc_common.models.files import format_shape, list_backbones, parse_shape
     from capc_common.models.scattering import Scattering2D, scattering_channels
 
@@ -48,6 +54,7 @@ _HOME = {
     "FixedFront": "features",
     "chunk_starts": "features",
     "extract_features": "features",
+    "features_version": "features",
     "to_tensor": "features",
     "format_shape": "files",
     "list_backbones": "files",
@@ -71,6 +78,7 @@ __all__ = [
     "chunk_starts",
     "default_backbone",
     "extract_features",
+    "features_version",
     "format_shape",
     "list_backbones",
     "load_backbone",

@@ -4,16 +4,16 @@ In a local federation (``capc local up``, ``capc demo``) every hospital featuris
 batch, and the student featurises all of them again to train: four times the same work. Under the chunking
 rule (:func:`~capc_common.models.chunk_starts`) a chunk's features are a function of the backbone, the
 BatchNorm mode and that chunk's images alone, so they can be computed once and read by everyone: the key is
-the backbone's SHA-256, the mode and the SHA-256 of the chunk's bytes, and whoever wrote the value, it is what
-the reader would have computed. Processes that reach a chunk together do not both compute it: each takes the
+the feature code's version (:func:`~capc_common.models.features.features_version`), the backbone's SHA-256,
+the mode and the SHA-256 of the chunk's bytes, and whoever wrote the value, it is what the reader would have
+computed. Processes that reach a chunk together do not both compute it: each takes the
 chunk's lock without waiting, leaves a chunk another holds for later (so several parties featurise a batch
 side by side, one chunk each), and finally waits for those locks and reads what their holders wrote.
 
 The synthetic queries themselves are kept too (:meth:`FeatureCache.images`), by their recipe: each party would
 otherwise generate every batch again. Only public images belong here (synthetic queries, a public test set):
 a party's private data is never written to a cache, and a hospital on its own machine has no one to share one
-with. Writes are atomic (a
-temporary file, then a rename), so a reader sees a whole value or none.
+with. Writes are atomic (a temporary file, then a rename), so a reader sees a whole value or none.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.models.features import chunk_starts, extract_features
+from capc_common.models.features import chunk_starts, extract_features, features_version
+from capc_common.models.files import sources_digest
 
 if TYPE_CHECKING:
     from capc_common.models.backbone import Backbone
@@ -45,14 +46,11 @@ _T = TypeVar("_T", bound=np.generic)
 
 @functools.cache
 def _synth_version() -> str:
-    """SHA-256 of the synth package's sources and numpy's version: what generated images depend on beside
-    their recipe (a cache written by other code is never read)."""
+    """The synth package's sources and numpy's version: what generated images depend on beside their recipe
+    (a cache written by other code is never read)."""
     import capc_common.synth as synth
 
-    digest = hashlib.sha256(np.__version__.encode())
-    for path in sorted(Path(synth.__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+    return sources_digest(Path(synth.__file__).parent, np.__version__)
 
 
 def _images_key(spec: SyntheticSpec, start: int, count: int) -> str:
@@ -224,7 +222,7 @@ class FeatureCache:
 
     @staticmethod
     def _key(backbone: Backbone, chunk: npt.NDArray[np.uint8], mode: str) -> str:
-        digest = hashlib.sha256(f"{backbone.sha256}\0{mode}\0{chunk.shape}\0".encode())
+        digest = hashlib.sha256(f"{features_version()}\0{backbone.sha256}\0{mode}\0{chunk.shape}\0".encode())
         digest.update(np.ascontiguousarray(chunk).tobytes())
         return digest.hexdigest()
 

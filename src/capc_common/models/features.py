@@ -9,8 +9,10 @@ statistics are always estimated from ``bn_batch`` images.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -19,8 +21,9 @@ import torch
 from capc_common.errors import InputError
 from capc_common.models.backbone import Backbone, format_shape
 from capc_common.models.batchnorm import BN_MODES, bn_stats
+from capc_common.models.files import sources_digest
 
-__all__ = ["FixedFront", "chunk_starts", "extract_features", "to_tensor"]
+__all__ = ["FixedFront", "chunk_starts", "extract_features", "features_version", "to_tensor"]
 
 #: Images per pass when :class:`FixedFront` computes its table (any size gives the same bits).
 _FRONT_PASS = 64
@@ -40,6 +43,14 @@ def to_tensor(images: npt.NDArray[np.uint8], *, device: torch.device | None = No
     """uint8 ``(N, H, W, C)`` → float32 ``(N, C, H, W)`` in ``[0, 1]``."""
     tensor = torch.from_numpy(np.array(images, dtype=np.uint8, copy=True)).to(device=device)
     return tensor.permute(0, 3, 1, 2).float().div_(255.0)
+
+
+@functools.cache
+def features_version() -> str:
+    """The code that computes features (this package's sources and torch's version), for the keys of cached
+    features: a change that moves a feature's bits (2026-12-03: the order-0 low-pass in float64) makes every
+    cache computed before it a miss, never a mix of old and new bits."""
+    return sources_digest(Path(__file__).parent, torch.__version__)
 
 
 def _digests(images: npt.NDArray[np.uint8]) -> list[bytes]:

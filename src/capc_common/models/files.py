@@ -31,6 +31,7 @@ __all__ = [
     "parse_shape",
     "read_checkpoint",
     "shipped_files",
+    "sources_digest",
     "tensor_digest",
 ]
 
@@ -70,6 +71,16 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 def format_shape(shape: tuple[int, int, int]) -> str:
     """``(28, 28, 1)`` → ``"28x28x1"``."""
     return "x".join(str(int(v)) for v in shape)
+
+
+def sources_digest(package: Path, *versions: str) -> str:
+    """SHA-256 of a package directory's Python sources (by name and bytes) and the given version strings: what
+    a cache key names as "the code" of values that code computes, so a value written by other code is never
+    read as this code's."""
+    digest = hashlib.sha256("\0".join(versions).encode())
+    for path in sorted(package.glob("*.py")):
+        digest.update(b"\0" + path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def tensor_digest(

@@ -230,8 +230,8 @@ class Scattering2D(nn.Module):
         and there MKL rounds a row differently by its place in the batch (measured on AMD EPYC: 24 of a
         pass's 32 places give other bits for a 28x28 image); the first-order and second-order maps (8 and 64
         per image) showed no such effect. In float64 such a difference is some 2^-29 of a float32 ulp, so
-        the rounded coefficients are the same bits in any place (the pass is 3 % slower, not 2.4 times as
-        with every low-pass in float64).
+        the rounded coefficients are the same bits in any place but for about one in 2^29 (the pass is 3 %
+        slower, not 2.4 times as with every low-pass in float64).
         """
         rows, cols = self._buffer("lp_rows_0"), self._buffer("lp_cols_0")
         return (rows.double() @ padded.double() @ cols.double()).to(padded.dtype)
