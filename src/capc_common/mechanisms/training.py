@@ -267,8 +267,7 @@ class DPSGDTrainer:
     def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """A party's records on the basis, once (the projection is the costly step; rounds reuse it).
         Immutable: every round reads the same records, and :meth:`_on_map` keys its cache by this object."""
-        prepared = self._immutable(self._map(self.mean, self.scale).project(features))
-        return prepared
+        return self._immutable(self._map(self.mean, self.scale).project(features))
 
     def contribute(
         self,

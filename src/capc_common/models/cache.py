@@ -117,13 +117,9 @@ class FeatureCache:
         standing for the code — and co-located parties split a batch's blocks as they split its chunks'
         features. Only public synthetic images are stored.
         """
-        blocks = {
-            start: _images_key(spec, start, min(spec.bn_batch, spec.count - start))
-            for start in range(0, spec.count, spec.bn_batch)
-        }
-        values = self._shared(
-            blocks, lambda start, key: self._images(spec, start, min(spec.bn_batch, spec.count - start), key)
-        )
+        size = spec.bn_batch  # a spec's count is a multiple of it (SyntheticSpec checks)
+        blocks = {start: _images_key(spec, start, size) for start in range(0, spec.count, size)}
+        values = self._shared(blocks, lambda start, key: self._images(spec, start, size, key))
         return np.concatenate([values[start] for start in blocks])
 
     def _images(self, spec: SyntheticSpec, start: int, count: int, key: str) -> npt.NDArray[np.uint8]:
@@ -132,14 +128,9 @@ class FeatureCache:
 
         path = self.root / f"images-{key}.npy"
         shape = (count, spec.height, spec.width, spec.channels)
-        if path.exists():
-            try:
-                stored: npt.NDArray[np.uint8] = np.load(path, allow_pickle=False)
-            except (OSError, ValueError, EOFError):
-                stored = np.empty(0, np.uint8)
-            if stored.shape == shape and stored.dtype == np.uint8:
-                self.read += 1
-                return stored
+        stored = self._load(path, lambda a: a.shape == shape and a.dtype == np.uint8)
+        if stored is not None:
+            return stored
         block = generate(
             spec.generator,
             seed=spec.seed,
@@ -194,20 +185,29 @@ class FeatureCache:
         with (self.root / f".lock-array-{digest[:16]}").open("a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
-                if path.exists():
-                    try:
-                        stored: npt.NDArray[Any] = np.load(path, allow_pickle=False)
-                    except (OSError, ValueError, EOFError):
-                        stored = np.empty(0)
-                    if stored.size and valid(stored):
-                        self.read += 1
-                        return stored
+                stored = self._load(path, lambda a: a.size > 0 and valid(a))
+                if stored is not None:
+                    return stored
                 value = compute()
                 self.computed += 1
                 self._store(path, value)
                 return value
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _load(self, path: Path, valid: Callable[[npt.NDArray[Any]], bool]) -> npt.NDArray[Any] | None:
+        """The stored array at ``path`` (counted as read), or None where there is none, it does not load
+        (truncated, not an array) or fails ``valid``: the caller computes it again and replaces it."""
+        if not path.exists():
+            return None
+        try:
+            stored: npt.NDArray[Any] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError):
+            return None
+        if not valid(stored):
+            return None
+        self.read += 1
+        return stored
 
     def _store(self, path: Path, value: npt.NDArray[Any]) -> None:
         """Write ``value`` to ``path`` atomically (a temporary file, then a rename)."""

@@ -219,13 +219,10 @@ class Scattering2D(nn.Module):
         assert isinstance(buf, torch.Tensor)
         return buf
 
-    def _lowpass(self, u: torch.Tensor, res: int) -> torch.Tensor:
-        """``u ⋆ φ_J`` subsampled to resolution ``J`` and unpadded, for real ``u`` at resolution ``res``."""
-        return self._buffer(f"lp_rows_{res}") @ u @ self._buffer(f"lp_cols_{res}")
+    def _lowpass(self, u: torch.Tensor, res: int, *, wide: bool = False) -> torch.Tensor:
+        """``u ⋆ φ_J`` subsampled to resolution ``J`` and unpadded, for real ``u`` at resolution ``res``.
 
-    def _order_zero(self, padded: torch.Tensor) -> torch.Tensor:
-        """:meth:`_lowpass` of the padded images themselves, in float64 rounded to float32.
-
+        ``wide``: in float64, rounded back to ``u``'s precision (the order-0 maps of the images themselves).
         With one map per image the second product folds into a matrix product of only a few rows per map,
         and there MKL rounds a row differently by its place in the batch (measured on AMD EPYC: 24 of a
         pass's 32 places give other bits for a 28x28 image); the first-order and second-order maps (8 and 64
@@ -233,8 +230,10 @@ class Scattering2D(nn.Module):
         the rounded coefficients are the same bits in any place but for about one in 2^29 (the pass is 3 %
         slower, not 2.4 times as with every low-pass in float64).
         """
-        rows, cols = self._buffer("lp_rows_0"), self._buffer("lp_cols_0")
-        return (rows.double() @ padded.double() @ cols.double()).to(padded.dtype)
+        rows, cols = self._buffer(f"lp_rows_{res}"), self._buffer(f"lp_cols_{res}")
+        if not wide:
+            return rows @ u @ cols
+        return (rows.double() @ u.double() @ cols.double()).to(u.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Scattering coefficients of ``x`` ``(N, C, H, W)`` → ``(N, C·K, H/2^J, W/2^J)``."""
@@ -268,7 +267,7 @@ class Scattering2D(nn.Module):
         """Scattering of single-channel maps ``(B, 1, H, W)`` → ``(B, K, h', w')``."""
         padded = F.pad(maps, (self.pad,) * 4, mode="reflect")
         u0 = torch.fft.fft2(padded)  # (B, 1, Hp, Wp)
-        outputs = [self._order_zero(padded)]
+        outputs = [self._lowpass(padded, 0, wide=True)]
         second: list[torch.Tensor] = []
         for j1 in range(self.J):
             w1 = _filter_subsample(u0, self._buffer(f"psi_{j1}_0"), 2**j1)[:, 0]  # (B, L, ·, ·)
