@@ -45,11 +45,13 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 # Two workers, whole modules each (module-scoped federations start once): most tests wait on real processes,
-# sockets and containers, so the suite runs in about two thirds of the time on the 2-core machine.
-# TEST_WORKERS=0 runs it in one process.
+# sockets and containers, so the suite runs in about two thirds of the time on the 2-core machine. The
+# modules go out in the order tests/conftest.py gives them, longest first: pytest-xdist 3.8 would otherwise
+# hand out the modules with the most tests first, and the one-test demo module ran alone at the end (measured:
+# its last 70 s on one worker). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 unit: $(STAMP) bytecode
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 clean-venv:
 	rm -rf $(VENV)
