@@ -206,3 +206,31 @@ def test_predict_own_is_each_rows_own_head_of_predict(kind):
     shuffled = rng.permutation(90)  # any order of rows, not only grouped by head
     expected = heads.predict(x[shuffled])[owners[shuffled], np.arange(90)]
     np.testing.assert_array_equal(heads.predict_own(x[shuffled], owners[shuffled]), expected)
+
+
+def test_a_head_is_the_same_on_any_number_of_the_processs_threads() -> None:
+    """A hospital with a single large head trains it on its party's threads, the central run with its other
+    heads on one: the head must be the same bits. Large enough that the products split between threads (a
+    16,800 × 3,969 head: about 4 GFLOP per step, where the thread limit used to be lifted)."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(7)
+    n, dim = 16_800, 3_969
+    x = rng.standard_normal((n + 64, dim), dtype=np.float32)
+    y = rng.integers(0, 10, n + 64)
+    recipe = HeadRecipe(optimizer="adam", steps=2, lr=0.1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with threadpool_limits(limits=2, user_api="blas"):
+            alone = train_heads(
+                x[:n], y[:n], owners=np.zeros(n, np.int64), heads=1, classes=10, recipe=recipe
+            )
+            threads_after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    owners = np.r_[np.zeros(n, np.int64), np.ones(64, np.int64)]
+    together = train_heads(x, y, owners=owners, heads=2, classes=10, recipe=recipe)
+    assert threads_after == 2  # the caller's thread count comes back
+    for name, value in alone.params.items():
+        assert torch.equal(value[0], together.params[name][0]), name

@@ -22,7 +22,6 @@ from threadpoolctl import threadpool_limits
 
 __all__ = ["adam", "forward", "lbfgs", "targets"]
 
-_SMALL_FLOPS = 4_000_000_000
 # Adam's defaults (Kingma & Ba 2015, Algorithm 1); the paper's teachers use them with lr 1e-3.
 _BETA1, _BETA2, _EPS = 0.9, 0.999, 1e-8
 
@@ -53,9 +52,8 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     CPU build calls MKL, which on AMD processors runs no AVX-512 kernels; OpenBLAS does wherever the CPU has
     them (measured on this project's AMD EPYC machines, one thread: a 20,000 × 3,969 linear head's gradient
     step 115 ms against 175 ms). As with MKL, a product's bits may depend on the thread count and on a row's
-    place in the operand, so heads that must be functions of their own rows only are fitted on their own
-    tensors and one thread (:func:`threads_for`); the operands are viewed, not copied, so their (torch,
-    64-byte) alignment is kept.
+    place in the operand, so every head is fitted on its own tensors and one thread (:func:`one_thread`);
+    the operands are viewed, not copied.
     """
     cpu32 = a.device.type == "cpu" and a.dtype == b.dtype == torch.float32
     if not cpu32 or a.requires_grad or b.requires_grad:
@@ -155,18 +153,17 @@ def adam(
 
 
 @contextmanager
-def threads_for(flops: int) -> Iterator[None]:
-    """Run small problems on one thread, torch's and the BLAS's (:func:`bmm`).
+def one_thread() -> Iterator[None]:
+    """Run on one thread, torch's and the BLAS's (:func:`bmm`); the previous limits are restored after.
 
-    L-BFGS issues thousands of small tensor operations (dot products, axpys); with several OpenMP threads
-    each one pays a synchronisation, which on a busy machine costs milliseconds — far more than the
-    arithmetic. Below ``_SMALL_FLOPS`` per objective evaluation one thread is faster; the previous thread
-    counts are restored afterwards (note: ``torch.set_num_threads`` is process-wide).
+    A product's bits may depend on its thread count, so a head fitted on one thread is the same head
+    whatever the process's thread settings: a party's and the central runner's (measured with OpenBLAS: a
+    15,800-row head fitted on two threads differed in 23,952 of its 42,250 weights from the same head on
+    one; MKL likewise). It is also faster for the many small products of teachers and L-BFGS, whose
+    threads would otherwise synchronise on every operation (note: ``torch.set_num_threads`` is
+    process-wide).
     """
     before = torch.get_num_threads()
-    if flops >= _SMALL_FLOPS:
-        yield
-        return
     torch.set_num_threads(1)
     try:
         with threadpool_limits(limits=1, user_api="blas"):
@@ -214,7 +211,8 @@ def lbfgs(
     start = torch.cat([params[n].detach().reshape(-1) for n in names]).double().numpy()
     # L-BFGS-B's own vector work goes through SciPy's OpenBLAS, whose threads spin against torch's OpenMP
     # pool: with both loaded, a 20,000-parameter problem took 140 ms per iteration instead of 3 ms (measured
-    # here). One BLAS thread for the optimiser's bookkeeping; torch's products keep their own threads.
+    # here). One BLAS thread for the optimiser's bookkeeping (a head's own products run on one thread too:
+    # :func:`one_thread`).
     with threadpool_limits(limits=1, user_api="blas"):
         result = minimize(
             objective,

@@ -395,14 +395,14 @@ def train_heads(
     order = np.argsort(own, kind="stable")
     counts = np.bincount(own, minlength=heads)
     starts = np.concatenate([[0], np.cumsum(counts)])
-    width = recipe.hidden if recipe.kind == "mlp" else classes
-    # Several heads (teachers) are fitted on one thread: a fixed order of arithmetic. Threaded BLAS may
-    # split its reductions differently when the machine is busy (seen here: an MLP head's last bits moved
-    # under load), and then a head's bits would depend on more than its own rows.
-    with _optim.threads_for(0 if heads > 1 else 6 * int(counts.max()) * x.shape[1] * width):
+    # Every head is fitted on one thread: a fixed order of arithmetic. Threaded BLAS may split its reductions
+    # differently by thread count and when the machine is busy (seen here: an MLP head's last bits moved
+    # under load), and then a head's bits would depend on more than its own rows — a party's single head
+    # on its threads would differ from the central run's.
+    with _optim.one_thread():
         for t in sorted(set(range(heads)) - idle):
             rows = order[starts[t] : starts[t + 1]]
-            # torch's own (64-byte aligned) buffer: MKL may pick kernels by alignment, and a numpy copy's
+            # torch's own (64-byte aligned) buffer: a BLAS may pick kernels by alignment, and a numpy copy's
             # alignment depends on earlier allocations, i.e. on the other shards
             xs = torch.from_numpy(x[rows]).clone().unsqueeze(0)
             ys = torch.from_numpy(y[rows]).unsqueeze(0)
@@ -447,18 +447,16 @@ def _fit_head(
     for k in params:
         params[k] = params[k].to(dtype)
     target = _optim.targets(ys, classes, smoothing=recipe.label_smoothing, dtype=dtype)
-    flops = 6 * xs.numel() * (recipe.hidden if recipe.kind == "mlp" else classes)
-    with _optim.threads_for(flops):
-        _optim.lbfgs(
-            recipe.kind,
-            params,
-            xs.to(dtype),
-            target,
-            ws.to(dtype),
-            l2=recipe.l2,
-            max_iter=recipe.steps,
-            tolerance=recipe.tolerance,
-        )
+    _optim.lbfgs(
+        recipe.kind,
+        params,
+        xs.to(dtype),
+        target,
+        ws.to(dtype),
+        l2=recipe.l2,
+        max_iter=recipe.steps,
+        tolerance=recipe.tolerance,
+    )
     if basis is not None:
         params[first] = torch.bmm(torch.bmm(params[first].float(), basis[1].transpose(1, 2)), rows)
 
