@@ -45,13 +45,27 @@ def _until(check, *, timeout: float, what: str) -> None:  # type: ignore[no-unty
         time.sleep(0.3)
 
 
+def _own_record(settings: TeacherSettings, tmp_path: Path, name: str, **admin: str) -> Path:
+    """A copy of the site file whose cap record is a copy of the party's (``admin``: its admin section's
+    changes)."""
+    data = json.loads(settings.model_dump_json())
+    data["cap"]["record"] = str(shutil.copy(settings.cap.record, tmp_path / f"{name}-cap.jsonl"))
+    data["admin"].update(admin)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
 def test_a_second_process_of_a_party_is_refused_by_its_cap_and_by_the_student(
     live_parties: LiveParties, tmp_path: Path
 ) -> None:
-    site = live_parties.layout.site(PARTY)
-    settings = TeacherSettings.load(site)
+    settings = TeacherSettings.load(live_parties.layout.site(PARTY))
     if not settings.heads.exists():
         train_party_heads(settings)
+    # The first and second processes share a record of their own: the worker's live federation is shared
+    # with other modules, and the party's own record stays unspent for them (preflight reads it).
+    site = _own_record(settings, tmp_path, "first")
+    record = TeacherSettings.load(site).cap.record
     admin = f"http://127.0.0.1:{live_parties.endpoints.admin[PARTY]}"
     first = _serve(site, tmp_path / "first.log")
     third = None
@@ -60,11 +74,9 @@ def test_a_second_process_of_a_party_is_refused_by_its_cap_and_by_the_student(
 
         # Same identity, its own copy of the record (two containers on two volumes): it gets past its own
         # cap, but the student refuses its stream.
-        data = json.loads(settings.model_dump_json())
-        data["cap"]["record"] = str(shutil.copy(settings.cap.record, tmp_path / "cap.jsonl"))
-        data["admin"]["bind"] = f"127.0.0.1:{free_port()}"
-        (tmp_path / "third.yaml").write_text(yaml.safe_dump(data))
-        third = _serve(tmp_path / "third.yaml", tmp_path / "third.log")
+        third = _serve(
+            _own_record(settings, tmp_path, "third", bind=f"127.0.0.1:{free_port()}"), tmp_path / "third.log"
+        )
 
         # Meanwhile, same site and same record: refused at start, exit code 4, naming the first process.
         second = subprocess.run(
@@ -74,7 +86,7 @@ def test_a_second_process_of_a_party_is_refused_by_its_cap_and_by_the_student(
             timeout=120,
         )
         assert second.returncode == 4, second.stderr
-        assert f"holds its cap record {settings.cap.record}: pid {first.pid} on host" in second.stderr
+        assert f"holds its cap record {record}: pid {first.pid} on host" in second.stderr
         assert "Traceback" not in second.stderr
         refused = "refused by the student: another process of this party is connected"
 
