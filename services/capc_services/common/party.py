@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI
@@ -36,26 +35,6 @@ def apply_threads(threads: int | None) -> None:
 
         torch.set_num_threads(threads)
         threadpool_limits(limits=threads, user_api="blas")
-
-
-@contextmanager
-def threads_limited(threads: int | None) -> Iterator[None]:
-    """:func:`apply_threads` for a call only, for work run inside a process that goes on after it (``capc
-    teacher train``'s entry point in a test, a benchmark or the demo): torch's and the BLAS thread counts are
-    restored on exit, so the caller's later work does not run on the party's cap (one thread, say)."""
-    if threads is None:
-        yield
-        return
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    before = torch.get_num_threads()
-    with threadpool_limits(limits=threads, user_api="blas"):  # restores the BLAS limits on exit
-        torch.set_num_threads(threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
 
 
 class PartyRuntime:

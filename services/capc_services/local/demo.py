@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from capc_common.errors import InputError, ProtocolError, UnavailableError
-from capc_services.common.party import threads_limited
+from capc_common.threads import threads_limited
 from capc_services.local.federation import down, prepare, token, up
 from capc_services.local.layout import Layout
 from capc_services.local.processes import probe

@@ -25,7 +25,7 @@ from capc_common.data import load_dataset, partition, site_part
 from capc_common.errors import InputError
 from capc_common.federation import load_shared_backbone, mechanism_of
 from capc_common.federation.site_data import dataset_findings, label_problem, refuse
-from capc_services.common.party import threads_limited
+from capc_common.threads import threads_limited
 from capc_services.teacher.settings import TeacherSettings
 
 if TYPE_CHECKING:

@@ -12,8 +12,6 @@ the head's own rows plus ``l2/2 · ||W||²`` on the weights (biases are not pena
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import numpy.typing as npt
@@ -52,8 +50,8 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     CPU build calls MKL, which on AMD processors runs no AVX-512 kernels; OpenBLAS does wherever the CPU has
     them (measured on this project's AMD EPYC machines, one thread: a 20,000 × 3,969 linear head's gradient
     step 115 ms against 175 ms). As with MKL, a product's bits may depend on the thread count and on a row's
-    place in the operand, so every head is fitted on its own tensors and one thread (:func:`one_thread`);
-    the operands are viewed, not copied.
+    place in the operand, so every head is fitted on its own tensors and one thread (:func:`train_heads
+    <capc_common.learn.heads.train_heads>`); the operands are viewed, not copied.
     """
     cpu32 = a.device.type == "cpu" and a.dtype == b.dtype == torch.float32
     if not cpu32 or a.requires_grad or b.requires_grad:
@@ -152,26 +150,6 @@ def adam(
                 value.addcdiv_(first[name], second[name].sqrt().add_(eps), value=-scale)
 
 
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Run on one thread, torch's and the BLAS's (:func:`bmm`); the previous limits are restored after.
-
-    A product's bits may depend on its thread count, so a head fitted on one thread is the same head
-    whatever the process's thread settings: a party's and the central runner's (measured with OpenBLAS: a
-    15,800-row head fitted on two threads differed in 23,952 of its 42,250 weights from the same head on
-    one; MKL likewise). It is also faster for the many small products of teachers and L-BFGS, whose
-    threads would otherwise synchronise on every operation (note: ``torch.set_num_threads`` is
-    process-wide).
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with threadpool_limits(limits=1, user_api="blas"):
-            yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def lbfgs(
     kind: str,
     params: dict[str, torch.Tensor],
@@ -211,8 +189,7 @@ def lbfgs(
     start = torch.cat([params[n].detach().reshape(-1) for n in names]).double().numpy()
     # L-BFGS-B's own vector work goes through SciPy's OpenBLAS, whose threads spin against torch's OpenMP
     # pool: with both loaded, a 20,000-parameter problem took 140 ms per iteration instead of 3 ms (measured
-    # here). One BLAS thread for the optimiser's bookkeeping (a head's own products run on one thread too:
-    # :func:`one_thread`).
+    # here). One BLAS thread for the optimiser's bookkeeping (a head's own products run on one thread too).
     with threadpool_limits(limits=1, user_api="blas"):
         result = minimize(
             objective,

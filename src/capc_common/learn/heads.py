@@ -31,6 +31,7 @@ import torch
 
 from capc_common.errors import InputError
 from capc_common.learn import _optim
+from capc_common.threads import threads_limited
 
 __all__ = ["HeadEnsemble", "HeadKind", "HeadRecipe", "fixed_votes", "train_heads"]
 
@@ -397,9 +398,11 @@ def train_heads(
     starts = np.concatenate([[0], np.cumsum(counts)])
     # Every head is fitted on one thread: a fixed order of arithmetic. Threaded BLAS may split its reductions
     # differently by thread count and when the machine is busy (seen here: an MLP head's last bits moved
-    # under load), and then a head's bits would depend on more than its own rows — a party's single head
-    # on its threads would differ from the central run's.
-    with _optim.one_thread():
+    # under load), and then a head's bits would depend on more than its own rows — a party's single head on
+    # its threads would differ from the central run's (measured with OpenBLAS: a 15,800-row head on two
+    # threads differed in 23,952 of its 42,250 weights from the same head on one; MKL likewise). One thread
+    # is also faster for the many small products of teachers and L-BFGS.
+    with threads_limited(1):
         for t in sorted(set(range(heads)) - idle):
             rows = order[starts[t] : starts[t + 1]]
             # torch's own (64-byte aligned) buffer: a BLAS may pick kernels by alignment, and a numpy copy's
