@@ -21,6 +21,7 @@ import click
 from capc_cli import commands
 from capc_common import __version__
 from capc_common.errors import CapcError, InputError
+from capc_common.memory import keep_freed_memory
 
 EXIT_CODES = """\b
 Exit codes:
@@ -62,6 +63,7 @@ def _permission_message(exc: PermissionError) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI, mapping library errors to their documented exit codes and a one-line message."""
+    keep_freed_memory()  # before numpy is imported: every party's process reuses what it frees
     try:
         # In non-standalone mode click returns the exit code of ``--help``/``--version`` (an int) or the
         # command's return value (None for every capc command).
