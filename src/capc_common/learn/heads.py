@@ -406,8 +406,12 @@ def train_heads(
         for t in sorted(set(range(heads)) - idle):
             rows = order[starts[t] : starts[t + 1]]
             # torch's own (64-byte aligned) buffer: a BLAS may pick kernels by alignment, and a numpy copy's
-            # alignment depends on earlier allocations, i.e. on the other shards
-            xs = torch.from_numpy(x[rows]).clone().unsqueeze(0)
+            # alignment depends on earlier allocations, i.e. on the other shards. The rows are gathered
+            # straight into it (one copy, not a numpy copy and its clone: a hospital's 20,000 × 4,225 rows
+            # are 338 MB each).
+            xs = torch.empty((len(rows), x.shape[1]), dtype=torch.float32)
+            np.take(x, rows, axis=0, out=xs.numpy())
+            xs = xs.unsqueeze(0)
             ys = torch.from_numpy(y[rows]).unsqueeze(0)
             ws = torch.from_numpy(w[rows] / w[rows].sum()).unsqueeze(0)
             head = {k: v[t : t + 1].clone() for k, v in params.items()}
