@@ -81,4 +81,9 @@ def test_the_operators_environment_wins(require: Require) -> None:
     for env in ({"MALLOC_MMAP_THRESHOLD_": str(32 << 20)}, {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=65536"}):
         mapped = _probe(**env)
         assert mapped["second"] > mapped["first"] // 2, (env, mapped)
+    # An arena per thread, as the operator asks (glibc's own name has no trailing underscore): the thread's
+    # second heap goes back when its arrays are freed, and the next pair is faulted in again.
+    for env in ({"MALLOC_ARENA_MAX": "8"}, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=8"}):
+        first, *again = _probe(**env)["thread"]
+        assert all(n > first // 4 for n in again), (env, first, again)
     assert _probe(NUMPY_MADVISE_HUGEPAGE="1")["huge"] is True

@@ -9,9 +9,10 @@ starts 14 such processes, the test suite about 300.
 
 :func:`arm` registers a last exit handler that flushes the standard streams and ends the process with the
 code it was exiting with (:func:`exiting_with`), skipping only that teardown. Exit handlers registered
-earlier would run after it, so :func:`arm` must run first thing (the CLI's entry point calls it before any
-other module of the process could register one, and tests check the order). A process that exits by an
-uncaught exception records no code and tears down as usual.
+earlier would run after it and so never, which is why :func:`arm` does nothing where one is registered
+already (a sitecustomize's, say: coverage, tracing); the CLI's entry point calls it first thing, and importing
+the CLI registers none (tests check both). A process that exits by an uncaught exception records no code, and
+one whose stdout or stderr cannot be flushed, tears down as usual.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ _status: list[int] = []
 
 
 def exit_status(code: object) -> int:
-    """The process status ``SystemExit(code)`` ends with: None is 0, an int itself, anything else 1 (Python
-    prints it to stderr)."""
+    """The process status ``SystemExit(code)`` ends with: None is 0, an int its low byte (255 beyond a C
+    int), anything else 1 (Python prints it to stderr)."""
     if code is None:
         return 0
     if isinstance(code, int):
-        return code & 0xFF
+        return code & 0xFF if -(2**31) <= code < 2**31 else 255
     return 1
 
 
@@ -40,18 +41,29 @@ def exiting_with(code: object) -> None:
     _status[:] = [exit_status(code)]
 
 
-def arm() -> None:
+def arm() -> bool:
     """At exit, after every exit handler registered after this call, flush stdout and stderr and end the
-    process with the recorded status (no status recorded: the usual teardown)."""
+    process with the recorded status (no status recorded: the usual teardown). Returns whether it armed:
+    not where an exit handler is registered already (it would be skipped)."""
+    if _handlers() != 0:
+        return False
     atexit.register(_end)
+    return True
+
+
+def _handlers() -> int:
+    """Exit handlers registered so far (CPython's count; elsewhere assume one, which disarms)."""
+    count = getattr(atexit, "_ncallbacks", None)
+    return int(count()) if callable(count) else 1
 
 
 def _end() -> None:
     if not _status:
         return
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):  # closed, or replaced by a caller
-            continue
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except (OSError, ValueError):  # a full disk, a closed pipe: the usual teardown reports it (status 120)
+        return
     os._exit(_status[0])

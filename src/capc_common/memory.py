@@ -13,12 +13,15 @@ against 3–4 s).
 The price is memory held: freed blocks stay in the process, so its resident size stays near the highest it
 has reached, plus fragmentation (a large block freed under a small live one is not returned). Measured: a
 student fitting 8,192 labelled queries in chunks of 2,048 peaked at 608 MB against 550 MB with the defaults.
-Worker threads allocate from the same heap (one arena): a thread's own arena holds at most 64 MiB per heap
+Worker threads started after the call allocate from the same heap (one arena; glibc limits only arenas made
+later, so a thread that allocated before keeps its own): a thread's own arena holds at most 64 MiB per heap
 and hands a heap back as soon as it is empty, so a thread working through blocks of a few tens of MB (the
 demo's three hospitals training their local heads side by side) got fresh memory for nearly every block.
 Measured, those three threads over 30 Adam steps each: 1.89 M page faults and 4.4–5.0 s of system time with
-one arena per thread, 0.75–0.83 M and 1.8–2.1 s with one for all. The price is one lock for all threads'
-mallocs; Python's small objects do not take it (they come from its own allocator).
+one arena per thread, 0.75–0.83 M and 1.8–2.1 s with one for all. The price: the threads' larger mallocs take
+one lock (small blocks come from each thread's cache, Python's small objects from its own allocator), and a
+long-lived small block of one thread can keep the shared heap from shrinking after another's large free (the
+trim threshold keeps such tops anyway).
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ def glibc() -> bool:
 
 
 def _operator_tuned_malloc() -> bool:
-    """Whether the environment tunes glibc's malloc itself (``MALLOC_*_`` or ``GLIBC_TUNABLES``)."""
-    return any(k.startswith("MALLOC_") and k.endswith("_") for k in os.environ) or "glibc.malloc." in (
+    """Whether the environment tunes glibc's malloc itself: any ``MALLOC_*`` variable (``MALLOC_ARENA_MAX``
+    has no trailing underscore, ``MALLOC_MMAP_MAX_`` has one) or ``glibc.malloc.*`` in ``GLIBC_TUNABLES``."""
+    return any(k.startswith("MALLOC_") for k in os.environ) or "glibc.malloc." in (
         os.environ.get("GLIBC_TUNABLES", "")
     )
 
@@ -55,11 +59,11 @@ def _operator_tuned_malloc() -> bool:
 def keep_freed_memory() -> None:
     """Keep freed memory in this process for reuse, and no huge pages for numpy's arrays.
 
-    Call it once, at a process's start, best before numpy is imported (the CLI's entry point does). The
-    operator's settings win: any malloc setting in the environment (a ``MALLOC_*_`` variable, or
-    ``glibc.malloc.*`` in ``GLIBC_TUNABLES``) leaves glibc's allocator as the environment set it, and
-    ``NUMPY_MADVISE_HUGEPAGE`` numpy's huge pages. Child processes inherit the numpy setting. Off glibc only
-    numpy's setting applies.
+    Call it once, at a process's start, before any thread is started and best before numpy is imported (the
+    CLI's entry point does). The operator's settings win: any malloc setting in the environment (a
+    ``MALLOC_*`` variable, or ``glibc.malloc.*`` in ``GLIBC_TUNABLES``) leaves glibc's allocator as the
+    environment set it, and ``NUMPY_MADVISE_HUGEPAGE`` numpy's huge pages. Child processes inherit the numpy
+    setting. Off glibc only numpy's setting applies.
     """
     os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")  # read once, when numpy is imported
     numpy = sys.modules.get("numpy")

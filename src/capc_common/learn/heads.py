@@ -408,9 +408,10 @@ def train_heads(
             # torch's own (64-byte aligned) buffer: a BLAS may pick kernels by alignment, and a numpy copy's
             # alignment depends on earlier allocations, i.e. on the other shards. The rows are gathered
             # straight into it (one copy, not a numpy copy and its clone: a hospital's 20,000 × 4,225 rows
-            # are 338 MB each).
+            # are 338 MB each); "clip" because numpy's default mode gathers into a temporary first, and
+            # ``rows`` (from the argsort) are all in range.
             xs = torch.empty((len(rows), x.shape[1]), dtype=torch.float32)
-            np.take(x, rows, axis=0, out=xs.numpy())
+            np.take(x, rows, axis=0, out=xs.numpy(), mode="clip")
             xs = xs.unsqueeze(0)
             ys = torch.from_numpy(y[rows]).unsqueeze(0)
             ws = torch.from_numpy(w[rows] / w[rows].sum()).unsqueeze(0)
