@@ -359,7 +359,7 @@ def teacher_names(parties: int) -> list[str]:
 
 def federation_dict(options: LocalOptions) -> dict[str, Any]:
     """The federation.yaml of a local federation, as a mapping."""
-    from capc_common.models import default_backbone, load_backbone
+    from capc_common.models import backbone_sha256, default_backbone
     from capc_common.synth import DEFAULT_GENERATOR, image_shape_for
 
     if options.parties < 1 or options.teachers_per_party < 1:
@@ -387,7 +387,7 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
             "width": width,
             "channels": channels,
         },
-        "backbone": {"name": backbone, "sha256": load_backbone(backbone).sha256},
+        "backbone": {"name": backbone, "sha256": backbone_sha256(backbone)},
         "quorum": {
             "min_parties": options.min_parties or max(1, options.parties - 1),
             "vote_deadline_s": options.vote_deadline_s,

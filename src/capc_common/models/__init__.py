@@ -27,7 +27,13 @@ if TYPE_CHECKING:
         bn_stats,
         recalibrate_running_stats,
     )
-    from capc_common.models.checkpoint import default_backbone, load_backbone, save_backbone, verify_backbone
+    from capc_common.models.checkpoint import (
+        backbone_sha256,
+        default_backbone,
+        load_backbone,
+        save_backbone,
+        verify_backbone,
+    )
     from capc_common.models.features import (
         FixedFront,
         chunk_starts,
@@ -48,6 +54,7 @@ _HOME = {
     "StatBatchNorm2d": "batchnorm",
     "bn_stats": "batchnorm",
     "recalibrate_running_stats": "batchnorm",
+    "backbone_sha256": "checkpoint",
     "default_backbone": "checkpoint",
     "load_backbone": "checkpoint",
     "save_backbone": "checkpoint",
@@ -73,6 +80,7 @@ __all__ = [
     "Scattering2D",
     "StatBatchNorm1d",
     "StatBatchNorm2d",
+    "backbone_sha256",
     "bn_stats",
     "build_backbone",
     "chunk_starts",

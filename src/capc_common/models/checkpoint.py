@@ -34,7 +34,14 @@ from capc_common.models.files import (
 if TYPE_CHECKING:
     from capc_common.models.backbone import Backbone
 
-__all__ = ["default_backbone", "list_backbones", "load_backbone", "save_backbone", "verify_backbone"]
+__all__ = [
+    "backbone_sha256",
+    "default_backbone",
+    "list_backbones",
+    "load_backbone",
+    "save_backbone",
+    "verify_backbone",
+]
 
 # Preference order of the default for an input shape: a learned hybrid when shipped, else scattering.
 _DEFAULT_ORDER = ("hybrid", "scatter")
@@ -48,13 +55,13 @@ def default_backbone(height: int, width: int, channels: int) -> str:
     Raises:
         InputError: no backbone can take that shape (scattering needs sides that are multiples of 4, > 4).
     """
-    from capc_common.models.backbone import build_backbone  # torch: only when no file is shipped
-
     shape = f"{int(height)}x{int(width)}x{int(channels)}"
     shipped = shipped_files()
     for family in _DEFAULT_ORDER:
         if f"{family}-{shape}" in shipped:
             return f"{family}-{shape}"
+    from capc_common.models.backbone import build_backbone  # torch: only when no file is shipped
+
     name = f"scatter-{shape}"
     build_backbone("scatter", input_shape=shape)  # raises InputError for an unsupported shape
     return name
@@ -134,6 +141,21 @@ def load_backbone(name_or_path: str | Path, *, sha256: str | None = None) -> Bac
         backbone = _load_file(path)
     check_pinned(name_or_path, actual=backbone.sha256, expected=sha256)
     return backbone.eval()
+
+
+def backbone_sha256(name_or_path: str | Path) -> str:
+    """A backbone's content hash (what ``federation.yaml`` pins), verified against its file: from the file
+    alone where it has one (no torch, no model built: provisioning a federation needs only this); a
+    scattering backbone without a file is built to hash it.
+
+    Raises:
+        InputError: unknown name, missing or unreadable file.
+        IntegrityError: the file does not match its own hash.
+    """
+    path = backbone_file(name_or_path)
+    if path is None:
+        return load_backbone(name_or_path).sha256
+    return read_checkpoint(path).sha256
 
 
 def verify_backbone(name_or_path: str | Path, *, sha256: str | None) -> tuple[int, int, int]:
