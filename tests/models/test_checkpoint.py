@@ -85,18 +85,48 @@ def test_backbone_sha256_is_the_loaded_models_hash_and_checks_the_file(tmp_path)
         backbone_sha256(path)
 
 
-def test_provisioning_a_federation_pins_the_backbone_without_torch():
-    # `capc local up` and the demo write federation.yaml before any party starts: importing torch there
-    # (2-3 s) held every hospital's training back (measured: the quick demo's first 4.0 s, now 1.7 s)
+def test_a_file_whose_hash_is_not_its_models_is_refused(tmp_path):
+    """A hand-made file may hash correctly as a file and still load to another model (float64 tensors that
+    ``load_state_dict`` converts): the file's hash, which provisioning pins, must be the loaded model's."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from capc_common.models.files import _header, _tensor, tensor_digest
+
+    path, wide = tmp_path / "b.safetensors", tmp_path / "wide.safetensors"
+    save_backbone(build_backbone("cnn", input_shape="28x28x1", config={"width": 8}), path)
+    with safe_open(str(path), "pt") as handle:
+        metadata = {k: v for k, v in handle.metadata().items() if k != "sha256"}
+        state = {k: handle.get_tensor(k).double() for k in handle.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    save_file(state, str(wide), metadata=metadata)  # then its own hash, as read_checkpoint computes it
+    data = wide.read_bytes()
+    header, entries, start = _header(wide, data)
+    digest = tensor_digest(header, [_tensor(data, start, name, entry) for name, entry in entries.items()])
+    save_file(state, str(wide), metadata={**metadata, "sha256": digest})
+    assert backbone_sha256(wide) == digest  # a sound file
+    with pytest.raises(InputError, match="the model it loads to has SHA-256"):
+        load_backbone(wide)
+
+
+def test_provisioning_a_federation_pins_the_backbone_without_torch(tmp_path):
+    # `capc local up` and the demo provision a federation before any party starts: importing torch there
+    # held every hospital's training back by its import. torch is made unimportable in the probe.
     code = (
-        "import sys; from capc_services.local.provision import federation_dict; "
-        "from capc_services.local.demo import QUICK_OPTIONS; from capc_common.models import load_backbone; "
-        "pinned = federation_dict(QUICK_OPTIONS)['backbone']; print('torch' in sys.modules); "
-        "print(load_backbone(pinned['name']).sha256 == pinned['sha256'])"
+        "import sys\n"
+        "class Blocker:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch imported while provisioning')\n"
+        "sys.meta_path.insert(0, Blocker())\n"
+        "from capc_services.local.provision import provision\n"
+        "from capc_services.local.demo import QUICK_OPTIONS\n"
+        f"layout, config, _ = provision({str(tmp_path / 'fed')!r}, QUICK_OPTIONS)\n"
+        "print(config.backbone.name, config.backbone.sha256)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "True"]
+    name, pinned = done.stdout.split()
+    assert load_backbone(name).sha256 == pinned  # what the parties will load
 
 
 def test_bad_names_and_files(tmp_path):

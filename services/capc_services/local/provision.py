@@ -438,7 +438,10 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
             f"{layout.root} already holds a federation; `{layout.command('down')} --purge` it first"
         )
     config = FederationConfig.from_dict(federation_dict(options), source="local federation options")
-    check_runnable(config)
+    # The backbone's file against its pinned hash, without torch (as the guardian checks it): the parties
+    # that run the model load it when they start, and a federation's first step, its hospitals' training,
+    # no longer waits for torch here (a release mechanism's protocol still builds it).
+    check_runnable(config, model=False)
     existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
     try:
         endpoints = _write_federation(layout, config, options)

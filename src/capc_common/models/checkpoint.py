@@ -114,6 +114,13 @@ def _load_file(path: Path) -> Backbone:
         backbone.load_state_dict(state, strict=True)
     except (SafetensorError, KeyError, json.JSONDecodeError, RuntimeError) as exc:
         raise InputError(f"backbone {path}: metadata and tensors do not fit together ({exc})") from exc
+    if backbone.sha256 != checkpoint.sha256:
+        # e.g. tensors of another dtype (load_state_dict converts them) or metadata save_backbone does not
+        # write: the file's hash (what provisioning pins, what the guardian checks) must be the model's
+        raise InputError(
+            f"backbone {path}: the model it loads to has SHA-256 {backbone.sha256}, not the file's "
+            f"{checkpoint.sha256}; write it with save_backbone (`capc pretrain` does)"
+        )
     return backbone
 
 
