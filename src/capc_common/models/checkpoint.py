@@ -96,8 +96,9 @@ def save_backbone(backbone: Backbone, path: str | Path) -> str:
     return digest
 
 
-def _load_file(path: Path) -> Backbone:
-    """The backbone of a checkpoint file, its content hash verified on the bytes its tensors load from."""
+def _load_file(path: Path) -> tuple[Backbone, str]:
+    """The backbone of a checkpoint file and its content hash, verified on the bytes its tensors load from
+    and equal to the loaded model's (hashed once here: a party's start-up pays it)."""
     from safetensors import SafetensorError
     from safetensors.torch import load
 
@@ -114,14 +115,15 @@ def _load_file(path: Path) -> Backbone:
         backbone.load_state_dict(state, strict=True)
     except (SafetensorError, KeyError, json.JSONDecodeError, RuntimeError) as exc:
         raise InputError(f"backbone {path}: metadata and tensors do not fit together ({exc})") from exc
-    if backbone.sha256 != checkpoint.sha256:
+    loaded = backbone.sha256
+    if loaded != checkpoint.sha256:
         # e.g. tensors of another dtype (load_state_dict converts them) or metadata save_backbone does not
         # write: the file's hash (what provisioning pins, what the guardian checks) must be the model's
         raise InputError(
-            f"backbone {path}: the model it loads to has SHA-256 {backbone.sha256}, not the file's "
+            f"backbone {path}: the model it loads to has SHA-256 {loaded}, not the file's "
             f"{checkpoint.sha256}; write it with save_backbone (`capc pretrain` does)"
         )
-    return backbone
+    return backbone, loaded
 
 
 def load_backbone(name_or_path: str | Path, *, sha256: str | None = None) -> Backbone:
@@ -144,9 +146,10 @@ def load_backbone(name_or_path: str | Path, *, sha256: str | None = None) -> Bac
     if path is None:  # training-free scattering: built from its configuration
         shape = parse_shape(str(name_or_path).removeprefix("scatter-"))
         backbone = build_backbone("scatter", input_shape=shape, recipe={"kind": "training-free"})
+        digest = backbone.sha256
     else:
-        backbone = _load_file(path)
-    check_pinned(name_or_path, actual=backbone.sha256, expected=sha256)
+        backbone, digest = _load_file(path)
+    check_pinned(name_or_path, actual=digest, expected=sha256)
     return backbone.eval()
 
 
