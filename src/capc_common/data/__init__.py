@@ -13,7 +13,7 @@ from capc_common.data.dataset import Dataset
 from capc_common.data.files import load_image_folder, load_npz
 from capc_common.data.idx import load_idx, read_idx
 from capc_common.data.importer import import_images, write_npz
-from capc_common.data.partition import PARTITION_SCHEMES, partition, site_part, site_parts
+from capc_common.data.partition import PARTITION_SCHEMES, holdout_part, partition, site_part, site_parts
 
 __all__ = [
     "DATASET_NAMES",
@@ -27,6 +27,7 @@ __all__ = [
     "load_npz",
     "partition",
     "read_idx",
+    "holdout_part",
     "site_part",
     "site_parts",
     "write_npz",

@@ -1,0 +1,131 @@
+"""A party's own best model: the holdout split, the fits, the choice that leans to alone, the from-scratch CNN.
+
+The data are scikit-learn's real 8×8 digits (pixels as features): small enough for seconds, real enough that
+a bad fit or a wrong choice shows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from capc_common.data import holdout_part, load_dataset
+from capc_common.errors import InputError
+from capc_common.learn.personal import (
+    LinearModel,
+    PersonalRecipe,
+    fit_linear,
+    keep,
+    personalise,
+    predict,
+)
+from capc_common.learn.scratch import CnnRecipe, train_scratch_cnn
+from capc_common.mechanisms import normalise
+
+FAST = PersonalRecipe(cnn=None)
+
+
+@pytest.fixture(scope="module")
+def digits() -> dict[str, np.ndarray]:
+    train, test = load_dataset("digits", split="train"), load_dataset("digits", split="test")
+    as_x = lambda d: normalise(d.images.reshape(len(d.labels), -1).astype(np.float32))  # noqa: E731
+    return {
+        "x": as_x(train),
+        "y": train.labels.astype(np.int64),
+        "images": train.images,
+        "tx": as_x(test),
+        "ty": test.labels.astype(np.int64),
+    }
+
+
+def test_holdout_is_a_function_of_each_example_alone(digits):
+    images, labels = digits["images"], digits["y"]
+    train, held = holdout_part(images, labels, fraction=0.2, seed=7)
+    assert np.array_equal(np.sort(np.concatenate([train, held])), np.arange(len(labels)))
+    assert 0.15 < len(held) / len(labels) < 0.25
+    # Remove one training example and one held-out example: every other example keeps its side.
+    for gone in (int(train[3]), int(held[3])):
+        keep_rows = np.delete(np.arange(len(labels)), gone)
+        t2, h2 = holdout_part(images[keep_rows], labels[keep_rows], fraction=0.2, seed=7)
+        assert np.array_equal(keep_rows[h2], np.setdiff1d(held, [gone]))
+        assert np.array_equal(keep_rows[t2], np.setdiff1d(train, [gone]))
+    # Another seed holds out other examples; fraction 0 holds out none.
+    assert not np.array_equal(holdout_part(images, labels, fraction=0.2, seed=8)[1], held)
+    assert len(holdout_part(images, labels, fraction=0.0, seed=7)[1]) == 0
+    with pytest.raises(InputError, match="fraction"):
+        holdout_part(images, labels, fraction=1.0, seed=7)
+
+
+def test_fit_linear_cross_validates_and_a_strong_prior_keeps_the_prior(digits):
+    x, y = digits["x"][:300], digits["y"][:300]
+    model, info = fit_linear(x, y, classes=10, grid=(0.0, 1e-2, 10.0), recipe=FAST, space="per-example")
+    assert set(info["cv_accuracy"]) == {0.0, 1e-2, 10.0}
+    assert info["strength"] != 10.0  # a crushing penalty loses on the held-out folds
+    assert (model.predict(digits["tx"]) == digits["ty"]).mean() > 0.85
+    prior = model.weights
+    pulled, _ = fit_linear(
+        x[:40], (y[:40] + 1) % 10, classes=10, grid=(1e4,), recipe=FAST, space="student", prior=prior
+    )
+    assert np.abs(pulled.weights[:, :-1] - prior[:, :-1]).max() < 0.05  # the pull held it at the prior
+    free, _ = fit_linear(
+        x[:40], (y[:40] + 1) % 10, classes=10, grid=(0.0,), recipe=FAST, space="student", prior=prior
+    )
+    assert (free.predict(x[:40]) == (y[:40] + 1) % 10).mean() > 0.9  # without it, the party's labels win
+
+
+def test_keep_leans_to_alone_unless_the_gain_is_clear():
+    rng = np.random.default_rng(0)
+    alone = rng.random(200) < 0.8
+    barely = alone.copy()
+    barely[np.flatnonzero(~alone)[:3]] = True  # three examples fixed, two broken: +0.5 point, within noise
+    barely[np.flatnonzero(alone)[:2]] = False
+    clearly = alone | (rng.random(200) < 0.5)  # about +10 points
+    name, tests = keep({"alone": alone, "shared": barely}, margin=1.0)
+    assert name == "alone" and not tests["shared"]["significant"]
+    name, tests = keep({"alone": alone, "shared": barely, "personalised": clearly}, margin=1.0)
+    assert name == "personalised" and tests["personalised"]["significant"]
+    assert keep({"alone": alone, "shared": clearly}, margin=100.0)[0] == "alone"
+    with pytest.raises(InputError, match="alone"):
+        keep({"shared": alone}, margin=1.0)
+
+
+def test_personalise_keeps_a_good_shared_model_and_refuses_a_bad_one(digits):
+    x, y = digits["x"], digits["y"]
+    good, _ = fit_linear(x, y, classes=10, grid=(1e-3,), recipe=FAST, space="student")
+    party = np.arange(60)  # a small party: alone is weak, the model trained on all the digits is not
+    train, held = party[:45], np.arange(60, 260)
+    inputs = lambda rows: {"per-example": x[rows], "student": x[rows]}  # noqa: E731
+    found = personalise(
+        inputs(train), y[train], inputs(held), y[held], classes=10, shared=good.weights, recipe=FAST
+    )
+    assert found.kept in ("shared", "personalised")
+    assert found.holdout["shared"] > found.holdout["alone"]
+    kept_acc = (predict(found.model("kept"), {"student": digits["tx"]}) == digits["ty"]).mean()
+    alone_acc = (predict(found.model("alone"), {"per-example": digits["tx"]}) == digits["ty"]).mean()
+    assert kept_acc > alone_acc
+    # A shared model that predicts one class (a failed federation) is never kept.
+    useless = np.zeros_like(good.weights)
+    useless[0, -1] = 1.0
+    found = personalise(inputs(train), y[train], inputs(held), y[held], classes=10, shared=useless, recipe=FAST)
+    assert found.kept != "shared" and found.holdout["shared"] < 0.2
+    with pytest.raises(InputError, match="holdout"):
+        personalise(inputs(train), y[train], inputs(held[:0]), y[held[:0]], classes=10, shared=None)
+
+
+def test_the_cnn_from_scratch_learns_and_is_deterministic(digits):
+    images, labels = digits["images"][:400], digits["y"][:400]
+    recipe = CnnRecipe(width=8, hidden=32, max_epochs=12, max_steps=200)
+    cnn = train_scratch_cnn(images, labels, classes=10, recipe=recipe, seed=3)
+    test = load_dataset("digits", split="test")
+    assert (cnn.predict(test.images) == test.labels).mean() > 0.6  # chance: 0.1
+    again = train_scratch_cnn(images, labels, classes=10, recipe=recipe, seed=3)
+    assert np.array_equal(again.predict(test.images), cnn.predict(test.images))
+    assert 1 <= cnn.best_epoch <= cnn.epochs <= 12
+    with pytest.raises(InputError, match="labels"):
+        train_scratch_cnn(images, labels + 10, classes=10, recipe=recipe)
+
+
+def test_linear_model_refuses_features_of_another_width():
+    model = LinearModel(np.zeros((3, 5)), "per-example")
+    with pytest.raises(InputError, match=r"\(N, 4\)"):
+        model.predict(np.zeros((2, 3)))
