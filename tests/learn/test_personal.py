@@ -13,6 +13,7 @@ from capc_common.data import holdout_part, load_dataset
 from capc_common.errors import InputError
 from capc_common.learn.personal import (
     LinearModel,
+    LinearSpec,
     PersonalRecipe,
     fit_linear,
     keep,
@@ -56,21 +57,28 @@ def test_holdout_is_a_function_of_each_example_alone(digits):
         holdout_part(images, labels, fraction=1.0, seed=7)
 
 
-def test_fit_linear_cross_validates_and_a_strong_prior_keeps_the_prior(digits):
+def test_fit_linear_fits_every_spec_and_a_strong_prior_keeps_the_prior(digits):
     x, y = digits["x"][:300], digits["y"][:300]
-    model, info = fit_linear(x, y, classes=10, grid=(0.0, 1e-2, 10.0), recipe=FAST, space="per-example")
-    assert set(info["cv_accuracy"]) == {0.0, 1e-2, 10.0}
-    assert info["strength"] != 10.0  # a crushing penalty loses on the held-out folds
-    assert (model.predict(digits["tx"]) == digits["ty"]).mean() > 0.85
-    prior = model.weights
-    pulled, _ = fit_linear(
-        x[:40], (y[:40] + 1) % 10, classes=10, grid=(1e4,), recipe=FAST, space="student", prior=prior
+    grid = (LinearSpec(0.0), LinearSpec(10.0), LinearSpec(0.1, standardise=True))
+    models = fit_linear(x, y, classes=10, grid=grid, recipe=FAST, space="per-example")
+    scores = [(m.predict(digits["tx"]) == digits["ty"]).mean() for m in models]
+    assert scores[0] > 0.85 and scores[2] > 0.85  # the standardisation is folded into the weights
+    assert scores[1] < scores[0] - 0.1  # a crushing penalty loses
+    prior = models[0].weights
+    shifted = (y[:40] + 1) % 10
+    pulled, free = fit_linear(
+        x[:40],
+        shifted,
+        classes=10,
+        grid=(LinearSpec(1e4), LinearSpec(0.0)),
+        recipe=FAST,
+        space="student",
+        prior=prior,
     )
     assert np.abs(pulled.weights[:, :-1] - prior[:, :-1]).max() < 0.05  # the pull held it at the prior
-    free, _ = fit_linear(
-        x[:40], (y[:40] + 1) % 10, classes=10, grid=(0.0,), recipe=FAST, space="student", prior=prior
-    )
-    assert (free.predict(x[:40]) == (y[:40] + 1) % 10).mean() > 0.9  # without it, the party's labels win
+    assert (free.predict(x[:40]) == shifted).mean() > 0.9  # without it, the party's labels win
+    with pytest.raises(InputError, match="standardised"):
+        fit_linear(x, y, classes=10, grid=grid, recipe=FAST, space="student", prior=prior)
 
 
 def test_keep_leans_to_alone_unless_the_gain_is_clear():
@@ -91,7 +99,7 @@ def test_keep_leans_to_alone_unless_the_gain_is_clear():
 
 def test_personalise_keeps_a_good_shared_model_and_refuses_a_bad_one(digits):
     x, y = digits["x"], digits["y"]
-    good, _ = fit_linear(x, y, classes=10, grid=(1e-3,), recipe=FAST, space="student")
+    (good,) = fit_linear(x, y, classes=10, grid=(LinearSpec(1e-4),), recipe=FAST, space="student")
     party = np.arange(60)  # a small party: alone is weak, the model trained on all the digits is not
     train, held = party[:45], np.arange(60, 260)
     inputs = lambda rows: {"per-example": x[rows], "student": x[rows]}  # noqa: E731
@@ -106,7 +114,9 @@ def test_personalise_keeps_a_good_shared_model_and_refuses_a_bad_one(digits):
     # A shared model that predicts one class (a failed federation) is never kept.
     useless = np.zeros_like(good.weights)
     useless[0, -1] = 1.0
-    found = personalise(inputs(train), y[train], inputs(held), y[held], classes=10, shared=useless, recipe=FAST)
+    found = personalise(
+        inputs(train), y[train], inputs(held), y[held], classes=10, shared=useless, recipe=FAST
+    )
     assert found.kept != "shared" and found.holdout["shared"] < 0.2
     with pytest.raises(InputError, match="holdout"):
         personalise(inputs(train), y[train], inputs(held[:0]), y[held[:0]], classes=10, shared=None)

@@ -5,12 +5,12 @@ not a straw man. On features of the shared backbone a linear head is usually tha
 does not suit the images (another modality, another size) a small network trained end to end on the
 party's own pixels can win, so the comparison includes one.
 
-The recipe is fixed and small so that it runs at every site, on a CPU, in bounded time: two 3×3 convolutions
-(ReLU, BatchNorm, 2×2 max-pooling), one hidden layer, Adam (3e-3) with batches of 64, one thread, random shifts of up to two
-pixels as augmentation (no flips: a mirrored chest X-ray is not a chest X-ray), and early stopping on an inner
-validation part of the training images (the epoch with the best inner accuracy is kept). At most
-:attr:`CnnRecipe.max_steps` optimiser steps in all, so a party of 60,000 images costs about as much as one of
-8,000. Nothing here is private: the model never leaves its site.
+The recipe is fixed and small so that it runs at every site, on a CPU, in bounded time: two 3×3
+convolutions (ReLU, BatchNorm, 2×2 max-pooling), one hidden layer, Adam (3e-3) with batches of 64 on one
+thread, random shifts of up to two pixels as augmentation (no flips: a mirrored chest X-ray is not a chest
+X-ray), and early stopping on an inner validation part of the training images (the epoch with the best inner
+accuracy is kept). At most :attr:`CnnRecipe.max_steps` optimiser steps in all, so a party of 60,000 images
+costs about as much as one of 8,000. Nothing here is private: the model never leaves its site.
 """
 
 from __future__ import annotations
@@ -162,7 +162,12 @@ def train_scratch_cnn(
 
 
 def _train(
-    images: npt.NDArray[np.uint8], labels: npt.NDArray[np.int64], *, classes: int, recipe: CnnRecipe, seed: int
+    images: npt.NDArray[np.uint8],
+    labels: npt.NDArray[np.int64],
+    *,
+    classes: int,
+    recipe: CnnRecipe,
+    seed: int,
 ) -> ScratchCNN:
     import torch
 
