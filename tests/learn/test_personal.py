@@ -1,4 +1,4 @@
-"""A party's own best model: the holdout split, the fits, the choice that leans to alone, the from-scratch CNN.
+"""A party's own best model: the holdout split, the fits, the choice that leans to alone, the CNN.
 
 The data are scikit-learn's real 8×8 digits (pixels as features): small enough for seconds, real enough that
 a bad fit or a wrong choice shows.
@@ -15,6 +15,8 @@ from capc_common.learn.personal import (
     LinearModel,
     LinearSpec,
     PersonalRecipe,
+    Split,
+    fit_alone,
     fit_linear,
     keep,
     personalise,
@@ -100,26 +102,26 @@ def test_keep_leans_to_alone_unless_the_gain_is_clear():
 def test_personalise_keeps_a_good_shared_model_and_refuses_a_bad_one(digits):
     x, y = digits["x"], digits["y"]
     (good,) = fit_linear(x, y, classes=10, grid=(LinearSpec(1e-4),), recipe=FAST, space="student")
-    party = np.arange(60)  # a small party: alone is weak, the model trained on all the digits is not
-    train, held = party[:45], np.arange(60, 260)
+    train, held = np.arange(45), np.arange(60, 260)  # a small party: alone is weak
     inputs = lambda rows: {"per-example": x[rows], "student": x[rows]}  # noqa: E731
-    found = personalise(
-        inputs(train), y[train], inputs(held), y[held], classes=10, shared=good.weights, recipe=FAST
-    )
+    split = Split(inputs(train), y[train], inputs(held), y[held])
+    alone = fit_alone(split, classes=10, recipe=FAST)
+    found = personalise(split, classes=10, shared=good.weights, alone=alone, recipe=FAST)
     assert found.kept in ("shared", "personalised")
-    assert found.holdout["shared"] > found.holdout["alone"]
-    kept_acc = (predict(found.model("kept"), {"student": digits["tx"]}) == digits["ty"]).mean()
-    alone_acc = (predict(found.model("alone"), {"per-example": digits["tx"]}) == digits["ty"]).mean()
+    assert found.holdout["shared"] > found.holdout["alone"] == alone.holdout["alone"]
+    test = {"student": digits["tx"], "per-example": digits["tx"]}
+    kept_acc = (predict(found.model("kept"), test) == digits["ty"]).mean()
+    alone_acc = (predict(found.model("alone"), test) == digits["ty"]).mean()
     assert kept_acc > alone_acc
     # A shared model that predicts one class (a failed federation) is never kept.
     useless = np.zeros_like(good.weights)
     useless[0, -1] = 1.0
-    found = personalise(
-        inputs(train), y[train], inputs(held), y[held], classes=10, shared=useless, recipe=FAST
-    )
+    found = personalise(split, classes=10, shared=useless, alone=alone, recipe=FAST)
     assert found.kept != "shared" and found.holdout["shared"] < 0.2
     with pytest.raises(InputError, match="holdout"):
-        personalise(inputs(train), y[train], inputs(held[:0]), y[held[:0]], classes=10, shared=None)
+        Split(inputs(train), y[train], inputs(held[:0]), y[held[:0]])
+    with pytest.raises(InputError, match="rows"):
+        Split(inputs(train), y[train[1:]], inputs(held), y[held])
 
 
 def test_the_cnn_from_scratch_learns_and_is_deterministic(digits):

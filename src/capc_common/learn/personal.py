@@ -47,6 +47,7 @@ from capc_common.learn.scratch import CnnRecipe, ScratchCNN, train_scratch_cnn
 __all__ = [
     "ALONE_GRID",
     "CANDIDATES",
+    "Alone",
     "LinearModel",
     "LinearSpec",
     "PersonalRecipe",
@@ -294,36 +295,6 @@ def keep(correct: Mapping[str, npt.NDArray[np.bool_]], *, margin: float) -> tupl
     return (max(winners)[2] if winners else "alone"), tests
 
 
-@dataclass(frozen=True)
-class Personalised:
-    """What a party found on its holdout, and the models behind it.
-
-    Attributes:
-        holdout: accuracy of each candidate on the holdout (``alone``, ``shared``, ``personalised``, and the
-            alone candidates ``alone-linear`` / ``alone-cnn``).
-        kept: the candidate kept (one of :data:`CANDIDATES`).
-        alone: the alone model (a :class:`LinearModel` over per-example features, or a :class:`ScratchCNN`).
-        shared: the shared student (over its own space), or None.
-        personalised: the fine-tuned student, or None.
-        detail: strengths chosen, cross-validation scores, the keep test, sizes.
-    """
-
-    holdout: dict[str, float]
-    kept: str
-    alone: LinearModel | ScratchCNN
-    shared: LinearModel | None
-    personalised: LinearModel | None
-    detail: dict[str, Any]
-
-    def model(self, name: str) -> LinearModel | ScratchCNN:
-        """The model of candidate ``name`` (``kept`` for the kept one)."""
-        name = self.kept if name == "kept" else name
-        found = {"alone": self.alone, "shared": self.shared, "personalised": self.personalised}.get(name)
-        if found is None:
-            raise InputError(f"no {name!r} model: candidates are {', '.join(CANDIDATES)}")
-        return found
-
-
 Inputs = Mapping[str, Any]
 
 
@@ -335,106 +306,197 @@ def predict(model: LinearModel | ScratchCNN, inputs: Inputs) -> npt.NDArray[np.i
     return model.predict(inputs[model.space])
 
 
-def personalise(
-    train: Inputs,
-    train_labels: npt.ArrayLike,
-    holdout: Inputs,
-    holdout_labels: npt.ArrayLike,
+@dataclass(frozen=True)
+class Split:
+    """A party's examples, divided into the training part and the holdout (:func:`holdout_part`).
+
+    Attributes:
+        train: the training part's inputs: ``per-example`` features (L2-normalised), ``student`` features in
+            the shared student's space (needed to personalise), ``images`` (uint8, for the CNN; optional).
+        train_labels: their labels.
+        holdout: the same inputs for the holdout.
+        holdout_labels: their labels.
+    """
+
+    train: Inputs
+    train_labels: npt.NDArray[np.int64]
+    holdout: Inputs
+    holdout_labels: npt.NDArray[np.int64]
+
+    def __post_init__(self) -> None:
+        ty, hy = self.train_labels, self.holdout_labels
+        if not len(ty) or not len(hy):
+            raise InputError(
+                f"personalising needs examples in both the training part ({len(ty)}) and the holdout "
+                f"({len(hy)}); raise the site file's holdout fraction if the holdout is empty"
+            )
+        for name, part, count in (("training part", self.train, len(ty)), ("holdout", self.holdout, len(hy))):
+            for key, value in part.items():
+                if len(value) != count:
+                    raise InputError(f"the {name}'s {key} inputs have {len(value)} rows for {count} labels")
+
+    def both(self, key: str) -> npt.NDArray[Any]:
+        """Input ``key`` of the training part and the holdout together."""
+        return np.concatenate([np.asarray(self.train[key]), np.asarray(self.holdout[key])])
+
+    @property
+    def labels(self) -> npt.NDArray[np.int64]:
+        """The labels of the training part and the holdout together."""
+        return np.concatenate([self.train_labels, self.holdout_labels])
+
+
+@dataclass(frozen=True)
+class Alone:
+    """A party's best model alone and how it was chosen.
+
+    Attributes:
+        model: a :class:`LinearModel` over per-example features (refitted on the whole party) or the
+            :class:`ScratchCNN` (as trained on the training part).
+        correct: per holdout example, whether the choice's training-part fit was right.
+        holdout: holdout accuracy of ``alone-linear`` (the best head), ``alone-cnn`` (if tried) and ``alone``.
+        detail: the head chosen, every head's holdout accuracy, the CNN's epochs.
+    """
+
+    model: LinearModel | ScratchCNN
+    correct: npt.NDArray[np.bool_]
+    holdout: dict[str, float]
+    detail: dict[str, Any]
+
+
+def fit_alone(
+    split: Split,
     *,
     classes: int,
-    shared: npt.NDArray[np.float64] | None,
+    recipe: PersonalRecipe | None = None,
+    seed: int = 0,
+    log: Callable[[str], None] = lambda _: None,
+) -> Alone:
+    """The party's best model alone: every head of :attr:`PersonalRecipe.alone_grid` and (with images and a
+    CNN recipe) the CNN from scratch fitted on the training part, the most accurate on the holdout kept; a
+    head is refitted on the whole party with its setting."""
+    recipe = recipe or PersonalRecipe()
+    hy = split.holdout_labels
+    heads = fit_linear(
+        split.train["per-example"],
+        split.train_labels,
+        classes=classes,
+        grid=recipe.alone_grid,
+        recipe=recipe,
+        space="per-example",
+    )
+    pick, scores = _best(heads, split.holdout["per-example"], hy)
+    spec = recipe.alone_grid[pick]
+    names = [s.describe() for s in recipe.alone_grid]
+    detail: dict[str, Any] = {"head": spec.describe(), "heads": dict(zip(names, scores, strict=True))}
+    correct = {"alone-linear": heads[pick].predict(split.holdout["per-example"]) == hy}
+    log(f"alone, linear head ({spec.describe()}): {scores[pick]:.4f} on the holdout")
+    cnn = None
+    if recipe.cnn is not None and "images" in split.train and len(split.train_labels) >= 2:
+        cnn = train_scratch_cnn(
+            split.train["images"], split.train_labels, classes=classes, recipe=recipe.cnn, seed=seed
+        )
+        correct["alone-cnn"] = cnn.predict(split.holdout["images"]) == hy
+        detail["cnn"] = {"epochs": cnn.epochs, "best_epoch": cnn.best_epoch}
+        log(f"alone, CNN from scratch: {correct['alone-cnn'].mean():.4f} on the holdout")
+    model: LinearModel | ScratchCNN
+    if cnn is not None and correct["alone-cnn"].mean() > correct["alone-linear"].mean():
+        model, correct["alone"] = cnn, correct["alone-cnn"]
+    else:
+        correct["alone"] = correct["alone-linear"]
+        model = fit_linear(
+            split.both("per-example"),
+            split.labels,
+            classes=classes,
+            grid=[spec],
+            recipe=recipe,
+            space="per-example",
+        )[0]
+    detail["kind"] = "cnn" if isinstance(model, ScratchCNN) else "linear"
+    return Alone(model, correct["alone"], {k: float(v.mean()) for k, v in correct.items()}, detail)
+
+
+@dataclass(frozen=True)
+class Personalised:
+    """What a party found on its holdout, and the models behind it.
+
+    Attributes:
+        holdout: accuracy of each candidate on the holdout (``alone``, ``shared``, ``personalised``, and the
+            alone candidates ``alone-linear`` / ``alone-cnn``).
+        kept: the candidate kept (one of :data:`CANDIDATES`).
+        alone: the party's best model alone.
+        shared: the shared student (over its own space).
+        personalised: the fine-tuned student, refitted on the whole party.
+        detail: the settings chosen, every setting's holdout accuracy, the keep test, sizes.
+    """
+
+    holdout: dict[str, float]
+    kept: str
+    alone: LinearModel | ScratchCNN
+    shared: LinearModel
+    personalised: LinearModel
+    detail: dict[str, Any]
+
+    def model(self, name: str) -> LinearModel | ScratchCNN:
+        """The model of candidate ``name`` (``kept`` for the kept one)."""
+        name = self.kept if name == "kept" else name
+        models = {"alone": self.alone, "shared": self.shared, "personalised": self.personalised}
+        if name not in models:
+            raise InputError(f"no {name!r} model: candidates are {', '.join(CANDIDATES)} and kept")
+        return models[name]
+
+
+def personalise(
+    split: Split,
+    *,
+    classes: int,
+    shared: npt.NDArray[np.float64],
+    alone: Alone | None = None,
     recipe: PersonalRecipe | None = None,
     seed: int = 0,
     log: Callable[[str], None] = lambda _: None,
 ) -> Personalised:
-    """Fit the candidates on ``train``, score them on ``holdout``, keep one (:func:`keep`), and refit the
-    linear ones on both parts with the settings the holdout chose.
+    """Compare the party's best model alone (``alone``, else :func:`fit_alone`), the shared student and the
+    student fine-tuned on the training part on the holdout, and keep one (:func:`keep`).
 
-    Every candidate's own setting (the alone head's :class:`LinearSpec`, the CNN against the linear head, the
-    personalised head's λ) is chosen on the holdout too, so each candidate's holdout score is a maximum over
-    its own settings: alone has the most settings, so this can only flatter alone (the choice stays
-    conservative).
+    Every candidate's own setting (the alone head, the CNN against the head, the personalised head's λ) is
+    chosen on the holdout, so each holdout score is a maximum over that candidate's settings: alone has the
+    most settings, so this can only flatter alone and the choice stays conservative. The personalised head is
+    refitted on the whole party with the λ chosen.
 
     Args:
-        train: the training part's inputs: ``per-example`` features (L2-normalised), ``student`` features in
-            the shared student's space (needed with ``shared``), ``images`` (uint8, for the CNN; optional).
-        train_labels: their labels.
-        holdout: the same inputs for the holdout.
-        holdout_labels: their labels.
+        split: the party's training part and holdout.
         classes: number of classes.
-        shared: the shared student's head ``(classes, dim + 1)`` over ``student`` features, or None (no
-            student: alone only).
+        shared: the shared student's head ``(classes, dim + 1)`` over the split's ``student`` features.
+        alone: the party's model alone, if already fitted (it does not depend on the student).
         recipe: how to fit and choose.
         seed: the CNN's seed.
         log: progress messages.
-
-    Raises:
-        InputError: an empty training part or holdout, or inputs of mismatched lengths.
     """
     recipe = recipe or PersonalRecipe()
-    ty = np.asarray(train_labels, dtype=np.int64)
-    hy = np.asarray(holdout_labels, dtype=np.int64)
-    if not len(ty) or not len(hy):
-        raise InputError(
-            f"personalising needs examples in both the training part ({len(ty)}) and the holdout "
-            f"({len(hy)}); raise the site file's holdout fraction if the holdout is empty"
-        )
-    for name, part, count in (("training part", train, len(ty)), ("holdout", holdout, len(hy))):
-        for key, value in part.items():
-            if len(value) != count:
-                raise InputError(f"the {name}'s {key} inputs have {len(value)} rows for {count} labels")
-    detail: dict[str, Any] = {"train_examples": len(ty), "holdout_examples": len(hy)}
-    fit = partial(fit_linear, classes=classes, recipe=recipe)
-    heads = fit(train["per-example"], ty, grid=recipe.alone_grid, space="per-example")
-    pick, scores = _best(heads, holdout["per-example"], hy)
-    spec = recipe.alone_grid[pick]
-    detail["alone_linear"] = {
-        "chosen": spec.describe(),
-        "holdout": dict(zip(_names(recipe), scores, strict=True)),
-    }
-    correct: dict[str, npt.NDArray[np.bool_]] = {
-        "alone-linear": heads[pick].predict(holdout["per-example"]) == hy
-    }
-    log(f"alone, linear head ({spec.describe()}): {scores[pick]:.4f} on the holdout")
-    cnn = None
-    if recipe.cnn is not None and "images" in train and len(ty) >= 2:
-        cnn = train_scratch_cnn(train["images"], ty, classes=classes, recipe=recipe.cnn, seed=seed)
-        correct["alone-cnn"] = cnn.predict(holdout["images"]) == hy
-        detail["alone_cnn"] = {"epochs": cnn.epochs, "best_epoch": cnn.best_epoch}
-        log(f"alone, CNN from scratch: {correct['alone-cnn'].mean():.4f} on the holdout")
-    use_cnn = cnn is not None and correct["alone-cnn"].mean() > correct["alone-linear"].mean()
-    correct["alone"] = correct["alone-cnn" if use_cnn else "alone-linear"]
-    both = {k: np.concatenate([np.asarray(train[k]), np.asarray(holdout[k])]) for k in train if k != "images"}
-    both_y = np.concatenate([ty, hy])
-    alone: LinearModel | ScratchCNN = (
-        cnn
-        if use_cnn and cnn is not None
-        else fit(both["per-example"], both_y, grid=[spec], space="per-example")[0]
+    alone = alone or fit_alone(split, classes=classes, recipe=recipe, seed=seed, log=log)
+    hy = split.holdout_labels
+    shared_model = LinearModel(np.asarray(shared, dtype=np.float64), "student")
+    correct = {"alone": alone.correct, "shared": shared_model.predict(split.holdout["student"]) == hy}
+    tune = [LinearSpec(strength) for strength in recipe.tune_grid]
+    fit = partial(fit_linear, classes=classes, recipe=recipe, space="student", prior=shared_model.weights)
+    tuned = fit(split.train["student"], split.train_labels, grid=tune)
+    pick, scores = _best(tuned, split.holdout["student"], hy)
+    correct["personalised"] = tuned[pick].predict(split.holdout["student"]) == hy
+    personal = fit(split.both("student"), split.labels, grid=[tune[pick]])[0]
+    log(
+        f"shared {correct['shared'].mean():.4f}, personalised (λ {recipe.tune_grid[pick]:g}) "
+        f"{correct['personalised'].mean():.4f} on the holdout"
     )
-    shared_model = personal = None
-    if shared is not None:
-        shared_model = LinearModel(np.asarray(shared, dtype=np.float64), "student")
-        correct["shared"] = shared_model.predict(holdout["student"]) == hy
-        tune = [LinearSpec(strength) for strength in recipe.tune_grid]
-        tuned = fit(train["student"], ty, grid=tune, space="student", prior=shared_model.weights)
-        pick, scores = _best(tuned, holdout["student"], hy)
-        correct["personalised"] = tuned[pick].predict(holdout["student"]) == hy
-        detail["personalised"] = {
+    kept, tests = keep(correct, margin=recipe.margin)
+    detail = {
+        "train_examples": len(split.train_labels),
+        "holdout_examples": len(hy),
+        "alone": alone.detail,
+        "personalised": {
             "strength": recipe.tune_grid[pick],
             "holdout": dict(zip(recipe.tune_grid, scores, strict=True)),
-        }
-        personal = fit(
-            both["student"], both_y, grid=[tune[pick]], space="student", prior=shared_model.weights
-        )[0]
-        log(
-            f"shared {correct['shared'].mean():.4f}, personalised (λ {recipe.tune_grid[pick]:g}) "
-            f"{correct['personalised'].mean():.4f} on the holdout"
-        )
-    kept, tests = keep({k: correct[k] for k in CANDIDATES if k in correct}, margin=recipe.margin)
-    detail["keep_test"] = tests
-    holdout_scores = {k: float(v.mean()) for k, v in correct.items()}
-    return Personalised(holdout_scores, kept, alone, shared_model, personal, detail)
-
-
-def _names(recipe: PersonalRecipe) -> list[str]:
-    return [spec.describe() for spec in recipe.alone_grid]
+        },
+        "keep_test": tests,
+    }
+    holdout = {**alone.holdout, **{k: float(v.mean()) for k, v in correct.items()}}
+    return Personalised(holdout, kept, alone.model, shared_model, personal, detail)
