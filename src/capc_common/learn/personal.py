@@ -53,6 +53,7 @@ __all__ = [
     "PersonalRecipe",
     "Personalised",
     "fit_linear",
+    "holdout_fraction",
     "keep",
     "personalise",
     "predict",
@@ -60,6 +61,23 @@ __all__ = [
 
 #: The three candidates a party compares, in the order reports list them.
 CANDIDATES = ("alone", "shared", "personalised")
+#: A site's holdout: this share of its examples, raised towards :data:`HOLDOUT_MINIMUM` examples for a
+#: small site, but never above :data:`HOLDOUT_CEILING` (the rest must still be worth federating).
+HOLDOUT_FRACTION = 0.1
+HOLDOUT_MINIMUM = 50
+HOLDOUT_CEILING = 0.25
+
+
+def holdout_fraction(planned_examples: int) -> float:
+    """The share of its examples a site holds out, from the number it *plans* to have (a public figure: the
+    site file's, a layout's nominal size) — never from the data itself, whose exact count would make which
+    examples are held out depend on the others (:func:`capc_common.data.holdout_part`).
+
+    10 % by default; enough for about 50 examples at a small site, at most a quarter.
+    """
+    if planned_examples < 1:
+        raise InputError(f"a site plans at least one example, got {planned_examples}")
+    return min(HOLDOUT_CEILING, max(HOLDOUT_FRACTION, HOLDOUT_MINIMUM / planned_examples))
 
 
 @dataclass(frozen=True)
