@@ -37,7 +37,15 @@ FASHION_MNIST_CLASSES = (
     "Bag",
     "Ankle boot",
 )
-DATASET_NAMES = ("fashion-mnist", "digits", "digits-28", "idx:<dir>", "npz:<path>", "<path>.npz", "folder:<path>")
+DATASET_NAMES = (
+    "fashion-mnist",
+    "digits",
+    "digits-28",
+    "idx:<dir>",
+    "npz:<path>",
+    "<path>.npz",
+    "folder:<path>",
+)
 _SPLITS = ("train", "test")
 _IDX_PREFIX = {"train": "train", "test": "t10k"}
 # scikit-learn's digits have no official split: a fixed, seeded 80/20 split keeps every run comparable.
@@ -116,7 +124,9 @@ def _digits_28(split: str) -> Dataset:
     small = _load_digits(split)
     frames = np.zeros((len(small.labels), 28, 28, 1), dtype=np.uint8)
     for i, image in enumerate(small.images[..., 0]):
-        frames[i, 4:24, 4:24, 0] = np.asarray(Image.fromarray(image).resize((20, 20), Image.BILINEAR))
+        frames[i, 4:24, 4:24, 0] = np.asarray(
+            Image.fromarray(image).resize((20, 20), Image.Resampling.BILINEAR)
+        )
     return replace(small, images=frames, name=f"digits-28/{split}")
 
 
@@ -124,7 +134,8 @@ def load_dataset(name: str, *, split: str = "train", root: str | Path | None = N
     """Load a dataset by name.
 
     Args:
-        name: ``fashion-mnist``, ``digits``, ``digits-28``, ``idx:<dir>``, ``npz:<path>`` or ``folder:<path>``.
+        name: ``fashion-mnist``, ``digits``, ``digits-28``, ``idx:<dir>``, ``npz:<path>`` or
+            ``folder:<path>``.
         split: ``train`` or ``test``.
         root: directory overriding the default location of ``fashion-mnist``.
 
