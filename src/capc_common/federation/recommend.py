@@ -104,8 +104,9 @@ def recommend(
         why = (
             f"the student is forecast {_points(gain_median.estimate)} points over the median party alone "
             f"(interval {_points(gain_median.low)} to {_points(gain_median.high)}) but not clearly over the "
-            f"best one ({_points(gain_best.low)} to {_points(gain_best.high)}): federate, and let every party "
-            "keep the best of alone, shared and fine-tuned (capc teacher personalise), so nobody ends worse off"
+            f"best one ({_points(gain_best.low)} to {_points(gain_best.high)}): federate, and let every "
+            "party keep the best of alone, shared and fine-tuned (capc teacher personalise), so nobody ends "
+            "worse off"
         )
     elif gain_median.high < 0:
         choice = "train-alone"
