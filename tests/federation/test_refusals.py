@@ -3,6 +3,7 @@ screening can essentially never pass, is refused with the parameter to change �
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,29 +22,13 @@ from capc_common.federation.refusals import (
 )
 from capc_common.learn.teachers import short_shards
 
+#: The shipped compose federation: Confident-GNMax, chunks of 64, batches of 64.
+COMPOSE = Path(__file__).resolve().parents[2] / "deploy" / "compose" / "federation-confident-gnmax.yaml"
+
 
 def _federation(**overrides: Any) -> dict[str, Any]:
-    """A federation.yaml as a mapping: Confident-GNMax, chunks of 64 (the shipped default)."""
-    base: dict[str, Any] = {
-        "name": "refusals",
-        "classes": 10,
-        "teachers": [{"name": "hospital-a", "heads": 2}, {"name": "hospital-b", "heads": 3}],
-        "mechanism": {"threshold": 3, "sigma1": 2.0, "sigma2": 1.5},
-        "budget": {"epsilon": 10.0, "delta": 1e-5, "order": 10},
-        "queries": {
-            "generator": "dead_leaves",
-            "seed": 0,
-            "total": 2048,
-            "batch_size": 64,
-            "bn_batch": 64,
-            "height": 28,
-            "width": 28,
-            "channels": 1,
-        },
-        "backbone": {"name": "scatter-28x28x1", "sha256": "0" * 64},
-        "quorum": {"min_parties": 2, "vote_deadline_s": 5, "share_deadline_s": 5},
-    }
-    return {**base, **overrides}
+    """The compose federation as a mapping, with ``overrides``."""
+    return {**FederationConfig.load(COMPOSE).model_dump(mode="json"), **overrides}
 
 
 def _config(*, heads: int = 25, parties: int = 3, **overrides: Any) -> FederationConfig:
@@ -86,6 +71,12 @@ def test_the_expected_voting_heads_match_the_real_hash_partition() -> None:
     expected = expected_voting_heads(examples, heads, bn_batch=bn_batch)
     assert 12 < expected < 14.5  # P(Bin(1000, 1/25) ≥ 40) ≈ 0.53
     assert abs(np.mean(voting) - expected) < 3 * np.std(voting) / np.sqrt(draws) + 0.1
+    # The pure-Python tail (the guardian runs it before it is ready) against scipy's, on both sides of the mean
+    from scipy.special import bdtrc  # P(Bin(n, p) > b)
+
+    for n, k, b in [(1000, 25, 64), (3000, 25, 64), (1000, 25, 40), (60000, 600, 64), (20000, 189, 64)]:
+        want = k * bdtrc(b - 1, n, 1 / k)
+        assert expected_voting_heads(n, k, bn_batch=b) == pytest.approx(want, rel=1e-9, abs=1e-300)
     assert expected_voting_heads(63, 1, bn_batch=64) == 0.0  # fewer than a chunk: certainly none
     assert expected_voting_heads(64, 1, bn_batch=64) == 1.0  # one head holds everything
 

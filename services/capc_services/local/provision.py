@@ -48,8 +48,8 @@ class LocalOptions:
             or ``secagg-dpsgd`` (:data:`MECHANISMS`).
         dataset: the teachers' private data (split disjointly between parties).
         epsilon / delta / order: the federation's budget (order None, the default: under a selection
-            mechanism the order ``capc budget plan`` picks for the heads and the budget, the one that buys the
-            most queries; under a release mechanism 10, the order its noise is calibrated at).
+            mechanism the order that buys it the most queries at the budget, ``capc budget plan``'s rule;
+            under a release mechanism 10, the order its noise is calibrated at).
         queries / batch_size / bn_batch: the synthetic query stream.
         threshold / sigma1 / sigma2: Confident-GNMax parameters (None: scaled to the number of heads by
             :data:`capc_common.federation.MECHANISM_RATIOS`).

@@ -91,8 +91,8 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
     "--order",
     type=click.FloatRange(min=1, min_open=True),
     default=None,
-    help="Rényi order of the ledger [default: the one capc budget plan picks for the heads and the budget, "
-    "which buys the most queries; 10 under a release mechanism].",
+    help="Rényi order of the ledger [default: the one that buys the mechanism the most queries at the "
+    "budget, capc budget plan's rule; 10 under a release mechanism, the order its noise is calibrated at].",
 )
 @click.option("--queries", type=click.IntRange(min=1), default=2048, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=16), default=64, show_default=True)
