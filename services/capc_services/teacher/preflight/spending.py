@@ -35,7 +35,7 @@ def spending_check(config: FederationConfig, *, party: str, examples: int | None
         basis = (
             f"{counted:,} examples for {config.teacher(party).heads} heads"
             if counted is not None
-            else ("no example count for this site")
+            else "no example count for this site"
         )
         return Check.ok("spending", f"the checks before spending pass ({basis})", examples=counted)
     local = flag_names(config.mechanism.name)
