@@ -71,7 +71,7 @@ def test_the_expected_voting_heads_match_the_real_hash_partition() -> None:
     expected = expected_voting_heads(examples, heads, bn_batch=bn_batch)
     assert 12 < expected < 14.5  # P(Bin(1000, 1/25) ≥ 40) ≈ 0.53
     assert abs(np.mean(voting) - expected) < 3 * np.std(voting) / np.sqrt(draws) + 0.1
-    # The pure-Python tail (the guardian runs it before it is ready) against scipy's, on both sides of the mean
+    # The pure-Python tail (run by the guardian before it is ready) against scipy's, both sides of the mean
     from scipy.special import bdtrc  # P(Bin(n, p) > b)
 
     for n, k, b in [(1000, 25, 64), (3000, 25, 64), (1000, 25, 40), (60000, 600, 64), (20000, 189, 64)]:
