@@ -12,12 +12,13 @@ import sys
 import tempfile
 import time
 import venv
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from _flower_app import simulate
 
 HERE = Path(__file__).resolve().parent
 
@@ -172,85 +173,104 @@ def _wait_all(
     return codes[0], codes[1:]
 
 
-def dp_fedavg(
-    shards: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]],
-    *,
-    python: Path,
-    rounds: int,
-    local_steps: int,
-    sampling_rate: float,
-    noise_multiplier: float,
-    clip: float,
-    learning_rate: float,
-    server_momentum: float,
-    timeout: float = 3600,
-) -> tuple[npt.NDArray[np.float64], dict[str, Any]]:
-    """Run DP-FedAvg of a linear head on Flower: a real server process and one client process per party over
-    localhost gRPC; each client runs ``local_steps`` DP-SGD steps per round on its own shard.
-
-    Returns:
-        ``(weights (classes, dim + 1) with the bias last, {"seconds", "rounds", "log"})``.
+def _flower_run(work: Path, plan: dict[str, Any], *, python: Path, timeout: float) -> float:
+    """One phase of ``plan`` (written to ``work/plan.json``) on Flower: a server process and one client
+    process per party over localhost gRPC. Returns its seconds.
 
     Raises:
         RuntimeError: a process failed or the run exceeded ``timeout`` (its output is in the message).
     """
+    from capc_services.local.provision import free_port  # below the ephemeral range (its docstring)
+
+    (work / "plan.json").write_text(json.dumps({**plan, "address": f"127.0.0.1:{free_port()}"}))
+    app = str(HERE / "_flower_app.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRPC_VERBOSITY": "ERROR"}
+    phase = plan["phase"]
+    started = time.perf_counter()
+    names = [f"{phase}-server", *(f"{phase}-{i}" for i in range(plan["clients"]))]
+    logs = [open(work / f"{n}.log", "w") for n in names]  # noqa: SIM115
+    try:
+        server = subprocess.Popen(
+            [str(python), app, "server", str(work)], stdout=logs[0], stderr=subprocess.STDOUT, env=env
+        )
+        clients = [
+            subprocess.Popen(
+                [str(python), app, "client", str(work), str(i)],
+                stdout=logs[i + 1],
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+            for i in range(plan["clients"])
+        ]
+        try:
+            code, codes = _wait_all(server, clients, timeout=timeout)
+        finally:
+            for p in [server, *clients]:
+                if p.poll() is None:
+                    p.kill()
+    finally:
+        for handle in logs:
+            handle.close()
+    out = "statistics.npy" if phase == "statistics" else "weights.npy"
+    if code != 0 or any(codes) or not (work / out).exists():
+        tails = {n: (work / f"{n}.log").read_text()[-1500:] for n in names}
+        raise RuntimeError(
+            f"Flower run ({phase}) failed (server {code}, clients {codes}; None: still running after "
+            f"{timeout:g} s or stopped because another process failed): {json.dumps(tails)}"
+        )
+    return time.perf_counter() - started
+
+
+def dp_fedavg(
+    shards: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]],
+    *,
+    python: Path | None,
+    plan: Mapping[str, Any],
+    standardise: Callable[[npt.NDArray[np.float64]], tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]]
+    | None = None,
+    timeout: float = 3600,
+) -> tuple[npt.NDArray[np.float64], dict[str, Any]]:
+    """Run DP-FedAvg of a linear head on Flower: a real server process and one client process per party over
+    localhost gRPC, each client running ``plan["local_steps"]`` DP-SGD steps per round on its own shard
+    (:mod:`_flower_app`). With ``standardise``, a statistics phase first (its own Flower run: each client's
+    noisy sums, summed by the server); ``standardise(sum) → (mean, scale)`` makes the feature map every
+    client applies in training. ``python`` None: both phases in this process instead
+    (:func:`_flower_app.simulate`, for validation sweeps).
+
+    Args:
+        plan: ``rounds``, ``local_steps``, ``sampling_rate``, ``noise_multiplier``, ``clip``,
+            ``learning_rate``, ``step_noise`` (0: the fixed step), ``server_momentum``.
+
+    Returns:
+        ``(weights (classes, dim + 1) over the mapped features, bias last, {"seconds", "rounds", "map"})``;
+        ``map`` is ``(mean, scale)`` or None.
+
+    Raises:
+        RuntimeError: a process failed or a phase exceeded ``timeout`` (its output is in the message).
+    """
+    common = {**plan, "clients": len(shards), "dim": int(shards[0][0].shape[1]), "classes": 10}
+    phases = [{**common, "phase": "statistics", "rounds": 1}] if standardise else []
+    phases.append({**common, "phase": "train"})
+    seconds, fmap = 0.0, None
     with tempfile.TemporaryDirectory(prefix="capc-flower-") as tmp:
         work = Path(tmp)
         for i, (x, y) in enumerate(shards):
             np.save(work / f"x{i}.npy", x)
             np.save(work / f"y{i}.npy", y)
-        from capc_services.local.provision import free_port  # below the ephemeral range (its docstring)
-
-        plan = {
-            "address": f"127.0.0.1:{free_port()}",
-            "clients": len(shards),
-            "rounds": rounds,
-            "local_steps": local_steps,
-            "sampling_rate": sampling_rate,
-            "noise_multiplier": noise_multiplier,
-            "clip": clip,
-            "learning_rate": learning_rate,
-            "server_momentum": server_momentum,
-            "dim": int(shards[0][0].shape[1]),
-            "classes": 10,
-        }
-        (work / "plan.json").write_text(json.dumps(plan))
-        app = str(HERE / "_flower_app.py")
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "GRPC_VERBOSITY": "ERROR"}
-        started = time.perf_counter()
-        logs = [open(work / f"{n}.log", "w") for n in ["server", *range(len(shards))]]  # noqa: SIM115
-        try:
-            server = subprocess.Popen(
-                [str(python), app, "server", str(work)], stdout=logs[0], stderr=subprocess.STDOUT, env=env
-            )
-            clients = [
-                subprocess.Popen(
-                    [str(python), app, "client", str(work), str(i)],
-                    stdout=logs[i + 1],
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-                for i in range(len(shards))
-            ]
-            try:
-                code, codes = _wait_all(server, clients, timeout=timeout)
-            finally:
-                for p in [server, *clients]:
-                    if p.poll() is None:
-                        p.kill()
-        finally:
-            for handle in logs:
-                handle.close()
-        seconds = time.perf_counter() - started
-        server_log = (work / "server.log").read_text()
-        if code != 0 or any(codes) or not (work / "weights.npy").exists():
-            tails = {n.name: n.read_text()[-1500:] for n in sorted(work.glob("*.log"))}
-            raise RuntimeError(
-                f"Flower run failed (server {code}, clients {codes}; None: still running after "
-                f"{timeout:g} s or stopped because another process failed): {json.dumps(tails)}"
-            )
+        for phase in phases:
+            if python is None:
+                (work / "plan.json").write_text(json.dumps(phase))
+                started = time.perf_counter()
+                simulate(work)
+                seconds += time.perf_counter() - started
+            else:
+                seconds += _flower_run(work, phase, python=python, timeout=timeout)
+            if phase["phase"] == "statistics" and standardise is not None:
+                mean, scale = standardise(np.load(work / "statistics.npy"))
+                np.savez(work / "map.npz", mean=mean, scale=scale)
+                fmap = (mean, scale)
         weights = np.load(work / "weights.npy")
-    return weights, {"seconds": round(seconds, 1), "rounds": rounds, "log": server_log[-400:]}
+    return weights, {"seconds": round(seconds, 1), "rounds": plan["rounds"], "map": fmap}
 
 
 if __name__ == "__main__":  # pragma: no cover - a helper module, not a benchmark

@@ -55,8 +55,9 @@ JSON keys: ``setting``; ``code``; ``layouts[]``: ``name``, ``dataset``, ``classe
 ``examples_per_party`` (nominal), ``records``, ``party_sizes.{min,median,mean,max}``, ``skew``,
 ``holdout_fraction``, ``alone.{min,median,mean,max,seeds}``, ``pooled``,
 ``mechanisms[].{name,epsilon,accuracy_mean,accuracy_std,gain_over_best_party,seeds,epsilon_spent,
-seconds_mean}`` (``kept`` entries add ``gain_over_alone``, ``worse``, ``chose``); ``skipped[]``; ``rows``;
-``ran``; ``seconds``; ``outputs``.
+seconds_mean,tuning}`` (``kept`` entries add ``gain_over_alone``, ``worse``, ``chose``); ``skipped[]``;
+``rows``; ``ran``; ``seconds``; ``outputs``. ``setting.tuning`` is ``methods.common.TUNING``: what tuning
+each method's settings got.
 Outputs (``--out``, default benchmarks/results): ``joining.csv``, ``joining.md``, ``joining.png``.
 """
 
@@ -76,7 +77,7 @@ from typing import Any
 
 import numpy as np
 from mechanisms import BY_NAME, setting_differences
-from methods.common import DELTA, HYPER, log
+from methods.common import DELTA, HYPER, TUNING, log
 from methods.data import NEIGHBOURING, SPLIT, load_features
 from methods.personal import RECIPE, Party, alone_all, kept_all, split_parties, test_accuracy
 from methods.provenance import code_hash, one_code
@@ -465,6 +466,7 @@ def setting_of(args: argparse.Namespace) -> dict[str, Any]:
         "split": SPLIT,
         "subset_key": SUBSET_KEY,
         "hyper": {**HYPER, "dietpate": config, "personal": RECIPE.describe()},
+        "tuning": TUNING,
     }
 
 
@@ -749,6 +751,7 @@ def summarise(args: argparse.Namespace, rows: list[dict[str, Any]]) -> list[dict
                     "gain_over_best_party": None if best is None else mean - best,
                     "epsilon_spent": max(float(r["epsilon"]) for r in scored),
                     "seconds_mean": float(np.mean([float(r["seconds"]) for r in cells])),
+                    "tuning": TUNING.get(method),
                 }
                 if method == "kept":
                     details = [_detail(r) for r in scored]
@@ -786,6 +789,12 @@ def _pct(value: float | None, std: float | None = None) -> str:
     return f"{100 * value:.1f}" + ("" if std is None else f" ± {100 * std:.1f}")
 
 
+def _tuned(method: str) -> str:
+    """``method`` and how many settings its tuning compared."""
+    count = TUNING[method]["candidates"]
+    return f"{method} {'per party, on its holdout' if count is None else count}"
+
+
 def write_markdown(
     layouts: list[dict[str, Any]], path: Path, epsilons: list[float], command: str, code: str
 ) -> None:
@@ -797,6 +806,11 @@ def write_markdown(
     lines = [
         f"Test accuracy (%), mean ± std over seeds; ε at δ = {DELTA:g}, rigorous; neighbouring datasets: "
         f"{NEIGHBOURING}. Code {code}. Command: `{command}`",
+        "",
+        "Settings compared on a validation split before these runs (never the test set; the JSON's "
+        "`setting.tuning` says which split, over what and where it is written down): "
+        + ", ".join(_tuned(m) for m in ("alone", "pooled", *present) if m in TUNING)
+        + ".",
         "",
         f"**At ε = {headline:g}** (gain over the best party alone, points, in brackets; for `kept`, the mean "
         "gain of each party's kept model over its own model alone)",
@@ -1027,6 +1041,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "delta": DELTA,
             "config": str(args.config),
             "personal": RECIPE.describe(),
+            "tuning": TUNING,
             "seed": "keys the layout's share, the party split and each party's holdout; the mechanisms' "
             "noise comes from the operating system's CSPRNG whatever the seed",
         },

@@ -76,7 +76,7 @@ from typing import Any
 
 import numpy as np
 from methods import REGISTRY
-from methods.common import DELTA, HYPER, log
+from methods.common import DELTA, HYPER, TUNING, log
 from methods.data import IMBALANCE, NEIGHBOURING, SPLIT, load_features, parties_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,6 +120,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "accuracy_std": float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
                 "released": int(rs[0]["released"]),
                 "seconds_mean": float(np.mean([float(r["seconds"]) for r in rs])),
+                "tuning": TUNING.get(method),
             }
         )
     return table
@@ -196,7 +197,7 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
 def setting_of(args: argparse.Namespace) -> dict[str, Any]:
     """Everything besides (method, partition, ε, seed) that a row's figure depends on."""
     keys = ("dataset", "train_limit", "test_limit", "evaluate_on", "validation", "parties")
-    return {**{k: getattr(args, k) for k in keys}, "split": SPLIT, "hyper": HYPER}
+    return {**{k: getattr(args, k) for k in keys}, "split": SPLIT, "hyper": HYPER, "tuning": TUNING}
 
 
 def setting_differences(
@@ -206,15 +207,26 @@ def setting_differences(
     uses: Mapping[str, tuple[str, ...]] = USES,
 ) -> list[str]:
     """What differs between two recorded settings that rows of ``methods`` depend on: every key but the
-    hyper-parameters, and the hyper-parameter groups those methods read (``uses``: this benchmark's
-    :data:`USES`, or another benchmark's map of the same kind)."""
+    hyper-parameters and the tuning, the hyper-parameter groups those methods read (``uses``: this
+    benchmark's :data:`USES`, or another benchmark's map of the same kind) and those methods' tuning (a
+    setting recorded without one differs)."""
     unknown = sorted(methods - uses.keys())
     if unknown:
         raise SystemExit(f"rows of unknown methods {unknown}: this benchmark runs {sorted(uses)}")
     groups = {g for m in methods for g in uses[m]}
+    tuned = current.get("tuning", {})
     return sorted(
-        [k for k in current.keys() | recorded.keys() if k != "hyper" and recorded.get(k) != current.get(k)]
+        [
+            k
+            for k in current.keys() | recorded.keys()
+            if k not in ("hyper", "tuning") and recorded.get(k) != current.get(k)
+        ]
         + [f"hyper.{g}" for g in groups if recorded.get("hyper", {}).get(g) != current["hyper"][g]]
+        + [
+            f"tuning.{m}"
+            for m in methods
+            if "tuning" not in recorded or recorded["tuning"].get(m) != tuned.get(m)
+        ]
     )
 
 
@@ -325,6 +337,7 @@ def report(
             "neighbouring": NEIGHBOURING,
             "delta": DELTA,
             "hyper": HYPER,
+            "tuning": TUNING,
         },
         "rows": len(rows),
         "table": table,

@@ -11,6 +11,7 @@ T/σ ratios taken from DIET-PATE), the CNN's (Tramèr & Boneh's clip and learnin
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,18 +21,22 @@ import numpy as np
 import numpy.typing as npt
 
 from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
-from capc_common.privacy.analysis import DEFAULT_ORDERS
+from capc_common.mechanisms import calibrate
+from capc_common.privacy.analysis import DEFAULT_ORDERS, epsilon_from_rdp, rdp_subsampled_gaussian
 
 DELTA = 1e-5
 #: Rényi orders for calibration (the default grid up to 256: larger orders never win at these budgets).
 ORDERS = DEFAULT_ORDERS[DEFAULT_ORDERS <= 256]
 #: Chosen on the validation split (see the module docstring and docs/mechanisms.md).
 HYPER = {
-    "dpsgd": {  # the recipe's, centrally; batch and epochs tuned like the federation's (docs/mechanisms.md)
-        "batch": 60_000,  # ≥ the records: full batch, which beat every Poisson batch tried
+    "dpsgd": {  # central DP-SGD: the federation's recipe pieces, its own tuning (TUNING["central-dpsgd"])
+        "batch": 60_000,  # ≥ the records: full batch
         "epochs": DPSGD_ROUNDS,
+        "projection": 1024,
+        "statistics": True,
         "momentum": 0.9,
         "adam_eps": 1e-4,
+        "variance_floor": 1.0,
         **DPSGD_RECIPE,
     },
     "secagg": {  # docs/mechanisms.md, "A learning recipe" and "A step that follows the noise"
@@ -70,15 +75,154 @@ HYPER = {
     },
     "local": {"optimizer": "adam", "steps": 100, "lr": 0.1, "l2": 0.0},
     "cnn": {"clip": 0.1, "batch": 512, "epochs": 10, "learning_rate": 4.0, "momentum": 0.9},
-    "fedavg": {
+    "fedavg": {  # DP-FedAvg: the federation's recipe pieces, its own tuning (TUNING["dp-fedavg"])
         "rounds": 50,
         "local_steps": 2,
         "sampling_rate": 0.1,
         "clip": 1.0,
         "learning_rate": 8.0,
+        "step_noise": 0.0,  # 0: the fixed step learning_rate
         "server_momentum": 0.9,
+        "projection": 0,
+        "statistics": False,
+        "unit_variance": False,
+        "variance_floor": 1.0,
     },
     "capc": {"teachers_per_party": 10, "budget_queries": 90, "threshold_share": 0.6, "sigma1_ratio": 2.0},
+}
+
+
+#: The two validation splits the settings were compared on (never the test set, never the reported budgets).
+_JOINING_SPLIT = (
+    "joining.py --evaluate-on validation: Fashion-MNIST's last 10,000 training images held out, the first "
+    "50,000 in 10 parties (10x6000-iid), each party's holdout at home"
+)
+_MECHANISMS_SPLIT = (
+    "mechanisms.py --evaluate-on validation: the last 2,000 of the first 20,000 training images held out"
+)
+_RECIPE_SPLIT = (
+    "Fashion-MNIST's first 50,000 training images pooled (full batch: the parties' union), the last 10,000 "
+    "held out"
+)
+#: What tuning each method's settings got: the split its candidates were compared on, how many settings
+#: were compared, over what, what was chosen, and where the comparison is written down. Recorded beside
+#: ``HYPER`` in every run's setting and JSON (each row of ``joining.py`` and ``mechanisms.py`` names it), so a
+#: table says which of its rows were tuned and how much — a baseline with a fraction of the federation's
+#: tuning is not an equal comparison.
+TUNING: dict[str, dict[str, Any]] = {
+    "secagg-dpsgd": {
+        "split": _RECIPE_SPLIT,
+        "candidates": 100,
+        "over": "subspace size and synthetic images, standardisation, optimiser, learning rate, clip, "
+        "rounds, batch, step_noise, Adam's β and ε, encoding; most at ε 3, about 20 at ε 1",
+        "chosen": "capc_common.federation.sizing.DPSGD_RECIPE, DPSGD_ROUNDS (HYPER['secagg'])",
+        "where": "docs/mechanisms.md, 'A learning recipe' to 'Where ε = 1 stopped'",
+    },
+    "pooled": {
+        "split": _RECIPE_SPLIT,
+        "candidates": 0,
+        "over": "none of its own: secagg-dpsgd's recipe with the noise off",
+        "chosen": "HYPER['secagg']",
+        "where": "docs/mechanisms.md, 'A learning recipe'",
+    },
+    "central-dpsgd": {
+        "split": _JOINING_SPLIT,
+        "candidates": 0,
+        "over": "not tuned on its own: the federation's recipe",
+        "chosen": "HYPER['dpsgd']",
+        "where": "docs/mechanisms.md, 'Tuning the reference baselines'",
+    },
+    "dp-fedavg": {
+        "split": _MECHANISMS_SPLIT,
+        "candidates": 2,
+        "over": "client learning rate (2 and 8), raw 4,225-d features, ε 3",
+        "chosen": "HYPER['fedavg']",
+        "where": "docs/mechanisms.md, 'Tuning the reference baselines'",
+    },
+    "alone": {
+        "split": "each party's own holdout (its records only)",
+        "candidates": None,
+        "over": "per party: the linear heads' L2 grid and the CNN from scratch (methods/personal.py RECIPE)",
+        "chosen": "per party, on its holdout, then refitted on the whole party",
+        "where": "docs/planning.md, 'What each hospital keeps'",
+    },
+    "local-only": {
+        "split": _MECHANISMS_SPLIT,
+        "candidates": 4,
+        "over": "Adam lr 0.01 / 0.1 × 100 / 300 steps",
+        "chosen": "HYPER['local']",
+        "where": "docs/mechanisms.md, 'Baselines'",
+    },
+    "dppl": {
+        "split": _MECHANISMS_SPLIT,
+        "candidates": 2,
+        "over": "distance: cosine, Euclidean (ε 1)",
+        "chosen": "HYPER['dppl']",
+        "where": "docs/mechanisms.md, 'Benchmark'",
+    },
+    "dppl-public": {
+        "split": _MECHANISMS_SPLIT,
+        "candidates": 7,
+        "over": "pool generator × K × rule (ε 1, one draw each)",
+        "chosen": "HYPER['dppl_public']",
+        "where": "docs/mechanisms.md, 'DP prototypes from a public pool'",
+    },
+    "dppl-public-votes": {
+        "split": _MECHANISMS_SPLIT,
+        "candidates": 4,
+        "over": "K 20 / 50 / 100 / 200 (ε 0.5, 1, 10; two seeds)",
+        "chosen": "HYPER['dppl_public_votes']",
+        "where": "docs/mechanisms.md, 'DP prototypes from a public pool'",
+    },
+    "private-knn": {
+        "split": _MECHANISMS_SPLIT,
+        "candidates": 18,
+        "over": "queries × neighbours × sampling rate (ε 3)",
+        "chosen": "HYPER['knn']",
+        "where": "docs/mechanisms.md, 'Benchmark'",
+    },
+    "capc-fair": {
+        "split": _MECHANISMS_SPLIT,
+        "candidates": 1,
+        "over": "query budget 90 (900 not run)",
+        "chosen": "HYPER['capc']",
+        "where": "docs/mechanisms.md, 'Baselines'",
+    },
+    "capc-greedy": {
+        "split": _MECHANISMS_SPLIT,
+        "candidates": 1,
+        "over": "query budget 90 (900 not run)",
+        "chosen": "HYPER['capc']",
+        "where": "docs/mechanisms.md, 'Baselines'",
+    },
+    "cnn-dpsgd": {
+        "split": "none",
+        "candidates": 0,
+        "over": "not tuned: Tramèr & Boneh's published Fashion-MNIST settings, 10 epochs",
+        "chosen": "HYPER['cnn']",
+        "where": "docs/mechanisms.md, 'Baselines'",
+    },
+    "prom-pate": {
+        "split": _MECHANISMS_SPLIT,
+        "candidates": 3,
+        "over": "prompt steps (the teachers' hold-out accuracy); teachers, queries, T and σ not tuned",
+        "chosen": "HYPER['prompate']",
+        "where": "docs/mechanisms.md, 'Benchmark'",
+    },
+    "diet-capc": {
+        "split": "capc dietpate run's validation split (10,000 then 5,000 training images held out)",
+        "candidates": 500,
+        "over": "teacher recipes, teacher counts, (T, σ1, σ2) grids at ε 3 and 6, generators, students",
+        "chosen": "configs/fashion-mnist-diet-pate.yaml; federation.sizing.MECHANISM_RATIOS",
+        "where": "docs/dietpate.md §6; benchmarks/results/recipe_sweep/",
+    },
+    "pate-scratch": {
+        "split": "capc dietpate run's validation split (10,000 then 5,000 training images held out)",
+        "candidates": 90,
+        "over": "the same (T, σ1, σ2) grid for pixel-MLP teachers",
+        "chosen": "configs/fashion-mnist-diet-pate.yaml (method pate-scratch)",
+        "where": "docs/dietpate.md §6; benchmarks/results/recipe_sweep/",
+    },
 }
 
 
@@ -103,6 +247,21 @@ class Method:
     run: Callable[..., dict[str, Any]]
     uses: tuple[str, ...]
     needs: Callable[[argparse.Namespace], dict[str, Any]] = field(default=_nothing)
+
+
+@functools.cache
+def gaussian_noise_for(sampling_rate: float, releases: int, epsilon: float) -> tuple[float, float]:
+    """``(z, ε)``: the smallest noise multiplier (to 0.1 %) for which ``releases`` Poisson-subsampled Gaussian
+    releases (rate ``sampling_rate``, continuous noise) cost at most ``epsilon`` at :data:`DELTA` by Mironov
+    et al.'s exact analysis, and the ε they cost. Cached: below ``q = 1`` the fractional orders' series make
+    one calibration about 25 s, and a validation sweep asks for the same few many times."""
+
+    def spent(z: float) -> float:
+        rdp = rdp_subsampled_gaussian(ORDERS, sampling_rate=sampling_rate, noise_multiplier=z)
+        return float(epsilon_from_rdp(ORDERS, releases * rdp, delta=DELTA)[0])
+
+    z = calibrate(spent, target=epsilon)
+    return z, spent(z)
 
 
 def log(message: str) -> None:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,9 +17,8 @@ from capc_common.privacy import SystemNoise
 from capc_common.privacy.analysis import (
     epsilon_from_rdp,
     rdp_subsampled_discrete_gaussian,
-    rdp_subsampled_gaussian,
 )
-from methods.common import DELTA, HYPER, ORDERS, Method, accuracy
+from methods.common import DELTA, HYPER, ORDERS, Method, accuracy, gaussian_noise_for
 
 
 def dpsgd_plan(records: int, group: str = "dpsgd") -> tuple[float, int, float]:
@@ -27,14 +28,16 @@ def dpsgd_plan(records: int, group: str = "dpsgd") -> tuple[float, int, float]:
     return q, max(1, round(h["epochs"] / q)), q * records
 
 
-def public_basis_for(args: argparse.Namespace) -> dict[str, Any]:
-    """What the recipe needs besides the parties: the public basis (``HYPER["secagg"]["projection"]``
-    directions of the benchmark's per-example features on synthetic images), computed once and cached; raw
-    pixels for the digits proxy."""
+def public_basis_for(args: argparse.Namespace, group: str = "secagg") -> dict[str, Any]:
+    """What a recipe of ``HYPER[group]`` needs besides the parties: the public basis (its ``projection``
+    directions of the benchmark's per-example features on synthetic images; None when 0), computed once and
+    cached; raw pixels for the digits proxy."""
     from capc_common.dietpate.cache import FeatureCache
     from capc_common.mechanisms.basis import BasisSpec, public_basis
 
-    spec = BasisSpec(dim=HYPER["secagg"]["projection"])
+    if not HYPER[group]["projection"]:
+        return {"basis": None}
+    spec = BasisSpec(dim=HYPER[group]["projection"])
     side = 8 if args.dataset == "digits" else 28
     if args.dataset == "digits":
         featurize: Any = lambda images: images.reshape(len(images), -1).astype(np.float32)  # noqa: E731
@@ -52,6 +55,11 @@ def public_basis_for(args: argparse.Namespace) -> dict[str, Any]:
             key, lambda: public_basis(spec, featurize=featurize, shape=(side, side, 1))
         )
     }
+
+
+def basis_need(group: str) -> Callable[[argparse.Namespace], dict[str, Any]]:
+    """A method's ``needs``: the public basis of ``HYPER[group]``'s recipe (:func:`public_basis_for`)."""
+    return functools.partial(public_basis_for, group=group)
 
 
 def recipe_trainer(
@@ -125,10 +133,11 @@ def central_dpsgd(
     seed: int,
     basis: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Central DP-SGD on the pooled features, given the same recipe and tuning as the federation's (the
-    reference, not a straw man): the public basis, a statistics release, the same step — with what only a
-    trusted curator can do, Poisson sampling (batch ``HYPER["dpsgd"]["batch"]``) of continuous Gaussian noise,
-    accounted by Mironov et al.'s exact subsampled-Gaussian RDP (every release, statistics included)."""
+    """Central DP-SGD on the pooled features with the federation's recipe pieces — the public basis, a
+    statistics release, the step that follows the noise — tuned on its own (``HYPER["dpsgd"]``,
+    docs/mechanisms.md), with what only a trusted curator can do: Poisson sampling (batch
+    ``HYPER["dpsgd"]["batch"]``) of continuous Gaussian noise, accounted by Mironov et al.'s exact
+    subsampled-Gaussian RDP (every release, statistics included)."""
     import secrets
 
     h = HYPER["dpsgd"]
@@ -137,21 +146,19 @@ def central_dpsgd(
     q, steps, _ = dpsgd_plan(len(y))
     recipe = Recipe(
         rounds=steps,
+        statistics=h["statistics"],
         optimizer=h["optimizer"],
         learning_rate=h["learning_rate"],
         momentum=h["momentum"],
         adam_eps=h["adam_eps"],
-        variance_floor=HYPER["secagg"]["variance_floor"],
+        variance_floor=h["variance_floor"],
+        expected_batch=q * len(y),
         step_noise=h.get("step_noise"),
         unit_variance=h.get("unit_variance", False),
     )
 
-    def eps_of(z: float) -> float:
-        rdp = rdp_subsampled_gaussian(ORDERS, sampling_rate=q, noise_multiplier=z)
-        return epsilon_from_rdp(ORDERS, recipe.releases * rdp, delta=DELTA)[0]
-
-    z = calibrate(eps_of, target=epsilon, low=0.3)
-    use = basis if HYPER["secagg"]["projection"] else None
+    z, spent = gaussian_noise_for(q, recipe.releases, epsilon)
+    use = basis if h["projection"] else None
     k = x.shape[1] if use is None else use.shape[1]
     mechanism = SecureDPSGD(classes=10, dim=k, clip=h["clip"], noise_multiplier=z, sampling_rate=q)
     trainer = DPSGDTrainer(mechanism, recipe, basis=use)
@@ -166,11 +173,11 @@ def central_dpsgd(
         )  # rounding continuous noise is post-processing of the Gaussian mechanism
     return {
         "accuracy": accuracy(predict_head(trainer.head(), ex), ey),
-        "epsilon": eps_of(z),
+        "epsilon": spent,
         "released": trainer.rounds,
         "noise": f"z={z:.3f} q={q:.4f} (continuous)",
     }
 
 
-SECAGG_DPSGD = Method("secagg-dpsgd", secagg_dpsgd, ("secagg",), public_basis_for)
-CENTRAL_DPSGD = Method("central-dpsgd", central_dpsgd, ("dpsgd", "secagg"), public_basis_for)
+SECAGG_DPSGD = Method("secagg-dpsgd", secagg_dpsgd, ("secagg",), basis_need("secagg"))
+CENTRAL_DPSGD = Method("central-dpsgd", central_dpsgd, ("dpsgd",), basis_need("dpsgd"))

@@ -1,59 +1,101 @@
 """DP federated averaging of the linear head on Flower: real server and client processes on localhost in
 Flower's own virtual environment (``_baselines``, ``_flower_app``), example-level DP from each client's local
-DP-SGD steps."""
+DP-SGD steps, given the recipe pieces the federation's secure-aggregation DP-SGD has
+(:mod:`capc_common.mechanisms.training`):
+
+1. **the public basis** (free): every record is L2-normalised and projected on the same
+   ``HYPER["fedavg"]["projection"]`` public directions (a public per-record map, applied for the clients);
+2. **standardised by a DP release** (charged): a statistics phase before training, each client's noisy sums
+   of ``(u, u², 1)`` over a Poisson sample (sensitivity ``C``, noise ``zC``: charged as one more step), summed
+   by the server and turned into the centre and scale by the federation's own
+   :func:`~capc_common.mechanisms.training.standardiser` (its noise argument the sum's: ``√clients`` clients'
+   noise); the clients train on the standardised records and the published head folds the map back
+   (:meth:`~capc_common.mechanisms.training.FeatureMap.head`);
+3. **server momentum** (post-processing): Flower's FedAvgM;
+4. optionally **the step that follows the noise** (``step_noise`` > 0, post-processing of public numbers):
+   each client's step puts noise of σ ``step_noise`` on each weight, so one setting carries across budgets.
+
+What it cannot have is the federation's secure sum: each client adds its own noise, so the server's average
+carries ``√clients`` times the noise of one sum (the price of no secure aggregation, which this baseline
+measures).
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _baselines import dp_fedavg, flower_python
 
-from capc_common.mechanisms import calibrate
-from capc_common.mechanisms.central import PartyData
-from capc_common.privacy.analysis import epsilon_from_rdp, rdp_subsampled_gaussian
-from methods.common import DELTA, HYPER, ORDERS, Method, accuracy
+from capc_common.mechanisms.central import PartyData, predict_head
+from capc_common.mechanisms.training import FeatureMap, standardiser
+from methods.common import HYPER, Method, accuracy, gaussian_noise_for
+from methods.dpsgd import basis_need
+
+#: ``HYPER["fedavg"]``'s keys the Flower plan carries (the rest are the feature map's).
+PLAN = ("rounds", "local_steps", "sampling_rate", "clip", "learning_rate", "step_noise", "server_momentum")
 
 
-def fedavg_epsilon(noise_multiplier: float) -> float:
-    """Per-record ε of DP-FedAvg: one client's ``rounds × local_steps`` Poisson-subsampled Gaussian steps
-    (continuous noise: Mironov et al.'s exact analysis); clients hold disjoint records, the server's
-    averaging is post-processing."""
+def fedavg_releases() -> int:
+    """Releases of one client's records, what a record's ε is charged for: ``rounds × local_steps`` DP-SGD
+    steps, plus the statistics release when the recipe standardises (each a Poisson-subsampled Gaussian
+    mechanism of sensitivity ``C`` and noise ``zC``: continuous noise, Mironov et al.'s exact analysis)."""
     h = HYPER["fedavg"]
-    rdp = rdp_subsampled_gaussian(ORDERS, sampling_rate=h["sampling_rate"], noise_multiplier=noise_multiplier)
-    return epsilon_from_rdp(ORDERS, h["rounds"] * h["local_steps"] * rdp, delta=DELTA)[0]
+    return h["rounds"] * h["local_steps"] + int(h["statistics"])
 
 
 def dp_fedavg_flower(
-    parties: list[PartyData], ex: np.ndarray, ey: np.ndarray, *, epsilon: float, seed: int, python: Path
+    parties: list[PartyData],
+    ex: np.ndarray,
+    ey: np.ndarray,
+    *,
+    epsilon: float,
+    seed: int,
+    basis: np.ndarray | None,
+    python: Path | None,
 ) -> dict[str, Any]:
-    """DP-FedAvg of the linear head on Flower (real server and client processes), example-level DP."""
+    """DP-FedAvg of the linear head on Flower (real server and client processes), example-level DP, by the
+    recipe of ``HYPER["fedavg"]``; ``python`` None runs the same code in this process (validation sweeps)."""
     h = HYPER["fedavg"]
-    z = calibrate(fedavg_epsilon, target=epsilon)
+    # one client's releases, each a Poisson-subsampled Gaussian mechanism of sensitivity C and noise zC, are
+    # what a record costs: clients hold disjoint records, the server's sums and averages are post-processing
+    z, spent = gaussian_noise_for(h["sampling_rate"], fedavg_releases(), epsilon)
+    use = basis if h["projection"] else None
+    k = parties[0].features.shape[1] if use is None else use.shape[1]
+    identity = FeatureMap(use, np.zeros(k), np.ones(k))
+    shards = [(identity.project(p.features).astype(np.float32), p.labels) for p in parties]
+    decode = math.sqrt(3) / h["clip"]  # a record's statistics are (u, u², 1)·C/√3
+
+    def standardise(total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        values = total * decode
+        return standardiser(
+            values[:k], values[k : 2 * k], float(values[2 * k]), floor=h["variance_floor"],
+            noise=math.sqrt(3 * len(parties)) * z, unit_variance=h["unit_variance"],
+        )  # fmt: skip
+
     weights, info = dp_fedavg(
-        [(p.features, p.labels) for p in parties],
+        shards,
         python=python,
-        rounds=h["rounds"],
-        local_steps=h["local_steps"],
-        sampling_rate=h["sampling_rate"],
-        noise_multiplier=z,
-        clip=h["clip"],
-        learning_rate=h["learning_rate"],
-        server_momentum=h["server_momentum"],
+        plan={**{key: h[key] for key in PLAN}, "noise_multiplier": z},
+        standardise=standardise if h["statistics"] else None,
     )
-    predicted = np.argmax(ex @ weights[:, :-1].T + weights[:, -1], axis=1)
+    mean, scale = info["map"] or (identity.mean, identity.scale)
+    head = FeatureMap(use, mean, scale).head(weights)
+    where = "in process" if python is None else "Flower"
     return {
-        "accuracy": accuracy(predicted, ey),
-        "epsilon": fedavg_epsilon(z),
-        "released": h["rounds"],
-        "noise": f"z={z:.3f} per client step (continuous), Flower {info['seconds']} s",
+        "accuracy": accuracy(predict_head(head, ex), ey),
+        "epsilon": spent,
+        "released": h["rounds"] + int(h["statistics"]),
+        "noise": f"z={z:.3f} per client step (continuous), {fedavg_releases()} steps at q "
+        f"{h['sampling_rate']:g}, {where} {info['seconds']} s",
     }
 
 
-def _flower(args: argparse.Namespace) -> dict[str, Any]:
-    return {"python": flower_python(args.cache_dir)}
+def _needs(args: argparse.Namespace) -> dict[str, Any]:
+    return {**basis_need("fedavg")(args), "python": flower_python(args.cache_dir)}
 
 
-DP_FEDAVG = Method("dp-fedavg", dp_fedavg_flower, ("fedavg",), _flower)
+DP_FEDAVG = Method("dp-fedavg", dp_fedavg_flower, ("fedavg",), _needs)
