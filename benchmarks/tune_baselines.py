@@ -188,7 +188,7 @@ CENTRAL_STAGES: list[Stage] = [
 METHODS = {"dp-fedavg": ("fedavg", FEDAVG_STAGES), "central-dpsgd": ("dpsgd", CENTRAL_STAGES)}
 #: ``--smoke``: two stages of each, short runs (the suite's check that the script works).
 SMOKE_STAGES = {"dp-fedavg": ["recipe pieces"], "central-dpsgd": ["step"]}
-SMOKE_HYPER = {"fedavg": {"rounds": 4}, "dpsgd": {"epochs": 4}}
+SMOKE_HYPER = {"fedavg": {"rounds": 4, "sampling_rate": 1.0}, "dpsgd": {"epochs": 4}}
 FIELDS = (
     "method",
     "epsilon",

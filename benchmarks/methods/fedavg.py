@@ -23,6 +23,7 @@ measures).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from _baselines import dp_fedavg, flower_python
 from capc_common.mechanisms.central import PartyData, predict_head
 from capc_common.mechanisms.training import FeatureMap, standardiser
 from methods.common import HYPER, Method, accuracy, gaussian_noise_for
-from methods.dpsgd import basis_need
+from methods.dpsgd import basis_need, projected
 
 #: ``HYPER["fedavg"]``'s keys the Flower plan carries (the rest are the feature map's).
 PLAN = ("rounds", "local_steps", "sampling_rate", "clip", "learning_rate", "step_noise", "server_momentum")
@@ -45,6 +46,20 @@ def fedavg_releases() -> int:
     mechanism of sensitivity ``C`` and noise ``zC``: continuous noise, Mironov et al.'s exact analysis)."""
     h = HYPER["fedavg"]
     return h["rounds"] * h["local_steps"] + int(h["statistics"])
+
+
+def statistics_map(
+    total: np.ndarray, *, dim: int, noise_multiplier: float, clients: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The feature map ``(mean, scale)`` from the statistics phase's sum — every client's noisy sums of its
+    records' ``(u, u², 1)·C/√3`` (:func:`_flower_app.noisy_statistics`) — by the federation's standardiser,
+    told the sum's noise: ``clients`` independent draws of ``zC``, ``√(3·clients)·z`` once decoded."""
+    h = HYPER["fedavg"]
+    values = total * (math.sqrt(3) / h["clip"])
+    return standardiser(
+        values[:dim], values[dim : 2 * dim], float(values[2 * dim]), floor=h["variance_floor"],
+        noise=math.sqrt(3 * clients) * noise_multiplier, unit_variance=h["unit_variance"],
+    )  # fmt: skip
 
 
 def dp_fedavg_flower(
@@ -65,30 +80,23 @@ def dp_fedavg_flower(
     z, spent = gaussian_noise_for(h["sampling_rate"], fedavg_releases(), epsilon)
     use = basis if h["projection"] else None
     k = parties[0].features.shape[1] if use is None else use.shape[1]
-    identity = FeatureMap(use, np.zeros(k), np.ones(k))
-    shards = [(identity.project(p.features).astype(np.float32), p.labels) for p in parties]
-    decode = math.sqrt(3) / h["clip"]  # a record's statistics are (u, u², 1)·C/√3
-
-    def standardise(total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        values = total * decode
-        return standardiser(
-            values[:k], values[k : 2 * k], float(values[2 * k]), floor=h["variance_floor"],
-            noise=math.sqrt(3 * len(parties)) * z, unit_variance=h["unit_variance"],
-        )  # fmt: skip
-
+    shards = [(projected(p.features, use), p.labels) for p in parties]
+    standardise = functools.partial(statistics_map, dim=k, noise_multiplier=z, clients=len(parties))
     weights, info = dp_fedavg(
         shards,
         python=python,
         plan={**{key: h[key] for key in PLAN}, "noise_multiplier": z},
         standardise=standardise if h["statistics"] else None,
     )
-    mean, scale = info["map"] or (identity.mean, identity.scale)
+    mean, scale = info["map"] or (np.zeros(k), np.ones(k))
     head = FeatureMap(use, mean, scale).head(weights)
     where = "in process" if python is None else "Flower"
     return {
         "accuracy": accuracy(predict_head(head, ex), ey),
         "epsilon": spent,
         "released": h["rounds"] + int(h["statistics"]),
+        "noise_multiplier": z,
+        "releases": fedavg_releases(),
         "noise": f"z={z:.3f} per client step (continuous), {fedavg_releases()} steps at q "
         f"{h['sampling_rate']:g}, {where} {info['seconds']} s",
     }
