@@ -53,9 +53,11 @@ class LocalOptions:
         sigma: σ of GNMax's and Private-kNN's argmax noise (None: σ2's ratio times the votes per query).
         neighbours / sampling_rate: Private-kNN's ``k`` per party and Poisson rate ``q``.
         min_parties: quorum (None: all but one party, at least one).
-        train_limit: about this many training examples per party (None: the party's whole part): each
-            site keeps the fraction ``train_limit · parties / N`` of its part's hash range, so the count
-            varies a little (binomial) but one example never changes another's selection (``data.fraction``).
+        train_limit: about this many examples per party (None: the party's whole part): each site keeps
+            the fraction ``train_limit · parties / N`` of its part's hash range, so the count varies a little
+            (binomial) but one example never changes another's selection (``data.fraction``). Each site holds
+            :func:`~capc_common.data.holdout_fraction` of them out of the federation (``holdout.fraction``,
+            from this planned size: :func:`site_selection`); the federation sees the rest.
         teacher_cap: each party's local worst-case ε cap (None: :func:`default_cap`).
         generator / backbone: query generator and shared backbone (None: the library defaults).
         seed: seed of the query stream and of the data partition.
@@ -227,14 +229,20 @@ def _dppl_public(options: LocalOptions) -> tuple[dict[str, Any], int]:
 DPSGD_DEFAULTS = {"rounds": DPSGD_ROUNDS, "sampling_rate": 1.0, "statistics": True}
 
 
-def site_fraction(options: LocalOptions) -> float:
-    """Each simulated site's ``data.fraction``: ``train_limit`` examples per party on average."""
-    if options.train_limit is None:
-        return 1.0
-    from capc_common.data import load_dataset
+def site_selection(options: LocalOptions) -> tuple[float, float]:
+    """Each simulated site's ``data.fraction`` (``train_limit`` examples per party on average) and its
+    ``holdout.fraction``: :func:`~capc_common.data.holdout_fraction` of the size the options plan for a site
+    (``train_limit``, at most its even share of the public dataset) — a public, planned number, never the
+    count of the site's data (which would let one example move others between the training part and the
+    holdout)."""
+    from capc_common.data import holdout_fraction, load_dataset
 
     total = len(load_dataset(options.dataset, split="train").labels)
-    return min(1.0, options.train_limit * options.parties / total)
+    share = max(1, total // options.parties)
+    if options.train_limit is None:
+        return 1.0, holdout_fraction(share)
+    fraction = min(1.0, options.train_limit * options.parties / total)
+    return fraction, holdout_fraction(min(options.train_limit, share))
 
 
 def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
@@ -525,7 +533,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     }
     _write_yaml(layout.site(config.student), student_site)
     cap = options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
-    fraction = site_fraction(options)
+    fraction, holdout = site_selection(options)
     records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
     for index, name in enumerate(config.teacher_names):
         _write_yaml(
@@ -548,6 +556,8 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
                     "seed": options.seed,
                     "fraction": fraction,
                 },
+                # compared on after the federation (`capc teacher personalise`); the federation never sees it
+                "holdout": {"fraction": holdout},
             },
         )
     for party in parties:

@@ -41,12 +41,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from capc_common.data.partition import (  # the holdout's size lives beside its split (no torch there)
+    HOLDOUT_CEILING,
+    HOLDOUT_FRACTION,
+    HOLDOUT_MINIMUM,
+    holdout_fraction,
+)
 from capc_common.errors import InputError
 from capc_common.learn.scratch import CnnRecipe, ScratchCNN, train_scratch_cnn
 
 __all__ = [
     "ALONE_GRID",
     "CANDIDATES",
+    "HOLDOUT_CEILING",
+    "HOLDOUT_FRACTION",
+    "HOLDOUT_MINIMUM",
     "Alone",
     "LinearModel",
     "LinearSpec",
@@ -61,23 +70,6 @@ __all__ = [
 
 #: The three candidates a party compares, in the order reports list them.
 CANDIDATES = ("alone", "shared", "personalised")
-#: A site's holdout: this share of its examples, raised towards :data:`HOLDOUT_MINIMUM` examples for a
-#: small site, but never above :data:`HOLDOUT_CEILING` (the rest must still be worth federating).
-HOLDOUT_FRACTION = 0.1
-HOLDOUT_MINIMUM = 50
-HOLDOUT_CEILING = 0.25
-
-
-def holdout_fraction(planned_examples: int) -> float:
-    """The share of its examples a site holds out, from the number it *plans* to have (a public figure: the
-    site file's, a layout's nominal size) — never from the data itself, whose exact count would make which
-    examples are held out depend on the others (:func:`capc_common.data.holdout_part`).
-
-    10 % by default; enough for about 50 examples at a small site, at most a quarter.
-    """
-    if planned_examples < 1:
-        raise InputError(f"a site plans at least one example, got {planned_examples}")
-    return min(HOLDOUT_CEILING, max(HOLDOUT_FRACTION, HOLDOUT_MINIMUM / planned_examples))
 
 
 @dataclass(frozen=True)
