@@ -135,7 +135,9 @@ def test_a_hospital_personalises_against_the_published_student(differential: Run
         (test.images[:96], test.labels[:96], "evaluate"),
     ):
         features = extract_features(backbone, images, bn_batch=bn_batch, mode="current")
-        assert report[part]["shared"] == pytest.approx((student.predict(features)[0] == truth).mean()), part
+        expected = (student.predict(features)[0] == truth).mean()
+        # float32 torch there, float64 here: a near-tie may fall the other way, one image at most
+        assert report[part]["shared"] == pytest.approx(expected, abs=1.01 / len(truth)), part
     card = json.loads((tmp_path / "personal" / "model_card.json").read_text())
     assert (
         card["kept"] == report["kept"] and card["student"]["config_hash"] == differential.config.config_hash()

@@ -239,7 +239,8 @@ def test_each_hospital_personalises_against_the_published_head(released: Running
         (test.images[:64], test.labels[:64], "evaluate"),
     ):
         shared = (predict_head(head, extract_per_example(featurizer, images)) == truth).mean()
-        assert report[part]["shared"] == pytest.approx(shared, abs=1e-12), part
+        # normalised in float64 there, in float32 here: a near-tie may fall the other way, one image at most
+        assert report[part]["shared"] == pytest.approx(shared, abs=1.01 / len(truth)), part
     card = json.loads(Path(report["model_card"]).read_text())
     model = Path(report["model"]).read_bytes()
     assert card["kept"] == report["kept"] and card["model_sha256"] == hashlib.sha256(model).hexdigest()

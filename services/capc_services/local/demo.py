@@ -329,7 +329,7 @@ def each_hospital_alone(run: DemoRun) -> None:
         def alone(party: str) -> tuple[Split, Alone]:
             """The hospital's split and its best model alone."""
             settings = TeacherSettings.load(run.second.site(party))
-            split = site_split(settings, checked_examples(settings), space, cnn=False)
+            split, _ = site_split(settings, checked_examples(settings), space, cnn=False)  # per-example
             return split, fit_alone(split, classes=config.classes, recipe=personal_recipe(cnn=False))
 
         parties = config.teacher_names

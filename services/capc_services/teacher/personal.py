@@ -83,10 +83,13 @@ def checked_examples(settings: TeacherSettings) -> SiteExamples:
     return examples
 
 
-def site_split(settings: TeacherSettings, examples: SiteExamples, space: StudentSpace, *, cnn: bool) -> Split:
-    """The site's :class:`~capc_common.learn.personal.Split` in the candidates' inputs: the training part's
-    per-example features from the site's records cache (what its federation party computed, if it kept
-    them), the holdout's computed here and kept nowhere."""
+def site_split(
+    settings: TeacherSettings, examples: SiteExamples, space: StudentSpace, *, cnn: bool
+) -> tuple[Split, StudentSpace]:
+    """The site's :class:`~capc_common.learn.personal.Split` in the candidates' inputs, and the student's
+    space fitted to its training part (:meth:`StudentSpace.fitted`): the training part's per-example
+    features from the site's records cache (what its federation party computed, if it kept them), the
+    holdout's computed here and kept nowhere."""
     from capc_common.learn.personal import Split
 
     train = space.inputs(
@@ -95,13 +98,17 @@ def site_split(settings: TeacherSettings, examples: SiteExamples, space: Student
         with_images=cnn,
         per_example=record_features(settings, space.backbone, examples.images),
     )
-    held = space.inputs(examples.holdout_images, name=f"{settings.party}'s holdout", with_images=cnn)
-    return Split(
+    fitted = space.fitted(train["student"])
+    if fitted.scale != space.scale:
+        train["student"] = (train["student"] * np.float32(space.scale / fitted.scale)).astype(np.float32)
+    held = fitted.inputs(examples.holdout_images, name=f"{settings.party}'s holdout", with_images=cnn)
+    split = Split(
         train,
         np.asarray(examples.labels, dtype=np.int64),
         held,
         np.asarray(examples.holdout_labels, dtype=np.int64),
     )
+    return split, fitted
 
 
 def load_evaluation(
@@ -157,11 +164,12 @@ def _reads(found: Personalised, space: StudentSpace) -> str:
     )
 
 
-def _model_arrays(found: Personalised) -> tuple[str, dict[str, Any]]:
-    """The kept model's kind and arrays (a linear head's weights, or the CNN's parameters and scaling)."""
+def _model_arrays(found: Personalised, space: StudentSpace) -> tuple[str, dict[str, Any]]:
+    """The kept model's kind and arrays (a linear head's weights over the features as :func:`_reads` names
+    them, or the CNN's parameters and pixel scaling)."""
     from capc_common.learn.personal import LinearModel
 
-    model = found.model("kept")
+    model = space.unscaled(found.model("kept"))
     if isinstance(model, LinearModel):
         return "linear", {"weights": model.weights}
     state = model.state()
@@ -176,10 +184,12 @@ def _write(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
-def save_personal(out: Path, found: Personalised, card: dict[str, Any]) -> tuple[Path, Path]:
+def save_personal(
+    out: Path, found: Personalised, space: StudentSpace, card: dict[str, Any]
+) -> tuple[Path, Path]:
     """Write the kept model (``model.npz``) and then its card (``model_card.json``, naming the model's
     SHA-256), each whole or not at all."""
-    kind, arrays = _model_arrays(found)
+    kind, arrays = _model_arrays(found, space)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     data = buffer.getvalue()
@@ -231,11 +241,10 @@ def personalise_site(
     with threads_limited(settings.torch_threads):
         space = StudentSpace.of(config, load_shared_backbone(config))
         log(f"featurising {len(examples.labels)} training and {len(examples.holdout_labels)} held-out images")
-        split = site_split(settings, examples, space, cnn=cnn)
+        split, space = site_split(settings, examples, space, cnn=cnn)
         seed = settings.data.seed if settings.data is not None else 0
-        found = personalise(
-            split, classes=config.classes, shared=published.head, recipe=recipe, seed=seed, log=log
-        )
+        shared = space.shared_head(published.head)
+        found = personalise(split, classes=config.classes, shared=shared, recipe=recipe, seed=seed, log=log)
         evaluated = None
         if evaluation is not None and evaluate is not None:
             images, labels = evaluation
@@ -274,7 +283,7 @@ def personalise_site(
         "student": published.describe(),
         "privacy": STAYS_HERE,
     }
-    model_path, card_path = save_personal(target, found, card)
+    model_path, card_path = save_personal(target, found, space, card)
     return {
         "party": settings.party,
         "student": published.describe(),

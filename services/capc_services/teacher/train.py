@@ -167,7 +167,8 @@ def _train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
     config = settings.federation_config
     heads = config.teacher(settings.party).heads
     start = time.perf_counter()
-    images, labels, name = party_examples(settings)
+    examples = site_examples(settings)  # the training part; the holdout stays out of everything below
+    images, labels, name = examples.images, examples.labels, examples.name
     # preflight's checks first: data of another size is converted (the backbone is pinned), not trained on.
     # No refusal on the count per head: a short shard's head abstains (its fixed vote), so whether the party
     # trains never depends on one example.
@@ -207,6 +208,7 @@ def _train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
         "party": settings.party,
         "heads": heads,
         "examples": len(labels),
+        "held_out": len(examples.holdout_labels),
         "data": name,
         "train_accuracy": train_accuracy,
         "abstaining": len(trained.abstaining),
