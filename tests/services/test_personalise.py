@@ -130,4 +130,6 @@ def test_local_up_plans_each_hospital_s_holdout_from_its_planned_size(tmp_path: 
         for party in config.teacher_names:
             fraction = TeacherSettings.load(layout.site(party)).holdout.fraction
             assert fraction == holdout_fraction(planned), (name, fraction)
+            # federation.yaml declares what the heads train on, as preflight counts it: the training part
+            assert config.teacher(party).examples == round(planned * (1 - fraction)), name
     assert holdout_fraction(120) == 0.25 and holdout_fraction(3000) == 0.1

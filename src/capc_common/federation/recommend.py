@@ -147,11 +147,13 @@ def recommend(
 def refusal(examples: Sequence[int], *, classes: int, epsilon: float, skewed: bool = False) -> str:
     """Why a federation of these parties should not spend privacy ('' when it may): the plan forecasts its
     student below the median party alone (:func:`recommend`'s ``gain.median`` estimate is negative), or
-    there is no consortium. What ``capc local up`` and preflight refuse on, unless forced."""
+    there is no consortium. What ``capc local up`` and preflight refuse on, unless forced. Where the plan
+    cannot forecast at all (no measured table), it does not refuse: a refusal must come from what was
+    measured."""
     try:
         answer = recommend(examples, classes=classes, epsilon=epsilon, skewed=skewed)
-    except InputError as exc:
-        return f"the plan cannot forecast this federation: {exc}"
+    except InputError:
+        return ""
     gain = answer["expected_gain"]["median"]["estimate"]
     if answer["choice"] == "nothing-to-join":
         return answer["why"]

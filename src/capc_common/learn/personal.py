@@ -166,7 +166,6 @@ class LinearModel:
 def _fit_heads(
     x: npt.NDArray[np.float32],
     y: npt.NDArray[np.int64],
-    groups: Sequence[npt.NDArray[np.int64]],
     *,
     classes: int,
     l2: Sequence[float],
@@ -174,25 +173,20 @@ def _fit_heads(
     steps: int,
     lr: float,
 ) -> npt.NDArray[np.float64]:
-    """One linear head per group of rows, all at once: head ``h`` minimises the mean cross-entropy over
-    ``x[groups[h]]`` plus ``l2[h]/2·‖W_h − W_prior‖²`` (weights only, biases free), by full-batch Adam from
-    the prior (zero without one). Returns ``(heads, classes, dim + 1)``."""
+    """One linear head per strength of ``l2``, all at once on the same rows: head ``h`` minimises the mean
+    cross-entropy plus ``l2[h]/2·‖W_h − W_prior‖²`` (weights only, biases free), by full-batch Adam from the
+    prior (zero without one). Returns ``(heads, classes, dim + 1)``."""
     import torch
 
     from capc_common.threads import threads_limited
 
-    heads, (n, dim) = len(groups), x.shape
-    mask = np.zeros((n, heads), dtype=np.float32)
-    for h, rows in enumerate(groups):
-        if len(rows):
-            mask[rows, h] = 1.0 / len(rows)
+    heads, (n, dim) = len(l2), x.shape
     start = np.zeros((classes, dim + 1)) if prior is None else np.asarray(prior, dtype=np.float64)
     if start.shape != (classes, dim + 1):
         raise InputError(f"the shared head is {start.shape}; features need ({classes}, {dim + 1})")
     with threads_limited(1):
         xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
         target = torch.from_numpy(np.asarray(y, dtype=np.int64))
-        m = torch.from_numpy(mask)
         w0 = torch.from_numpy(start[:, :-1].astype(np.float32))
         w = w0.unsqueeze(0).repeat(heads, 1, 1).requires_grad_(True)
         b = torch.from_numpy(start[:, -1].astype(np.float32)).unsqueeze(0).repeat(heads, 1)
@@ -206,14 +200,14 @@ def _fit_heads(
                 :, :, 0
             ]
             penalty = 0.5 * (strength * ((w - w0) ** 2).sum(dim=(1, 2))).sum()
-            ((nll * m).sum() + penalty).backward()
+            (nll.sum() / n + penalty).backward()
             optimizer.step()
         out = torch.cat([w.detach(), b.detach().unsqueeze(2)], dim=2)
     return out.numpy().astype(np.float64)
 
 
 def _standardised(
-    x: npt.NDArray[np.float32], weights: npt.NDArray[np.float64] | None = None
+    x: npt.NDArray[np.float32],
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """``x`` with zero-mean, unit-variance columns, and the mean and scale used."""
     mean = x.mean(axis=0, dtype=np.float64)
@@ -244,7 +238,6 @@ def fit_linear(
     if prior is not None and any(spec.standardise for spec in grid):
         raise InputError("a head pulled towards the shared weights cannot be fitted on standardised features")
     models: list[LinearModel | None] = [None] * len(grid)
-    everything = [np.arange(len(ys))]
     for standardise in (False, True):
         which = [i for i, spec in enumerate(grid) if spec.standardise == standardise]
         if not which:
@@ -253,7 +246,6 @@ def fit_linear(
         heads = _fit_heads(
             inputs,
             ys,
-            everything * len(which),
             classes=classes,
             l2=[grid[i].l2 for i in which],
             prior=prior,
