@@ -27,7 +27,8 @@ from capc_services.teacher.preflight.spending import spending_check
 pytestmark = pytest.mark.filterwarnings("ignore::capc_common.privacy.InsecureNoiseWarning")  # the harness's
 
 #: The federation a new user tried: 3 hospitals of about 1,000 images, 25 heads each (the defaults): about
-#: 40 images per head, below one BatchNorm chunk of 64 — every head abstained, ε 6.07 bought a 7 % student.
+#: 40 images per head (36 once each hospital holds its tenth out), below one BatchNorm chunk of 64 — every
+#: head abstained, ε 6.07 bought a 7 % student.
 USELESS = ["local", "up", "--parties", "3", "--train-limit", "1000"]
 
 
@@ -43,12 +44,11 @@ def test_local_up_refuses_the_useless_federation_before_anything_exists(
     assert exit_info.value.code == 2, err
     assert (
         "refusing before any privacy is spent: [heads-abstain] hospital-1, hospital-2, hospital-3: 25 heads"
-        in err
+        " over 900 examples each" in err  # the training part: each holds out a tenth of its 1,000
     )
-    assert "about 40 per head" in err and "they all abstain with probability ≥ 99.4 %" in err
-    assert (
-        "lower --teachers-per-party to 10, or raise --train-limit to 2,494, or lower --bn-batch to 16" in err
-    )
+    assert "about 36 per head" in err and "they all abstain with probability ≥ 99.9 %" in err
+    # 2,771 examples per hospital train on 2,494 after the holdout: what the heads need
+    assert "lower --teachers-per-party to 9, or raise --train-limit to 2,771" in err
     assert 'pass --force "REASON"' in err and "Traceback" not in err
     assert not state.exists()  # no certificate, no federation.yaml, no ledger: nothing was charged
 
@@ -56,7 +56,8 @@ def test_local_up_refuses_the_useless_federation_before_anything_exists(
 def test_force_with_a_reason_provisions_it_and_hands_the_reason_to_the_guardian(tmp_path: Path) -> None:
     options = LocalOptions(parties=3, train_limit=1000, backbone="scatter-28x28x1", force="a dry run")
     layout, config, _ = provision(tmp_path / "state", options)
-    assert [t.examples for t in config.teachers] == [1000, 1000, 1000]  # planned, declared, public
+    # planned, declared, public: the training part, 1,000 less its holdout of 10 %
+    assert [t.examples for t in config.teachers] == [900, 900, 900]
     guardian_site = yaml.safe_load(layout.site(config.guardian).read_text())
     assert guardian_site["force"] == "a dry run"
     # What a hospital's preflight says with its own count (the full preflight is in test_preflight.py).
@@ -64,7 +65,9 @@ def test_force_with_a_reason_provisions_it_and_hands_the_reason_to_the_guardian(
     assert spending.status == "fail" and spending.data["refusals"] == ["heads-abstain"]
     assert not spending.data["certain"] and "hospital-1: 25 heads over 1,012 examples" in spending.detail
     assert "lower federation.yaml's teachers[].heads (ask the coordinator" in spending.fix
-    assert "(in a federation made by `capc local up`: lower --teachers-per-party to 10" in spending.fix
+    # the other hospitals declare 900 each; the local flags give the --train-limit of a training part
+    assert "(in a federation made by `capc local up`: lower --teachers-per-party to 9" in spending.fix
+    assert "raise --train-limit to 2,771)" in spending.fix
 
 
 def test_two_parties_work_at_the_defaults_of_capc_local_up(tmp_path: Path) -> None:

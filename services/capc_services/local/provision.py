@@ -31,7 +31,7 @@ from capc_common.federation import (
 )
 from capc_common.federation.refusals import SpendPlan, enforce, pre_spend_refusals
 from capc_common.federation.sizing import ANSWER_RATE, DPSGD_ROUNDS
-from capc_services.local.flags import flag_names, speaking_flags
+from capc_services.local.flags import flag_names, in_flag_units, speaking_flags, training_part
 from capc_services.local.layout import Layout
 from capc_services.teacher.cap import LocalCap
 from capc_services.tls import init_ca, issue_certificate, write_admin_token
@@ -275,7 +275,7 @@ def planned_training(options: LocalOptions) -> int:
     What its ``federation.yaml`` entry declares, so every party can check before the first charge that its
     heads can vote (:mod:`capc_common.federation.refusals`), with the count preflight sees at the site (its
     training part)."""
-    return round(planned_examples(options) * (1 - site_holdout(options)))
+    return training_part(planned_examples(options))
 
 
 def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
@@ -525,7 +525,7 @@ def refuse_before_spending(config: FederationConfig, options: LocalOptions) -> N
         PreconditionError: a refusal stands.
     """
     enforce(
-        pre_spend_refusals(SpendPlan.declared(config)),
+        [in_flag_units(refusal) for refusal in pre_spend_refusals(SpendPlan.declared(config))],
         force=options.force,
         names=flag_names(options.mechanism),
         force_with='--force "REASON"',
