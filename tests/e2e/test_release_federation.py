@@ -204,6 +204,7 @@ def test_each_hospital_personalises_against_the_published_head(released: Running
     student party published it, in its per-example space) and the head fine-tuned on its own data, keeps one
     and writes it with its card; ``--evaluate`` scores the same three on a file it supplies."""
     from capc_common.data import holdout_part
+    from capc_common.mechanisms import per_example
     from capc_common.mechanisms.central import predict_head
     from capc_services.teacher.personal import personalise_site
     from capc_services.teacher.train import site_examples
@@ -233,12 +234,12 @@ def test_each_hospital_personalises_against_the_published_head(released: Running
     np.testing.assert_array_equal(held, np.arange(len(examples.labels), len(labels)))
     # "shared" is the published head itself, read in the release student's space.
     head = np.load(Path(released.progress()["published"]["model"]))
-    featurizer = BackboneFeaturizer(load_shared_backbone(released.config))
+    backbone = load_shared_backbone(released.config)
     for images, truth, part in (
         (examples.holdout_images, examples.holdout_labels, "holdout"),
         (test.images[:64], test.labels[:64], "evaluate"),
     ):
-        shared = (predict_head(head, extract_per_example(featurizer, images)) == truth).mean()
+        shared = (predict_head(head, per_example(backbone, images)) == truth).mean()
         # normalised in float64 there, in float32 here: a near-tie may fall the other way, one image at most
         assert report[part]["shared"] == pytest.approx(shared, abs=1.01 / len(truth)), part
     card = json.loads(Path(report["model_card"]).read_text())

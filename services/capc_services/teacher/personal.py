@@ -29,6 +29,7 @@ import numpy.typing as npt
 from capc_common.errors import InputError
 from capc_common.federation import FederationConfig
 from capc_common.federation.site_data import dataset_findings, refuse
+from capc_common.mechanisms.central import PER_EXAMPLE_PASS
 from capc_services.teacher.published import (
     MIN_BATCH,
     StudentSpace,
@@ -92,11 +93,20 @@ def site_split(
     holdout's computed here and kept nowhere."""
     from capc_common.learn.personal import Split
 
+    if not space.release and len(examples.holdout_labels) < MIN_BATCH:
+        raise InputError(
+            f"{settings.party}'s holdout holds {len(examples.holdout_labels)} images, but the student reads "
+            f"images with current BatchNorm statistics in batches of at least {MIN_BATCH}: raise "
+            f"holdout.fraction in the site file (now {settings.holdout.fraction:g}) for its next federation"
+        )
     train = space.inputs(
         examples.images,
         name=f"{settings.party}'s training part",
         with_images=cnn,
-        per_example=record_features(settings, space.backbone, examples.images),
+        # the site's records cache, as its party featurised them (that pass needs a chunk of images)
+        per_example=record_features(settings, space.backbone, examples.images)
+        if len(examples.labels) >= PER_EXAMPLE_PASS
+        else None,
     )
     fitted = space.fitted(train["student"])
     if fitted.scale != space.scale:
@@ -243,7 +253,7 @@ def personalise_site(
         log(f"featurising {len(examples.labels)} training and {len(examples.holdout_labels)} held-out images")
         split, space = site_split(settings, examples, space, cnn=cnn)
         seed = settings.data.seed if settings.data is not None else 0
-        shared = space.shared_head(published.head)
+        shared = space.shared_head(published)
         found = personalise(split, classes=config.classes, shared=shared, recipe=recipe, seed=seed, log=log)
         evaluated = None
         if evaluation is not None and evaluate is not None:
@@ -322,9 +332,10 @@ def report_text(report: dict[str, Any]) -> str:
     where = f"{sizes['holdout']} held-out images ({sizes['training_part']} in the training part"
     if evaluated is not None:
         where += f"; --evaluate: {sizes['evaluate']} images"
+    epsilon = "ε not stated" if student["epsilon"] is None else f"ε {student['epsilon']:.3g}"
     lines = [
-        f"{report['party']}: the {student['mechanism']} student (ε {student['epsilon']:.3g}) against the "
-        f"site's own models, on {where})",
+        f"{report['party']}: the {student['mechanism']} student ({epsilon}) against the site's own models, "
+        f"on {where})",
         f"  {'':<14}{'holdout':>9}" + (f"{'evaluate':>10}" if evaluated is not None else ""),
     ]
     for name, accuracy in report["holdout"].items():

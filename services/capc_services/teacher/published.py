@@ -158,7 +158,8 @@ def _release_student(path: Path) -> tuple[npt.NDArray[np.float64], dict[str, Any
 
 def _check(card: dict[str, Any], config: FederationConfig, path: Path) -> None:
     """Refuse a student of another backbone or federation (the backbone first: the plainer reason)."""
-    backbone = card.get("backbone", {}).get("sha256")
+    named = card.get("backbone")
+    backbone = named.get("sha256") if isinstance(named, dict) else None
     if backbone != config.backbone.sha256:
         raise InputError(
             f"{path} was trained on features of backbone {str(backbone)[:16]}…, but federation.yaml pins "
@@ -211,8 +212,18 @@ class StudentSpace:
         norm = float(np.linalg.norm(student, axis=1).mean()) * self.scale if len(student) else 0.0
         return self if self.release or not norm > 0 else replace(self, scale=norm)
 
-    def shared_head(self, head: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        """The student's head over the scaled features (its weights times :attr:`scale`)."""
+    def shared_head(self, student: PublishedStudent) -> npt.NDArray[np.float64]:
+        """The student's head over the scaled features (its weights times :attr:`scale`).
+
+        Raises:
+            InputError: a head over features of another width than the backbone's.
+        """
+        head, dim = student.head, self.backbone.feature_dim
+        if head.shape[1] != dim + 1:
+            raise InputError(
+                f"{student.path} holds a head over {head.shape[1] - 1}-d features, but the backbone gives "
+                f"{dim}-d features: it is no student of this backbone"
+            )
         return np.concatenate([head[:, :-1] * self.scale, head[:, -1:]], axis=1)
 
     def unscaled(self, model: Any) -> Any:
@@ -244,12 +255,11 @@ class StudentSpace:
         Raises:
             InputError: fewer images than a selection student may be queried with.
         """
-        from capc_common.learn import BackboneFeaturizer
         from capc_common.mechanisms import normalise
-        from capc_common.mechanisms.central import extract_per_example
+        from capc_common.mechanisms import per_example as per_example_of
 
         if per_example is None:
-            per_example = extract_per_example(BackboneFeaturizer(self.backbone), images)
+            per_example = per_example_of(self.backbone, images)
         normalised = normalise(per_example, dtype=np.float32)
         out: dict[str, npt.NDArray[Any]] = {"per-example": normalised}
         if self.release:
