@@ -38,7 +38,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def differential(central, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    running = Running(tmp_path_factory.mktemp("fed") / "state", federation_options(), central["teachers"])
+    # The central run's heads vote; each site's own 600 images are what `teacher personalise` compares on.
+    options = federation_options(train_limit=600)
+    running = Running(tmp_path_factory.mktemp("fed") / "state", options, central["teachers"])
     running.wait(lambda p: p["state"] == "published")
     yield running
     running.close()
