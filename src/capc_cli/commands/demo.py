@@ -36,7 +36,7 @@ def _text(result: dict[str, Any]) -> str:
     ]
     lines += [
         "",
-        "  what each hospital keeps (chosen on its own holdout; linear heads alone, no CNN from scratch):",
+        "  what each hospital keeps (chosen on its own holdout; alone: linear heads, no CNN from scratch):",
     ]
     for party, figures in result["hospitals"].items():
         row = "  ".join(f"{name} {_percent(figures[name])}" for name in ("alone", "shared", "personalised"))
