@@ -29,7 +29,7 @@ from capc_common.learn.personal import (
 )
 from capc_common.mechanisms.central import PartyData
 
-#: The recipe every party uses (the library's default: its grids, its CNN, the keep margin).
+#: The recipe every party uses (the library's default: its grids, its CNN, the keep test's level).
 RECIPE = PersonalRecipe()
 
 

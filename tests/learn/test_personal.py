@@ -21,6 +21,7 @@ from capc_common.learn.personal import (
     keep,
     personalise,
     predict,
+    sign_test,
 )
 from capc_common.learn.scratch import CnnRecipe, train_scratch_cnn
 from capc_common.mechanisms import normalise
@@ -87,16 +88,22 @@ def test_keep_leans_to_alone_unless_the_gain_is_clear():
     rng = np.random.default_rng(0)
     alone = rng.random(200) < 0.8
     barely = alone.copy()
-    barely[np.flatnonzero(~alone)[:3]] = True  # three examples fixed, two broken: +0.5 point, within noise
+    barely[np.flatnonzero(~alone)[:3]] = True  # three examples fixed, two broken: +0.5 point, chance
     barely[np.flatnonzero(alone)[:2]] = False
-    clearly = alone | (rng.random(200) < 0.5)  # about +10 points
-    name, tests = keep({"alone": alone, "shared": barely}, margin=1.0)
-    assert name == "alone" and not tests["shared"]["significant"]
-    name, tests = keep({"alone": alone, "shared": barely, "personalised": clearly}, margin=1.0)
+    clearly = alone | (rng.random(200) < 0.5)  # about +10 points, never worse
+    name, tests = keep({"alone": alone, "shared": barely}, alpha=0.1)
+    assert name == "alone" and (tests["shared"]["wins"], tests["shared"]["losses"]) == (3, 2)
+    assert not tests["shared"]["significant"] and tests["shared"]["p_value"] == pytest.approx(0.5)
+    name, tests = keep({"alone": alone, "shared": barely, "personalised": clearly}, alpha=0.1)
     assert name == "personalised" and tests["personalised"]["significant"]
-    assert keep({"alone": alone, "shared": clearly}, margin=100.0)[0] == "alone"
+    # Two disagreements, both for the candidate: a quarter of coin flips do that; alone stays.
+    two = alone.copy()
+    two[np.flatnonzero(~alone)[:2]] = True
+    assert keep({"alone": alone, "shared": two}, alpha=0.1)[0] == "alone"
+    assert sign_test(2, 0) == 0.25 and sign_test(0, 0) == 1.0 and sign_test(4, 0) == 1 / 16
+    assert keep({"alone": alone, "shared": clearly}, alpha=1e-30)[0] == "alone"
     with pytest.raises(InputError, match="alone"):
-        keep({"shared": alone}, margin=1.0)
+        keep({"shared": alone}, alpha=0.1)
 
 
 def test_personalise_keeps_a_good_shared_model_and_refuses_a_bad_one(digits):

@@ -6,20 +6,21 @@ Why this exists: a federation's student can be worse for some member than what t
 oblige anyone to use it. Each party holds a holdout out of everything the federation sees
 (:func:`capc_common.data.holdout_part`), and after publication scores three candidates on it, locally:
 
-* **alone** — the best of a linear head on the backbone's per-example features, its L2 strength chosen by
-  k-fold cross-validation on the training part, and (where images are given) a small CNN trained from scratch
-  (:mod:`capc_common.learn.scratch`);
+* **alone** — the best of linear heads on the backbone's per-example features (:data:`ALONE_GRID`) and
+  (where images are given) a small CNN trained from scratch (:mod:`capc_common.learn.scratch`);
 * **shared** — the published student as it is;
 * **personalised** — the student's head fine-tuned on the party's training part, pulled towards the shared
-  weights by ``λ/2·‖W − W_shared‖²`` with λ chosen by cross-validation too (a large λ is the shared head, a
-  small one the party's own fit started from it).
+  weights by ``λ/2·‖W − W_shared‖²`` (a large λ is the shared head, a small one the party's own fit started
+  from it).
 
-**The choice leans to alone.** The holdout is small, so a candidate replaces alone only when its holdout
-advantage over alone exceeds :attr:`PersonalRecipe.margin` standard errors of the paired difference (the
-per-example disagreements between the two: a McNemar-style test). A party never trades a model it can measure
-for one that merely looked better on a few examples. The kept linear model is refitted on the training part
-and the holdout together with the chosen λ (the holdout chose; it need not be wasted afterwards); the CNN is
-kept as trained (early stopping already used part of its data).
+**The choice leans to alone.** The holdout is small, so a candidate replaces alone only when it is better on
+the holdout beyond chance: among the holdout examples where the two disagree, the candidate must be right
+significantly more often than alone, by a one-sided exact sign test (McNemar's test) at level
+:attr:`PersonalRecipe.alpha`. A party never trades a model it can measure for one that merely looked better on
+a few examples: with two disagreements, one each way or even both for the candidate, alone stays. The kept
+linear models are refitted on the training part and the holdout together with the settings chosen (the
+holdout chose; it need not be wasted afterwards); the CNN is kept as trained (early stopping already used part
+of its data).
 
 Nothing here leaves the site, and the scores should not either: a holdout accuracy is a function of private
 examples with no noise added, and publishing the comparison of many parties would reveal how each party's data
@@ -66,6 +67,7 @@ __all__ = [
     "keep",
     "personalise",
     "predict",
+    "sign_test",
 ]
 
 #: The three candidates a party compares, in the order reports list them.
@@ -107,7 +109,7 @@ class PersonalRecipe:
         tune_grid: strengths λ of the pull towards the shared weights tried for the personalised head.
         steps: full-batch Adam steps of every linear fit.
         lr: Adam's learning rate (the benchmarks' local-only head: 100 steps at 0.1 on normalised features).
-        margin: standard errors of the paired holdout difference a candidate must beat alone by to be kept.
+        alpha: the level of the one-sided sign test a candidate must pass against alone to be kept.
         cnn: the from-scratch CNN's recipe (None: no CNN among the alone candidates).
     """
 
@@ -115,17 +117,17 @@ class PersonalRecipe:
     tune_grid: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
     steps: int = 100
     lr: float = 0.1
-    margin: float = 1.0
+    alpha: float = 0.1
     cnn: CnnRecipe | None = field(default_factory=CnnRecipe)
 
     def __post_init__(self) -> None:
         strengths = [spec.l2 for spec in self.alone_grid] + list(self.tune_grid)
         if not self.alone_grid or not self.tune_grid or min(strengths) < 0:
             raise InputError("the alone and fine-tuning grids need at least one strength each, all >= 0")
-        if self.steps < 1 or not self.lr > 0 or self.margin < 0:
+        if self.steps < 1 or not self.lr > 0 or not 0 < self.alpha < 1:
             raise InputError(
-                f"need steps >= 1, lr > 0 and margin >= 0; got steps={self.steps}, lr={self.lr}, "
-                f"margin={self.margin}"
+                f"need steps >= 1, lr > 0 and 0 < alpha < 1; got steps={self.steps}, lr={self.lr}, "
+                f"alpha={self.alpha}"
             )
 
     def describe(self) -> dict[str, Any]:
@@ -135,7 +137,7 @@ class PersonalRecipe:
             "tune_grid": list(self.tune_grid),
             "steps": self.steps,
             "lr": self.lr,
-            "margin": self.margin,
+            "alpha": self.alpha,
             "cnn": None if self.cnn is None else self.cnn.describe(),
         }
 
@@ -268,32 +270,39 @@ def _best(
     return int(np.argmax(scores)), scores
 
 
-def keep(correct: Mapping[str, npt.NDArray[np.bool_]], *, margin: float) -> tuple[str, dict[str, Any]]:
+def sign_test(wins: int, losses: int) -> float:
+    """One-sided p-value of ``wins`` against ``losses`` among the disagreements, if either side were as likely
+    to be right: ``P(Binomial(wins + losses, 1/2) ≥ wins)`` (McNemar's exact test)."""
+    n = wins + losses
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n if n else 1.0
+
+
+def keep(correct: Mapping[str, npt.NDArray[np.bool_]], *, alpha: float) -> tuple[str, dict[str, Any]]:
     """Which candidate to keep from each one's per-example correctness on the holdout.
 
-    ``alone`` stays unless another candidate's accuracy exceeds it by more than ``margin`` standard errors of
-    the paired difference ``mean(c − a)`` (estimated from the disagreements); among those that do, the most
-    accurate wins (ties → the earlier of :data:`CANDIDATES`).
+    ``alone`` stays unless another candidate, where it and alone disagree, is right significantly more often
+    (:func:`sign_test` below ``alpha``); among those that are, the most accurate wins (ties → the earlier of
+    :data:`CANDIDATES`).
 
     Returns:
-        The kept name and, per challenger, ``{"gain", "standard_error", "significant"}``.
+        The kept name and, per challenger, ``{"gain", "wins", "losses", "p_value", "significant"}``.
     """
     if "alone" not in correct:
         raise InputError("the comparison needs the party's model alone")
-    alone = np.asarray(correct["alone"], dtype=np.float64)
-    n = len(alone)
+    alone = np.asarray(correct["alone"], dtype=bool)
     tests: dict[str, Any] = {}
     winners = []
     for name in CANDIDATES[1:]:
         if name not in correct:
             continue
-        diff = np.asarray(correct[name], dtype=np.float64) - alone
-        gain = float(diff.mean()) if n else 0.0
-        se = float(diff.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
-        significant = n > 1 and gain > 0 and gain > margin * se
-        tests[name] = {"gain": gain, "standard_error": se, "significant": bool(significant)}
+        other = np.asarray(correct[name], dtype=bool)
+        wins, losses = int((other & ~alone).sum()), int((alone & ~other).sum())
+        p = sign_test(wins, losses)
+        significant = wins > losses and p < alpha
+        gain = (wins - losses) / len(alone) if len(alone) else 0.0
+        tests[name] = {"gain": gain, "wins": wins, "losses": losses, "p_value": p, "significant": significant}
         if significant:
-            winners.append((float(np.mean(correct[name])), -CANDIDATES.index(name), name))
+            winners.append((float(other.mean()), -CANDIDATES.index(name), name))
     return (max(winners)[2] if winners else "alone"), tests
 
 
@@ -489,7 +498,7 @@ def personalise(
         f"shared {correct['shared'].mean():.4f}, personalised (λ {recipe.tune_grid[pick]:g}) "
         f"{correct['personalised'].mean():.4f} on the holdout"
     )
-    kept, tests = keep(correct, margin=recipe.margin)
+    kept, tests = keep(correct, alpha=recipe.alpha)
     detail = {
         "train_examples": len(split.train_labels),
         "holdout_examples": len(hy),
