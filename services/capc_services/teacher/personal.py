@@ -316,14 +316,15 @@ def alone_text(detail: dict[str, Any]) -> str:
 
 
 def _why_kept(report: dict[str, Any]) -> str:
-    """Why the kept candidate: its holdout gain over alone and how many standard errors that is."""
+    """Why the kept candidate: where it and alone disagree on the holdout, how often each was right, and the
+    sign test's p-value (:func:`capc_common.learn.personal.keep`)."""
     test = report["keep_test"].get(report["kept"])
     if test is None:
-        return "no other candidate beat it by more than the keep test's margin on the holdout"
-    why = f"{100 * test['gain']:+.1f} points over alone on the holdout"
-    if test["standard_error"]:
-        why += f", {test['gain'] / test['standard_error']:.1f} standard errors"
-    return why
+        return "no other candidate was right significantly more often where it and alone disagree"
+    return (
+        f"{100 * test['gain']:+.1f} points over alone on the holdout: right on {test['wins']} of the images "
+        f"where they disagree, alone on {test['losses']}; sign test p = {test['p_value']:.2g}"
+    )
 
 
 def report_text(report: dict[str, Any]) -> str:
