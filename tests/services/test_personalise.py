@@ -133,3 +133,30 @@ def test_local_up_plans_each_hospital_s_holdout_from_its_planned_size(tmp_path: 
             # federation.yaml declares what the heads train on, as preflight counts it: the training part
             assert config.teacher(party).examples == round(planned * (1 - fraction)), name
     assert holdout_fraction(120) == 0.25 and holdout_fraction(3000) == 0.1
+
+
+def test_a_selection_student_is_fine_tuned_at_norm_one_and_saved_in_its_own_space() -> None:
+    """A selection student's features (current statistics, norms near 50) are divided by one number for the
+    fine-tuning and its head multiplied by it: the same predictions; the kept head is saved unscaled."""
+    from capc_common.learn.personal import LinearModel
+    from capc_common.models import extract_features, load_backbone
+    from capc_services.teacher.published import PublishedStudent, StudentSpace
+
+    backbone = load_backbone("scatter-28x28x1")
+    images = load_dataset("fashion-mnist", split="train").images[:64]
+    raw = extract_features(backbone, images, bn_batch=16, mode="current")
+    space = StudentSpace(backbone, release=False, bn_batch=16).fitted(raw)
+    assert space.scale == pytest.approx(np.linalg.norm(raw, axis=1).mean(), rel=1e-6) and space.scale > 2
+    scaled = space.inputs(images, name="test", with_images=False)["student"]
+    assert np.linalg.norm(scaled, axis=1).mean() == pytest.approx(1.0, rel=1e-5)
+    head = np.random.default_rng(0).normal(size=(10, backbone.feature_dim + 1))
+    student = PublishedStudent(head, {}, Path("student.safetensors"), False, "confident-gnmax")
+    shared = LinearModel(space.shared_head(student), "student")
+    np.testing.assert_array_equal(shared.predict(scaled), LinearModel(head, "student").predict(raw))
+    np.testing.assert_allclose(space.unscaled(shared).weights, head, rtol=1e-12)
+    narrow = replace(student, head=head[:, :5])
+    with pytest.raises(InputError, match=r"a head over 4-d features, but the backbone gives"):
+        space.shared_head(narrow)
+    # A release student's features are normalised already: nothing is scaled.
+    release = StudentSpace(backbone, release=True, bn_batch=16)
+    assert release.fitted(raw).scale == 1.0
