@@ -215,7 +215,9 @@ def test_class_names_in_federation_yaml_decide_every_hospitals_indices(
     assert json.loads(stdout)["labelled_by"] == f"class names (class_names of {federation})"
     images, labels = originals
     site = load_dataset(f"npz:{out}")
-    assert sorted(site.labels.tolist()) == sorted(labels.tolist()) and site.class_names == FASHION_MNIST_CLASSES
+    assert (
+        sorted(site.labels.tolist()) == sorted(labels.tolist()) and site.class_names == FASHION_MNIST_CLASSES
+    )
     other = tmp_path / "hospital-b"
     for i, (image, label) in enumerate(zip(images, labels, strict=True)):  # same classes, lower-case folders
         _png(other / FASHION_MNIST_CLASSES[label].lower() / f"{i}.png", image, size=28, mode="L")

@@ -52,7 +52,10 @@ def test_sixteen_bit_grey_spans_the_full_range_scaled_by_the_bits_used(tmp_path:
     fixed, _ = read_images([image], bit_depth=14)
     np.testing.assert_array_equal(fixed[0, ..., 0], np.rint(twelve * 255 / 16383))
     over = _grey16(tmp_path / "over.png", _ramp(5000))
-    with pytest.raises(InputError, match=r"1 image\(s\) hold values above --bit-depth 12 \(4095\):\n  .*over\.png: values up to 5000"):
+    with pytest.raises(
+        InputError,
+        match=r"1 image\(s\) hold values above --bit-depth 12 \(4095\):\n  .*over\.png: values up to 5000",
+    ):
         read_images([image, over], bit_depth=12)
 
 
@@ -66,7 +69,9 @@ def test_sixteen_bit_tiff_and_eight_bit_files_mix_in_one_folder(tmp_path: Path) 
 
 
 def test_palette_images_are_looked_up_grey_or_colour(tmp_path: Path) -> None:
-    grey = Image.fromarray(_ramp(255).astype(np.uint8)).convert("P", palette=Image.Palette.ADAPTIVE, colors=64)
+    grey = Image.fromarray(_ramp(255).astype(np.uint8)).convert(
+        "P", palette=Image.Palette.ADAPTIVE, colors=64
+    )
     grey_file = _save(tmp_path / "grey-palette.png", grey)
     assert Image.open(grey_file).mode == "P"
     pixels, report = read_images([grey_file])

@@ -65,7 +65,10 @@ def test_a_readiness_check_that_raises_is_a_503_not_a_500(pki: Path, caplog) -> 
         raise RuntimeError("peer hash mismatch, internal detail")
 
     metrics = PartyMetrics(
-        party="guardian", role="guardian", config_hash="ab" * 32, certificate=certificate_info(pki / "guardian.crt")
+        party="guardian",
+        role="guardian",
+        config_hash="ab" * 32,
+        certificate=certificate_info(pki / "guardian.crt"),
     )
     app = build_admin_app(title="t", token="x" * 32, readiness=raising, registry=metrics.registry)
     with caplog.at_level(logging.ERROR):
@@ -73,7 +76,9 @@ def test_a_readiness_check_that_raises_is_a_503_not_a_500(pki: Path, caplog) -> 
     assert answer.status_code == 503
     assert answer.json() == {
         "ready": False,
-        "checks": {"readiness": {"ok": False, "detail": "a readiness check raised; the party's log has the error"}},
+        "checks": {
+            "readiness": {"ok": False, "detail": "a readiness check raised; the party's log has the error"}
+        },
     }
     assert "internal detail" not in answer.text and "internal detail" in caplog.text
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -203,8 +203,8 @@ def import_command(
     if config is not None and config.class_names is not None:
         if names is not None and tuple(names) != config.class_names:
             raise click.BadParameter(
-                f"{names} differ from the class_names of {federation_file}, {list(config.class_names)}; leave "
-                "--classes out (the federation's names are used)",
+                f"{names} differ from the class_names of {federation_file}, {list(config.class_names)}; "
+                "leave --classes out (the federation's names are used)",
                 param_hint="--classes",
             )
         names, named_by = list(config.class_names), f"class_names of {federation_file}"
@@ -228,7 +228,7 @@ def import_command(
     dataset = imported.dataset
     findings = [image_findings(dataset.images)]
     if config is not None:
-        missing = "warn" if allow_missing_classes else "fail"
+        missing: Literal["warn", "fail"] = "warn" if allow_missing_classes else "fail"
         findings.insert(
             0,
             dataset_findings(

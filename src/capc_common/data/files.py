@@ -23,7 +23,6 @@ from capc_common.errors import InputError
 __all__ = ["IMAGE_SUFFIXES", "decode_images", "image_folder_files", "load_image_folder", "load_npz"]
 
 
-
 def _as_uint8_images(array: npt.NDArray[Any], *, where: str) -> npt.NDArray[np.uint8]:
     """Bring ``(N, H, W)`` / ``(N, H, W, C)`` uint8, or float in [0, 1], to uint8 ``(N, H, W, C)``."""
     if array.ndim == 3:
@@ -121,8 +120,8 @@ def _class_dirs(root: Path) -> list[Path]:
 
 
 def image_folder_files(root: str | Path, *, split: str = "train") -> tuple[list[tuple[Path, str]], Path]:
-    """The images of ``root/<class>/<image>.{png,jpg,jpeg,tif,tiff,dcm}`` (or ``root/<split>/<class>/...``), each with
-    its class folder's name, in sorted order; and the folder the classes are in.
+    """The images of ``root/<class>/<image>`` (PNG, JPEG, TIFF or DICOM; or ``root/<split>/<class>/...``),
+    each with its class folder's name, in sorted order; and the folder the classes are in.
 
     Raises:
         InputError: missing folder, no class folders, or an empty class folder.
@@ -144,10 +143,7 @@ def image_folder_files(root: str | Path, *, split: str = "train") -> tuple[list[
         files.extend((p, folder.name) for p in found)
     if empty:
         named = f"class folder {empty[0]} holds" if len(empty) == 1 else f"class folders {empty} hold"
-        raise InputError(
-            f"{named} no images "
-            f"(expected files ending in {', '.join(IMAGE_SUFFIXES)})"
-        )
+        raise InputError(f"{named} no images (expected files ending in {', '.join(IMAGE_SUFFIXES)})")
     return files, root
 
 
@@ -172,7 +168,7 @@ def decode_images(
 
 
 def load_image_folder(root: str | Path, *, split: str = "train") -> Dataset:
-    """Load ``root/<class>/<image>.{png,jpg,jpeg,tif,tiff,dcm}`` (or ``root/<split>/<class>/...`` when present).
+    """Load ``root/<class>/<image>`` (PNG, JPEG, TIFF or DICOM; or ``root/<split>/<class>/...`` when present).
 
     Classes are the sub-folder names in sorted order. Every image must have the same height and width. If
     any image has colour the dataset is RGB (grey images are replicated to three channels), otherwise grey.

@@ -180,7 +180,9 @@ def _same_size(paths: Sequence[Path], images: list[npt.NDArray[np.uint8]]) -> np
         return np.zeros((0, 0, 0, 1), dtype=np.uint8)
     sizes = Counter(image.shape[:2] for image in images)
     common = sizes.most_common(1)[0][0]
-    odd = [f"{p}: {i.shape[1]}x{i.shape[0]}" for p, i in zip(paths, images, strict=True) if i.shape[:2] != common]
+    odd = [
+        f"{p}: {i.shape[1]}x{i.shape[0]}" for p, i in zip(paths, images, strict=True) if i.shape[:2] != common
+    ]
     if odd:
         raise InputError(
             _listed(
@@ -248,7 +250,9 @@ def _decode(path: Path) -> _Decoded:
         with Image.open(path) as handle:
             frames = int(getattr(handle, "n_frames", 1))
             if frames > 1:
-                raise _Unreadable(f"holds {frames} frames (a multi-page TIFF or an animation); save one image per file")
+                raise _Unreadable(
+                    f"holds {frames} frames (a multi-page TIFF or an animation); save one image per file"
+                )
             handle.load()
             picture = handle.copy()
             kind = f"{handle.format or path.suffix.lstrip('.').upper()}"
@@ -269,9 +273,10 @@ def _from_pillow(picture: Image.Image, fmt: str) -> _Decoded:
     if mode == "F":
         values = np.asarray(picture, dtype=np.float64)
         lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
-        if not (np.isfinite([lo, hi]).all() and 0.0 <= lo and hi <= 1.0):
+        if not (np.isfinite([lo, hi]).all() and lo >= 0.0 and hi <= 1.0):
             raise _Unreadable(
-                f"holds 32-bit floats in [{lo:g}, {hi:g}]; float pixels must lie in [0, 1] (or export integers)"
+                f"holds 32-bit floats in [{lo:g}, {hi:g}]; float pixels must lie in [0, 1] (or export "
+                "integers)"
             )
         return _Decoded(np.rint(values * 255.0).astype(np.uint8), f"float grey {fmt}")
     if mode in ("1", "L"):

@@ -579,7 +579,9 @@ class FederationConfig(_Frozen):
             return None
         blank = [i for i, name in enumerate(value) if not name.strip() or name != name.strip()]
         if blank:
-            raise ValueError(f"class names must be non-empty, without surrounding spaces; see indices {blank}")
+            raise ValueError(
+                f"class names must be non-empty, without surrounding spaces; see indices {blank}"
+            )
         repeated = sorted({n for n in value if value.count(n) > 1})
         if repeated:
             raise ValueError(f"class names must be unique; repeated: {repeated}")

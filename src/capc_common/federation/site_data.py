@@ -66,7 +66,9 @@ def class_name_problem(names: Sequence[str], *, config: FederationConfig, name: 
         return ""
     if len(names) <= len(ours) and tuple(names) == ours[: len(names)]:
         return ""
-    differ = [f"{i}: {a!r} here, {b!r} there" for i, (a, b) in enumerate(zip(names, ours)) if a != b]
+    differ = [
+        f"{i}: {a!r} here, {b!r} there" for i, (a, b) in enumerate(zip(names, ours, strict=False)) if a != b
+    ]
     if len(names) > len(ours):
         differ.append(f"{len(names) - len(ours)} class(es) more than the federation's {len(ours)}")
     return (
