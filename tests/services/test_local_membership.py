@@ -142,3 +142,29 @@ def test_the_reason_a_process_stopped_is_read_from_its_log(tmp_path: Path) -> No
     with log.open("a") as handle:
         handle.write("error: site file /x/guardian.yaml is invalid: tls.cert: missing\n")
     assert failure_reason(log) == "site file /x/guardian.yaml is invalid: tls.cert: missing"
+
+
+def test_a_retired_hospitals_name_is_not_given_again(
+    capsys: pytest.CaptureFixture[str], provisioned: Layout
+) -> None:
+    """A retired hospital's site file and cap record stay (its own account of what it released): adding a
+    party of that name would overwrite them, or, on failure, delete them."""
+    from capc_cli.main import main
+
+    record = provisioned.party_dir("hospital-7") / "cap.jsonl"
+    record.parent.mkdir()
+    record.write_text("a retired hospital's record\n")
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["local", "add-party", "hospital-7", "--state-dir", str(provisioned.root)])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and "hospital-7 was a party of the federation in" in err, err
+        assert "give the new hospital another name" in err
+        assert record.read_text() == "a retired hospital's record\n"
+        assert (
+            not provisioned.site("hospital-7").exists()
+            and not (provisioned.root / "federation-next.yaml").exists()
+        )
+    finally:
+        record.unlink()
+        record.parent.rmdir()

@@ -47,6 +47,7 @@ from capc_services.local.provision import (
     LocalOptions,
     free_port,
     recorded_options,
+    site_cap,
     write_teacher_site,
 )
 from capc_services.tls import certificate_info, issue_certificate
@@ -101,6 +102,14 @@ def add(
     old = federation_of(layout)
     options = _options(layout)
     new = add_party(old, name=name, heads=heads or _peer_heads(old), min_parties=min_parties)
+    earlier = [
+        p for p in (layout.site(name), layout.party_dir(name), layout.certs / f"{name}.crt") if p.exists()
+    ]
+    if earlier:  # a retired hospital's records: its cap record is its own account of what it released
+        raise InputError(
+            f"{name} was a party of the federation in {layout.root} before, and its files stay there "
+            f"({', '.join(map(str, earlier))}): give the new hospital another name"
+        )
     data = {"dataset": dataset} if dataset is not None else free_slice(layout, old)
     staged = _staged(layout, new)
     try:
@@ -108,7 +117,8 @@ def add(
         issue_certificate(layout.certs, name, out_dir=layout.certs)
         endpoints = Endpoints.from_dict(read_state(layout)["endpoints"])
         endpoints.admin[name] = free_port()
-        write_teacher_site(layout, new, options, name=name, endpoints=endpoints, data=data)
+        cap = site_cap(new, options)
+        write_teacher_site(layout, new, options, name=name, endpoints=endpoints, data=data, cap=cap)
         if mechanism_of(new).trains_heads and not (layout.party_dir(name) / "heads.safetensors").exists():
             say(f"{name}: training its {new.teacher(name).heads} teacher heads on its own data")
             train_parties(layout, [name], env={"CAPC_FEDERATION": str(staged)})
@@ -173,21 +183,25 @@ def _switch(
     state = read_state(layout)
     processes = {p.party: p for p in processes_of(state) if is_ours(p)}
     running = bool(processes)
-    if old.student in processes:
-        say(f"stopping the student: no batch is asked across the change ({change.describe()})")
-        stop_processes([processes.pop(old.student)])
+    student = processes.pop(old.student, None)
     guardian = processes.pop(old.guardian, None)
-    if guardian is None:  # a federation that is down: its guardian starts alone to record the change
-        say("starting the guardian to record the change")
-        guardian = start_party(layout, party=old.guardian, role="guardian", admin_port=admin[old.guardian])
-        wait_ready(layout, [guardian], timeout=ready_timeout)
+    started = guardian is None
     try:
+        if student is not None:
+            say(f"stopping the student: no batch is asked across the change ({change.describe()})")
+            stop_processes([student])
+        if guardian is None:  # a federation that is down: its guardian starts alone to record the change
+            say("starting the guardian to record the change")
+            guardian = start_party(
+                layout, party=old.guardian, role="guardian", admin_port=admin[old.guardian]
+            )
+            wait_ready(layout, [guardian], timeout=ready_timeout)
         reply = record_membership(guardian.admin_url, token=layout.token.read_text().strip(), config=new)
-    except Exception:
-        if running:
-            _restart_student(layout, old, admin=admin, ready_timeout=ready_timeout)
-        else:
+    except Exception:  # not recorded: the federation carries on as it was
+        if started and guardian is not None:
             stop_processes([guardian], grace=5)
+        if student is not None:
+            _restart_student(layout, old, admin=admin, ready_timeout=ready_timeout)
         raise
     try:  # the ledger has moved on: from here a failure is finished forward, never undone
         new.save(layout.federation)

@@ -297,9 +297,8 @@ def stop_processes(processes: list[PartyProcess], *, grace: float = 15.0) -> dic
     processes = [p for p in processes if is_ours(p)]
     for proc in processes:
         os.kill(proc.pid, signal.SIGTERM)
-        os.kill(
-            proc.pid, signal.SIGCONT
-        )  # a stopped process (SIGSTOP, ^Z) handles its SIGTERM only once resumed
+        # A stopped process (SIGSTOP, ^Z) handles its SIGTERM only once it is continued.
+        os.kill(proc.pid, signal.SIGCONT)
         outcome[proc.party] = "stopped"
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(pid_alive(p.pid) for p in processes):

@@ -314,6 +314,11 @@ def default_cap(config: FederationConfig, options: LocalOptions) -> float:
     return cap_cover(config).cap
 
 
+def site_cap(config: FederationConfig, options: LocalOptions) -> float:
+    """A simulated hospital's local ε cap: ``teacher_cap``, else :func:`default_cap` of ``config``."""
+    return options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
+
+
 def free_port() -> int:
     """A TCP port that is free on loopback right now, below the kernel's ephemeral range.
 
@@ -528,11 +533,11 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         },
     }
     _write_yaml(layout.site(config.student), student_site)
-    fraction = site_fraction(options)
+    fraction, cap = site_fraction(options), site_cap(config, options)
     for index, name in enumerate(config.teacher_names):
         data = {"dataset": options.dataset, "shard": index, "shards": options.parties, "seed": options.seed,
                 "fraction": fraction}  # fmt: skip
-        write_teacher_site(layout, config, options, name=name, endpoints=endpoints, data=data)
+        write_teacher_site(layout, config, options, name=name, endpoints=endpoints, data=data, cap=cap)
     for party in parties:
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
     layout.logs.mkdir(parents=True, exist_ok=True)
@@ -557,6 +562,7 @@ def write_teacher_site(
     name: str,
     endpoints: Endpoints,
     data: Mapping[str, Any],
+    cap: float,
 ) -> None:
     """Write simulated hospital ``name``'s site file and create its cap record under ``config`` (the
     explicit init a real site makes with ``capc teacher init-cap``).
@@ -564,12 +570,12 @@ def write_teacher_site(
     Args:
         layout: the state directory.
         config: the federation the hospital is a teacher party of.
-        options: the federation's options (cap, threads, records cache).
+        options: the federation's options (threads, records cache).
         name: the hospital.
         endpoints: the federation's ports (its own admin port included).
         data: its ``data:`` section.
+        cap: its local ε cap (:func:`site_cap`).
     """
-    cap = options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
     records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
     _write_yaml(
         layout.site(name),

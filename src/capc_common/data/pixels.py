@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -218,8 +218,7 @@ def _sized(
             picture = _fitted(picture, height=height, width=width, fit=fit)
         array = np.asarray(picture, dtype=np.uint8)
         out[i] = array.reshape(height, width, channels)
-    counts = {"resized": resized, "reshaped": reshaped, "recoloured": recoloured}
-    return out, PixelReport(**{**report.__dict__, **counts})
+    return out, replace(report, resized=resized, reshaped=reshaped, recoloured=recoloured)
 
 
 def _fitted(picture: Image.Image, *, height: int, width: int, fit: Fit) -> Image.Image:
@@ -256,7 +255,7 @@ def _decode(path: Path) -> _Decoded:
             handle.load()
             picture = handle.copy()
             kind = f"{handle.format or path.suffix.lstrip('.').upper()}"
-    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
+    except (OSError, UnidentifiedImageError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise _Unreadable(f"cannot be decoded ({exc}); replace or remove the file") from None
     return _from_pillow(picture, kind)
 
