@@ -168,3 +168,25 @@ def test_a_retired_hospitals_name_is_not_given_again(
     finally:
         record.unlink()
         record.parent.rmdir()
+
+
+def test_a_party_added_to_federation_yaml_by_hand_is_named_with_the_command_to_use(
+    capsys: pytest.CaptureFixture[str], provisioned: Layout, tmp_path: Path
+) -> None:
+    """The manual way (a new federation.yaml copied into the state directory) left `capc local up` failing
+    with "site file … hospital-4.yaml does not exist"."""
+    import shutil
+
+    from capc_cli.main import main
+    from capc_common.federation import add_party
+
+    root = tmp_path / "copy"
+    shutil.copytree(provisioned.root, root)
+    add_party(FederationConfig.load(root / "federation.yaml"), name="hospital-4", heads=2).save(
+        root / "federation.yaml"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["local", "restart", "hospital-4", "--state-dir", str(root)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "hospital-4 has no admin port in" in err, err
+    assert f"capc local add-party --state-dir {root} NAME" in err
