@@ -329,6 +329,11 @@ def default_cap(config: FederationConfig, options: LocalOptions) -> float:
     return cap_cover(config).cap
 
 
+def site_cap(config: FederationConfig, options: LocalOptions) -> float:
+    """A simulated hospital's local ε cap: ``teacher_cap``, else :func:`default_cap` of ``config``."""
+    return options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
+
+
 def free_port() -> int:
     """A TCP port that is free on loopback right now, below the kernel's ephemeral range.
 
@@ -435,6 +440,16 @@ class Endpoints:
     student_grpc: int
     admin: dict[str, int]
 
+    @property
+    def guardian_address(self) -> str:
+        """The guardian's gRPC address."""
+        return f"127.0.0.1:{self.guardian_grpc}"
+
+    @property
+    def student_address(self) -> str:
+        """The student's gRPC address."""
+        return f"127.0.0.1:{self.student_grpc}"
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (stored in state.json)."""
         return {"guardian_grpc": self.guardian_grpc, "student_grpc": self.student_grpc, "admin": self.admin}
@@ -530,16 +545,10 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     endpoints = Endpoints(
         guardian_grpc=free_port(), student_grpc=free_port(), admin={p: free_port() for p in parties}
     )
-    guardian_address = f"127.0.0.1:{endpoints.guardian_grpc}"
-    student_address = f"127.0.0.1:{endpoints.student_grpc}"
+    guardian_address, student_address = endpoints.guardian_address, endpoints.student_address
 
     def common(party: str) -> dict[str, Any]:
-        return {
-            "party": party,
-            "federation": "../federation.yaml",
-            "tls": {"ca": "../certs/ca.crt", "cert": f"../certs/{party}.crt", "key": f"../certs/{party}.key"},
-            "admin": {"bind": f"127.0.0.1:{endpoints.admin[party]}", "token_file": "../admin.token"},
-        }
+        return _common_site(party, admin_port=endpoints.admin[party])
 
     guardian_site = {
         **common(config.guardian),
@@ -571,35 +580,65 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         },
     }
     _write_yaml(layout.site(config.student), student_site)
-    cap = options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
-    fraction = site_fraction(options)
-    records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
+    fraction, cap = site_fraction(options), site_cap(config, options)
     for index, name in enumerate(config.teacher_names):
-        _write_yaml(
-            layout.site(name),
-            {
-                **common(name),
-                "student_address": student_address,
-                "guardian_address": guardian_address,
-                "heads": f"../parties/{name}/heads.safetensors",
-                "cap": {"epsilon": cap, "record": f"../parties/{name}/cap.jsonl"},
-                # The simulated hospitals opt in to what the options asked for (a real site decides itself).
-                "allow_insecure_noise": config.insecure_noise,
-                "torch_threads": options.torch_threads,
-                "feature_cache": "../feature-cache",
-                "records_cache": f"{records}/parties/{name}/records",
-                "data": {
-                    "dataset": options.dataset,
-                    "shard": index,
-                    "shards": options.parties,
-                    "seed": options.seed,
-                    "fraction": fraction,
-                },
-            },
-        )
+        data = {"dataset": options.dataset, "shard": index, "shards": options.parties, "seed": options.seed,
+                "fraction": fraction}  # fmt: skip
+        write_teacher_site(layout, config, options, name=name, endpoints=endpoints, data=data, cap=cap)
     for party in parties:
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
-    for name in config.teacher_names:  # the explicit init a real site makes with `capc teacher init-cap`
-        LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config)
     layout.logs.mkdir(parents=True, exist_ok=True)
     return endpoints
+
+
+def _common_site(party: str, *, admin_port: int) -> dict[str, Any]:
+    """The site-file fields every party of a local federation has (paths relative to ``sites/``)."""
+    return {
+        "party": party,
+        "federation": "../federation.yaml",
+        "tls": {"ca": "../certs/ca.crt", "cert": f"../certs/{party}.crt", "key": f"../certs/{party}.key"},
+        "admin": {"bind": f"127.0.0.1:{admin_port}", "token_file": "../admin.token"},
+    }
+
+
+def write_teacher_site(
+    layout: Layout,
+    config: FederationConfig,
+    options: LocalOptions,
+    *,
+    name: str,
+    endpoints: Endpoints,
+    data: Mapping[str, Any],
+    cap: float,
+) -> None:
+    """Write simulated hospital ``name``'s site file and create its cap record under ``config`` (the
+    explicit init a real site makes with ``capc teacher init-cap``).
+
+    Args:
+        layout: the state directory.
+        config: the federation the hospital is a teacher party of.
+        options: the federation's options (threads, records cache).
+        name: the hospital.
+        endpoints: the federation's ports (its own admin port included).
+        data: its ``data:`` section.
+        cap: its local ε cap (:func:`site_cap`).
+    """
+    records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
+    _write_yaml(
+        layout.site(name),
+        {
+            **_common_site(name, admin_port=endpoints.admin[name]),
+            "student_address": endpoints.student_address,
+            "guardian_address": endpoints.guardian_address,
+            "heads": f"../parties/{name}/heads.safetensors",
+            "cap": {"epsilon": cap, "record": f"../parties/{name}/cap.jsonl"},
+            # The simulated hospitals opt in to what the options asked for (a real site decides itself).
+            "allow_insecure_noise": config.insecure_noise,
+            "torch_threads": options.torch_threads,
+            "feature_cache": "../feature-cache",
+            "records_cache": f"{records}/parties/{name}/records",
+            "data": dict(data),
+        },
+    )
+    layout.party_dir(name).mkdir(parents=True, exist_ok=True)
+    LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config)
