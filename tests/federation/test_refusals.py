@@ -3,6 +3,7 @@ screening can essentially never pass, is refused with the parameter to change â€
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,15 @@ def test_the_expected_voting_heads_match_the_real_hash_partition() -> None:
         assert expected_voting_heads(n, k, bn_batch=b) == pytest.approx(want, rel=1e-9, abs=1e-300)
     assert expected_voting_heads(63, 1, bn_batch=64) == 0.0  # fewer than a chunk: certainly none
     assert expected_voting_heads(64, 1, bn_batch=64) == 1.0  # one head holds everything
+
+
+def test_a_tail_too_small_for_a_float_is_found_at_once() -> None:
+    """A party of 1,000,000 examples over 10,000 heads (about 100 each) against chunks of 1,024: the tail's
+    first term is below the smallest float, and the terms only shrink from there. Summing zeros through every
+    remaining count took seconds per party (the guardian runs this before it is ready, twice per party)."""
+    start = time.perf_counter()
+    assert expected_voting_heads(1_000_000, 10_000, bn_batch=1024) == 0.0
+    assert time.perf_counter() - start < 1.0  # microseconds once it stops at the first zero term
 
 
 def test_the_useless_federation_is_refused_and_each_fix_really_fixes_it() -> None:

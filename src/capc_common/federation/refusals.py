@@ -158,10 +158,10 @@ def _at_least(least: int, trials: int, p: float) -> float:
 
     upper = least > trials * p  # the tail that does not hold the mean is the small one: sum that
     k, step, total = (least, 1, 0.0) if upper else (least - 1, -1, 0.0)
-    while 0 <= k <= trials:  # past the mode the terms only shrink
+    while 0 <= k <= trials:  # past the mode the terms only shrink: once one is 0.0, so is every later one
         t = term(k)
         total += t
-        if t < 1e-17 * total:
+        if t <= 1e-17 * total:
             break
         k += step
     return min(1.0, total) if upper else max(0.0, 1.0 - total)
