@@ -141,6 +141,14 @@ def test_one_party_whose_heads_all_abstain_is_named_alone() -> None:
     assert "hospital-1" not in refusal.reason
     # Undeclared examples are not judged; neither is a mechanism whose parties train no heads.
     assert pre_spend_refusals(SpendPlan(config)) == []
+    tiny = {"hospital-1": 10, "hospital-2": 10, "hospital-3": 10}  # fewer than one chunk: certain under heads
+    knn = _config(
+        heads=20, mechanism={"name": "private-knn", "neighbours": 20, "sampling_rate": 0.2, "sigma": 9.6}
+    )
+    assert pre_spend_refusals(SpendPlan.declared(knn, tiny)) == []  # it votes with records, not shards
+    release = FederationConfig.load(COMPOSE.with_name("federation-secagg-dpsgd.yaml"))
+    few = {name: 10 for name in release.teacher_names}
+    assert pre_spend_refusals(SpendPlan.declared(release, few)) == []  # no heads, no screening
 
 
 def test_the_declared_examples_come_from_federation_yaml_and_leave_old_hashes_alone() -> None:
