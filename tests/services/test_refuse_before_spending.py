@@ -6,6 +6,7 @@ ready, with the fix) and the guardian (FAILED_PRECONDITION on the student's open
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -156,3 +157,41 @@ def test_the_guardian_runs_it_when_forced_with_a_reason(
             never.student.open_batch("b0", count=16, digest=digest("b0"))
     finally:
         never.close()
+
+
+def _guardian_site(pki: Path, root: Path, token_file: Path, federation: dict[str, Any], **extra: Any) -> Path:
+    """A guardian site file (and its federation.yaml) under ``root``, as an operator writes them."""
+    FederationConfig.from_dict(federation).save(root / "federation.yaml")
+    site = {
+        "party": "guardian",
+        "federation": str(root / "federation.yaml"),
+        "tls": {
+            "ca": str(pki / "ca.crt"),
+            "cert": str(pki / "guardian.crt"),
+            "key": str(pki / "guardian.key"),
+        },
+        "admin": {"bind": "127.0.0.1:0", "token_file": str(token_file)},
+        "grpc": {"bind": "127.0.0.1:0"},
+        "ledger": str(root / "ledger.sqlite"),
+        **extra,
+    }
+    path = root / "guardian.yaml"
+    path.write_text(yaml.safe_dump(site))
+    return path
+
+
+def test_the_site_files_force_reaches_the_guardian_the_service_builds(
+    pki: Path, tmp_path: Path, token_file: Path, useless: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """`force:` in the site file (what `capc local up --force` writes, and what `capc guardian serve --force`
+    replaces) must reach the guardian the service builds, not only one constructed by hand."""
+    from capc_services.guardian.app import serve
+    from capc_services.guardian.settings import GuardianSettings
+
+    site = _guardian_site(pki, tmp_path, token_file, useless, force="checking the deployment")
+    stop = threading.Event()
+    stop.set()  # start, then stop at once: the guardian is built, and logs what it overrode
+    with caplog.at_level(logging.WARNING, logger="capc_services.guardian.core"):
+        serve(GuardianSettings.load(site), stop=stop)
+    [record] = [r for r in caplog.records if r.getMessage() == "pre-spend refusal overridden by the operator"]
+    assert record.force == "checking the deployment" and "hospital-a" in record.refusals[0]
