@@ -13,7 +13,7 @@ import random
 import shutil
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from capc_common.federation import (
     mechanism_of,
     scaled_mechanism,
 )
-from capc_common.federation.refusals import SpendPlan, enforce, pre_spend_refusals
+from capc_common.federation.refusals import Change, SpendPlan, enforce, pre_spend_refusals
 from capc_common.federation.sizing import ANSWER_RATE, DPSGD_ROUNDS
 from capc_services.local.flags import flag_names, speaking_flags
 from capc_services.local.layout import Layout
@@ -513,12 +513,31 @@ def refuse_before_spending(config: FederationConfig, options: LocalOptions) -> N
     Raises:
         PreconditionError: a refusal stands.
     """
+    refusals = pre_spend_refusals(SpendPlan.declared(config))
     enforce(
-        pre_spend_refusals(SpendPlan.declared(config)),
+        [replace(r, changes=tuple(c for c in r.changes if _gets_past(options, c))) for r in refusals],
         force=options.force,
         names=flag_names(options.mechanism),
         force_with='--force "REASON"',
     )
+
+
+def _gets_past(options: LocalOptions, change: Change) -> bool:
+    """Whether ``change``, made by its flag, gives a federation ``capc local up`` provisions and the checks
+    before spending pass. A way out that holds for ``federation.yaml`` need not hold here: ``capc local up``
+    scales the mechanism's noise to the heads, so fewer heads may fill their shards yet leave a budget that
+    cannot pay for one batch. A field set by ``--mechanism-param`` is not tried (offered as it is)."""
+    option = flag_names(options.mechanism).get(change.field, "").removeprefix("--").replace("-", "_")
+    if option not in LocalOptions.__dataclass_fields__:
+        return True
+    value: Any = int(change.value) if float(change.value).is_integer() else change.value
+    changed = replace(options, **{option: value})
+    try:
+        config = FederationConfig.from_dict(federation_dict(changed), source="local federation options")
+        check_runnable(config, model=False)
+    except InputError:
+        return False
+    return not pre_spend_refusals(SpendPlan.declared(config))
 
 
 def _load_sites(layout: Layout, config: FederationConfig) -> None:
