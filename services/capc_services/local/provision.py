@@ -237,11 +237,12 @@ def _dataset_size(options: LocalOptions) -> int:
     return len(load_dataset(options.dataset, split="train").labels)
 
 
-def site_fraction(options: LocalOptions) -> float:
-    """Each simulated site's ``data.fraction``: ``train_limit`` examples per party on average."""
+def site_fraction(options: LocalOptions, *, total: int | None = None) -> float:
+    """Each simulated site's ``data.fraction``: ``train_limit`` examples per party on average (``total``: the
+    split's size when the caller has it; reading it decompresses the whole split)."""
     if options.train_limit is None:
         return 1.0
-    return min(1.0, options.train_limit * options.parties / _dataset_size(options))
+    return min(1.0, options.train_limit * options.parties / (total or _dataset_size(options)))
 
 
 def planned_examples(options: LocalOptions) -> int:
@@ -249,7 +250,8 @@ def planned_examples(options: LocalOptions) -> int:
     ``federation.yaml`` entry declares, so every party can check before the first charge that its heads can
     vote (:mod:`capc_common.federation.refusals`). A planned figure, from the options and the split's size
     alone — never a count of the data a site selected."""
-    return round(site_fraction(options) * _dataset_size(options) / options.parties)
+    total = _dataset_size(options)
+    return round(site_fraction(options, total=total) * total / options.parties)
 
 
 def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
