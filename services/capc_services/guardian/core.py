@@ -32,7 +32,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from capc_common.errors import CapcError, InputError, IntegrityError, ProtocolError, UnavailableError
+from capc_common.errors import (
+    CapcError,
+    InputError,
+    IntegrityError,
+    ProtocolError,
+    StorageError,
+    UnavailableError,
+)
 from capc_common.federation import (
     FederationConfig,
     batch_costs,
@@ -377,6 +384,8 @@ class Guardian:
             try:
                 with self.metrics.stage("ledger"):
                     self.ledger.begin(batch_id, computation=nonce, actor=actor)
+            except StorageError:
+                raise  # the volume cannot take the batch's rows: nothing was decoded, the reservation stays
             except CapcError as exc:
                 raise IntegrityError(
                     f"batch {batch_id} cannot be computed here; nothing was decoded: {exc}"
@@ -401,9 +410,11 @@ class Guardian:
                 # only at its worst case. It stays in this log; the student (who gets our error as its stream
                 # status) learns only that the settle failed.
                 _log.warning("settle failed", extra={"batch_id": batch_id, "error": str(exc)})
-                raise IntegrityError(
-                    f"batch {batch_id} could not be settled on the ledger; it stays charged at its worst "
-                    "case and nothing was revealed"
+                kind = StorageError if isinstance(exc, StorageError) else IntegrityError
+                raise kind(
+                    f"batch {batch_id} could not be settled on the ledger"
+                    + (f" ({exc})" if kind is StorageError else "")
+                    + "; it stays charged at its worst case and nothing was revealed"
                 ) from None
             settled.update(answered=answered, pin=pinned_head(entry))
             faults.reached("guardian.settled")
@@ -425,9 +436,13 @@ class Guardian:
         except BaseException as exc:
             with self._lock:
                 self._open.pop(batch_id, None)
-            if not began:
+            if not began and not isinstance(exc, StorageError):
                 self._release_undecoded(
                     batch_id, reason=f"computation failed before decoding: {exc}", actor=actor
+                )
+            elif not began:  # kept reserved: the student opens it again once the ledger can be written
+                _log.warning(
+                    "batch not computed: the ledger's volume", extra={"batch_id": batch_id, "error": str(exc)}
                 )
             elif "answered" not in settled:
                 self.metrics.batches.labels(outcome="charged").inc()

@@ -19,6 +19,7 @@ from capc_services.guardian.settings import GuardianSettings
 from capc_services.local.layout import Layout
 from capc_services.local.processes import (
     PartyProcess,
+    Placement,
     federation_of,
     is_ours,
     not_started,
@@ -182,6 +183,7 @@ def up(
     given: Collection[str] | None = None,
     say: Say = _quiet,
     ready_timeout: float = 180.0,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
     """Bring a local federation up (:func:`prepare` first) and wait until every party is ready.
 
@@ -192,6 +194,7 @@ def up(
         given: the options the user set explicitly (None: all of them count).
         say: receives one-line progress messages.
         ready_timeout: seconds to wait for every party's ``/readyz``.
+        placement: where each party runs (default: this machine's loopback; a lab's namespaces).
 
     Returns:
         The endpoints summary (what ``capc local up --format json`` prints).
@@ -204,7 +207,16 @@ def up(
     endpoints = Endpoints.from_dict(read_state(layout)["endpoints"])
     roles = [(config.guardian, "guardian"), (config.student, "student")]
     roles += [(name, "teacher") for name in config.teacher_names]
-    processes = [start_party(layout, party=p, role=r, admin_port=endpoints.admin[p]) for p, r in roles]
+    processes = [
+        start_party(
+            layout,
+            party=p,
+            role=r,
+            admin_port=endpoints.admin[p],
+            launch=placement(p, r) if placement else None,
+        )
+        for p, r in roles
+    ]
     write_state(layout, endpoints=endpoints, processes=processes)
     say(f"started {len(processes)} processes; waiting for readiness")
     try:
@@ -297,8 +309,9 @@ def status(root: str | Path) -> dict[str, Any]:
 
 
 def restart(root: str | Path, party: str, *, env: Mapping[str, str] | None = None) -> PartyProcess:
-    """Start again one party of a started federation whose process is gone (crashed or killed); its new
-    process id goes into ``state.json``, so ``status`` and ``down`` see it.
+    """Start again one party of a started federation whose process is gone (crashed or killed), where it ran
+    before (its :class:`~capc_services.local.processes.Launch`); its new process id goes into ``state.json``,
+    so ``status`` and ``down`` see it.
 
     Args:
         root: the state directory.
@@ -322,7 +335,7 @@ def restart(root: str | Path, party: str, *, env: Mapping[str, str] | None = Non
             f"{party} (pid {old.pid}) is still running; stop it first or use `{layout.command('down')}`"
         )
     port = int(old.admin_url.rsplit(":", 1)[1])
-    new = start_party(layout, party=party, role=old.role, admin_port=port, env=env)
+    new = start_party(layout, party=party, role=old.role, admin_port=port, env=env, launch=old.launch())
     endpoints = Endpoints.from_dict(state["endpoints"])
     write_state(layout, endpoints=endpoints, processes=[new if p.party == party else p for p in processes])
     return new
