@@ -124,6 +124,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> Failure | None:
         tls=party.tls,
         address=settings.guardian_address,
         noise=party_noise("student", seed=party.config.mechanism.insecure_noise_seed),
+        metrics=party.metrics,
     )
     scheduler = Scheduler(
         config=party.config,

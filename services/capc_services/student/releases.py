@@ -53,7 +53,9 @@ from capc_common.wire import ndarray_from_proto, ndarray_to_proto, rpc
 from capc_services.common.errors import error_from_rpc
 from capc_services.common.interceptors import ConfigHashClientInterceptor
 from capc_services.common.limits import HEADROOM
+from capc_services.common.metrics import PartyMetrics
 from capc_services.common.retry import Backoff
+from capc_services.common.roundtrips import counted
 from capc_services.tls import TlsFiles
 
 _log = logging.getLogger(__name__)
@@ -247,14 +249,25 @@ class ReleaseJournal:
 class ReleaseClient:
     """The student's link to the guardian for releases (mTLS, the federation hash on every call)."""
 
-    def __init__(self, *, config: FederationConfig, tls: TlsFiles, address: str, length: int) -> None:
+    def __init__(
+        self,
+        *,
+        config: FederationConfig,
+        tls: TlsFiles,
+        address: str,
+        length: int,
+        metrics: PartyMetrics | None = None,
+    ) -> None:
         self._hash = config.config_hash()
         self._peer = config.guardian
         limit = length * 8 + HEADROOM
         self._channel = tls.channel(
             address,
             peer=self._peer,
-            interceptors=(ConfigHashClientInterceptor(self._hash, peer=self._peer),),
+            interceptors=(
+                ConfigHashClientInterceptor(self._hash, peer=self._peer),
+                *counted(metrics, peer="guardian"),
+            ),
             receive=limit,
             send=HEADROOM,
         )

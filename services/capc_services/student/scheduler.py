@@ -220,6 +220,8 @@ class Scheduler:
             answers = collection.wait(timeout=self.config.quorum.vote_deadline_s)
         finally:
             self.registry.finish(collection)
+        # A work item out and its answer back: one round trip on each answering teacher's link.
+        self.metrics.round_trips.labels(peer="teacher", call="WorkTurn").inc(len(answers))
         shares, problems = self._valid_shares(plan, answers)
         missing = sorted(set(collection.parties) - set(answers))
         if len(shares) < quorum:
