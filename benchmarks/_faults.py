@@ -191,6 +191,7 @@ class FaultCampaign:
             self._stop(self.config.guardian)
             volume.read_only(True)
             self._restart(self.config.guardian, env=None, stopped=True)
+            self._wait_serving(self.config.guardian)  # it starts on the read-only volume, then serves reads
             self._observe_refusal(injection, seconds)
             volume.read_only(False)
         else:
@@ -215,6 +216,12 @@ class FaultCampaign:
             budget = self.fed.get(self.config.guardian, "/api/v1/budget")
             injection.reads_served &= isinstance(budget, dict) and "epsilon_spent" in budget
             time.sleep(0.5)
+
+    def _wait_serving(self, party: str) -> None:
+        """Wait (at most the resume timeout) until ``party``'s admin API answers ``/readyz``."""
+        deadline = time.monotonic() + self.resume_timeout
+        while self.fed.get(party, "/readyz") is None and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     def _stop(self, party: str) -> None:
         """SIGTERM ``party`` and wait for it to exit (bounded; SIGKILL after 30 s)."""

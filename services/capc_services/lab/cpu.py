@@ -71,7 +71,9 @@ class Throttle:
         """The CPU cgroup ``pid`` is in now (where :meth:`close` puts it back)."""
         for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
             _, controllers, path = line.split(":", 2)
-            if (self._version == 1 and "cpu" in controllers.split(",")) or (self._version == 2 and not controllers):
+            if (self._version == 1 and "cpu" in controllers.split(",")) or (
+                self._version == 2 and not controllers
+            ):
                 return root / path.lstrip("/")
         return root
 

@@ -118,11 +118,11 @@ class LinkLab:
             env["CAPC_GRPC__BIND"] = f"0.0.0.0:{self._endpoints.guardian_grpc}"
         elif role == "student":
             env["CAPC_GRPC__BIND"] = f"0.0.0.0:{self._endpoints.student_grpc}"
-        return Launch(
-            wrap=("ip", "netns", "exec", self.net.namespace(party)),
-            env=env,
-            admin_host=self.net.party_ip(party),
-        )
+        # nsenter enters the network namespace only (``ip netns exec`` would also give the party a mount
+        # namespace of its own, where a volume remounted here keeps the flags it had when the party started:
+        # a volume made read-write again would stay read-only to it).
+        wrap = ("nsenter", f"--net={self.net.path(party)}", "--")
+        return Launch(wrap=wrap, env=env, admin_host=self.net.party_ip(party))
 
     # ------------------------------------------------------------------ shaping every link
     def shape(self, *, rtt_ms: float, jitter_ms: float = 0.0, mbit: float | None = None) -> None:

@@ -117,8 +117,12 @@ class Namespaces:
         raise UnavailableError(f"no free {_NET}.X.0/24 for a lab: every one tried is in use on this machine")
 
     def namespace(self, party: str) -> str:
-        """The name of ``party``'s namespace (for ``ip netns exec``)."""
+        """The name of ``party``'s namespace (``ip netns``)."""
         return f"{_PREFIX}-{self.lab}-{self.parties.index(party)}"
+
+    def path(self, party: str) -> str:
+        """The file naming ``party``'s namespace (for ``nsenter --net=``)."""
+        return f"/run/netns/{self.namespace(party)}"
 
     def _veth(self, party: str, end: str) -> str:
         return f"cl{self.lab}{self.parties.index(party):02d}{end}"  # at most 15 characters, as Linux wants

@@ -37,7 +37,7 @@ class Launch:
     """Where a party process runs.
 
     Attributes:
-        wrap: a command prefix the party's command runs under (``ip netns exec NS``); it must exec the
+        wrap: a command prefix the party's command runs under (``nsenter --net=NS --``); it must exec the
             command, so the recorded process id is the party's.
         env: environment overrides (site-file values such as ``CAPC_GUARDIAN_ADDRESS``).
         admin_host: the host its admin API answers on, from here.

@@ -394,6 +394,7 @@ class Scheduler:
         def stash(computation: str, parties: tuple[str, ...], select: np.ndarray) -> None:
             self.store.stash(plan.batch_id, computation=computation, parties=parties, select=select)
 
+        self.store.require_room(plan.count)  # the stash and labels to come: refused before the 2PC starts
         try:
             with self.metrics.stage("2pc"):
                 labels, agreed, nbytes = self.guardian.compute(

@@ -176,6 +176,16 @@ class LabelStore:
             ).fetchone()
         return None if row is None else self._record(row)
 
+    def require_room(self, count: int) -> None:
+        """Refuse a batch of ``count`` queries the volume could not stash and store (before it goes out, and
+        again before its computation: the commit points the student must not fail half-way).
+
+        Raises:
+            StorageError: the volume is read-only, or has less room than the batch's two transactions need.
+        """
+        pages = -(-count * _BYTES_PER_QUERY // self._page) + _PAGES_PER_COMMIT
+        require_space(self.path, needed=2 * pages * (self._page + 24), what="label store")
+
     def begin(self, batch_id: str, *, first_index: int, count: int) -> int:
         """Mark a batch open (again) and return its new attempt number (1 for a fresh batch).
 
@@ -183,10 +193,7 @@ class LabelStore:
             InputError: the batch is already finished, or known with another query range.
             StorageError: the store's volume has no room to stash and store the batch (nothing begun).
         """
-        # Its stash and its labels, each one transaction of WAL frames: checked before the batch goes out.
-        pages = -(-count * _BYTES_PER_QUERY // self._page) + _PAGES_PER_COMMIT
-        needed = 2 * pages * (self._page + 24)
-        require_space(self.path, needed=needed, what="label store")
+        self.require_room(count)
         with self._transaction() as db:
             row = db.execute(
                 "SELECT first_index, count, attempt, state FROM batches WHERE batch_id = ?", (batch_id,)
