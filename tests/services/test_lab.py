@@ -1,0 +1,196 @@
+"""The link lab's parts on their own, as real sockets, namespaces and cgroups: the proxy's delay, stall,
+reset and half-open connections; a party's namespace reaches nothing but its own link; a throttled process
+gets a tenth of a core. Where namespaces cannot be made the link tests run on loopback (the lab's own
+fallback) — except under ``CI=true``, where the machine is expected to allow them (``require``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from capc_services.lab import cpu, netns
+from capc_services.lab.proxy import ProxyProcess
+
+Require = Callable[[bool, str], None]
+
+
+@pytest.fixture(scope="module")
+def echo() -> Iterator[int]:
+    """A TCP echo server on loopback; its port."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=_echo, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(timeout=5)
+    server.close()
+
+
+def _echo(conn: socket.socket) -> None:
+    with conn:
+        try:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+        except OSError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def proxies() -> Iterator[ProxyProcess]:
+    running = ProxyProcess()
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def proxy(proxies: ProxyProcess, echo: int, request: pytest.FixtureRequest) -> Iterator[tuple[Link, int]]:
+    """A link of its own on the module's proxy process, to the echo server."""
+    name = request.node.name
+    port = proxies.call("link", name=name, listen="127.0.0.1:0", target=f"127.0.0.1:{echo}", seed=0)["port"]
+    yield Link(proxies, name), int(port)
+
+
+class Link:
+    """One link's commands (the proxy process serves every test's link)."""
+
+    def __init__(self, proxies: ProxyProcess, name: str) -> None:
+        self.proxies, self.name = proxies, name
+
+    def call(self, op: str, **args: object) -> dict[str, object]:
+        args.pop("name", None)
+        return self.proxies.call(op, name=self.name, **args)
+
+
+def _round_trip(conn: socket.socket) -> float:
+    start = time.perf_counter()
+    conn.sendall(b"x")
+    assert conn.recv(16) == b"x"
+    return time.perf_counter() - start
+
+
+def test_the_proxy_adds_its_delay_each_way_and_holds_bytes_through_a_stall(
+    proxy: tuple[Link, int],
+) -> None:
+    link, port = proxy
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        assert _round_trip(conn) < 0.05
+        link.call("set", name="l", delay_ms=40.0)
+        rtts = sorted(_round_trip(conn) for _ in range(5))
+        assert 0.078 <= rtts[2] < 0.2, rtts  # 2 × 40 ms, one way each
+        link.call("set", name="l", delay_ms=0.0)
+        link.call("stall", name="l", seconds=0.5)
+        assert 0.45 <= _round_trip(conn) < 2.0  # held, then delivered: the connection stayed up
+
+
+def test_a_reset_is_a_tcp_rst_mid_stream(proxy: tuple[Link, int]) -> None:
+    link, port = proxy
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        _round_trip(conn)
+        assert link.call("reset", name="l")["connections"] == 1
+        with pytest.raises(ConnectionResetError):
+            conn.sendall(b"y")
+            conn.recv(16)
+
+
+def test_a_blackhole_leaves_the_connection_half_open_and_new_ones_pass(
+    proxy: tuple[Link, int],
+) -> None:
+    link, port = proxy
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+        _round_trip(conn)
+        assert link.call("blackhole", name="l")["connections"] == 1
+        conn.sendall(b"z")  # accepted by TCP …
+        with pytest.raises(TimeoutError):
+            conn.recv(16)  # … and never answered: no data, no FIN, no RST
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as fresh:
+            assert _round_trip(fresh) < 1.0
+
+
+def test_a_partition_on_loopback_swallows_old_and_new_connections(proxy: tuple[Link, int]) -> None:
+    link, port = proxy
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+        _round_trip(conn)
+        link.call("set", name="l", partitioned=True)
+        link.call("blackhole", name="l")
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as fresh:
+            fresh.sendall(b"q")
+            with pytest.raises(TimeoutError):
+                fresh.recv(16)
+        link.call("set", name="l", partitioned=False)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as healed:
+            assert _round_trip(healed) < 1.0
+
+
+def test_a_party_namespace_reaches_only_its_own_link(require: Require) -> None:
+    permitted, why = netns.available()
+    if os.environ.get("CI", "").strip().lower() == "true":
+        require(permitted, why)
+    elif not permitted:
+        pytest.skip(f"the lab falls back to loopback here: {why}")
+    spaces = netns.Namespaces(["a", "b"])
+    try:
+        # From a's namespace: the root end of a's link answers (a port nobody listens on: refused), b's
+        # address and everything else have no route at all.
+        script = (
+            "import socket, sys\n"
+            "for host in sys.argv[1:]:\n"
+            "    try:\n"
+            "        socket.create_connection((host, 9), timeout=2)\n"
+            "    except OSError as exc:\n"
+            "        print(type(exc).__name__)\n"
+        )
+        hosts = [spaces.host_ip("a"), spaces.party_ip("b"), "8.8.8.8"]
+        out = subprocess.run(
+            ["nsenter", f"--net={spaces.path('a')}", "--", sys.executable, "-c", script, *hosts],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.split()
+        assert out == ["ConnectionRefusedError", "OSError", "OSError"], out
+    finally:
+        spaces.close()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert spaces.lab not in listed  # closed: every namespace of the lab is gone
+
+
+def test_a_throttled_process_gets_a_tenth_of_a_core(require: Require) -> None:
+    permitted, why = cpu.available()
+    require(permitted, why)
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        throttle = cpu.Throttle(spin.pid, share=0.1)
+        try:
+            before, start = _cpu_seconds(spin.pid), time.monotonic()
+            time.sleep(1.5)
+            share = (_cpu_seconds(spin.pid) - before) / (time.monotonic() - start)
+        finally:
+            throttle.close()
+        assert share < 0.2, share  # a tenth, with the kernel's accounting slack
+    finally:
+        spin.kill()
+        spin.wait(timeout=10)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
