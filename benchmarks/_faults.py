@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 from _invariants import check_files
 
+from capc_common.errors import UnavailableError
 from capc_services.lab.cpu import Throttle
 from capc_services.lab.federation import LabFederation
 from capc_services.local.federation import restart
@@ -173,6 +174,8 @@ class FaultCampaign:
             finally:
                 throttle.close()
         elif kind == "clock_skew":
+            if not FAKETIME.exists():  # LD_PRELOAD of a missing library is ignored: the skew would be silent
+                raise UnavailableError(f"{FAKETIME} is missing (Debian's libfaketime): cannot skew a clock")
             teachers = (target,) if target in self.config.teacher_names else ()
             skew = "+5m" if self.rng.random() < 0.5 else "-5m"
             injection.notes.append(f"clock {skew}")
@@ -284,6 +287,7 @@ def run(
         root, options, namespaces=namespaces, volumes={"ledger": VOLUME_BYTES, "store": VOLUME_BYTES}, say=say
     )
     injections: list[Injection] = []
+    unavailable: dict[str, str] = {}
     try:
         assert fed.lab is not None
         campaign = FaultCampaign(fed, rng=rng, resume_timeout=resume_timeout, say=say)
@@ -291,7 +295,10 @@ def run(
             time.sleep(0.5)
         plan = schedule(sorted(fed.lab.links), fed.config.teacher_names, faults=faults, smoke=smoke, rng=rng)
         for kind, target, seconds in plan:
-            injections.append(campaign.inject(kind, target, seconds))
+            try:
+                injections.append(campaign.inject(kind, target, seconds))
+            except UnavailableError as exc:  # this machine cannot make that fault (say which, and why)
+                unavailable[kind] = str(exc)
         verify = subprocess.run(
             [sys.executable, "-m", "capc_cli", "budget", "verify", "--ledger", str(fed.ledger)],
             capture_output=True,
@@ -327,6 +334,7 @@ def run(
         "reads_served_while_disk_failed": all(i.reads_served for i in injections if i.kind in DISK),
         "batches_labelled": batches,
         "lab": lab,
+        "not_injected": unavailable,
         "seconds": round(time.monotonic() - started, 1),
         "seed": seed,
         "per_injection": [asdict(i) for i in injections],
