@@ -12,12 +12,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc_services.lab import cpu, netns
 from capc_services.lab.proxy import ProxyProcess
+from capc_services.tls import grpc_options
 
 Require = Callable[[bool, str], None]
 
@@ -123,6 +127,33 @@ def test_a_blackhole_leaves_the_connection_half_open_and_new_ones_pass(
             conn.recv(16)  # … and never answered: no data, no FIN, no RST
         with socket.create_connection(("127.0.0.1", port), timeout=5) as fresh:
             assert _round_trip(fresh) < 1.0
+
+
+def test_a_half_open_connection_is_dropped_by_the_keepalive_ping_timeout(proxies: ProxyProcess) -> None:
+    """A long-lived call on a connection the link blackholes fails UNAVAILABLE once a keepalive ping goes
+    unanswered for the ping timeout (10 s), not gRPC's default minute: the party then reconnects. The test
+    pings every second instead of every 20 s, to wait 10 s rather than 30."""
+    server = grpc.server(futures.ThreadPoolExecutor(2), options=list(grpc_options(server=True)))
+    checks = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    checks.set("", health_pb2.HealthCheckResponse.SERVING)
+    link = proxies.call("link", name="keepalive", listen="127.0.0.1:0", target=f"127.0.0.1:{port}", seed=0)
+    options = [(k, 1000 if k == "grpc.keepalive_time_ms" else v) for k, v in grpc_options()]
+    channel = grpc.insecure_channel(f"127.0.0.1:{link['port']}", options=options)
+    try:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=120)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        proxies.call("blackhole", name="keepalive")
+        start = time.monotonic()
+        with pytest.raises(grpc.RpcError) as dropped:
+            next(watch)
+        assert dropped.value.code() == grpc.StatusCode.UNAVAILABLE, dropped.value
+        assert time.monotonic() - start < 20  # 1 s to the next ping + 10 s unanswered (was 1 s + 60 s)
+    finally:
+        channel.close()
+        server.stop(0)
 
 
 def test_a_partition_on_loopback_swallows_old_and_new_connections(proxy: tuple[Link, int]) -> None:

@@ -90,7 +90,8 @@ class LinkLab:
         except BaseException:
             self.close()
             raise
-        self.rtt_ms, self.jitter_ms, self.mbit = 0.0, 0.0, None
+        self.rtt_ms, self.jitter_ms = 0.0, 0.0
+        self.mbit: float | None = None
 
     def _host(self, party: str) -> str:
         """Where ``party`` reaches the proxy (the root end of its link)."""
