@@ -20,8 +20,9 @@ The kinds (``--faults network`` and/or ``disk``):
 * ``blackhole``: one link's open connections half-open for good (the proxy swallows them; no FIN, no RST);
 * ``reset``: one link's connections reset mid-stream (TCP RST);
 * ``slow``: the guardian held to a tenth of one core (a cgroup CPU quota);
-* ``clock_skew``: one party restarted with its clock 5 minutes ahead or behind (libfaketime, wall clock only;
-  restarted again with the right time to heal);
+* ``clock_skew``: one party restarted with its wall clock 5 minutes ahead or behind (``capc_services.lab.
+  clock``: an ``LD_PRELOAD`` shim that shifts only the wall clock, certificate checks included; restarted
+  again with the right time to heal);
 * ``disk_full``: the guardian's ledger volume filled up (a real ENOSPC);
 * ``read_only``: the guardian stopped, its ledger volume remounted read-only, the guardian started on it
   (Linux remounts read-only only with no file open for writing), then the volume made read-write again
@@ -47,6 +48,7 @@ import numpy as np
 from _invariants import check_files
 
 from capc_common.errors import UnavailableError
+from capc_services.lab.clock import skewed
 from capc_services.lab.cpu import Throttle
 from capc_services.lab.federation import LabFederation
 from capc_services.local.federation import restart
@@ -54,7 +56,6 @@ from capc_services.local.processes import pid_alive, processes_of, read_state
 
 NETWORK = ("partition", "blackhole", "reset", "slow", "clock_skew")
 DISK = ("disk_full", "read_only", "store_full")
-FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
 VOLUME_BYTES = 16 << 20
 Say = Callable[[str], None]
 
@@ -174,13 +175,10 @@ class FaultCampaign:
             finally:
                 throttle.close()
         elif kind == "clock_skew":
-            if not FAKETIME.exists():  # LD_PRELOAD of a missing library is ignored: the skew would be silent
-                raise UnavailableError(f"{FAKETIME} is missing (Debian's libfaketime): cannot skew a clock")
             teachers = (target,) if target in self.config.teacher_names else ()
-            skew = "+5m" if self.rng.random() < 0.5 else "-5m"
-            injection.notes.append(f"clock {skew}")
-            self._restart(target, env={"LD_PRELOAD": str(FAKETIME), "FAKETIME": skew,
-                                       "FAKETIME_DONT_FAKE_MONOTONIC": "1"})  # fmt: skip
+            skew = 300 if self.rng.random() < 0.5 else -300
+            injection.notes.append(f"wall clock {skew:+d} s")
+            self._restart(target, env=skewed(skew))
             resumed = self.wait_resumed(teachers=teachers)
             injection.notes.append(f"labelled under the skew: {resumed is not None}")
             self._restart(target, env=None)

@@ -71,11 +71,11 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   fi
 fi
 # The link lab (tests/e2e/test_links.py, benchmarks/wan.py, chaos.py --faults) partitions links with iptables
-# inside its network namespaces and skews a party's clock with libfaketime; both are Debian packages.
-if ! command -v iptables >/dev/null 2>&1 || [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ]; then
-  LAB="apt-get install -y -qq iptables faketime"
+# inside its network namespaces (a Debian package).
+if ! command -v iptables >/dev/null 2>&1; then
+  LAB="apt-get install -y -qq iptables"
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
-    echo "==> installing Debian's iptables and faketime (for the link lab)"
+    echo "==> installing Debian's iptables (for the link lab)"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive $LAB) >/dev/null 2>&1 || true
   fi
   if ! command -v iptables >/dev/null 2>&1; then

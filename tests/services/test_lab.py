@@ -1,7 +1,8 @@
 """The link lab's parts on their own, as real sockets, namespaces and cgroups: the proxy's delay, stall,
 reset and half-open connections; a party's namespace reaches nothing but its own link; a throttled process
-gets a tenth of a core. Where namespaces cannot be made the link tests run on loopback (the lab's own
-fallback) — except under ``CI=true``, where the machine is expected to allow them (``require``)."""
+gets a tenth of a core; a skewed process's wall clock, and its certificate checks, are minutes off. Where
+namespaces cannot be made the link tests run on loopback (the lab's own fallback) — except under
+``CI=true``, where the machine is expected to allow them (``require``)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,16 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from capc_services.lab import cpu, netns
+from capc_services.common.runtime import start_grpc_server
+from capc_services.lab import clock, cpu, netns
 from capc_services.lab.proxy import ProxyProcess
-from capc_services.tls import grpc_options
+from capc_services.tls import TlsFiles, grpc_options
 
 Require = Callable[[bool, str], None]
+
+
+def tls_files(pki: Path, party: str) -> TlsFiles:
+    return TlsFiles(ca=pki / "ca.crt", cert=pki / f"{party}.crt", key=pki / f"{party}.key")
 
 
 @pytest.fixture(scope="module")
@@ -225,3 +231,40 @@ def test_a_throttled_process_gets_a_tenth_of_a_core(require: Require) -> None:
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+_CLIENT = """
+import sys, time
+from pathlib import Path
+from capc_services.tls import TlsFiles, channel_ready
+pki, address = Path(sys.argv[1]), sys.argv[2]
+files = TlsFiles(ca=pki / "ca.crt", cert=pki / "student.crt", key=pki / "student.key")
+now = time.time()
+time.sleep(0.01)  # sleeps are the kernel's: they still work
+print(round(now), channel_ready(files.channel(address, peer="guardian"), timeout=2))
+"""
+
+
+def test_a_skewed_party_reads_its_date_off_and_checks_certificates_by_it(pki: Path, require: Require) -> None:
+    """Certificates are valid from 5 minutes before they were issued: a party 2 minutes behind still connects;
+    one an hour behind sees the guardian's certificate as not yet valid and the handshake fails."""
+    permitted, why = clock.available()
+    require(permitted, why)
+    server = start_grpc_server(
+        bind="127.0.0.1:0", tls=tls_files(pki, "guardian"), register=[], services=[], interceptors=[]
+    )
+    try:
+        seen = {}
+        for skew in (-120, -3600):
+            env, before = {**os.environ, **clock.skewed(skew)}, time.time()
+            out = subprocess.run(
+                [sys.executable, "-c", _CLIENT, str(pki), f"127.0.0.1:{server.port}"],
+                capture_output=True, text=True, timeout=60, env=env, check=False,
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr[-2000:]
+            fields = out.stdout.split()
+            seen[skew] = (int(fields[0]) - before, fields[1])  # the child read its clock within seconds
+        assert -121 <= seen[-120][0] <= -110 and seen[-120][1] == "True", seen
+        assert -3601 <= seen[-3600][0] <= -3590 and seen[-3600][1] == "False", seen
+    finally:
+        server.stop(0)
