@@ -239,8 +239,11 @@ def measure_releases(
 
 
 def _both(first: dict[str, Any], again: dict[str, Any], key: str) -> dict[str, Any]:
-    """The loopback row measured before and after the shaped rows: their mean, and both."""
-    return {**again, key: round((first[key] + again[key]) / 2, 3), f"{key}_runs": [first[key], again[key]]}
+    """The loopback row measured before and after the shaped rows: the faster of the two (a process still
+    warming up must not flatter the shaped rows' ratios), and both."""
+    runs = [first[key], again[key]]
+    best = max(runs) if key == "labels_per_s" else min(runs)
+    return {**(first if best == first[key] else again), key: best, f"{key}_runs": runs}
 
 
 def run(
