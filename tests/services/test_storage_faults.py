@@ -70,6 +70,19 @@ def test_a_full_ledger_volume_is_storage_not_budget_and_the_guardian_serves_read
     assert setup.student.open_batch("b1", count=4, digest=_digest("b1")).state == 1
 
 
+def test_an_abort_the_full_volume_cannot_record_is_refused_not_orphaned(setup: Setup, volume: Volume) -> None:
+    """Before, the guardian logged the failed release and answered "open", the student recorded the batch
+    aborted, and the reservation stayed on the ledger at its worst case for good; now the student hears the
+    volume is full, waits, and aborts again."""
+    setup.student.open_batch("b0", count=4, digest=_digest("b0"))
+    volume.fill()
+    with pytest.raises(StorageError, match="full"):
+        setup.student.abort_batch("b0", reason="quorum not met")
+    assert setup.ledger.batch("b0").state == "reserved"  # type: ignore[union-attr]
+    volume.drain()
+    assert setup.student.abort_batch("b0", reason="quorum not met") == "released"
+
+
 def test_the_release_student_waits_out_a_full_ledger_volume(pki: Path, volume: Volume) -> None:
     """The case of a secure-aggregation run whose guardian's ledger volume filled up: the student used to stop
     ("ledger … could not be read …; restore it from a backup [DATA_LOSS]"); it now waits, says why, and gets

@@ -162,9 +162,16 @@ class Guardian:
 
     def _release_undecoded(self, batch_id: str, *, reason: str, actor: str) -> None:
         """Release a batch this process decoded nothing of — unless the ledger says another computation
-        began on it (or it finished meanwhile): then its charge stands, and that is only logged."""
+        began on it (or it finished meanwhile): then its charge stands, and that is only logged.
+
+        Raises:
+            StorageError: the ledger's volume cannot take the release row; the batch stays reserved (the
+                student waits, then opens it again or aborts it again), never silently orphaned.
+        """
         try:
             self._release(batch_id, reason=reason, actor=actor)
+        except StorageError:
+            raise
         except CapcError as exc:
             _log.warning("batch not released", extra={"batch_id": batch_id, "error": str(exc)})
 
