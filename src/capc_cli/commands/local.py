@@ -90,9 +90,9 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
 @click.option(
     "--order",
     type=click.FloatRange(min=1, min_open=True),
-    default=10.0,
-    show_default=True,
-    help="Rényi order of the ledger (capc federation plan proposes one for the budget).",
+    default=None,
+    help="Rényi order of the ledger [default: the one that buys the mechanism the most queries at the "
+    "budget, capc budget plan's rule; 10 under a release mechanism, the order its noise is calibrated at].",
 )
 @click.option("--queries", type=click.IntRange(min=1), default=2048, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=16), default=64, show_default=True)
@@ -129,6 +129,14 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
     default=None,
     help="Each party's local ε cap [default: the worst case of every batch the federation's ε can admit, "
     "so the cap never stops a party before the federation's own limit; see docs/operations.md].",
+)
+@click.option(
+    "--force",
+    metavar="REASON",
+    default=None,
+    help="Run a federation that the checks before spending refuse as a judgement (e.g. a party whose heads "
+    "would all abstain), stating why; the guardian logs the reason with what it overrode. A certain refusal "
+    "(nothing can be learned whatever the data) cannot be forced.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
