@@ -49,6 +49,7 @@ import click
 import httpx
 import numpy as np
 from _invariants import check_files, store_rows
+from _lab import NAMESPACES, namespaces_option
 
 from capc_services.local.federation import down, ensure_provisioned, restart, summary, token, up
 from capc_services.local.layout import Layout
@@ -313,13 +314,7 @@ def run(
     help="network,disk (either or both): the network and disk campaign instead of kill -9.",
 )
 @click.option("--smoke", is_flag=True, help="With --faults: one short injection of each kind.")
-@click.option(
-    "--namespaces",
-    type=click.Choice(["auto", "require", "off"]),
-    default="auto",
-    show_default=True,
-    help="With --faults: parties in namespaces where permitted, or else fail (require), or on loopback.",
-)
+@namespaces_option
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def main(
     injections: int,
@@ -349,7 +344,7 @@ def main(
             resume_timeout=resume_timeout,
             root=root,
             options=campaign_options(),
-            namespaces={"auto": None, "require": True, "off": False}[namespaces],
+            namespaces=NAMESPACES[namespaces],
             say=lambda line: click.echo(line, err=True),
         )
         _emit(result, fmt)

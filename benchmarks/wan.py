@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from _lab import NAMESPACES, namespaces_option
 
 from capc_services.lab.federation import LabFederation
 from capc_services.local.provision import LocalOptions
@@ -367,13 +368,7 @@ def table(
 @click.command()
 @click.option("--smoke", is_flag=True, help="One shaped row and short windows (the suite's version).")
 @click.option("--window", type=float, default=None, help="Seconds each row measures (default 20, smoke 4).")
-@click.option(
-    "--namespaces",
-    type=click.Choice(["auto", "require", "off"]),
-    default="auto",
-    show_default=True,
-    help="Parties in namespaces where permitted (auto), or else fail (require), or on loopback (off).",
-)
+@namespaces_option
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def main(smoke: bool, window: float | None, namespaces: str, state_dir: Path | None, fmt: str) -> None:
@@ -381,7 +376,7 @@ def main(smoke: bool, window: float | None, namespaces: str, state_dir: Path | N
     result = run(
         smoke=smoke,
         window=window if window is not None else (4.0 if smoke else 20.0),
-        namespaces={"auto": None, "require": True, "off": False}[namespaces],
+        namespaces=NAMESPACES[namespaces],
         state_dir=state_dir,
         say=lambda line: click.echo(line, err=True),
     )

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from capc_common.errors import UnavailableError
+from capc_services.local.processes import pid_alive
 
 __all__ = ["REGISTRY", "Namespaces", "available"]
 REGISTRY = Path("/run/capc-lab")
@@ -60,16 +61,6 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _sweep() -> None:
     """Remove the namespaces of labs whose process is gone."""
     if not REGISTRY.is_dir():
@@ -77,7 +68,7 @@ def _sweep() -> None:
     for record in REGISTRY.glob("*.json"):
         with contextlib.suppress(OSError, ValueError, KeyError):
             data = json.loads(record.read_text())
-            if _alive(int(data["pid"])):
+            if pid_alive(int(data["pid"])):
                 continue
             for name in data["namespaces"]:
                 subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30, check=False)
