@@ -19,6 +19,7 @@ from capc_services.guardian.settings import GuardianSettings
 from capc_services.local.layout import Layout
 from capc_services.local.processes import (
     PartyProcess,
+    Placement,
     federation_of,
     is_ours,
     not_started,
@@ -182,6 +183,7 @@ def up(
     given: Collection[str] | None = None,
     say: Say = _quiet,
     ready_timeout: float = 180.0,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
     """Bring a local federation up (:func:`prepare` first) and wait until every party is ready.
 
@@ -192,6 +194,7 @@ def up(
         given: the options the user set explicitly (None: all of them count).
         say: receives one-line progress messages.
         ready_timeout: seconds to wait for every party's ``/readyz``.
+        placement: where each party runs (default: this machine's loopback; a lab's namespaces).
 
     Returns:
         The endpoints summary (what ``capc local up --format json`` prints).
@@ -201,13 +204,20 @@ def up(
         UnavailableError: a party did not become ready (the processes started are stopped again).
     """
     layout, config = prepare(root, options, given=given, say=say)
-    start_all(layout, config, say=say, ready_timeout=ready_timeout)
+    start_all(layout, config, say=say, ready_timeout=ready_timeout, placement=placement)
     return summary(layout)
 
 
-def start_all(layout: Layout, config: FederationConfig, *, say: Say = _quiet, ready_timeout: float) -> None:
-    """Start every party of ``config`` (guardian, student, teachers), record them in ``state.json`` and wait
-    until each is ready.
+def start_all(
+    layout: Layout,
+    config: FederationConfig,
+    *,
+    say: Say = _quiet,
+    ready_timeout: float,
+    placement: Placement | None = None,
+) -> None:
+    """Start every party of ``config`` (guardian, student, teachers) where ``placement`` puts it (default:
+    this machine's loopback), record them in ``state.json`` and wait until each is ready.
 
     Raises:
         InputError: a party has no admin port in ``state.json`` (it was not added with ``capc local``).
@@ -220,10 +230,13 @@ def start_all(layout: Layout, config: FederationConfig, *, say: Say = _quiet, re
             f"{missing} of the federation in {layout.root} have no admin port in its state.json: a party "
             f"added by hand; add parties with `{layout.command('add-party')} NAME`"
         )
-    processes = [
-        start_party(layout, party=p, role=str(config.role_of(p)), admin_port=endpoints.admin[p])
-        for p in config.party_names
-    ]
+    processes = []
+    for p in config.party_names:
+        role = str(config.role_of(p))
+        launch = placement(p, role) if placement else None
+        processes.append(
+            start_party(layout, party=p, role=role, admin_port=endpoints.admin[p], launch=launch)
+        )
     write_state(layout, endpoints=endpoints, processes=processes)
     say(f"started {len(processes)} processes; waiting for readiness")
     try:
@@ -364,8 +377,9 @@ def restart(
     env: Mapping[str, str] | None = None,
     ready_timeout: float | None = None,
 ) -> PartyProcess:
-    """Start one party of a started federation again (stopping it first if it still runs); its new process
-    id goes into ``state.json``, so ``status`` and ``down`` see it.
+    """Start one party of a started federation again (stopping it first if it still runs), where it ran
+    before (its :class:`~capc_services.local.processes.Launch`); its new process id goes into ``state.json``,
+    so ``status`` and ``down`` see it.
 
     Args:
         root: the state directory.
@@ -383,7 +397,8 @@ def restart(
     role, port, old = _party(layout, party)
     if old is not None and is_ours(old):
         stop_processes([old])
-    new = start_party(layout, party=party, role=role, admin_port=port, env=env)
+    launch = old.launch() if old is not None else None
+    new = start_party(layout, party=party, role=role, admin_port=port, env=env, launch=launch)
     _record(layout, new)
     if ready_timeout is not None:
         wait_ready(layout, [new], timeout=ready_timeout)

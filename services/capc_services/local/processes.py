@@ -3,6 +3,11 @@
 Each party runs as its own ``python -m capc_cli ...`` process, detached into its own session with its log
 in the state directory; ``state.json`` records the process ids this tool started, and ``down`` signals
 exactly those (SIGTERM, then SIGKILL after a grace period), never anything found by name.
+
+A :class:`Launch` places a party elsewhere than on this machine's loopback — a test harness runs each party
+in its own network namespace behind a link it shapes (``capc_services.lab``): a command prefix, environment
+overrides of its site file (its peers' addresses) and the host its admin API answers on. ``state.json``
+keeps it, so a party restarted alone comes back in the same place.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,17 +33,52 @@ from capc_services.local.provision import Endpoints
 
 
 @dataclass(frozen=True)
+class Launch:
+    """Where a party process runs.
+
+    Attributes:
+        wrap: a command prefix the party's command runs under (``nsenter --net=NS --``); it must exec the
+            command, so the recorded process id is the party's.
+        env: environment overrides (site-file values such as ``CAPC_GUARDIAN_ADDRESS``).
+        admin_host: the host its admin API answers on, from here.
+    """
+
+    wrap: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    admin_host: str = "127.0.0.1"
+
+
+Placement = Callable[[str, str], Launch]
+"""``placement(party, role)``: where ``capc local up`` starts that party."""
+
+
+@dataclass(frozen=True)
 class PartyProcess:
-    """One running party."""
+    """One running party (and where it runs: see :class:`Launch`)."""
 
     party: str
     role: str
     pid: int
     admin_url: str
+    wrap: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"party": self.party, "role": self.role, "pid": self.pid, "admin_url": self.admin_url}
+        data: dict[str, Any] = {
+            "party": self.party,
+            "role": self.role,
+            "pid": self.pid,
+            "admin_url": self.admin_url,
+        }
+        if self.wrap or self.env:
+            data.update(wrap=list(self.wrap), env=dict(self.env))
+        return data
+
+    def launch(self) -> Launch:
+        """Where it runs, to start it again in the same place."""
+        host = self.admin_url.removeprefix("http://").rsplit(":", 1)[0]
+        return Launch(wrap=self.wrap, env=dict(self.env), admin_host=host)
 
 
 def _command(role: str, site: Path) -> list[str]:
@@ -77,7 +117,13 @@ def _zombie(pid: int) -> bool:
 
 
 def start_party(
-    layout: Layout, *, party: str, role: str, admin_port: int, env: Mapping[str, str] | None = None
+    layout: Layout,
+    *,
+    party: str,
+    role: str,
+    admin_port: int,
+    env: Mapping[str, str] | None = None,
+    launch: Launch | None = None,
 ) -> PartyProcess:
     """Launch one party process detached from this one, logging to ``logs/PARTY.log``.
 
@@ -86,13 +132,15 @@ def start_party(
         party: the party's name.
         role: ``guardian``, ``student`` or ``teacher``.
         admin_port: its admin port (from the endpoints).
-        env: extra environment variables for the process (e.g. ``CAPC_FAULTS`` in a chaos run).
+        env: extra environment variables for this start only (e.g. ``CAPC_FAULTS`` in a chaos run).
+        launch: where it runs (default: this machine's loopback).
     """
+    launch = launch or Launch()
     layout.logs.mkdir(parents=True, exist_ok=True)
     log = layout.log(party).open("ab")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **launch.env, **(env or {})}
     proc = subprocess.Popen(
-        _command(role, layout.site(party)),
+        [*launch.wrap, *_command(role, layout.site(party))],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
@@ -101,7 +149,14 @@ def start_party(
         cwd=layout.root,
     )
     log.close()
-    return PartyProcess(party=party, role=role, pid=proc.pid, admin_url=f"http://127.0.0.1:{admin_port}")
+    return PartyProcess(
+        party=party,
+        role=role,
+        pid=proc.pid,
+        admin_url=f"http://{launch.admin_host}:{admin_port}",
+        wrap=launch.wrap,
+        env=dict(launch.env),
+    )
 
 
 def train_parties(
@@ -187,7 +242,10 @@ def read_state(layout: Layout) -> dict[str, Any]:
 
 def processes_of(state: dict[str, Any]) -> list[PartyProcess]:
     """The recorded processes."""
-    return [PartyProcess(**p) for p in state["processes"]]
+    return [
+        PartyProcess(**{**p, "wrap": tuple(p.get("wrap", ())), "env": dict(p.get("env", {}))})
+        for p in state["processes"]
+    ]
 
 
 @cache

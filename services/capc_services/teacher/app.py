@@ -164,6 +164,7 @@ def serve_releases(
         labels=np.asarray(labels, dtype=np.int64),
         source=sampling_noise(settings.party, seed=config.mechanism.insecure_noise_seed),
         cap=cap,
+        metrics=party.metrics,
     )
     api = api_router()
     api.get("/status", tags=["teacher"])(contributor.status)
@@ -250,6 +251,7 @@ def _serve_votes(
         student_address=settings.student_address,
         guardian_address=settings.guardian_address,
         worker=worker,
+        metrics=party.metrics,
     )
     party.start_admin(
         readiness=lambda: {

@@ -16,13 +16,20 @@ from capc_common.mpc import MAX_FRAME_BYTES
 DEFAULT_MESSAGE_BYTES = MAX_FRAME_BYTES + (64 << 10)
 """Largest gRPC message when a link sets no limit of its own: one MPC frame and headroom (see
 :class:`capc_services.common.limits.MessageLimits` for the limits a federation's links use)."""
-# Keepalives hold a teacher's outbound stream open through NAT and firewalls that drop idle connections.
-_KEEPALIVE: tuple[tuple[str, Any], ...] = (
+KEEPALIVE: tuple[tuple[str, Any], ...] = (
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.ping_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )
+"""Every channel's and server's keepalive, the one place it is set. Pings hold a teacher's outbound stream
+open through NAT and firewalls that drop idle connections, and tell a half-open connection (a peer that
+vanished without FIN or RST: a host gone, a partition) from a quiet one: a ping unanswered for 10 s drops the
+connection, so the calls on it fail UNAVAILABLE and the party reconnects — at most 20 + 10 s after the last
+byte, 10 s while data flows. gRPC times pings out by ``grpc.http2.ping_timeout_ms`` (one minute by default);
+``keepalive_timeout_ms`` alone left a half-open connection standing for 60–80 s (measured through the link
+lab's blackhole)."""
 RECONNECT_BACKOFF_MS = (100, 1000)
 """First and largest wait of a client channel between two attempts to connect (gRPC's defaults, 1 s growing
 to 120 s, leave a channel that failed a few times refusing calls for seconds after its peer is back: a
@@ -40,7 +47,7 @@ def grpc_options(
     options = (
         ("grpc.max_send_message_length", send),
         ("grpc.max_receive_message_length", receive),
-        *_KEEPALIVE,
+        *KEEPALIVE,
     )
     if server:
         options += (("grpc.http2.min_ping_interval_without_data_ms", 10_000), ("grpc.so_reuseport", 0))
