@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from capc_common.errors import InputError
-from capc_common.federation import cap_cover
+from capc_common.federation import FederationConfig, cap_cover, cap_order, exposure_of
 from capc_common.privacy import BudgetLedger
 from capc_services.local.federation import check_resume, ensure_provisioned, summary
 from capc_services.local.layout import Layout
 from capc_services.local.processes import PartyProcess, federation_of, write_state
-from capc_services.local.provision import Endpoints, LocalOptions, free_port, provision
+from capc_services.local.provision import Endpoints, LocalOptions, federation_dict, free_port, provision
 from capc_services.teacher.settings import TeacherSettings
 
 
@@ -287,24 +287,54 @@ def test_budget_show_of_a_missing_ledger_names_where_it_is(capc, provisioned: La
 
 def test_the_default_cap_covers_the_federation_as_preflight_checks_it(provisioned: Layout) -> None:
     """`local up`'s default cap was 3 × ε = 30, and preflight warned that it covers only 7 of the 8 batches
-    (suggesting 32.2) beside a federation limit of 10: both now use the same cover, and say why it is
-    above the federation's ε."""
-    from capc_services.teacher.preflight.peers import cap_check
+    (suggesting 32.2) beside a federation limit of 10: both now use the same cover, at the order the cap
+    record charges at, and say why it is above the federation's ε."""
+    from capc_services.teacher.cap import LocalCap
+    from capc_services.teacher.preflight.budget import cap_check
 
     config = federation_of(provisioned)
     settings = TeacherSettings.load(provisioned.site("hospital-1"))
-    cover = cap_cover(config)
-    assert settings.cap.epsilon == cover.cap > 3 * SMALL.epsilon
-    check = cap_check(settings, config)
-    assert check.status == "ok" and check.detail.endswith(": fits"), check.detail
+    exposure = exposure_of(config)
+    cover = cap_cover(exposure, delta=config.budget.delta)
+    record = LocalCap(settings.cap.record, config=config, epsilon_cap=cover.cap, exclusive=False)
+    assert record.order == cover.order == cap_order(exposure, delta=config.budget.delta) < config.budget.order
+    assert settings.cap.epsilon == cover.cap > SMALL.epsilon
+    check = cap_check(settings, config, exposure)
+    assert check.status == "ok" and ": fits; covering this federation takes a cap of" in check.detail
     assert "the federation's 8 planned batches all fit its limit ε 10" in check.detail
-    old_default = settings.model_copy(update={"cap": settings.cap.model_copy(update={"epsilon": 30.0})})
-    warned = cap_check(old_default, config)
-    assert warned.status == "warn" and "stops this party after 7 of those 8 batches" in warned.detail
+    short = settings.model_copy(update={"cap": settings.cap.model_copy(update={"epsilon": cover.cap - 1})})
+    failed = cap_check(short, config, exposure)
+    assert failed.status == "fail" and "stops this party after 7 of those 8 batches" in failed.detail
     assert (
-        f"covering this federation takes a cap of ε {cover.cap:g}, above its limit ε 10: this cap counts "
-        "every query the party votes on as answered"
-    ) in warned.detail
+        f"covering this federation takes a cap of ε {cover.cap:g} (at the cap record's order "
+        f"{cover.order:g}), above its limit ε 10: the cap charges every query this hospital votes on as if "
+        "it were answered"
+    ) in failed.detail
+    assert "--force REASON" in failed.fix
+    forced = cap_check(short, config, exposure, force="we leave after the pilot")
+    assert forced.status == "warn" and forced.detail.endswith("Accepted: we leave after the pilot")
+
+
+def test_up_refuses_a_teacher_cap_that_cannot_cover_the_plan(tmp_path: Path) -> None:
+    """A --teacher-cap below the plan's worst case stopped every hospital part-way (the shipped Kubernetes
+    sites: after 6 of 21 batches) while the federation spent: refused before anything is created, naming the
+    flag and the figure, unless --force says why."""
+    root = tmp_path / "state"
+    config = FederationConfig.from_dict(federation_dict(SMALL), source="test")
+    cover = cap_cover(exposure_of(config), delta=config.budget.delta)
+    with pytest.raises(InputError) as refused:
+        provision(root, replace(SMALL, teacher_cap=cover.cap - 1))
+    message = str(refused.value)
+    short = f"--teacher-cap {cover.cap - 1:g} covers 7 of the 8 batches the federation's ε 10 can admit"
+    assert short in message
+    assert f"Set --teacher-cap {cover.cap:g} or more" in message and "--force REASON" in message
+    assert "cap.epsilon" not in message and not root.exists()
+    said: list[str] = []
+    provision(root, replace(SMALL, teacher_cap=cover.cap - 1), force="a refusal demo", say=said.append)
+    assert said == [
+        f"WARNING: {short}: every hospital would stop answering after 7 of them, and the federation would "
+        "spend privacy on a plan it cannot finish; running anyway (--force: a refusal demo)"
+    ]
 
 
 def test_down_text_lists_each_party() -> None:

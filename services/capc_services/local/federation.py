@@ -109,7 +109,12 @@ def check_resume(layout: Layout, options: LocalOptions, *, given: Collection[str
 
 
 def ensure_provisioned(
-    root: str | Path, options: LocalOptions, *, given: Collection[str] | None = None, say: Say = _quiet
+    root: str | Path,
+    options: LocalOptions,
+    *,
+    given: Collection[str] | None = None,
+    say: Say = _quiet,
+    force: str | None = None,
 ) -> tuple[Layout, FederationConfig]:
     """The federation in ``root``, provisioned from ``options`` first if there is none.
 
@@ -119,6 +124,7 @@ def ensure_provisioned(
             with the same ones (:func:`check_resume`).
         given: the options the user set explicitly (None: all of them count).
         say: receives one-line progress messages.
+        force: provision a federation the checks would refuse, for this reason (:func:`provision`).
 
     Returns:
         The layout and the federation config.
@@ -140,13 +146,18 @@ def ensure_provisioned(
         say(f"resuming the federation in {layout.root}")
         return layout, federation_of(layout)
     say(f"provisioning a new federation in {layout.root}")
-    layout, config, endpoints = provision(layout.root, options)
+    layout, config, endpoints = provision(layout.root, options, force=force, say=say)
     write_state(layout, endpoints=endpoints, processes=[])
     return layout, config
 
 
 def prepare(
-    root: str | Path, options: LocalOptions, *, given: Collection[str] | None = None, say: Say = _quiet
+    root: str | Path,
+    options: LocalOptions,
+    *,
+    given: Collection[str] | None = None,
+    say: Say = _quiet,
+    force: str | None = None,
 ) -> tuple[Layout, FederationConfig]:
     """The federation in ``root`` (provisioned from ``options`` first if there is none), with every teacher
     party's heads trained.
@@ -162,7 +173,7 @@ def prepare(
             invalid.
         CapcError: a party's training failed.
     """
-    layout, config = ensure_provisioned(root, options, given=given, say=say)
+    layout, config = ensure_provisioned(root, options, given=given, say=say, force=force)
     # Release federations' parties contribute per-example features and Private-kNN's vote with their records:
     # only PATE mechanisms train heads.
     trains = not isinstance(config.mechanism, ReleaseMember) and mechanism_of(config).trains_heads
@@ -182,6 +193,7 @@ def up(
     given: Collection[str] | None = None,
     say: Say = _quiet,
     ready_timeout: float = 180.0,
+    force: str | None = None,
 ) -> dict[str, Any]:
     """Bring a local federation up (:func:`prepare` first) and wait until every party is ready.
 
@@ -192,6 +204,7 @@ def up(
         given: the options the user set explicitly (None: all of them count).
         say: receives one-line progress messages.
         ready_timeout: seconds to wait for every party's ``/readyz``.
+        force: provision a federation the checks would refuse, for this reason (:func:`provision`).
 
     Returns:
         The endpoints summary (what ``capc local up --format json`` prints).
@@ -200,7 +213,7 @@ def up(
         InputError: the federation in ``root`` is already running, or was provisioned with other options.
         UnavailableError: a party did not become ready (the processes started are stopped again).
     """
-    layout, config = prepare(root, options, given=given, say=say)
+    layout, config = prepare(root, options, given=given, say=say, force=force)
     endpoints = Endpoints.from_dict(read_state(layout)["endpoints"])
     roles = [(config.guardian, "guardian"), (config.student, "student")]
     roles += [(name, "teacher") for name in config.teacher_names]

@@ -21,14 +21,18 @@ import yaml
 
 from capc_common.errors import InputError
 from capc_common.federation import (
+    Exposure,
     FederationConfig,
     ReleaseMember,
     cap_cover,
+    cap_order,
     check_runnable,
+    exposure_of,
     scaled_mechanism,
 )
 from capc_common.federation.sizing import ANSWER_RATE, DPSGD_ROUNDS
 from capc_common.privacy import plan
+from capc_services.local.cap_refusal import check_teacher_cap
 from capc_services.local.layout import Layout
 from capc_services.teacher.cap import LocalCap
 from capc_services.tls import init_ca, issue_certificate, write_admin_token
@@ -304,14 +308,14 @@ def mechanism_dict(options: LocalOptions) -> tuple[dict[str, Any], int]:
     }, per_party
 
 
-def default_cap(config: FederationConfig, options: LocalOptions) -> float:
+def default_cap(config: FederationConfig, options: LocalOptions, exposure: Exposure) -> float:
     """Each simulated hospital's local ε cap unless ``teacher_cap`` sets one: under a selection mechanism,
     the cap that covers the federation's limit with its plan (:func:`~capc_common.federation.cap_cover`,
     the figure ``capc teacher preflight`` checks a cap against); under a release mechanism, whose charges
     are fixed in advance and add up to at most the limit, 3 × ε of headroom."""
     if isinstance(config.mechanism, ReleaseMember):
         return 3 * options.epsilon
-    return cap_cover(config).cap
+    return cap_cover(exposure, delta=config.budget.delta).cap
 
 
 def free_port() -> int:
@@ -423,14 +427,28 @@ class Endpoints:
         )
 
 
-def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, FederationConfig, Endpoints]:
+def provision(
+    root: str | Path,
+    options: LocalOptions,
+    *,
+    force: str | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> tuple[Layout, FederationConfig, Endpoints]:
     """Create a fresh local federation in ``root`` (which must not hold one already).
+
+    Args:
+        root: the state directory.
+        options: the federation's options.
+        force: run a federation the checks before it would refuse (a ``--teacher-cap`` below the plan),
+            for this reason (``say`` warns with it).
+        say: receives one-line progress messages.
 
     Returns:
         The layout, the federation config and the chosen ports.
 
     Raises:
-        InputError: ``root`` already holds a federation, or an option is invalid.
+        InputError: ``root`` already holds a federation, or an option is invalid, or ``teacher_cap`` cannot
+            cover the plan (without ``force``).
     """
     layout = Layout(Path(root).resolve())
     if layout.federation.exists():
@@ -441,10 +459,12 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
     # The backbone's file against its pinned hash, without torch (as the guardian checks it): the parties
     # that run the model load it when they start, and a federation's first step, its hospitals' training,
     # no longer waits for torch here (a release mechanism's protocol still builds it).
-    check_runnable(config, model=False)
+    exposure = exposure_of(config, protocol=check_runnable(config, model=False).protocol)
+    if options.teacher_cap is not None:
+        check_teacher_cap(config, exposure, cap=options.teacher_cap, force=force, say=say)
     existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
     try:
-        endpoints = _write_federation(layout, config, options)
+        endpoints = _write_federation(layout, config, options, exposure)
         _load_sites(layout, config)
         layout.options.write_text(json.dumps(options_record(options), indent=2))
     except BaseException:
@@ -473,7 +493,9 @@ def _load_sites(layout: Layout, config: FederationConfig) -> None:
         TeacherSettings.load(layout.site(name))
 
 
-def _write_federation(layout: Layout, config: FederationConfig, options: LocalOptions) -> Endpoints:
+def _write_federation(
+    layout: Layout, config: FederationConfig, options: LocalOptions, exposure: Exposure
+) -> Endpoints:
     """Write the CA, certificates, token, federation.yaml and site files; returns the chosen ports."""
     layout.root.mkdir(parents=True, exist_ok=True)
     config.save(layout.federation)
@@ -524,7 +546,7 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         },
     }
     _write_yaml(layout.site(config.student), student_site)
-    cap = options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
+    cap = options.teacher_cap if options.teacher_cap is not None else default_cap(config, options, exposure)
     fraction = site_fraction(options)
     records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
     for index, name in enumerate(config.teacher_names):
@@ -552,7 +574,8 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         )
     for party in parties:
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
+    order = cap_order(exposure, delta=config.budget.delta)
     for name in config.teacher_names:  # the explicit init a real site makes with `capc teacher init-cap`
-        LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config)
+        LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config, order=order)
     layout.logs.mkdir(parents=True, exist_ok=True)
     return endpoints

@@ -128,7 +128,8 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
     type=click.FloatRange(min=0, min_open=True),
     default=None,
     help="Each party's local ε cap [default: the worst case of every batch the federation's ε can admit, "
-    "so the cap never stops a party before the federation's own limit; see docs/operations.md].",
+    "so the cap never stops a party before the federation's own limit; a cap below it is refused without "
+    "--force; see docs/operations.md].",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -147,8 +148,14 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
 )
 @click.option("--torch-threads", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--ready-timeout", type=float, default=180.0, show_default=True)
+@click.option(
+    "--force",
+    metavar="REASON",
+    default=None,
+    help="Provision a federation the checks refuse (a --teacher-cap that cannot cover the plan), saying why.",
+)
 @format_option
-def up(state_dir: Path, ready_timeout: float, fmt: str, **options: Any) -> None:
+def up(state_dir: Path, ready_timeout: float, force: str | None, fmt: str, **options: Any) -> None:
     """Start the federation (provisioning it first) and print its endpoints once every party is ready."""
     from click.core import ParameterSource
 
@@ -169,6 +176,7 @@ def up(state_dir: Path, ready_timeout: float, fmt: str, **options: Any) -> None:
         given=given,
         say=lambda line: click.echo(line, err=True),
         ready_timeout=ready_timeout,
+        force=force,
     )
     emit(result, fmt, _up_text)
 
