@@ -94,12 +94,22 @@ def test_a_charge_keeps_to_its_share_and_closing_returns_the_unspent_reservation
 
 
 def test_limits_are_recorded_and_the_guarantee_is_the_largest() -> None:
+    """The guarantee is the largest limit ever set, and the samplers' share of δ is stated at it: every
+    federation's released outputs are within its total-variation bound of exact noise's, so together within
+    the sum, and (ε, δ) becomes (ε, δ + (1 + e^ε)·Σ) — at ε 20 and 3e-25 + 1e-23, 4.997e-15."""
     account = _account(10.0, 4.0)
     account.apply({"kind": "limit", "epsilon": 20.0})
     account.apply({"kind": "limit", "epsilon": 5.0})
+    for name, tv in (("a", 3e-25), ("b", 1e-23)):
+        account.apply(
+            {"kind": "join", "federation": name, "hashes": [name], "planned_rdp": 0.0, "sampler_tv": tv}
+        )
     report = account.to_dict()["limit"]
     assert (report["epsilon"], report["guarantee_epsilon"], report["set"]) == (5.0, 20.0, [10.0, 20.0, 5.0])
     assert report["budget_rdp"] == pytest.approx(5.0 - _improved(0.0, 4.0), rel=1e-12)
+    assert report["delta_sampler"] == pytest.approx((1 + math.exp(20.0)) * 1.03e-23, rel=1e-12, abs=0)
+    assert report["delta_sampler"] == pytest.approx(4.997e-15, rel=1e-3, abs=0)
+    assert report["delta_total"] == DELTA + report["delta_sampler"]
 
 
 def test_a_cap_record_counted_in_before_its_join_and_malformed_entries() -> None:

@@ -8,7 +8,7 @@ from capc_common.errors import InputError
 from capc_common.federation import Exposure, FederationConfig, cap_order
 from capc_common.privacy.analysis import DEFAULT_ORDERS, lifetime_order
 from capc_services.teacher.cap import LocalCap
-from capc_services.teacher.settings import TeacherSettings
+from capc_services.teacher.settings import LifetimeSettings, TeacherSettings
 from capc_services.teacher.site_ledger import SiteLedger
 
 
@@ -32,13 +32,7 @@ def create_missing_records(settings: TeacherSettings, exposure: Exposure) -> dic
         created["cap_record"] = str(LocalCap.init(settings.cap.record, config=config, order=order))
     life = settings.lifetime
     if life is not None and not life.ledger.exists():
-        delta = config.budget.delta if life.delta is None else life.delta
-        if life.order is None:
-            charges = exposure.admitted(epsilon=settings.cap.epsilon, delta=config.budget.delta, order=order)
-            plan = exposure.plan_curve(DEFAULT_ORDERS, charges=charges)
-            at = lifetime_order(plan, orders=DEFAULT_ORDERS, epsilon=life.epsilon, delta=delta)
-        else:
-            at = life.order
+        at, delta = new_ledger_order(life, config, exposure, cap_epsilon=settings.cap.epsilon)
         created["site_ledger"] = str(
             SiteLedger.init(life.ledger, epsilon=life.epsilon, delta=delta, order=at)
         )
@@ -49,6 +43,22 @@ def create_missing_records(settings: TeacherSettings, exposure: Exposure) -> dic
             + " already exist; they are never re-created (they hold the ε this hospital released)"
         )
     return created
+
+
+def new_ledger_order(
+    life: LifetimeSettings, config: FederationConfig, exposure: Exposure, *, cap_epsilon: float
+) -> tuple[float, float]:
+    """The order and δ a new site ledger takes when ``config``'s federation is the first it meets:
+    ``lifetime.order`` and ``lifetime.delta`` if set; else the federation's δ, and the order at which the
+    limit holds the most federations like this one (its plan as far as a cap of ``cap_epsilon`` admits it,
+    at the order a new cap record charges at)."""
+    delta = config.budget.delta if life.delta is None else life.delta
+    if life.order is not None:
+        return life.order, delta
+    own = cap_order(exposure, delta=config.budget.delta)
+    charges = exposure.admitted(epsilon=cap_epsilon, delta=config.budget.delta, order=own)
+    plan = exposure.plan_curve(DEFAULT_ORDERS, charges=charges)
+    return lifetime_order(plan, orders=DEFAULT_ORDERS, epsilon=life.epsilon, delta=delta), delta
 
 
 def open_records(settings: TeacherSettings, config: FederationConfig, exposure: Exposure) -> LocalCap:

@@ -36,7 +36,7 @@ from typing import Any
 from capc_common.durable import fsync_dir
 from capc_common.errors import BudgetExhaustedError, CapcError, InputError, IntegrityError
 from capc_common.federation import Exposure, FederationConfig
-from capc_common.privacy.analysis import epsilon_at_order, rdp_at_lower_order
+from capc_common.privacy.analysis import epsilon_at_order, rdp_at_lower_order, rdp_budget_at_order
 from capc_common.privacy.lifetime import NEIGHBOURING, LifetimeAccount
 from capc_services.teacher.cap import CapLine, LocalCap
 
@@ -52,7 +52,8 @@ class JoinAssessment:
         adopted_rdp: their charge, restated at the ledger's order.
         spent_rdp: what it has charged the hospital, those lines included.
         others_rdp: what the other federations spent or reserve.
-        budget_rdp: the lifetime limit's RDP.
+        budget_rdp: the RDP of the limit the site file sets (recorded when a teacher opens the ledger).
+        sampler_tv: every federation's samplers' total-variation bound, this one's included.
     """
 
     hashes: list[str]
@@ -62,6 +63,7 @@ class JoinAssessment:
     spent_rdp: float
     others_rdp: float
     budget_rdp: float
+    sampler_tv: float
 
     @property
     def need_rdp(self) -> float:
@@ -123,6 +125,13 @@ class SiteLedger:
                     f"remove lifetime.{name} from the site file or set it to {fixed:g}"
                 )
         self.site_limit = float(epsilon)
+        try:
+            rdp_budget_at_order(epsilon=self.site_limit, delta=self.account.delta, order=self.order)
+        except InputError as exc:
+            raise InputError(
+                f"lifetime.epsilon {self.site_limit:g} in the site file cannot be met at the site ledger's "
+                f"order {self.order:g}, fixed when it was created ({exc})"
+            ) from None
         if writable and self.site_limit != self.account.limit:
             self._append({"kind": "limit", "epsilon": self.site_limit})
 
@@ -194,6 +203,7 @@ class SiteLedger:
                         "rdp": plan.adopted_rdp,
                         "lines": plan.unseen,
                         "cap_lines": len(cap.lines),
+                        "sampler_tv": cap.exposure.sampler_tv,
                     }
                 )
             try:
@@ -209,6 +219,7 @@ class SiteLedger:
                     "planned_rdp": plan.planned_rdp,
                     "cap_epsilon": cap.cap,
                     "cap_order": cap.order,
+                    "sampler_tv": cap.exposure.sampler_tv,
                 }
             )
         return SiteCharges(self, config_hash=plan.hashes[0], exposure=cap.exposure)
@@ -264,7 +275,11 @@ class SiteLedger:
             adopted_rdp=adopted,
             spent_rdp=(own.spent_rdp if own else 0.0) + adopted,
             others_rdp=self.account.reserved_rdp(besides=own),
-            budget_rdp=self.account.budget_rdp,
+            budget_rdp=rdp_budget_at_order(
+                epsilon=self.site_limit, delta=self.account.delta, order=self.order
+            ),
+            sampler_tv=math.fsum(f.sampler_tv for f in self.account.federations if f is not own)
+            + cap.exposure.sampler_tv,
         )
 
     def _restated(self, line: CapLine, *, config: FederationConfig, cap: LocalCap) -> float:

@@ -123,7 +123,8 @@ def _budget_text(r: dict[str, Any]) -> str:
     limit, total = r["limit"], r["total"]
     lines = [
         f"site ledger {r['ledger']}: lifetime limit ε {limit['epsilon']:g} at δ {limit['delta']:g}, "
-        f"order {limit['order']:g} (RDP {limit['budget_rdp']:.6g}; {r['neighbouring']} neighbours)"
+        f"order {limit['order']:g} (RDP {limit['budget_rdp']:.6g}; {r['neighbouring']} neighbours; δ with "
+        f"the noise samplers {limit['delta_total']:.3g})"
     ]
     if r["site_file_limit"] != limit["epsilon"]:
         lines.append(f"  the site file sets ε {r['site_file_limit']:g}: recorded at its teacher's next start")

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from capc_common.errors import InputError
 from capc_common.federation.config import FederationConfig, ReleaseMember
-from capc_common.federation.costs import batch_costs, mechanism_of
+from capc_common.federation.costs import batch_costs, mechanism_of, sampler_draws
 from capc_common.federation.plan import plan_batches
 from capc_common.privacy.analysis import as_orders, rdp_budget_at_order
 
@@ -45,12 +45,17 @@ class Exposure:
             stop its stream before the end even if nothing is answered; every release of a release plan fits
             (:func:`~capc_common.federation.releases.protocol_for` refuses one that does not).
         cost: one charge's worst-case RDP at each order.
+        sampler_tv: how far, in total variation, everything the federation releases may be from what exact
+            discrete Gaussian noise would give (noise values × each one's table bound): what its sampler adds
+            to δ, times ``1 + e^ε`` at the ε it is stated at
+            (:func:`~capc_common.privacy.analysis.delta_with_sampler_distance`).
     """
 
     federation: str
     stream: int
     plan: tuple[int, ...]
     cost: ChargeCurve
+    sampler_tv: float
 
     def rdp(self, count: int, order: float) -> float:
         """Worst-case RDP at ``order`` of one charge of ``count`` queries (a release: whatever ``count``)."""
@@ -108,8 +113,10 @@ def exposure_of(config: FederationConfig, *, protocol: ReleaseProtocol | None = 
         def release(_count: int, orders: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
             return np.asarray(per_release(orders), dtype=np.float64)  # every release costs the same
 
-        rounds = protocol.rounds
-        return Exposure(federation=config.name, stream=rounds, plan=(1,) * rounds, cost=release)
+        rounds, (draws, eta) = protocol.rounds, protocol.sampler_draws()
+        return Exposure(
+            federation=config.name, stream=rounds, plan=(1,) * rounds, cost=release, sampler_tv=draws * eta
+        )
     mechanism = mechanism_of(config)
 
     def batch(count: int, orders: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -117,8 +124,14 @@ def exposure_of(config: FederationConfig, *, protocol: ReleaseProtocol | None = 
         # count·q + count·a, as BatchCosts.worst_case: the two roundings of count·(q + a) differ
         return np.asarray(count * per_query + count * per_answer, dtype=np.float64)
 
-    sizes = plan_batches(config)
-    return Exposure(federation=config.name, stream=len(sizes), plan=_admissible(config, sizes), cost=batch)
+    sizes, (draws, eta) = plan_batches(config), sampler_draws(config)
+    return Exposure(
+        federation=config.name,
+        stream=len(sizes),
+        plan=_admissible(config, sizes),
+        cost=batch,
+        sampler_tv=draws * eta,
+    )
 
 
 def _admissible(config: FederationConfig, sizes: list[int]) -> tuple[int, ...]:

@@ -28,7 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from capc_common.errors import BudgetExhaustedError, InputError
-from capc_common.privacy.analysis import epsilon_at_order, epsilon_holding, rdp_budget_at_order
+from capc_common.privacy.analysis import (
+    delta_with_sampler_distance,
+    epsilon_at_order,
+    epsilon_holding,
+    rdp_budget_at_order,
+)
 from capc_common.privacy.analysis._checks import non_negative, positive, probability
 
 __all__ = ["NEIGHBOURING", "FederationSpend", "LifetimeAccount"]
@@ -49,6 +54,8 @@ class FederationSpend:
         charges: each admitted charge's RDP at the account's order.
         cap_lines: how many lines of the federation's cap record these charges account for.
         closed: the hospital closed it: its unspent reservation is returned.
+        sampler_tv: the total-variation distance of its released outputs from exact noise's (δ's share of
+            its samplers, before the ``1 + e^ε`` factor).
     """
 
     name: str
@@ -57,6 +64,7 @@ class FederationSpend:
     charges: list[float] = field(default_factory=list)
     cap_lines: int = 0
     closed: bool = False
+    sampler_tv: float = 0.0
 
     @property
     def spent_rdp(self) -> float:
@@ -130,6 +138,14 @@ class LifetimeAccount:
     def spent_rdp(self) -> float:
         """RDP charged by every federation together."""
         return math.fsum(c for f in self.federations for c in f.charges)
+
+    @property
+    def delta_sampler(self) -> float:
+        """What the federations' noise samplers add to the lifetime δ at the guarantee's ε: their outputs are
+        within the sum of their total-variation bounds of exact noise's
+        (:func:`~capc_common.privacy.analysis.delta_with_sampler_distance`)."""
+        distance = math.fsum(f.sampler_tv for f in self.federations)
+        return delta_with_sampler_distance(epsilon=self.guarantee, draws=1, distance=distance)
 
     def reserved_rdp(self, *, besides: FederationSpend | None = None) -> float:
         """What the federations other than ``besides`` hold of the limit (spent, or reserved while open)."""
@@ -223,6 +239,7 @@ class LifetimeAccount:
                 self.federations.append(own)
             own.hashes |= hashes
             own.planned_rdp = non_negative("planned_rdp", entry["planned_rdp"])
+            own.sampler_tv = max(own.sampler_tv, non_negative("sampler_tv", entry.get("sampler_tv", 0.0)))
             own.closed = False
         elif kind in ("adopt", "charge"):
             spend = self.federation(str(entry["config_hash"]))
@@ -235,6 +252,7 @@ class LifetimeAccount:
                 raise ValueError(f"a charge of config {str(entry['config_hash'])[:16]} before its join")
             spend.charges.append(non_negative("rdp", entry["rdp"]))
             spend.cap_lines = max(spend.cap_lines, int(entry["cap_lines"]))
+            spend.sampler_tv = max(spend.sampler_tv, non_negative("sampler_tv", entry.get("sampler_tv", 0.0)))
         elif kind == "close":
             closed = self.joined({str(h) for h in entry["hashes"]})
             if closed is None:
@@ -255,6 +273,8 @@ class LifetimeAccount:
                 "budget_rdp": budget,
                 "set": list(self.limits),
                 "guarantee_epsilon": self.guarantee,
+                "delta_sampler": self.delta_sampler,
+                "delta_total": self.delta + self.delta_sampler,
             },
             "neighbouring": NEIGHBOURING,
             "federations": [

@@ -14,7 +14,7 @@ from capc_common.federation import (
     exposure_of,
 )
 from capc_common.federation.cover import why_above
-from capc_common.privacy.analysis import epsilon_holding
+from capc_common.privacy.analysis import delta_with_sampler_distance, epsilon_holding
 from capc_services.teacher.preflight.report import Check
 from capc_services.teacher.settings import TeacherSettings
 
@@ -149,11 +149,14 @@ def lifetime_check(settings: TeacherSettings, config: FederationConfig, exposure
             fix="create the site ledger and cap record once with `capc teacher init-cap --site FILE`, "
             "restore them from backup, or fix lifetime: in the site file",
         )
-    account = ledger.account
+    account, limit = ledger.account, ledger.site_limit
     plan = ledger.assess(config=config, cap=cap)
+    sampler = delta_with_sampler_distance(
+        epsilon=max(limit, account.guarantee), draws=1, distance=plan.sampler_tv
+    )
     data = {
         "ledger": str(life.ledger),
-        "limit_epsilon": account.limit,
+        "limit_epsilon": limit,
         "order": account.order,
         "federations": len(account.federations),
         "spent_epsilon": account.epsilon_of(account.spent_rdp),
@@ -161,14 +164,23 @@ def lifetime_check(settings: TeacherSettings, config: FederationConfig, exposure
         "others_rdp": plan.others_rdp,
         "budget_rdp": plan.budget_rdp,
         "unseen_cap_lines": plan.unseen,
+        "delta_sampler": sampler,
     }
     head = (
-        f"lifetime ε {account.limit:g} at order {account.order:g}: {len(account.federations)} federation(s) "
-        f"spent ε {account.epsilon_of(account.spent_rdp):.3g} in all, the others hold RDP "
-        f"{plan.others_rdp:.6g}; this federation's plan may charge up to ε "
-        f"{account.epsilon_of(plan.planned_rdp):.3g} (RDP {plan.planned_rdp:.6g})"
+        f"lifetime ε {limit:g} at order {account.order:g}: {len(account.federations)} federation(s) spent "
+        f"ε {account.epsilon_of(account.spent_rdp):.3g} in all, the others hold RDP {plan.others_rdp:.6g}; "
+        f"this federation's plan may charge up to ε {account.epsilon_of(plan.planned_rdp):.3g} (RDP "
+        f"{plan.planned_rdp:.6g})"
         + (f"; {plan.unseen} line(s) of its cap record are counted in at its start" if plan.unseen else "")
     )
+    if plan.fits and sampler > account.delta / 10:
+        return Check.warn(
+            "lifetime",
+            f"{head}: fits, but at ε {limit:g} the noise samplers' share of δ would be {sampler:.2g} beside "
+            f"δ {account.delta:g} (it grows as e^ε)",
+            fix="lower lifetime.epsilon (with the shipped federations it is about 2e-8 at ε 35)",
+            **data,
+        )
     if plan.fits:
         left = plan.budget_rdp - plan.need_rdp
         return Check.ok("lifetime", f"{head}: fits (RDP {left:.6g} left after it)", **data)
