@@ -315,7 +315,7 @@ class SiteLedger:
             )
         return (
             "Raise lifetime.epsilon in the site file to that figure if your organisation accepts it, or "
-            f"close a finished federation (`capc teacher budget --site FILE --close`){partial}. "
+            f"close a finished federation (`capc teacher budget --site FILE --close REASON`){partial}. "
             "`capc teacher budget --site FILE` shows what each federation spent and holds"
         )
 
