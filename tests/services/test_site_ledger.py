@@ -238,7 +238,7 @@ def test_two_federations_charging_at_once_never_cross_the_limit(tmp_path: Path) 
     """Two teacher processes of one hospital, each in its own federation, charge the one ledger as fast as
     they can: every charge is checked and appended under the ledger's lock, so together they stop within
     the limit, each having charged beyond its own plan (re-collected batches) until the limit refused it."""
-    limit = 60.0
+    limit = 25.0
     ledger = SiteLedger.init(tmp_path / "ledger.jsonl", epsilon=limit, delta=1e-5, order=4.0)
     procs = []
     for name in ("one", "two"):

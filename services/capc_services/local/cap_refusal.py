@@ -33,7 +33,7 @@ def check_teacher_cap(
     if covered >= planned:
         return
     cover = cap_cover(exposure, delta=delta, order=order)
-    what = "releases" if exposure.plan == (1,) * exposure.stream else "batches"
+    what = exposure.kind
     problem = (
         f"--teacher-cap {cap:g} covers {covered} of the {planned} {what} the federation's ε "
         f"{config.budget.epsilon:g} can admit: every hospital would stop answering after {covered} of them, "

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
-from capc_common.durable import fsync_dir
+from capc_common.durable import appended_lines, create_durably
 from capc_common.errors import InputError, IntegrityError, UnavailableError
 from capc_common.federation import Exposure, FederationConfig, exposure_of
 from capc_common.privacy import RenyiFilter
@@ -143,24 +143,17 @@ class LocalCap:
             InputError: a record already exists there (it is never re-created: it holds what was spent).
         """
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
         header = {
             "kind": "init",
             "config_hash": config.config_hash(),
             "order": config.budget.order if order is None else float(order),
             "time": time.time(),
         }
-        try:
-            with target.open("x") as handle:
-                handle.write(json.dumps(header, sort_keys=True) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-        except FileExistsError:
+        if not create_durably(target, json.dumps(header, sort_keys=True)):
             raise InputError(
                 f"the cap record {target} already exists; it is never re-created (it holds the ε this party "
                 "has released)"
-            ) from None
-        fsync_dir(target.parent)  # a new file survives a power cut only once its directory entry does
+            )
         return target
 
     def _missing_check(self) -> None:
@@ -174,11 +167,8 @@ class LocalCap:
     def _refresh(self) -> None:
         """Fold in the lines appended to the record since the last look (all of them the first time)."""
         self._missing_check()
-        with self.path.open("rb") as handle:
-            handle.seek(self._read)
-            tail = handle.read()
-        self._read += len(tail)
-        for line in tail.decode("utf-8", errors="replace").splitlines():
+        self._read, lines = appended_lines(self.path, offset=self._read)
+        for line in lines:
             self._lines += 1
             number = self._lines
             if not line.strip():

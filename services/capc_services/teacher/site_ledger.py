@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from capc_common.durable import fsync_dir
+from capc_common.durable import appended_lines, create_durably
 from capc_common.errors import BudgetExhaustedError, CapcError, InputError, IntegrityError
 from capc_common.federation import Exposure, FederationConfig
 from capc_common.privacy.analysis import epsilon_at_order, rdp_at_lower_order, rdp_budget_at_order
@@ -152,18 +152,11 @@ class SiteLedger:
         }
         LifetimeAccount.from_header(header)
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with target.open("x") as handle:
-                handle.write(json.dumps(header, sort_keys=True) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-        except FileExistsError:
+        if not create_durably(target, json.dumps(header, sort_keys=True)):
             raise InputError(
                 f"the site ledger {target} already exists; it is never re-created (it holds the ε every "
                 "federation charged on this hospital's records)"
-            ) from None
-        fsync_dir(target.parent)
+            )
         return target
 
     @property
@@ -297,10 +290,11 @@ class SiteLedger:
 
     def _fixes(self, cap: LocalCap, *, room: float) -> str:
         """What the site can change when a federation's plan does not fit in ``room`` (RDP at this order)."""
-        exposure, fits = cap.exposure, 0
-        while fits < len(exposure.plan) and (
-            math.fsum(exposure.rdp(c, self.order) for c in exposure.plan[: fits + 1]) <= room
-        ):
+        exposure, fits, running = cap.exposure, 0, 0.0
+        for count in exposure.plan:  # how many of its first charges fit
+            running += exposure.rdp(count, self.order)
+            if running > room:
+                break
             fits += 1
         partial = ""
         if fits:  # the cap under which this hospital answers the first `fits` charges, then stops
@@ -321,8 +315,24 @@ class SiteLedger:
 
     @contextmanager
     def _locked(self, *, shared: bool = False) -> Iterator[None]:
-        """Hold the ledger's lock: exclusive to check and append, shared to read a consistent whole."""
-        with open(self.path.with_name(self.path.name + ".lock"), "a", encoding="utf-8") as handle:
+        """Hold the ledger's lock: exclusive to check and append, shared to read a consistent whole.
+
+        A reader on a read-only mount takes the lock through a read-only handle (``flock`` needs none to
+        write), or reads without it where the lock file was never created: a line being appended then shows
+        as a corrupt last line, and reading again gets it whole.
+        """
+        lock = self.path.with_name(self.path.name + ".lock")
+        try:
+            handle = open(lock, "a", encoding="utf-8")  # noqa: SIM115 (closed below)
+        except OSError:
+            if not shared:
+                raise
+            try:
+                handle = open(lock, encoding="utf-8")  # noqa: SIM115 (closed below)
+            except FileNotFoundError:
+                yield
+                return
+        with handle:
             fcntl.flock(handle.fileno(), fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
             try:
                 yield
@@ -341,11 +351,8 @@ class SiteLedger:
 
     def _refresh(self) -> None:
         """Fold in what was appended since the last look (by this or another process)."""
-        with self.path.open("rb") as handle:
-            handle.seek(self._read)
-            tail = handle.read()
-        self._read += len(tail)
-        for line in tail.decode("utf-8", errors="replace").splitlines():
+        self._read, lines = appended_lines(self.path, offset=self._read)
+        for line in lines:
             self._lines += 1
             if not line.strip():
                 continue

@@ -11,6 +11,7 @@ converts a figure from the federation's order (:mod:`capc_common.privacy.analysi
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ class Exposure:
 
     Attributes:
         federation: the federation's name.
+        kind: what its charges are, for messages: ``batches`` or ``releases``.
         stream: how many charges its plan makes (query batches, or releases).
         plan: the size of each charge its own limit can admit, in order: a selection federation's ledger may
             stop its stream before the end even if nothing is answered; every release of a release plan fits
@@ -52,6 +54,7 @@ class Exposure:
     """
 
     federation: str
+    kind: str
     stream: int
     plan: tuple[int, ...]
     cost: ChargeCurve
@@ -108,30 +111,53 @@ def exposure_of(config: FederationConfig, *, protocol: ReleaseProtocol | None = 
                 f"federation {config.name!r} runs the release mechanism {config.mechanism.name!r}: what it "
                 "charges comes from its release protocol (check_runnable builds it)"
             )
-        per_release = protocol.mechanism.release_rdp
+        per_release = _per_order(lambda lam: (0.0, float(protocol.release_rdp(lam))))
 
         def release(_count: int, orders: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-            return np.asarray(per_release(orders), dtype=np.float64)  # every release costs the same
+            if orders.size == 1:  # a charge, stated at a record's order
+                return np.array([per_release(float(orders[0]))[1]])
+            return np.asarray(protocol.mechanism.release_rdp(orders), dtype=np.float64)  # all cost the same
 
         rounds, (draws, eta) = protocol.rounds, protocol.sampler_draws()
         return Exposure(
-            federation=config.name, stream=rounds, plan=(1,) * rounds, cost=release, sampler_tv=draws * eta
+            federation=config.name,
+            kind="releases",
+            stream=rounds,
+            plan=(1,) * rounds,
+            cost=release,
+            sampler_tv=draws * eta,
         )
     mechanism = mechanism_of(config)
 
+    def unit(lam: float) -> tuple[float, float]:
+        per_query, per_answer = mechanism.costs(np.array([lam]))
+        return float(per_query[0]), float(per_answer[0])
+
+    per_query_at = _per_order(unit)
+
     def batch(count: int, orders: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        per_query, per_answer = mechanism.costs(orders)
         # count·q + count·a, as BatchCosts.worst_case: the two roundings of count·(q + a) differ
+        if orders.size == 1:  # a charge, stated at a record's order
+            query, answer = per_query_at(float(orders[0]))
+            return np.array([count * query + count * answer])
+        per_query, per_answer = mechanism.costs(orders)
         return np.asarray(count * per_query + count * per_answer, dtype=np.float64)
 
     sizes, (draws, eta) = plan_batches(config), sampler_draws(config)
     return Exposure(
         federation=config.name,
+        kind="batches",
         stream=len(sizes),
         plan=_admissible(config, sizes),
         cost=batch,
         sampler_tv=draws * eta,
     )
+
+
+def _per_order(curve: Callable[[float], tuple[float, float]]) -> Callable[[float], tuple[float, float]]:
+    """``curve`` computed once per order: a record charges every batch at the same one or two orders, and the
+    screening's exact divergence is a scan worth not repeating."""
+    return functools.lru_cache(maxsize=32)(curve)
 
 
 def _admissible(config: FederationConfig, sizes: list[int]) -> tuple[int, ...]:

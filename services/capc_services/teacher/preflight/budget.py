@@ -70,7 +70,7 @@ def cap_check(
     fits = exposure.admitted(epsilon=cap_eps, delta=delta, order=cap.order, spent_rdp=cap.rdp)
     planned = len(exposure.plan)
     needed = epsilon_holding(cap.rdp + cover.rdp, delta=delta, order=cap.order)
-    what = "releases" if exposure.plan == (1,) * exposure.stream else "batches"
+    what = exposure.kind
     data = {
         "epsilon_cap": cap_eps,
         "order": cap.order,
