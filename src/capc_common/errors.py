@@ -20,6 +20,11 @@ class InputError(CapcError, ValueError):
     exit_code = 2
 
 
+class PreconditionError(InputError):
+    """The request is well formed, but the federation's own parameters forbid it: e.g. a federation that
+    would spend privacy for nothing is refused before its first charge (gRPC ``FAILED_PRECONDITION``)."""
+
+
 class BudgetExhaustedError(CapcError):
     """A privacy charge would cross the budget; nothing was charged."""
 

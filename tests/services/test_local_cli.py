@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from capc_common.errors import InputError
+from capc_common.errors import InputError, PreconditionError
 from capc_common.federation import FederationConfig, cap_cover, cap_order, exposure_of
 from capc_common.privacy import BudgetLedger
 from capc_services.local.federation import check_resume, ensure_provisioned, summary
@@ -52,7 +52,10 @@ def test_up_refuses_a_budget_that_cannot_pay_for_one_batch(capc, tmp_path: Path)
         "1",
     )
     assert proc.returncode == 2
-    assert "no batch could ever run" in proc.stderr and "raise mechanism.sigma2" in proc.stderr
+    # `capc local up` names its flags, not the federation.yaml fields they set
+    assert "no batch could ever run" in proc.stderr
+    assert "raise --sigma2 (now 0.64) or --epsilon" in proc.stderr
+    assert "mechanism." not in proc.stderr and "budget." not in proc.stderr
     assert not state.exists()
 
 
@@ -66,7 +69,7 @@ def test_up_builds_a_private_knn_federation_from_its_options(capsys, tmp_path: P
     with pytest.raises(SystemExit) as exit_info:
         main([*args, "--sigma", "0.5", "--sampling-rate", "0.5", "--epsilon", "1"])
     assert exit_info.value.code == 2
-    assert "raise mechanism.sigma (now 0.5) or lower mechanism.sampling_rate" in capsys.readouterr().err
+    assert "raise --sigma (now 0.5) or lower --sampling-rate or --epsilon" in capsys.readouterr().err
     assert not state.exists()
     with pytest.raises(InputError, match="unknown mechanism 'knn'"):  # the library entry point checks too
         provision(tmp_path / "other", LocalOptions(mechanism="knn"))
@@ -186,12 +189,13 @@ SMALL = LocalOptions(
     sigma1=12.0,
     sigma2=10.0,
     epsilon=10.0,
+    order=10.0,  # the cover figures below are at order 10
     queries=256,
     batch_size=32,
     bn_batch=32,
     backbone="scatter-28x28x1",
     generator="dead_leaves",
-    train_limit=128,
+    train_limit=640,  # about 64 examples per head: each shard holds a bn_batch of 32
     evaluation_images=None,
 )
 
@@ -310,7 +314,7 @@ def test_the_default_cap_covers_the_federation_as_preflight_checks_it(provisione
         f"{cover.order:g}), above its limit ε 10: the cap charges every query this hospital votes on as if "
         "it were answered"
     ) in failed.detail
-    assert "--force REASON" in failed.fix
+    assert '--force "REASON"' in failed.fix
     forced = cap_check(short, config, exposure, force="we leave after the pilot")
     assert forced.status == "warn" and forced.detail.endswith("Accepted: we leave after the pilot")
 
@@ -322,19 +326,17 @@ def test_up_refuses_a_teacher_cap_that_cannot_cover_the_plan(tmp_path: Path) -> 
     root = tmp_path / "state"
     config = FederationConfig.from_dict(federation_dict(SMALL), source="test")
     cover = cap_cover(exposure_of(config), delta=config.budget.delta)
-    with pytest.raises(InputError) as refused:
+    with pytest.raises(PreconditionError) as refused:
         provision(root, replace(SMALL, teacher_cap=cover.cap - 1))
     message = str(refused.value)
-    short = f"--teacher-cap {cover.cap - 1:g} covers 7 of the 8 batches the federation's ε 10 can admit"
-    assert short in message
-    assert f"Set --teacher-cap {cover.cap:g} or more" in message and "--force REASON" in message
+    assert (
+        f"[cap-short] a cap of ε {cover.cap - 1:g} covers 7 of the 8 batches the federation's ε 10 can "
+        "admit: every hospital would stop answering after 7 of them" in message
+    )
+    assert f"to fix it, raise --teacher-cap to {cover.cap:g}" in message and '--force "REASON"' in message
     assert "cap.epsilon" not in message and not root.exists()
-    said: list[str] = []
-    provision(root, replace(SMALL, teacher_cap=cover.cap - 1), force="a refusal demo", say=said.append)
-    assert said == [
-        f"WARNING: {short}: every hospital would stop answering after 7 of them, and the federation would "
-        "spend privacy on a plan it cannot finish; running anyway (--force: a refusal demo)"
-    ]
+    provision(root, replace(SMALL, teacher_cap=cover.cap - 1, force="a refusal demo"))
+    assert root.exists()
 
 
 def test_down_text_lists_each_party() -> None:

@@ -9,12 +9,14 @@ from capc_common.errors import (
     CapcError,
     InputError,
     IntegrityError,
+    PreconditionError,
     ProtocolError,
     UnavailableError,
 )
 
 _TO_STATUS: tuple[tuple[type[CapcError], grpc.StatusCode], ...] = (
     (BudgetExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),  # before InputError, its base class
     (InputError, grpc.StatusCode.INVALID_ARGUMENT),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (IntegrityError, grpc.StatusCode.DATA_LOSS),
@@ -23,7 +25,7 @@ _TO_STATUS: tuple[tuple[type[CapcError], grpc.StatusCode], ...] = (
 _FROM_STATUS: dict[grpc.StatusCode, type[CapcError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: BudgetExhaustedError,
     grpc.StatusCode.INVALID_ARGUMENT: InputError,
-    grpc.StatusCode.FAILED_PRECONDITION: InputError,
+    grpc.StatusCode.FAILED_PRECONDITION: PreconditionError,
     grpc.StatusCode.ALREADY_EXISTS: InputError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: UnavailableError,

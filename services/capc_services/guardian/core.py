@@ -32,7 +32,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from capc_common.errors import CapcError, InputError, IntegrityError, ProtocolError, UnavailableError
+from capc_common.errors import (
+    CapcError,
+    InputError,
+    IntegrityError,
+    PreconditionError,
+    ProtocolError,
+    UnavailableError,
+)
 from capc_common.federation import (
     FederationConfig,
     batch_costs,
@@ -41,6 +48,7 @@ from capc_common.federation import (
     mpc_config,
     sampler_delta,
 )
+from capc_common.federation.refusals import SpendPlan, enforce, pre_spend_refusals
 from capc_common.mpc import Channel, GarblerSession, Reveal
 from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_services.common import faults
@@ -49,6 +57,30 @@ from capc_services.guardian.metrics import BudgetCollector, pinned_head
 
 _log = logging.getLogger(__name__)
 SEED_BYTES = 16
+
+
+def pre_spend_refusal(config: FederationConfig, *, force: str | None) -> str | None:
+    """Why every batch of ``config`` is refused before the first charge (None: nothing is refused).
+
+    The pre-spend checks (:mod:`capc_common.federation.refusals`) read federation.yaml alone, including the
+    examples each party declared; ``force`` (the site file's ``force``, or ``capc guardian serve --force``)
+    overrides a judgement, and what it overrode is logged with the reason.
+
+    Raises:
+        InputError: ``force`` is blank.
+    """
+    how = 'force: "REASON" in the guardian\'s site file, or `capc guardian serve --force "REASON"`'
+    try:
+        overridden = enforce(pre_spend_refusals(SpendPlan.declared(config)), force=force, force_with=how)
+    except PreconditionError as exc:
+        _log.error("refusing every batch before any privacy is spent", extra={"reason": str(exc)})
+        return str(exc)
+    if overridden:
+        _log.warning(
+            "pre-spend refusal overridden by the operator",
+            extra={"refusals": [r.text() for r in overridden], "force": force},
+        )
+    return None
 
 
 class QuorumError(UnavailableError):
@@ -108,16 +140,25 @@ class Guardian:
         ledger: the durable two-phase budget ledger.
         noise: the guardian's discrete Gaussian noise source (a CSPRNG-backed one outside tests).
         metrics: this party's metrics.
+        force: the operator's reason to run a federation the pre-spend checks refuse as a judgement
+            (:func:`pre_spend_refusal`); None: such a federation's every batch is refused.
     """
 
     def __init__(
-        self, *, config: FederationConfig, ledger: BudgetLedger, noise: NoiseSource, metrics: PartyMetrics
+        self,
+        *,
+        config: FederationConfig,
+        ledger: BudgetLedger,
+        noise: NoiseSource,
+        metrics: PartyMetrics,
+        force: str | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
         self.noise = noise
         self.metrics = metrics
         check_batch_fits(config)
+        self.refusal = pre_spend_refusal(config, force=force)
         self.mechanism = mechanism_of(config)
         self._mpc = mpc_config(config)
         self._costs = batch_costs(config)
@@ -192,6 +233,8 @@ class Guardian:
             InputError: bad id/count, or the id is known with another query.
             BudgetExhaustedError: the worst case does not fit the remaining budget (nothing reserved).
         """
+        if self.refusal is not None:  # before the ledger is touched: the federation would spend for nothing
+            raise PreconditionError(self.refusal)
         if not batch_id or len(batch_id) > 128:
             raise InputError(f"batch id must be 1-128 characters, got {len(batch_id)}")
         if not 1 <= count <= self.config.queries.batch_size:

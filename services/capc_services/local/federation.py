@@ -109,12 +109,7 @@ def check_resume(layout: Layout, options: LocalOptions, *, given: Collection[str
 
 
 def ensure_provisioned(
-    root: str | Path,
-    options: LocalOptions,
-    *,
-    given: Collection[str] | None = None,
-    say: Say = _quiet,
-    force: str | None = None,
+    root: str | Path, options: LocalOptions, *, given: Collection[str] | None = None, say: Say = _quiet
 ) -> tuple[Layout, FederationConfig]:
     """The federation in ``root``, provisioned from ``options`` first if there is none.
 
@@ -124,7 +119,6 @@ def ensure_provisioned(
             with the same ones (:func:`check_resume`).
         given: the options the user set explicitly (None: all of them count).
         say: receives one-line progress messages.
-        force: provision a federation the checks would refuse, for this reason (:func:`provision`).
 
     Returns:
         The layout and the federation config.
@@ -146,18 +140,13 @@ def ensure_provisioned(
         say(f"resuming the federation in {layout.root}")
         return layout, federation_of(layout)
     say(f"provisioning a new federation in {layout.root}")
-    layout, config, endpoints = provision(layout.root, options, force=force, say=say)
+    layout, config, endpoints = provision(layout.root, options)
     write_state(layout, endpoints=endpoints, processes=[])
     return layout, config
 
 
 def prepare(
-    root: str | Path,
-    options: LocalOptions,
-    *,
-    given: Collection[str] | None = None,
-    say: Say = _quiet,
-    force: str | None = None,
+    root: str | Path, options: LocalOptions, *, given: Collection[str] | None = None, say: Say = _quiet
 ) -> tuple[Layout, FederationConfig]:
     """The federation in ``root`` (provisioned from ``options`` first if there is none), with every teacher
     party's heads trained.
@@ -173,7 +162,7 @@ def prepare(
             invalid.
         CapcError: a party's training failed.
     """
-    layout, config = ensure_provisioned(root, options, given=given, say=say, force=force)
+    layout, config = ensure_provisioned(root, options, given=given, say=say)
     # Release federations' parties contribute per-example features and Private-kNN's vote with their records:
     # only PATE mechanisms train heads.
     trains = not isinstance(config.mechanism, ReleaseMember) and mechanism_of(config).trains_heads
@@ -193,7 +182,6 @@ def up(
     given: Collection[str] | None = None,
     say: Say = _quiet,
     ready_timeout: float = 180.0,
-    force: str | None = None,
 ) -> dict[str, Any]:
     """Bring a local federation up (:func:`prepare` first) and wait until every party is ready.
 
@@ -204,7 +192,6 @@ def up(
         given: the options the user set explicitly (None: all of them count).
         say: receives one-line progress messages.
         ready_timeout: seconds to wait for every party's ``/readyz``.
-        force: provision a federation the checks would refuse, for this reason (:func:`provision`).
 
     Returns:
         The endpoints summary (what ``capc local up --format json`` prints).
@@ -213,7 +200,7 @@ def up(
         InputError: the federation in ``root`` is already running, or was provisioned with other options.
         UnavailableError: a party did not become ready (the processes started are stopped again).
     """
-    layout, config = prepare(root, options, given=given, say=say, force=force)
+    layout, config = prepare(root, options, given=given, say=say)
     endpoints = Endpoints.from_dict(read_state(layout)["endpoints"])
     roles = [(config.guardian, "guardian"), (config.student, "student")]
     roles += [(name, "teacher") for name in config.teacher_names]

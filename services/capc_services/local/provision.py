@@ -28,11 +28,13 @@ from capc_common.federation import (
     cap_order,
     check_runnable,
     exposure_of,
+    mechanism_of,
     scaled_mechanism,
 )
+from capc_common.federation.cover import cap_refusal
+from capc_common.federation.refusals import SpendPlan, enforce, pre_spend_refusals
 from capc_common.federation.sizing import ANSWER_RATE, DPSGD_ROUNDS
-from capc_common.privacy import plan
-from capc_services.local.cap_refusal import check_teacher_cap
+from capc_services.local.flags import flag_names, speaking_flags
 from capc_services.local.layout import Layout
 from capc_services.teacher.cap import LocalCap
 from capc_services.tls import init_ca, issue_certificate, write_admin_token
@@ -49,8 +51,9 @@ class LocalOptions:
         mechanism: ``confident-gnmax`` (the default), ``gnmax``, ``private-knn``, ``prom-pate``, ``dppl``
             or ``secagg-dpsgd`` (:data:`MECHANISMS`).
         dataset: the teachers' private data (split disjointly between parties).
-        epsilon / delta / order: the federation's budget (order None: the order ``capc budget plan`` picks
-            for the mechanism; the fixed default 10 lets teachers set local caps well below ε).
+        epsilon / delta / order: the federation's budget (order None, the default: under a selection
+            mechanism the order that buys it the most queries at the budget, ``capc budget plan``'s rule;
+            under a release mechanism 10, the order its noise is calibrated at).
         queries / batch_size / bn_batch: the synthetic query stream.
         threshold / sigma1 / sigma2: Confident-GNMax parameters (None: scaled to the number of heads by
             :data:`capc_common.federation.MECHANISM_RATIOS`).
@@ -61,6 +64,8 @@ class LocalOptions:
             site keeps the fraction ``train_limit · parties / N`` of its part's hash range, so the count
             varies a little (binomial) but one example never changes another's selection (``data.fraction``).
         teacher_cap: each party's local worst-case ε cap (None: :func:`default_cap`).
+        force: the operator's reason to run a federation the pre-spend checks refuse as a judgement
+            (:mod:`capc_common.federation.refusals`); it goes to the guardian's site file, which logs it.
         generator / backbone: query generator and shared backbone (None: the library defaults).
         seed: seed of the query stream and of the data partition.
         insecure_noise_seed: seeded (non-private) guardian and student noise (federation.yaml's
@@ -86,7 +91,7 @@ class LocalOptions:
     dataset: str = "fashion-mnist"
     epsilon: float = 10.0
     delta: float = 1e-5
-    order: float | None = 10.0
+    order: float | None = None
     queries: int = 2048
     batch_size: int = 64
     bn_batch: int = 64
@@ -99,6 +104,7 @@ class LocalOptions:
     min_parties: int | None = None
     train_limit: int | None = 3000
     teacher_cap: float | None = None
+    force: str | None = None
     generator: str | None = None
     backbone: str | None = None
     seed: int = 0
@@ -175,26 +181,23 @@ def _prom_pate(options: LocalOptions) -> tuple[dict[str, Any], int]:
     return {"name": "prom-pate", **fields, **PROMPATE_DEFAULTS}, per_party
 
 
-def _order(options: LocalOptions, heads: int) -> float:
-    """The ledger's Rényi order: the options', or the one ``capc budget plan`` picks for Confident-GNMax
-    (the planner's model; other mechanisms get the default 10)."""
-    if options.order is not None:
-        return options.order
+def _planned_order(config: FederationConfig) -> float:
+    """The Rényi order that buys the federation's own selection mechanism the most queries at the planner's
+    answer rate (the rule of ``capc budget plan``, :func:`~capc_common.privacy.budget.plan_budget`)."""
+    from capc_common.privacy.budget import plan_budget
+
+    b = config.budget
     try:
-        mechanism, _ = _confident(options)
-        planned = plan(
-            teachers=heads,
-            classes=10,
-            threshold=mechanism["threshold"],
-            sigma1=mechanism["sigma1"],
-            sigma2=mechanism["sigma2"],
-            epsilon=options.epsilon,
-            delta=options.delta,
-            answer_rate=ANSWER_RATE,
+        budget = plan_budget(
+            mechanism_of(config),
+            epsilon=b.epsilon,
+            delta=b.delta,
+            expected_answer_rate=ANSWER_RATE,
+            smallest_batch=config.queries.batch_size,
         )
     except InputError:
-        return _FALLBACK_ORDER  # the budget buys nothing: the batch check below says how to fix it
-    return float(planned["order"])
+        return _FALLBACK_ORDER  # the budget buys nothing: the batch check says how to fix it
+    return float(budget.filter.order)
 
 
 def _budget_rdp(options: LocalOptions) -> float:
@@ -231,14 +234,26 @@ def _dppl_public(options: LocalOptions) -> tuple[dict[str, Any], int]:
 DPSGD_DEFAULTS = {"rounds": DPSGD_ROUNDS, "sampling_rate": 1.0, "statistics": True}
 
 
+def _dataset_size(options: LocalOptions) -> int:
+    """Examples in the training split the simulated sites share."""
+    from capc_common.data import load_dataset
+
+    return len(load_dataset(options.dataset, split="train").labels)
+
+
 def site_fraction(options: LocalOptions) -> float:
     """Each simulated site's ``data.fraction``: ``train_limit`` examples per party on average."""
     if options.train_limit is None:
         return 1.0
-    from capc_common.data import load_dataset
+    return min(1.0, options.train_limit * options.parties / _dataset_size(options))
 
-    total = len(load_dataset(options.dataset, split="train").labels)
-    return min(1.0, options.train_limit * options.parties / total)
+
+def planned_examples(options: LocalOptions) -> int:
+    """The examples each simulated site holds on average (its count is binomial around it): what its
+    ``federation.yaml`` entry declares, so every party can check before the first charge that its heads can
+    vote (:mod:`capc_common.federation.refusals`). A planned figure, from the options and the split's size
+    alone — never a count of the data a site selected."""
+    return round(site_fraction(options) * _dataset_size(options) / options.parties)
 
 
 def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
@@ -372,15 +387,21 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
             f"{options.parties} × {options.teachers_per_party}"
         )
     mechanism, per_party = mechanism_dict(options)
-    heads = options.parties * options.teachers_per_party
     height, width, channels = image_shape_for(options.dataset)
     backbone = options.backbone or default_backbone(height, width, channels)
-    return {
+    examples = planned_examples(options)
+    data: dict[str, Any] = {
         "name": "capc-local",
         "classes": 10,
-        "teachers": [{"name": n, "heads": per_party} for n in teacher_names(options.parties)],
+        "teachers": [
+            {"name": n, "heads": per_party, "examples": examples} for n in teacher_names(options.parties)
+        ],
         "mechanism": mechanism,
-        "budget": {"epsilon": options.epsilon, "delta": options.delta, "order": _order(options, heads)},
+        "budget": {
+            "epsilon": options.epsilon,
+            "delta": options.delta,
+            "order": options.order or _FALLBACK_ORDER,
+        },
         "queries": {
             "generator": options.generator or DEFAULT_GENERATOR,
             "seed": options.seed,
@@ -398,6 +419,11 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
             "share_deadline_s": options.share_deadline_s,
         },
     }
+    if options.order is None:  # a release mechanism's noise is calibrated at the fallback order: it stays
+        provisional = FederationConfig.from_dict(data, source="local federation options")
+        if not isinstance(provisional.mechanism, ReleaseMember):
+            data["budget"]["order"] = _planned_order(provisional)
+    return data
 
 
 def _write_yaml(path: Path, data: dict[str, Any]) -> None:
@@ -427,41 +453,29 @@ class Endpoints:
         )
 
 
-def provision(
-    root: str | Path,
-    options: LocalOptions,
-    *,
-    force: str | None = None,
-    say: Callable[[str], None] = lambda _: None,
-) -> tuple[Layout, FederationConfig, Endpoints]:
+def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, FederationConfig, Endpoints]:
     """Create a fresh local federation in ``root`` (which must not hold one already).
-
-    Args:
-        root: the state directory.
-        options: the federation's options.
-        force: run a federation the checks before it would refuse (a ``--teacher-cap`` below the plan),
-            for this reason (``say`` warns with it).
-        say: receives one-line progress messages.
 
     Returns:
         The layout, the federation config and the chosen ports.
 
     Raises:
-        InputError: ``root`` already holds a federation, or an option is invalid, or ``teacher_cap`` cannot
-            cover the plan (without ``force``).
+        InputError: ``root`` already holds a federation, or an option is invalid.
+        PreconditionError: the federation would spend privacy for nothing (:func:`refuse_before_spending`).
     """
     layout = Layout(Path(root).resolve())
     if layout.federation.exists():
         raise InputError(
             f"{layout.root} already holds a federation; `{layout.command('down')} --purge` it first"
         )
-    config = FederationConfig.from_dict(federation_dict(options), source="local federation options")
-    # The backbone's file against its pinned hash, without torch (as the guardian checks it): the parties
-    # that run the model load it when they start, and a federation's first step, its hospitals' training,
-    # no longer waits for torch here (a release mechanism's protocol still builds it).
-    exposure = exposure_of(config, protocol=check_runnable(config, model=False).protocol)
-    if options.teacher_cap is not None:
-        check_teacher_cap(config, exposure, cap=options.teacher_cap, force=force, say=say)
+    with speaking_flags(mechanism=options.mechanism):
+        config = FederationConfig.from_dict(federation_dict(options), source="local federation options")
+        # The backbone's file against its pinned hash, without torch (as the guardian checks it): the
+        # parties that run the model load it when they start, and a federation's first step, its hospitals'
+        # training, no longer waits for torch here (a release mechanism's protocol still builds it).
+        runnable = check_runnable(config, model=False)
+    exposure = exposure_of(config, protocol=runnable.protocol)
+    refuse_before_spending(config, options, exposure)
     existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
     try:
         endpoints = _write_federation(layout, config, options, exposure)
@@ -479,6 +493,29 @@ def provision(
                     path.unlink()
         raise
     return layout, config, endpoints
+
+
+def refuse_before_spending(config: FederationConfig, options: LocalOptions, exposure: Exposure) -> None:
+    """Refuse, before anything is written, a federation that would spend privacy for nothing (the pre-spend
+    checks on its planned figures, :mod:`capc_common.federation.refusals`, and a ``--teacher-cap`` that stops
+    every hospital before the end of the plan, :func:`~capc_common.federation.cover.cap_refusal`), naming the
+    flags to change; ``options.force`` overrides a judgement (the guardian's site file then carries the
+    reason, and the guardian logs it with what it overrode).
+
+    Raises:
+        PreconditionError: a refusal stands.
+    """
+    refusals = pre_spend_refusals(SpendPlan.declared(config))
+    if options.teacher_cap is not None and options.teacher_cap > 0:  # ≤ 0: its site file refuses it
+        b = config.budget
+        short = cap_refusal(exposure, cap=options.teacher_cap, delta=b.delta, federation_epsilon=b.epsilon)
+        refusals += [short] if short is not None else []
+    enforce(
+        refusals,
+        force=options.force,
+        names={**flag_names(options.mechanism), "cap.epsilon": "--teacher-cap"},
+        force_with='--force "REASON"',
+    )
 
 
 def _load_sites(layout: Layout, config: FederationConfig) -> None:
@@ -522,6 +559,8 @@ def _write_federation(
         **common(config.guardian),
         "grpc": {"bind": guardian_address},
         "ledger": f"../parties/{config.guardian}/ledger.sqlite",
+        # the operator's reason to run what the pre-spend checks refuse as a judgement (the guardian logs it)
+        **({"force": options.force} if options.force is not None else {}),
         # the dashboard and `capc budget watch` relay the student's progress from its admin API
         "student_admin": {
             "url": f"http://127.0.0.1:{endpoints.admin[config.student]}",

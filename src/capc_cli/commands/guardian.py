@@ -25,7 +25,14 @@ def command() -> None:
 
 @command.command("serve")
 @_SITE
-def serve(site: Path) -> None:
+@click.option(
+    "--force",
+    metavar="REASON",
+    default=None,
+    help="Run a federation the pre-spend checks refuse as a judgement (e.g. a party whose heads would all "
+    "abstain), stating why; the reason is logged with what it overrode [default: the site file's force].",
+)
+def serve(site: Path, force: str | None) -> None:
     """Serve gRPC (mutual TLS) to the parties and the admin REST API until SIGTERM/SIGINT."""
     from capc_services.common.logging import configure_logging
     from capc_services.common.runtime import stop_event_on_signals
@@ -33,6 +40,8 @@ def serve(site: Path) -> None:
     from capc_services.guardian.settings import GuardianSettings
 
     settings = GuardianSettings.load(site)
+    if force is not None:
+        settings = settings.model_copy(update={"force": force})
     configure_logging(party=settings.party, level=settings.log_level)
     run_guardian(settings, stop=stop_event_on_signals())
 

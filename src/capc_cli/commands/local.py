@@ -90,9 +90,9 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
 @click.option(
     "--order",
     type=click.FloatRange(min=1, min_open=True),
-    default=10.0,
-    show_default=True,
-    help="Rényi order of the ledger (capc federation plan proposes one for the budget).",
+    default=None,
+    help="Rényi order of the ledger [default: the one that buys the mechanism the most queries at the "
+    "budget, capc budget plan's rule; 10 under a release mechanism, the order its noise is calibrated at].",
 )
 @click.option("--queries", type=click.IntRange(min=1), default=2048, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=16), default=64, show_default=True)
@@ -131,6 +131,14 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
     "so the cap never stops a party before the federation's own limit; a cap below it is refused without "
     "--force; see docs/operations.md].",
 )
+@click.option(
+    "--force",
+    metavar="REASON",
+    default=None,
+    help="Run a federation that the checks before spending refuse as a judgement (e.g. a party whose heads "
+    "would all abstain, or a --teacher-cap below the plan), stating why; the guardian logs the reason with "
+    "what it overrode. A certain refusal (nothing can be learned whatever the data) cannot be forced.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--insecure-noise-seed",
@@ -148,14 +156,8 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
 )
 @click.option("--torch-threads", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--ready-timeout", type=float, default=180.0, show_default=True)
-@click.option(
-    "--force",
-    metavar="REASON",
-    default=None,
-    help="Provision a federation the checks refuse (a --teacher-cap that cannot cover the plan), saying why.",
-)
 @format_option
-def up(state_dir: Path, ready_timeout: float, force: str | None, fmt: str, **options: Any) -> None:
+def up(state_dir: Path, ready_timeout: float, fmt: str, **options: Any) -> None:
     """Start the federation (provisioning it first) and print its endpoints once every party is ready."""
     from click.core import ParameterSource
 
@@ -176,7 +178,6 @@ def up(state_dir: Path, ready_timeout: float, force: str | None, fmt: str, **opt
         given=given,
         say=lambda line: click.echo(line, err=True),
         ready_timeout=ready_timeout,
-        force=force,
     )
     emit(result, fmt, _up_text)
 

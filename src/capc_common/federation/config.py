@@ -55,16 +55,45 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class TeacherParty(_Frozen):
-    """One teacher party (an organisation) and how many teacher heads it holds."""
+class _OmitsUnset(_Frozen):
+    """A section whose optional fields are dropped from the canonical form while unset, so adding one never
+    changes the hash of a federation that does not use it."""
+
+    _omitted_when_unset: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in self._omitted_when_unset:
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
+class TeacherParty(_OmitsUnset):
+    """One teacher party (an organisation), how many teacher heads it holds and, optionally, how many
+    labelled examples it declared.
+
+    Attributes:
+        name: the party's name (its certificate's common name).
+        heads: its teacher heads (votes per query).
+        examples: the number of labelled examples the party declared (the figure its ``heads`` were planned
+            from: public by design, docs/threat-model.md), or None when undeclared. With it, every party can
+            tell before the first charge whether the party's heads can vote at all — a head abstains when its
+            shard is shorter than one BatchNorm chunk (:mod:`capc_common.federation.refusals`). Left out of
+            the canonical form when unset.
+    """
+
+    _omitted_when_unset: ClassVar[tuple[str, ...]] = ("examples",)
 
     name: str
     heads: int = Field(ge=1, le=10_000)
+    examples: int | None = Field(default=None, ge=0)
 
     _name = field_validator("name")(check_party_name)
 
 
-class _MechanismConfig(_Frozen):
+class _MechanismConfig(_OmitsUnset):
     """What every ``mechanism:`` member of ``federation.yaml`` shares: the insecure test seed.
 
     Attributes:
@@ -77,19 +106,9 @@ class _MechanismConfig(_Frozen):
             existed.
     """
 
-    #: Optional fields dropped from the canonical form while unset, so adding one never changes the hash of
-    #: a federation that does not use it.
     _omitted_when_unset: ClassVar[tuple[str, ...]] = ("insecure_noise_seed",)
 
     insecure_noise_seed: str | None = Field(default=None, min_length=1, max_length=256)
-
-    @model_serializer(mode="wrap")
-    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        for key in self._omitted_when_unset:
-            if data.get(key) is None:
-                data.pop(key, None)
-        return data
 
     def votes_per_party(self) -> int | None:
         """The ``heads`` every teacher party must declare (the votes it casts per query), or None when a

@@ -113,7 +113,7 @@ def cap_check(
     return Check.fail(
         "local_cap",
         stops,
-        fix=f"{raise_it}; to answer only part of the plan on purpose, run preflight with --force REASON",
+        fix=f'{raise_it}; to answer only part of the plan on purpose, run preflight with --force "REASON"',
         **data,
     )
 
