@@ -16,6 +16,7 @@ from capc_common.federation import (
     exposure_of,
     mechanism_of,
 )
+from capc_common.federation.refusals import SpendPlan, uncovered_caps
 from capc_common.federation.releases import protocol_for
 from capc_common.privacy.analysis import epsilon_at_order
 
@@ -65,3 +66,29 @@ def test_a_release_federation_charges_each_release_alike() -> None:
     assert exposure.planned_rdp(cap_epsilon=100.0, cap_order=10.0, delta=1e-5, order=3.0) == pytest.approx(
         protocol.rounds * 0.15
     )
+
+
+def _declaring(caps: tuple[float | None, ...], *, quorum: int) -> FederationConfig:
+    data = K8S.model_dump(mode="json")
+    data["teachers"] = [{**t, "cap": c} for t, c in zip(data["teachers"], caps, strict=True)]
+    data["quorum"] = {**data["quorum"], "min_parties": quorum}
+    return FederationConfig.from_dict(data)
+
+
+def test_declared_caps_that_leave_too_few_parties_for_the_plan_are_refused() -> None:
+    """The shipped k8s plan's cover is 28.21 at a new record's order: caps of 25 stop each hospital after 17
+    of its 21 batches. The guardian refuses when fewer parties than the quorum can answer the whole plan."""
+    refusal = uncovered_caps(SpendPlan(config=_declaring((25.0, 25.0), quorum=2)))
+    assert refusal is not None and refusal.check == "caps-short" and not refusal.certain
+    assert refusal.reason.startswith(
+        "hospital-a, hospital-b declare a cap of ε 25, which covers 17 of the 21 batches the federation's "
+        "ε 10 can admit; 0 of its 2 parties can then answer the whole plan, where its quorum needs 2"
+    )
+    assert "covering this federation takes a cap of ε 28.21 (at the cap record's order 2.1)" in refusal.reason
+    assert (
+        refusal.fix() == "raise the party's cap (teachers[].cap, and cap.epsilon in its site file) to 28.21"
+    )
+    assert uncovered_caps(SpendPlan(config=_declaring((25.0, 30.0), quorum=1))) is None  # one covers it
+    assert uncovered_caps(SpendPlan(config=_declaring((25.0, None), quorum=1))) is None  # undeclared: counted
+    assert uncovered_caps(SpendPlan(config=_declaring((30.0, 28.21), quorum=2))) is None
+    assert _declaring((None, None), quorum=2).config_hash() == K8S.config_hash()  # unset: same hash

@@ -289,7 +289,9 @@ def test_budget_show_of_a_missing_ledger_names_where_it_is(capc, provisioned: La
         ledger.unlink()
 
 
-def test_the_default_cap_covers_the_federation_as_preflight_checks_it(provisioned: Layout) -> None:
+def test_the_default_cap_covers_the_federation_as_preflight_checks_it(
+    provisioned: Layout, tmp_path: Path
+) -> None:
     """`local up`'s default cap was 3 × ε = 30, and preflight warned that it covers only 7 of the 8 batches
     (suggesting 32.2) beside a federation limit of 10: both now use the same cover, at the order the cap
     record charges at, and say why it is above the federation's ε."""
@@ -306,8 +308,17 @@ def test_the_default_cap_covers_the_federation_as_preflight_checks_it(provisione
     check = cap_check(settings, config, exposure)
     assert check.status == "ok" and ": fits; covering this federation takes a cap of" in check.detail
     assert "the federation's 8 planned batches all fit its limit ε 10" in check.detail
+    assert {t.cap for t in config.teachers} == {cover.cap}  # declared in federation.yaml, as the site sets it
     short = settings.model_copy(update={"cap": settings.cap.model_copy(update={"epsilon": cover.cap - 1})})
-    failed = cap_check(short, config, exposure)
+    below = cap_check(short, config, exposure)
+    assert below.status == "fail" and f"declares hospital-1's cap as ε {cover.cap:g}" in below.detail
+    data = config.model_dump(mode="json")
+    undeclared = FederationConfig.from_dict(
+        {**data, "teachers": [{**t, "cap": None} for t in data["teachers"]]}
+    )
+    record = LocalCap.init(tmp_path / "cap.jsonl", config=undeclared, order=cover.order)
+    short = short.model_copy(update={"cap": short.cap.model_copy(update={"record": record})})
+    failed = cap_check(short, undeclared, exposure)
     assert failed.status == "fail" and "stops this party after 7 of those 8 batches" in failed.detail
     assert (
         f"covering this federation takes a cap of ε {cover.cap:g} (at the cap record's order "
@@ -315,7 +326,7 @@ def test_the_default_cap_covers_the_federation_as_preflight_checks_it(provisione
         "it were answered"
     ) in failed.detail
     assert '--force "REASON"' in failed.fix
-    forced = cap_check(short, config, exposure, force="we leave after the pilot")
+    forced = cap_check(short, undeclared, exposure, force="we leave after the pilot")
     assert forced.status == "warn" and forced.detail.endswith("Accepted: we leave after the pilot")
 
 
@@ -330,13 +341,15 @@ def test_up_refuses_a_teacher_cap_that_cannot_cover_the_plan(tmp_path: Path) -> 
         provision(root, replace(SMALL, teacher_cap=cover.cap - 1))
     message = str(refused.value)
     assert (
-        f"[cap-short] a cap of ε {cover.cap - 1:g} covers 7 of the 8 batches the federation's ε 10 can "
-        "admit: every hospital would stop answering after 7 of them" in message
+        f"[caps-short] hospital-1, hospital-2 declare a cap of ε {cover.cap - 1:g}, which covers 7 of the 8 "
+        "batches the federation's ε 10 can admit; 0 of its 2 parties can then answer the whole plan"
+        in message
     )
     assert f"to fix it, raise --teacher-cap to {cover.cap:g}" in message and '--force "REASON"' in message
     assert "cap.epsilon" not in message and not root.exists()
-    provision(root, replace(SMALL, teacher_cap=cover.cap - 1, force="a refusal demo"))
-    assert root.exists()
+    layout, forced, _ = provision(root, replace(SMALL, teacher_cap=cover.cap - 1, force="a refusal demo"))
+    assert {t.cap for t in forced.teachers} == {cover.cap - 1}  # declared: the guardian checks it too
+    assert "a refusal demo" in layout.site(forced.guardian).read_text()
 
 
 def test_down_text_lists_each_party() -> None:

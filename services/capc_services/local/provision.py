@@ -31,7 +31,6 @@ from capc_common.federation import (
     mechanism_of,
     scaled_mechanism,
 )
-from capc_common.federation.cover import cap_refusal
 from capc_common.federation.refusals import SpendPlan, enforce, pre_spend_refusals
 from capc_common.federation.sizing import ANSWER_RATE, DPSGD_ROUNDS
 from capc_services.local.flags import flag_names, speaking_flags
@@ -475,7 +474,10 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
         # training, no longer waits for torch here (a release mechanism's protocol still builds it).
         runnable = check_runnable(config, model=False)
     exposure = exposure_of(config, protocol=runnable.protocol)
-    refuse_before_spending(config, options, exposure)
+    cap = _cap(config, options, exposure)
+    if cap > 0:  # a cap ≤ 0 is refused when the teachers' site files are read back, naming cap.epsilon
+        config = with_declared_caps(config, cap=cap)
+    refuse_before_spending(config, options)
     existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
     try:
         endpoints = _write_federation(layout, config, options, exposure)
@@ -495,27 +497,34 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
     return layout, config, endpoints
 
 
-def refuse_before_spending(config: FederationConfig, options: LocalOptions, exposure: Exposure) -> None:
+def refuse_before_spending(config: FederationConfig, options: LocalOptions) -> None:
     """Refuse, before anything is written, a federation that would spend privacy for nothing (the pre-spend
-    checks on its planned figures, :mod:`capc_common.federation.refusals`, and a ``--teacher-cap`` that stops
-    every hospital before the end of the plan, :func:`~capc_common.federation.cover.cap_refusal`), naming the
-    flags to change; ``options.force`` overrides a judgement (the guardian's site file then carries the
+    checks on its planned figures and the caps it declares, :mod:`capc_common.federation.refusals`), naming
+    the flags to change; ``options.force`` overrides a judgement (the guardian's site file then carries the
     reason, and the guardian logs it with what it overrode).
 
     Raises:
         PreconditionError: a refusal stands.
     """
-    refusals = pre_spend_refusals(SpendPlan.declared(config))
-    if options.teacher_cap is not None and options.teacher_cap > 0:  # ≤ 0: its site file refuses it
-        b = config.budget
-        short = cap_refusal(exposure, cap=options.teacher_cap, delta=b.delta, federation_epsilon=b.epsilon)
-        refusals += [short] if short is not None else []
     enforce(
-        refusals,
+        pre_spend_refusals(SpendPlan.declared(config)),
         force=options.force,
-        names={**flag_names(options.mechanism), "cap.epsilon": "--teacher-cap"},
+        names=flag_names(options.mechanism),
         force_with='--force "REASON"',
     )
+
+
+def with_declared_caps(config: FederationConfig, *, cap: float) -> FederationConfig:
+    """``config`` with every simulated hospital declaring ``cap`` (``teachers[].cap``), the cap its site
+    file sets: the guardian checks before the first charge that the declared caps cover the plan."""
+    data = config.model_dump(mode="json")
+    data["teachers"] = [{**party, "cap": cap} for party in data["teachers"]]
+    return FederationConfig.from_dict(data, source="local federation options")
+
+
+def _cap(config: FederationConfig, options: LocalOptions, exposure: Exposure) -> float:
+    """The simulated hospitals' cap: ``--teacher-cap``, or :func:`default_cap`."""
+    return options.teacher_cap if options.teacher_cap is not None else default_cap(config, options, exposure)
 
 
 def _load_sites(layout: Layout, config: FederationConfig) -> None:
@@ -585,7 +594,7 @@ def _write_federation(
         },
     }
     _write_yaml(layout.site(config.student), student_site)
-    cap = options.teacher_cap if options.teacher_cap is not None else default_cap(config, options, exposure)
+    cap = _cap(config, options, exposure)
     fraction = site_fraction(options)
     records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
     for index, name in enumerate(config.teacher_names):

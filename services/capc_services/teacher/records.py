@@ -61,15 +61,35 @@ def new_ledger_order(
     return lifetime_order(plan, orders=DEFAULT_ORDERS, epsilon=life.epsilon, delta=delta), delta
 
 
+def declared_cap_refusal(settings: TeacherSettings, config: FederationConfig) -> str | None:
+    """Why this site's cap contradicts the cap ``federation.yaml`` declares for it (None: it does not).
+
+    The guardian refuses a federation whose declared caps cannot cover its plan before the first charge;
+    that check holds only if each party's cap is at least what it declared.
+    """
+    declared = config.teacher(settings.party).cap
+    if declared is None or settings.cap.epsilon >= declared:
+        return None
+    return (
+        f"federation.yaml declares {settings.party}'s cap as ε {declared:g} (the guardian counts on it to "
+        f"cover the plan), but this site file's cap.epsilon is {settings.cap.epsilon:g}; raise cap.epsilon "
+        f"to {declared:g}, or ask the coordinator to declare {settings.cap.epsilon:g} (teachers[].cap)"
+    )
+
+
 def open_records(settings: TeacherSettings, config: FederationConfig, exposure: Exposure) -> LocalCap:
     """Open the cap record for charging (held by this process) and, with a site ledger, join the hospital's
     lifetime budget: the cap's charges are charged there too (:attr:`LocalCap.lifetime`).
 
     Raises:
+        InputError: the site's cap is below the one ``federation.yaml`` declares for it.
         IntegrityError: a record is missing or corrupt.
         UnavailableError: another process holds the cap record.
         BudgetExhaustedError: the federation's plan does not fit the hospital's lifetime budget.
     """
+    contradiction = declared_cap_refusal(settings, config)
+    if contradiction is not None:
+        raise InputError(contradiction)
     cap = LocalCap(settings.cap.record, config=config, epsilon_cap=settings.cap.epsilon, exposure=exposure)
     try:
         life = settings.lifetime

@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capc_common.federation.exposure import Exposure
-from capc_common.federation.refusals import Change, Refusal
 from capc_common.privacy.analysis import DEFAULT_ORDERS, epsilon_at_order, epsilon_from_rdp, epsilon_holding
 
 
@@ -91,29 +90,4 @@ def why_above(cover: CapCover, *, federation_epsilon: float) -> str:
         f"{head}, above its limit ε {federation_epsilon:g}: the cap charges every query this hospital votes "
         "on as if it were answered, since it never sees which were, while the federation's ledger charges "
         "the answer only for the answered queries"
-    )
-
-
-def cap_refusal(exposure: Exposure, *, cap: float, delta: float, federation_epsilon: float) -> Refusal | None:
-    """Refuse a cap, given every hospital alike, that stops them all before the end of the plan: the
-    federation would spend privacy on batches it cannot finish (a judgement: a demonstration of the refusal
-    may want it, ``--force`` with a reason).
-
-    The cap is measured at the order a new cap record charges at (:func:`cap_order`).
-    """
-    order = cap_order(exposure, delta=delta)
-    covered = exposure.admitted(epsilon=cap, delta=delta, order=order)
-    planned = len(exposure.plan)
-    if covered >= planned:
-        return None
-    cover = cap_cover(exposure, delta=delta, order=order)
-    return Refusal(
-        check="cap-short",
-        reason=(
-            f"a cap of ε {cap:g} covers {covered} of the {planned} {exposure.kind} the federation's ε "
-            f"{federation_epsilon:g} can admit: every hospital would stop answering after {covered} of them, "
-            "and the federation would spend privacy on a plan it cannot finish ("
-            f"{why_above(cover, federation_epsilon=federation_epsilon)})"
-        ),
-        changes=(Change(field="cap.epsilon", verb="raise", value=cover.cap),),
     )

@@ -16,6 +16,7 @@ from capc_common.federation import (
 from capc_common.federation.cover import why_above
 from capc_common.privacy.analysis import delta_with_sampler_distance, epsilon_holding
 from capc_services.teacher.preflight.report import Check
+from capc_services.teacher.records import declared_cap_refusal
 from capc_services.teacher.settings import TeacherSettings
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ def cap_check(
     from capc_services.teacher.cap import LocalCap
 
     cap_eps = settings.cap.epsilon
+    contradiction = declared_cap_refusal(settings, config)
+    if contradiction is not None:
+        return Check.fail("local_cap", contradiction, fix="make the site's cap at least the declared one")
     try:
         # A read-only view: this check runs beside a serving teacher, which holds the record's lock.
         cap = LocalCap(
