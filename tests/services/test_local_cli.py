@@ -310,8 +310,8 @@ def test_the_default_cap_covers_the_federation_as_preflight_checks_it(
     assert "the federation's 8 planned batches all fit its limit ε 10" in check.detail
     assert {t.cap for t in config.teachers} == {cover.cap}  # declared in federation.yaml, as the site sets it
     short = settings.model_copy(update={"cap": settings.cap.model_copy(update={"epsilon": cover.cap - 1})})
-    below = cap_check(short, config, exposure)
-    assert below.status == "fail" and f"declares hospital-1's cap as ε {cover.cap:g}" in below.detail
+    below = cap_check(short, config, exposure, force="the teacher would refuse to start: not accepted")
+    assert below.status == "fail" and f"declares hospital-1's cap as ε {cover.cap:g}" in below.fix
     data = config.model_dump(mode="json")
     undeclared = FederationConfig.from_dict(
         {**data, "teachers": [{**t, "cap": None} for t in data["teachers"]]}

@@ -340,6 +340,12 @@ CASES: dict[str, tuple[Callable[[Broken], None], str, str, str]] = {
         "fail",
         "stops this party after 2 of those 4 batches .* covering this federation takes a cap of ε 57.33",
     ),
+    "local ε cap below the one federation.yaml declares for the party": (
+        lambda b: b.data["cap"].update(epsilon=57.0),
+        "local_cap",
+        "fail",
+        "stops this party after 3 of those 4 batches",
+    ),
     "cap record of another federation": (
         _cap_of_another_federation,
         "local_cap",

@@ -42,14 +42,13 @@ def cap_check(
     (:func:`~capc_common.federation.cap_cover`): the worst case of every charge of the plan that the
     federation's own limit can admit — what the cap charges for each batch the party answers. A cap that
     stops the party part-way fails (the federation would spend privacy on a plan it cannot finish with this
-    hospital) unless ``force`` gives the reason it is meant to.
+    hospital) unless ``force`` gives the reason it is meant to; a cap below the one ``federation.yaml``
+    declares for the party fails whatever ``force`` says (its teacher refuses to start).
     """
     from capc_services.teacher.cap import LocalCap
 
     cap_eps = settings.cap.epsilon
     contradiction = declared_cap_refusal(settings, config)
-    if contradiction is not None:
-        return Check.fail("local_cap", contradiction, fix="make the site's cap at least the declared one")
     try:
         # A read-only view: this check runs beside a serving teacher, which holds the record's lock.
         cap = LocalCap(
@@ -97,9 +96,14 @@ def cap_check(
         f"{plan}, and their worst case costs at most ε {needed:g} against this cap"
     )
     why = why_above(cover, federation_epsilon=federation_eps)
-    if fits == planned:
+    if fits == planned and contradiction is None:
         return Check.ok("local_cap", f"{head}: fits; {why}", **data)
+    if fits == planned:
+        return Check.fail("local_cap", f"{head}: fits, but {contradiction}", fix="raise cap.epsilon", **data)
     raise_it = f"raise cap.epsilon to {needed:g} if your organisation accepts it"
+    if contradiction is not None:
+        force = None  # the teacher would refuse to start: nothing to accept
+        raise_it += f" ({contradiction})"
     if fits == 0:
         return Check.fail(
             "local_cap",
