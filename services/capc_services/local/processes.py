@@ -104,10 +104,14 @@ def start_party(
     return PartyProcess(party=party, role=role, pid=proc.pid, admin_url=f"http://127.0.0.1:{admin_port}")
 
 
-def train_parties(layout: Layout, parties: list[str]) -> dict[str, dict[str, Any]]:
+def train_parties(
+    layout: Layout, parties: list[str], *, env: Mapping[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
     """Each party trains its heads in its own ``capc teacher train`` process, all at once (their output goes
     to their logs): as on the hospitals' own machines, one party's featurisation does not wait for another's,
-    and a machine with several cores runs them side by side.
+    and a machine with several cores runs them side by side. ``env`` adds environment variables (e.g.
+    ``CAPC_FEDERATION``: a party added by a membership change trains under the new file before it is in
+    place).
 
     Returns:
         party → what ``capc teacher train --format json`` printed.
@@ -126,6 +130,7 @@ def train_parties(layout: Layout, parties: list[str]) -> dict[str, dict[str, Any
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         running[party] = (proc, log)
     results: dict[str, dict[str, Any]] = {}
@@ -136,7 +141,7 @@ def train_parties(layout: Layout, parties: list[str]) -> dict[str, dict[str, Any
         if proc.returncode == 0:
             results[party] = json.loads(out)
         else:
-            failed.append((proc.returncode, f"{party}: {tail(layout.log(party), lines=1)}"))
+            failed.append((proc.returncode, f"{party}: {failure_reason(layout.log(party))}"))
     if failed:
         code = failed[0][0]
         kind = next((c for c in (InputError, UnavailableError) if c.exit_code == code), CapcError)
@@ -225,8 +230,8 @@ def wait_ready(
         for party, proc in list(pending.items()):
             if not pid_alive(proc.pid):
                 raise UnavailableError(
-                    f"{party} (pid {proc.pid}) exited during start-up; its log ends with:\n"
-                    f"{tail(layout.log(party))}"
+                    f"{party} (pid {proc.pid}) exited during start-up: {failure_reason(layout.log(party))} "
+                    f"(log: {layout.log(party)})"
                 )
             code, body = probe(f"{proc.admin_url}/readyz")
             last[party] = body
@@ -247,6 +252,23 @@ def tail(path: Path, *, lines: int = 8) -> str:
     if not path.exists():
         return ""
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def failure_reason(path: Path) -> str:
+    """Why the process logging to ``path`` stopped: the CLI's last ``error: …`` line (what it exits with),
+    else the last error record's message (a JSON-lines log), else the log's last line."""
+    lines = [line for line in tail(path, lines=200).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("error: "):
+            return line.removeprefix("error: ")
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("level") in ("error", "critical"):
+            return str(record.get("error") or record.get("msg", "")).strip()
+    return lines[-1] if lines else f"nothing in its log {path}"
 
 
 def is_ours(proc: PartyProcess) -> bool:
@@ -275,6 +297,8 @@ def stop_processes(processes: list[PartyProcess], *, grace: float = 15.0) -> dic
     processes = [p for p in processes if is_ours(p)]
     for proc in processes:
         os.kill(proc.pid, signal.SIGTERM)
+        # A stopped process (SIGSTOP, ^Z) handles its SIGTERM only once it is continued.
+        os.kill(proc.pid, signal.SIGCONT)
         outcome[proc.party] = "stopped"
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(pid_alive(p.pid) for p in processes):

@@ -223,6 +223,12 @@ def serve(settings: TeacherSettings, *, stop: threading.Event, set_up: bool = Fa
         cap.close()
 
 
+def _guardian_check(links: TeacherLinks, address: str) -> tuple[bool, str]:
+    """Readiness: the guardian answers under this party's config (else the reason, e.g. its other hash)."""
+    problem = links.guardian_problem(timeout=0.5)
+    return not problem, f"{address} {problem}" if problem else address
+
+
 def _serve_votes(
     settings: TeacherSettings, party: PartyRuntime, cap: LocalCap, *, stop: threading.Event
 ) -> None:
@@ -252,7 +258,7 @@ def _serve_votes(
     party.start_admin(
         readiness=lambda: {
             "student": (links.connected, links.last_error or "connected"),
-            "guardian": (links.guardian_reachable(timeout=0.5), settings.guardian_address),
+            "guardian": _guardian_check(links, settings.guardian_address),
         },
         routers=[status_router(worker, links, cap)],
     )

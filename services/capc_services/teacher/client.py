@@ -31,7 +31,7 @@ from capc_services.common.interceptors import ConfigHashClientInterceptor
 from capc_services.common.limits import MessageLimits
 from capc_services.common.process import INSTANCE, describe
 from capc_services.teacher.worker import TeacherWorker
-from capc_services.tls import TlsFiles, channel_ready
+from capc_services.tls import TlsFiles, peer_problem
 
 _log = logging.getLogger(__name__)
 _END = object()
@@ -124,16 +124,18 @@ class TeacherLinks:
         attempts, and refuses batches it could have answered a moment later.
         """
         timeout = self.config.quorum.vote_deadline_s
-        if self.guardian_reachable(timeout=timeout):
+        problem = self.guardian_problem(timeout=timeout)
+        if not problem:
             return ""
         return (
-            f"guardian {self.config.guardian} at {self._guardian_address} did not accept a TLS connection "
-            f"within {timeout:.0f} s (vote_deadline_s); check that it runs and the address in this site file"
+            f"guardian {self.config.guardian} at {self._guardian_address} {problem} (vote_deadline_s); check "
+            "that it runs, the address in this site file, and that both load the same federation.yaml"
         )
 
-    def guardian_reachable(self, *, timeout: float = 1.0) -> bool:
-        """Whether a TLS connection to the guardian is up (or comes up within ``timeout``)."""
-        return channel_ready(self._guardian_channel, timeout=timeout)
+    def guardian_problem(self, *, timeout: float = 1.0) -> str:
+        """Why the guardian is not usable ('' when a TLS connection is up, or comes up within ``timeout``,
+        and it runs this party's federation config)."""
+        return peer_problem(self._guardian_channel, timeout=timeout)
 
     def _session(self, stop: threading.Event) -> None:
         outgoing: queue.Queue[Any] = queue.Queue()

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from capc_common.errors import InputError
+from capc_common.errors import InputError, ProtocolError
 from capc_common.mpc import MAX_FRAME_BYTES
 
 DEFAULT_MESSAGE_BYTES = MAX_FRAME_BYTES + (64 << 10)
@@ -109,6 +109,9 @@ def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
     the channel's connectivity, which runs a poller thread beside the channel, and a poller still looking at
     the channel when it is closed dies with "Channel closed!" (gRPC checks the state of a channel another
     thread has just closed).
+
+    Raises:
+        ProtocolError: the peer answered under another federation config (the client interceptor's check).
     """
     try:
         health_pb2_grpc.HealthStub(channel).Check(
@@ -125,3 +128,15 @@ def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
     except ValueError:  # grpc: "Cannot invoke RPC on closed channel!"
         return False
     return True
+
+
+def peer_problem(channel: grpc.Channel, *, timeout: float) -> str:
+    """Why the peer at the other end of ``channel`` is not usable ('' when it answers within ``timeout``
+    seconds under this party's federation config): for a readiness probe, which must say why and never
+    raise. A peer that answers under another config hash (the federation changed and one side has not
+    restarted yet) is up but not usable: the reason names both hashes."""
+    try:
+        ready = channel_ready(channel, timeout=timeout)
+    except ProtocolError as exc:
+        return f"answers under another federation config ({exc})"
+    return "" if ready else f"did not accept a TLS connection within {timeout:g} s"

@@ -15,7 +15,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -111,12 +111,10 @@ def exposure_of(config: FederationConfig, *, protocol: ReleaseProtocol | None = 
                 f"federation {config.name!r} runs the release mechanism {config.mechanism.name!r}: what it "
                 "charges comes from its release protocol (check_runnable builds it)"
             )
-        per_release = _per_order(lambda lam: (0.0, float(protocol.release_rdp(lam))))
+        per_release = _per_orders(lambda lam: (np.zeros_like(lam), protocol.mechanism.release_rdp(lam)))
 
         def release(_count: int, orders: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-            if orders.size == 1:  # a charge, stated at a record's order
-                return np.array([per_release(float(orders[0]))[1]])
-            return np.asarray(protocol.mechanism.release_rdp(orders), dtype=np.float64)  # all cost the same
+            return per_release(orders)[1]  # every release costs the same, whatever its size
 
         rounds, (draws, eta) = protocol.rounds, protocol.sampler_draws()
         return Exposure(
@@ -127,21 +125,11 @@ def exposure_of(config: FederationConfig, *, protocol: ReleaseProtocol | None = 
             cost=release,
             sampler_tv=draws * eta,
         )
-    mechanism = mechanism_of(config)
-
-    def unit(lam: float) -> tuple[float, float]:
-        per_query, per_answer = mechanism.costs(np.array([lam]))
-        return float(per_query[0]), float(per_answer[0])
-
-    per_query_at = _per_order(unit)
+    per_query = _per_orders(mechanism_of(config).costs)
 
     def batch(count: int, orders: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        # count·q + count·a, as BatchCosts.worst_case: the two roundings of count·(q + a) differ
-        if orders.size == 1:  # a charge, stated at a record's order
-            query, answer = per_query_at(float(orders[0]))
-            return np.array([count * query + count * answer])
-        per_query, per_answer = mechanism.costs(orders)
-        return np.asarray(count * per_query + count * per_answer, dtype=np.float64)
+        query, answer = per_query(orders)
+        return count * query + count * answer  # as BatchCosts.worst_case: count·(q + a) rounds differently
 
     sizes, (draws, eta) = plan_batches(config), sampler_draws(config)
     return Exposure(
@@ -154,10 +142,19 @@ def exposure_of(config: FederationConfig, *, protocol: ReleaseProtocol | None = 
     )
 
 
-def _per_order(curve: Callable[[float], tuple[float, float]]) -> Callable[[float], tuple[float, float]]:
-    """``curve`` computed once per order: a record charges every batch at the same one or two orders, and the
-    screening's exact divergence is a scan worth not repeating."""
-    return functools.lru_cache(maxsize=32)(curve)
+def _per_orders(curve: Callable[[npt.NDArray[np.float64]], Any]) -> Callable[[npt.NDArray[np.float64]], Any]:
+    """``curve`` computed once per array of orders: a record charges every batch at the same order, a plan is
+    summed over its charges at the same grid, and the screening's exact divergence is a scan worth not
+    repeating."""
+
+    @functools.lru_cache(maxsize=32)
+    def cached(key: bytes) -> Any:
+        return curve(np.frombuffer(key, dtype=np.float64))
+
+    def at(orders: npt.NDArray[np.float64]) -> Any:
+        return cached(np.ascontiguousarray(orders, dtype=np.float64).tobytes())
+
+    return at
 
 
 def _admissible(config: FederationConfig, sizes: list[int]) -> tuple[int, ...]:
