@@ -24,11 +24,14 @@ from capc_common.federation import (
     FederationConfig,
     ReleaseMember,
     cap_cover,
+    cap_order,
     check_runnable,
+    exposure_of,
     mechanism_of,
     scaled_mechanism,
 )
 from capc_common.federation.refusals import Change, SpendPlan, enforce, pre_spend_refusals
+from capc_common.federation.releases import ReleaseProtocol
 from capc_common.federation.sizing import ANSWER_RATE, DPSGD_ROUNDS
 from capc_services.local.flags import flag_names, speaking_flags
 from capc_services.local.layout import Layout
@@ -328,7 +331,7 @@ def default_cap(config: FederationConfig, options: LocalOptions) -> float:
     are fixed in advance and add up to at most the limit, 3 × ε of headroom."""
     if isinstance(config.mechanism, ReleaseMember):
         return 3 * options.epsilon
-    return cap_cover(config).cap
+    return cap_cover(exposure_of(config), delta=config.budget.delta).cap
 
 
 def site_cap(config: FederationConfig, options: LocalOptions) -> float:
@@ -474,6 +477,7 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
 
     Raises:
         InputError: ``root`` already holds a federation, or an option is invalid.
+        PreconditionError: the federation would spend privacy for nothing (:func:`refuse_before_spending`).
     """
     layout = Layout(Path(root).resolve())
     if layout.federation.exists():
@@ -485,11 +489,14 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
         # The backbone's file against its pinned hash, without torch (as the guardian checks it): the
         # parties that run the model load it when they start, and a federation's first step, its hospitals'
         # training, no longer waits for torch here (a release mechanism's protocol still builds it).
-        check_runnable(config, model=False)
+        runnable = check_runnable(config, model=False)
+    cap = site_cap(config, options)
+    if cap > 0:  # a cap ≤ 0 is refused when the teachers' site files are read back, naming cap.epsilon
+        config = with_declared_caps(config, cap=cap)
     refuse_before_spending(config, options)
     existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
     try:
-        endpoints = _write_federation(layout, config, options)
+        endpoints = _write_federation(layout, config, options, runnable.protocol)
         _load_sites(layout, config)
         layout.options.write_text(json.dumps(options_record(options), indent=2))
     except BaseException:
@@ -508,9 +515,9 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
 
 def refuse_before_spending(config: FederationConfig, options: LocalOptions) -> None:
     """Refuse, before anything is written, a federation that would spend privacy for nothing (the pre-spend
-    checks on its planned figures, :mod:`capc_common.federation.refusals`), naming the flags to change;
-    ``options.force`` overrides a judgement (the guardian's site file then carries the reason, and the
-    guardian logs it with what it overrode).
+    checks on its planned figures and the caps it declares, :mod:`capc_common.federation.refusals`), naming
+    the flags to change; ``options.force`` overrides a judgement (the guardian's site file then carries the
+    reason, and the guardian logs it with what it overrode).
 
     Raises:
         PreconditionError: a refusal stands.
@@ -522,6 +529,14 @@ def refuse_before_spending(config: FederationConfig, options: LocalOptions) -> N
         names=flag_names(options.mechanism),
         force_with='--force "REASON"',
     )
+
+
+def with_declared_caps(config: FederationConfig, *, cap: float) -> FederationConfig:
+    """``config`` with every simulated hospital declaring ``cap`` (``teachers[].cap``), the cap its site
+    file sets: the guardian checks before the first charge that the declared caps cover the plan."""
+    data = config.model_dump(mode="json")
+    data["teachers"] = [{**party, "cap": cap} for party in data["teachers"]]
+    return FederationConfig.from_dict(data, source="local federation options")
 
 
 def _gets_past(options: LocalOptions, change: Change) -> bool:
@@ -554,7 +569,9 @@ def _load_sites(layout: Layout, config: FederationConfig) -> None:
         TeacherSettings.load(layout.site(name))
 
 
-def _write_federation(layout: Layout, config: FederationConfig, options: LocalOptions) -> Endpoints:
+def _write_federation(
+    layout: Layout, config: FederationConfig, options: LocalOptions, protocol: ReleaseProtocol | None
+) -> Endpoints:
     """Write the CA, certificates, token, federation.yaml and site files; returns the chosen ports."""
     layout.root.mkdir(parents=True, exist_ok=True)
     config.save(layout.federation)
@@ -605,7 +622,9 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     for index, name in enumerate(config.teacher_names):
         data = {"dataset": options.dataset, "shard": index, "shards": options.parties, "seed": options.seed,
                 "fraction": fraction}  # fmt: skip
-        write_teacher_site(layout, config, options, name=name, endpoints=endpoints, data=data, cap=cap)
+        write_teacher_site(
+            layout, config, options, name=name, endpoints=endpoints, data=data, cap=cap, protocol=protocol
+        )
     for party in parties:
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
     layout.logs.mkdir(parents=True, exist_ok=True)
@@ -631,9 +650,11 @@ def write_teacher_site(
     endpoints: Endpoints,
     data: Mapping[str, Any],
     cap: float,
+    protocol: ReleaseProtocol | None = None,
 ) -> None:
     """Write simulated hospital ``name``'s site file and create its cap record under ``config`` (the
-    explicit init a real site makes with ``capc teacher init-cap``).
+    explicit init a real site makes with ``capc teacher init-cap``), at the order a new record charges at
+    (:func:`~capc_common.federation.cap_order`).
 
     Args:
         layout: the state directory.
@@ -643,6 +664,7 @@ def write_teacher_site(
         endpoints: the federation's ports (its own admin port included).
         data: its ``data:`` section.
         cap: its local ε cap (:func:`site_cap`).
+        protocol: the federation's release protocol, under a release mechanism (what a release costs).
     """
     records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
     _write_yaml(
@@ -662,4 +684,5 @@ def write_teacher_site(
         },
     )
     layout.party_dir(name).mkdir(parents=True, exist_ok=True)
-    LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config)
+    order = cap_order(exposure_of(config, protocol=protocol), delta=config.budget.delta)
+    LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config, order=order)

@@ -128,15 +128,16 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
     type=click.FloatRange(min=0, min_open=True),
     default=None,
     help="Each party's local ε cap [default: the worst case of every batch the federation's ε can admit, "
-    "so the cap never stops a party before the federation's own limit; see docs/operations.md].",
+    "so the cap never stops a party before the federation's own limit; a cap below it is refused without "
+    "--force; see docs/operations.md].",
 )
 @click.option(
     "--force",
     metavar="REASON",
     default=None,
     help="Run a federation that the checks before spending refuse as a judgement (e.g. a party whose heads "
-    "would all abstain), stating why; the guardian logs the reason with what it overrode. A certain refusal "
-    "(nothing can be learned whatever the data) cannot be forced.",
+    "would all abstain, or a --teacher-cap below the plan), stating why; the guardian logs the reason with "
+    "what it overrode. A certain refusal (nothing can be learned whatever the data) cannot be forced.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(

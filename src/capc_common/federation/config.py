@@ -82,13 +82,18 @@ class TeacherParty(_OmitsUnset):
             tell before the first charge whether the party's heads can vote at all — a head abstains when its
             shard is shorter than one BatchNorm chunk (:mod:`capc_common.federation.refusals`). Left out of
             the canonical form when unset.
+        cap: the local ε cap the party declared (its site file's ``cap.epsilon``, which its teacher refuses
+            to start below), or None when undeclared: with it, the guardian can tell before the first charge
+            whether enough parties' caps cover the plan (:func:`~capc_common.federation.refusals.
+            uncovered_caps`). Left out of the canonical form when unset.
     """
 
-    _omitted_when_unset: ClassVar[tuple[str, ...]] = ("examples",)
+    _omitted_when_unset: ClassVar[tuple[str, ...]] = ("examples", "cap")
 
     name: str
     heads: int = Field(ge=1, le=10_000)
     examples: int | None = Field(default=None, ge=0)
+    cap: float | None = Field(default=None, gt=0)
 
     _name = field_validator("name")(check_party_name)
 
