@@ -364,9 +364,11 @@ def which_to_use(run: DemoRun) -> None:
         ),
     }
     # What the measurements say for hospitals of these sizes (the joining benchmark's table, not this run).
+    from capc_common.federation import FederationConfig
     from capc_common.federation.recommend import recommend
 
-    run.summary["plan"] = recommend(list(run.sizes.values()), epsilon=run.options.epsilon)
+    classes = FederationConfig.load(run.second.federation).classes
+    run.summary["plan"] = recommend(list(run.sizes.values()), classes=classes, epsilon=run.options.epsilon)
     run.summary["seconds"] = round(time.monotonic() - run.started, 1)
 
 
