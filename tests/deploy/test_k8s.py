@@ -193,6 +193,8 @@ def _paths(site: Any) -> list[str]:
             found.append(getattr(site, field))
     if isinstance(site, TeacherSettings):
         found.append(site.cap.record)
+        if site.lifetime is not None:  # the hospital's site ledger, on its state volume
+            found.append(site.lifetime.ledger)
         assert site.data is not None
         found.append(Path(site.data.dataset))
     return [str(p) for p in found]

@@ -219,3 +219,41 @@ def test_plan_text_says_what_it_knows(capc):
         "50", check=True,
     ).stdout  # fmt: skip
     assert "(extrapolating)" in far.splitlines()[0] and "ε is above the largest measured" in far
+
+
+def _federation(examples: list[int], epsilon: float) -> FederationConfig:
+    """The shipped secure-aggregation compose federation with ``examples`` declared per party and budget ε."""
+    data = yaml.safe_load((REPO / "deploy" / "compose" / "federation-secagg-dpsgd.yaml").read_text())
+    data["teachers"] = [
+        {**data["teachers"][0], "name": f"hospital-{i + 1}", "examples": n} for i, n in enumerate(examples)
+    ]
+    data["quorum"]["min_parties"] = len(examples)
+    data["budget"]["epsilon"] = epsilon
+    return FederationConfig.from_dict(data)
+
+
+def test_a_federation_forecast_below_its_median_party_is_refused_before_spending(table):
+    """The pre-spend check every front end runs (local up, preflight, the guardian): below the median party
+    alone, refused as a judgement, with the budget that would reach it; above, or with a party's examples
+    undeclared, not judged."""
+    from capc_common.federation.refusals import SpendPlan, below_alone, enforce
+
+    few = below_alone(SpendPlan.declared(_federation([400] * 20, 1.0)))
+    assert few is not None and few.check == "below-alone" and not few.certain
+    assert "below the median party alone" in few.reason
+    (change,) = few.changes
+    assert change.field == "budget.epsilon" and change.verb == "raise" and change.value > 1.0
+    assert rec.refusal([400] * 20, classes=10, epsilon=change.value) == ""  # the change suffices
+    hopeless = below_alone(SpendPlan.declared(_federation([1000, 1000, 1000], 1.0)))
+    assert hopeless is not None and hopeless.changes == ()  # no measured budget reaches the median party
+    assert below_alone(SpendPlan.declared(_federation([100] * 200, 6.0))) is None
+    undeclared = _federation([1000, 1000, 1000], 1.0).model_dump(mode="json")
+    undeclared["teachers"][0].pop("examples")
+    assert below_alone(SpendPlan.declared(FederationConfig.from_dict(undeclared))) is None
+    assert enforce([few], force="a pilot, to measure") == (few,)  # a judgement: --force overrides
+    # Without a measured table the plan cannot forecast, so it does not refuse.
+    rec.forecaster.cache_clear()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rec, "_table", lambda: {"layouts": []})
+        assert below_alone(SpendPlan.declared(_federation([1000, 1000, 1000], 1.0))) is None
+    rec.forecaster.cache_clear()

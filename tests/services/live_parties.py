@@ -52,11 +52,11 @@ class LiveParties:
 
     @property
     def guardian_address(self) -> str:
-        return f"127.0.0.1:{self.endpoints.guardian_grpc}"
+        return self.endpoints.guardian_address
 
     @property
     def student_address(self) -> str:
-        return f"127.0.0.1:{self.endpoints.student_grpc}"
+        return self.endpoints.student_address
 
     def close(self) -> None:
         stop_processes(self.processes, grace=10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from capc_common import __version__
 
+_log = logging.getLogger(__name__)
 _bearer = HTTPBearer(auto_error=False)
 PROBLEM_JSON = "application/problem+json"
 _PROBLEM_SCHEMA: dict[str, Any] = {
@@ -146,7 +148,12 @@ def build_admin_app(
     )
     def readyz() -> JSONResponse:
         """Readiness: every check passes (503 otherwise, with the failing checks)."""
-        report = readiness()
+        try:
+            report = readiness()
+        except Exception:  # a probe that raised says "not ready" and why, never 500 with a traceback
+            _log.exception("a readiness check raised")
+            detail = "a readiness check raised; the party's log has the error"
+            report = Readiness({"readiness": (False, detail)})
         code = status.HTTP_200_OK if report.ready else status.HTTP_503_SERVICE_UNAVAILABLE
         return JSONResponse(report.to_dict(), status_code=code)
 

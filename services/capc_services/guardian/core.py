@@ -38,6 +38,7 @@ from capc_common.errors import (
     IntegrityError,
     PreconditionError,
     ProtocolError,
+    StorageError,
     UnavailableError,
 )
 from capc_common.federation import (
@@ -196,9 +197,16 @@ class Guardian:
 
     def _release_undecoded(self, batch_id: str, *, reason: str, actor: str) -> None:
         """Release a batch this process decoded nothing of — unless the ledger says another computation
-        began on it (or it finished meanwhile): then its charge stands, and that is only logged."""
+        began on it (or it finished meanwhile): then its charge stands, and that is only logged.
+
+        Raises:
+            StorageError: the ledger's volume cannot take the release row; the batch stays reserved (the
+                student waits, then opens it again or aborts it again), never silently orphaned.
+        """
         try:
             self._release(batch_id, reason=reason, actor=actor)
+        except StorageError:
+            raise
         except CapcError as exc:
             _log.warning("batch not released", extra={"batch_id": batch_id, "error": str(exc)})
 
@@ -420,6 +428,8 @@ class Guardian:
             try:
                 with self.metrics.stage("ledger"):
                     self.ledger.begin(batch_id, computation=nonce, actor=actor)
+            except StorageError:
+                raise  # the volume cannot take the batch's rows: nothing was decoded, the reservation stays
             except CapcError as exc:
                 raise IntegrityError(
                     f"batch {batch_id} cannot be computed here; nothing was decoded: {exc}"
@@ -444,9 +454,11 @@ class Guardian:
                 # only at its worst case. It stays in this log; the student (who gets our error as its stream
                 # status) learns only that the settle failed.
                 _log.warning("settle failed", extra={"batch_id": batch_id, "error": str(exc)})
-                raise IntegrityError(
-                    f"batch {batch_id} could not be settled on the ledger; it stays charged at its worst "
-                    "case and nothing was revealed"
+                kind = StorageError if isinstance(exc, StorageError) else IntegrityError
+                raise kind(
+                    f"batch {batch_id} could not be settled on the ledger"
+                    + (f" ({exc})" if kind is StorageError else "")
+                    + "; it stays charged at its worst case and nothing was revealed"
                 ) from None
             settled.update(answered=answered, pin=pinned_head(entry))
             faults.reached("guardian.settled")
@@ -468,9 +480,13 @@ class Guardian:
         except BaseException as exc:
             with self._lock:
                 self._open.pop(batch_id, None)
-            if not began:
+            if not began and not isinstance(exc, StorageError):
                 self._release_undecoded(
                     batch_id, reason=f"computation failed before decoding: {exc}", actor=actor
+                )
+            elif not began:  # kept reserved: the student opens it again once the ledger can be written
+                _log.warning(
+                    "batch not computed: the ledger's volume", extra={"batch_id": batch_id, "error": str(exc)}
                 )
             elif "answered" not in settled:
                 self.metrics.batches.labels(outcome="charged").inc()

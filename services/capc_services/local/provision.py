@@ -13,7 +13,7 @@ import random
 import shutil
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,14 @@ from capc_common.federation import (
     FederationConfig,
     ReleaseMember,
     cap_cover,
+    cap_order,
     check_runnable,
+    exposure_of,
     mechanism_of,
     scaled_mechanism,
 )
-from capc_common.federation.refusals import SpendPlan, enforce, pre_spend_refusals
+from capc_common.federation.refusals import Change, SpendPlan, enforce, pre_spend_refusals
+from capc_common.federation.releases import ReleaseProtocol
 from capc_common.federation.sizing import ANSWER_RATE, DPSGD_ROUNDS
 from capc_services.local.flags import flag_names, in_flag_units, speaking_flags, training_part
 from capc_services.local.layout import Layout
@@ -247,18 +250,20 @@ def _split_size(dataset: str) -> int:
     return len(load_dataset(dataset, split="train").labels)
 
 
-def site_fraction(options: LocalOptions) -> float:
-    """Each simulated site's ``data.fraction``: ``train_limit`` examples per party on average."""
+def site_fraction(options: LocalOptions, *, total: int | None = None) -> float:
+    """Each simulated site's ``data.fraction``: ``train_limit`` examples per party on average (``total``: the
+    split's size when the caller has it; reading it decompresses the whole split)."""
     if options.train_limit is None:
         return 1.0
-    return min(1.0, options.train_limit * options.parties / _dataset_size(options))
+    return min(1.0, options.train_limit * options.parties / (total or _dataset_size(options)))
 
 
 def planned_examples(options: LocalOptions) -> int:
     """The examples each simulated site holds on average (its count is binomial around it), its holdout
     included. A planned figure, from the options and the split's size alone — never a count of the data a
     site selected."""
-    return round(site_fraction(options) * _dataset_size(options) / options.parties)
+    total = _dataset_size(options)
+    return round(site_fraction(options, total=total) * total / options.parties)
 
 
 def site_holdout(options: LocalOptions) -> float:
@@ -352,7 +357,12 @@ def default_cap(config: FederationConfig, options: LocalOptions) -> float:
     are fixed in advance and add up to at most the limit, 3 × ε of headroom."""
     if isinstance(config.mechanism, ReleaseMember):
         return 3 * options.epsilon
-    return cap_cover(config).cap
+    return cap_cover(exposure_of(config), delta=config.budget.delta).cap
+
+
+def site_cap(config: FederationConfig, options: LocalOptions) -> float:
+    """A simulated hospital's local ε cap: ``teacher_cap``, else :func:`default_cap` of ``config``."""
+    return options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
 
 
 def free_port() -> int:
@@ -461,6 +471,16 @@ class Endpoints:
     student_grpc: int
     admin: dict[str, int]
 
+    @property
+    def guardian_address(self) -> str:
+        """The guardian's gRPC address."""
+        return f"127.0.0.1:{self.guardian_grpc}"
+
+    @property
+    def student_address(self) -> str:
+        """The student's gRPC address."""
+        return f"127.0.0.1:{self.student_grpc}"
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (stored in state.json)."""
         return {"guardian_grpc": self.guardian_grpc, "student_grpc": self.student_grpc, "admin": self.admin}
@@ -483,6 +503,7 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
 
     Raises:
         InputError: ``root`` already holds a federation, or an option is invalid.
+        PreconditionError: the federation would spend privacy for nothing (:func:`refuse_before_spending`).
     """
     layout = Layout(Path(root).resolve())
     if layout.federation.exists():
@@ -494,11 +515,14 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
         # The backbone's file against its pinned hash, without torch (as the guardian checks it): the
         # parties that run the model load it when they start, and a federation's first step, its hospitals'
         # training, no longer waits for torch here (a release mechanism's protocol still builds it).
-        check_runnable(config, model=False)
+        runnable = check_runnable(config, model=False)
+    cap = site_cap(config, options)
+    if cap > 0:  # a cap ≤ 0 is refused when the teachers' site files are read back, naming cap.epsilon
+        config = with_declared_caps(config, cap=cap)
     refuse_before_spending(config, options)
     existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
     try:
-        endpoints = _write_federation(layout, config, options)
+        endpoints = _write_federation(layout, config, options, runnable.protocol)
         _load_sites(layout, config)
         layout.options.write_text(json.dumps(options_record(options), indent=2))
     except BaseException:
@@ -517,19 +541,48 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
 
 def refuse_before_spending(config: FederationConfig, options: LocalOptions) -> None:
     """Refuse, before anything is written, a federation that would spend privacy for nothing (the pre-spend
-    checks on its planned figures, :mod:`capc_common.federation.refusals`), naming the flags to change;
-    ``options.force`` overrides a judgement (the guardian's site file then carries the reason, and the
-    guardian logs it with what it overrode).
+    checks on its planned figures and the caps it declares, :mod:`capc_common.federation.refusals`), naming
+    the flags to change; ``options.force`` overrides a judgement (the guardian's site file then carries the
+    reason, and the guardian logs it with what it overrode).
 
     Raises:
         PreconditionError: a refusal stands.
     """
+    # in the flags' units (a party's training part as the --train-limit that gives it), then only the ways
+    # out that get past every check
+    refusals = [in_flag_units(r) for r in pre_spend_refusals(SpendPlan.declared(config))]
     enforce(
-        [in_flag_units(refusal) for refusal in pre_spend_refusals(SpendPlan.declared(config))],
+        [replace(r, changes=tuple(c for c in r.changes if _gets_past(options, c))) for r in refusals],
         force=options.force,
         names=flag_names(options.mechanism),
         force_with='--force "REASON"',
     )
+
+
+def with_declared_caps(config: FederationConfig, *, cap: float) -> FederationConfig:
+    """``config`` with every simulated hospital declaring ``cap`` (``teachers[].cap``), the cap its site
+    file sets: the guardian checks before the first charge that the declared caps cover the plan."""
+    data = config.model_dump(mode="json")
+    data["teachers"] = [{**party, "cap": cap} for party in data["teachers"]]
+    return FederationConfig.from_dict(data, source="local federation options")
+
+
+def _gets_past(options: LocalOptions, change: Change) -> bool:
+    """Whether ``change``, made by its flag, gives a federation ``capc local up`` provisions and the checks
+    before spending pass. A way out that holds for ``federation.yaml`` need not hold here: ``capc local up``
+    scales the mechanism's noise to the heads, so fewer heads may fill their shards yet leave a budget that
+    cannot pay for one batch. A field set by ``--mechanism-param`` is not tried (offered as it is)."""
+    option = flag_names(options.mechanism).get(change.field, "").removeprefix("--").replace("-", "_")
+    if option not in LocalOptions.__dataclass_fields__:
+        return True
+    value: Any = int(change.value) if float(change.value).is_integer() else change.value
+    changed = replace(options, **{option: value})
+    try:
+        config = FederationConfig.from_dict(federation_dict(changed), source="local federation options")
+        check_runnable(config, model=False)
+    except InputError:
+        return False
+    return not pre_spend_refusals(SpendPlan.declared(config))
 
 
 def _load_sites(layout: Layout, config: FederationConfig) -> None:
@@ -544,7 +597,9 @@ def _load_sites(layout: Layout, config: FederationConfig) -> None:
         TeacherSettings.load(layout.site(name))
 
 
-def _write_federation(layout: Layout, config: FederationConfig, options: LocalOptions) -> Endpoints:
+def _write_federation(
+    layout: Layout, config: FederationConfig, options: LocalOptions, protocol: ReleaseProtocol | None
+) -> Endpoints:
     """Write the CA, certificates, token, federation.yaml and site files; returns the chosen ports."""
     layout.root.mkdir(parents=True, exist_ok=True)
     config.save(layout.federation)
@@ -556,16 +611,10 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     endpoints = Endpoints(
         guardian_grpc=free_port(), student_grpc=free_port(), admin={p: free_port() for p in parties}
     )
-    guardian_address = f"127.0.0.1:{endpoints.guardian_grpc}"
-    student_address = f"127.0.0.1:{endpoints.student_grpc}"
+    guardian_address, student_address = endpoints.guardian_address, endpoints.student_address
 
     def common(party: str) -> dict[str, Any]:
-        return {
-            "party": party,
-            "federation": "../federation.yaml",
-            "tls": {"ca": "../certs/ca.crt", "cert": f"../certs/{party}.crt", "key": f"../certs/{party}.key"},
-            "admin": {"bind": f"127.0.0.1:{endpoints.admin[party]}", "token_file": "../admin.token"},
-        }
+        return _common_site(party, admin_port=endpoints.admin[party])
 
     guardian_site = {
         **common(config.guardian),
@@ -597,37 +646,73 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         },
     }
     _write_yaml(layout.site(config.student), student_site)
-    cap = options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
-    fraction, holdout = site_fraction(options), site_holdout(options)
-    records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
+    fraction, cap = site_fraction(options), site_cap(config, options)
     for index, name in enumerate(config.teacher_names):
-        _write_yaml(
-            layout.site(name),
-            {
-                **common(name),
-                "student_address": student_address,
-                "guardian_address": guardian_address,
-                "heads": f"../parties/{name}/heads.safetensors",
-                "cap": {"epsilon": cap, "record": f"../parties/{name}/cap.jsonl"},
-                # The simulated hospitals opt in to what the options asked for (a real site decides itself).
-                "allow_insecure_noise": config.insecure_noise,
-                "torch_threads": options.torch_threads,
-                "feature_cache": "../feature-cache",
-                "records_cache": f"{records}/parties/{name}/records",
-                "data": {
-                    "dataset": options.dataset,
-                    "shard": index,
-                    "shards": options.parties,
-                    "seed": options.seed,
-                    "fraction": fraction,
-                },
-                # compared on after the federation (`capc teacher personalise`); the federation never sees it
-                "holdout": {"fraction": holdout},
-            },
+        data = {"dataset": options.dataset, "shard": index, "shards": options.parties, "seed": options.seed,
+                "fraction": fraction}  # fmt: skip
+        write_teacher_site(
+            layout, config, options, name=name, endpoints=endpoints, data=data, cap=cap, protocol=protocol
         )
     for party in parties:
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
-    for name in config.teacher_names:  # the explicit init a real site makes with `capc teacher init-cap`
-        LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config)
     layout.logs.mkdir(parents=True, exist_ok=True)
     return endpoints
+
+
+def _common_site(party: str, *, admin_port: int) -> dict[str, Any]:
+    """The site-file fields every party of a local federation has (paths relative to ``sites/``)."""
+    return {
+        "party": party,
+        "federation": "../federation.yaml",
+        "tls": {"ca": "../certs/ca.crt", "cert": f"../certs/{party}.crt", "key": f"../certs/{party}.key"},
+        "admin": {"bind": f"127.0.0.1:{admin_port}", "token_file": "../admin.token"},
+    }
+
+
+def write_teacher_site(
+    layout: Layout,
+    config: FederationConfig,
+    options: LocalOptions,
+    *,
+    name: str,
+    endpoints: Endpoints,
+    data: Mapping[str, Any],
+    cap: float,
+    protocol: ReleaseProtocol | None = None,
+) -> None:
+    """Write simulated hospital ``name``'s site file and create its cap record under ``config`` (the
+    explicit init a real site makes with ``capc teacher init-cap``), at the order a new record charges at
+    (:func:`~capc_common.federation.cap_order`).
+
+    Args:
+        layout: the state directory.
+        config: the federation the hospital is a teacher party of.
+        options: the federation's options (threads, records cache).
+        name: the hospital.
+        endpoints: the federation's ports (its own admin port included).
+        data: its ``data:`` section.
+        cap: its local ε cap (:func:`site_cap`).
+        protocol: the federation's release protocol, under a release mechanism (what a release costs).
+    """
+    records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
+    _write_yaml(
+        layout.site(name),
+        {
+            **_common_site(name, admin_port=endpoints.admin[name]),
+            "student_address": endpoints.student_address,
+            "guardian_address": endpoints.guardian_address,
+            "heads": f"../parties/{name}/heads.safetensors",
+            "cap": {"epsilon": cap, "record": f"../parties/{name}/cap.jsonl"},
+            # The simulated hospitals opt in to what the options asked for (a real site decides itself).
+            "allow_insecure_noise": config.insecure_noise,
+            "torch_threads": options.torch_threads,
+            "feature_cache": "../feature-cache",
+            "records_cache": f"{records}/parties/{name}/records",
+            "data": dict(data),
+            # compared on after the federation (`capc teacher personalise`); the federation never sees it
+            "holdout": {"fraction": site_holdout(options)},
+        },
+    )
+    layout.party_dir(name).mkdir(parents=True, exist_ok=True)
+    order = cap_order(exposure_of(config, protocol=protocol), delta=config.budget.delta)
+    LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config, order=order)

@@ -13,7 +13,7 @@ from fastapi import APIRouter
 
 from capc_common.aggregation import sampling_noise
 from capc_common.errors import InputError
-from capc_common.federation import ReleaseMember, mechanism_of
+from capc_common.federation import ReleaseMember, exposure_of, mechanism_of
 from capc_common.federation.releases import check_records
 from capc_common.learn.heads import HeadEnsemble
 from capc_common.mechanisms import Voter
@@ -22,6 +22,7 @@ from capc_services.common.party import PartyRuntime, apply_threads
 from capc_services.teacher.cap import LocalCap
 from capc_services.teacher.client import TeacherLinks
 from capc_services.teacher.contributor import POLL_TIMEOUT_S, ReleaseContributor
+from capc_services.teacher.records import create_missing_records, open_records
 from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.worker import TeacherWorker
 
@@ -164,6 +165,7 @@ def serve_releases(
         labels=np.asarray(labels, dtype=np.int64),
         source=sampling_noise(settings.party, seed=config.mechanism.insecure_noise_seed),
         cap=cap,
+        metrics=party.metrics,
     )
     api = api_router()
     api.get("/status", tags=["teacher"])(contributor.status)
@@ -182,11 +184,18 @@ def serve_releases(
         _log.info("teacher stopped")
 
 
-def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
+def serve(settings: TeacherSettings, *, stop: threading.Event, set_up: bool = False) -> None:
     """Run a teacher party until ``stop`` is set.
+
+    Args:
+        settings: the site.
+        stop: set to stop.
+        set_up: a new site (``serve --train-missing``): create whichever of its cap record and site ledger is
+            missing, once the federation was found runnable.
 
     Raises:
         InputError: federation.yaml seeds the noise and the site did not opt in (``allow_insecure_noise``).
+        BudgetExhaustedError: the federation's plan does not fit the hospital's lifetime budget.
     """
     if settings.federation_config.insecure_noise and not settings.allow_insecure_noise:
         raise InputError(
@@ -198,18 +207,14 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
     party = PartyRuntime(settings, role="teacher", model=True)
     config = party.config
     releases = isinstance(config.mechanism, ReleaseMember)  # contributions to noisy totals, no votes
-    worst_case = None
-    if releases:
-        release_rdp = party.runnable.release_protocol().release_rdp(config.budget.order)
-
-        def worst_case(_count: int) -> float:
-            return release_rdp  # every release costs the same, whatever its size
-
+    exposure = exposure_of(config, protocol=party.runnable.protocol)
+    if set_up:
+        for record, path in create_missing_records(settings, exposure).items():
+            _log.info("created", extra={"record": record, "path": path})
     # Held for the life of this process: a second process of this party is refused here, before it loads
-    # its data or dials anyone (docs/operations.md, "One identity, one process").
-    cap = LocalCap(
-        settings.cap.record, config=config, epsilon_cap=settings.cap.epsilon, worst_case=worst_case
-    )
+    # its data or dials anyone (docs/operations.md, "One identity, one process"); a federation that does
+    # not fit the hospital's lifetime budget is refused here too, before anything is charged.
+    cap = open_records(settings, config, exposure)
     try:
         if releases:
             serve_releases(settings, party, cap, stop=stop)
@@ -217,6 +222,12 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
             _serve_votes(settings, party, cap, stop=stop)
     finally:
         cap.close()
+
+
+def _guardian_check(links: TeacherLinks, address: str) -> tuple[bool, str]:
+    """Readiness: the guardian answers under this party's config (else the reason, e.g. its other hash)."""
+    problem = links.guardian_problem(timeout=0.5)
+    return not problem, f"{address} {problem}" if problem else address
 
 
 def _serve_votes(
@@ -244,11 +255,12 @@ def _serve_votes(
         student_address=settings.student_address,
         guardian_address=settings.guardian_address,
         worker=worker,
+        metrics=party.metrics,
     )
     party.start_admin(
         readiness=lambda: {
             "student": (links.connected, links.last_error or "connected"),
-            "guardian": (links.guardian_reachable(timeout=0.5), settings.guardian_address),
+            "guardian": _guardian_check(links, settings.guardian_address),
         },
         routers=[status_router(worker, links, cap)],
     )

@@ -42,15 +42,13 @@ def _text(result: dict[str, Any]) -> str:
         row = "  ".join(f"{name} {_percent(figures[name])}" for name in ("alone", "shared", "personalised"))
         lines.append(f"    {party:<12}{row}  -> keeps {figures['kept']}")
     plan = result["plan"]
-    lines += ["", f"  use {rec['mechanism']}: {rec['why']}."]
-    if plan["choice"] is None:
-        lines.append(f"  `capc federation plan`: {plan['why']}")
-    else:
-        low, high = (_percent(end) for end in plan["expected_interval"])
-        lines.append(
-            f"  `capc federation plan` for hospitals of these sizes answers {plan['choice']} (student "
-            f"expected {_percent(plan['expected_accuracy'])}, {low}–{high}; {plan['why']})"
-        )
+    low, high = (_percent(end) for end in plan["expected_interval"])
+    lines += [
+        "",
+        f"  use {rec['mechanism']}: {rec['why']}.",
+        f"  `capc federation plan` for hospitals of these sizes answers {plan['choice']} (student expected "
+        f"{_percent(plan['expected_accuracy'])}, {low}–{high}; {plan['why']})",
+    ]
     return "\n".join(lines)
 
 

@@ -76,32 +76,11 @@ def membership(url: str, token_file: Path, federation: Path, fmt: str) -> None:
     The guardian checks that only teacher parties (and the quorum) change, releases the batches reserved
     under the old membership that revealed nothing, appends one hash-chained membership entry authorised by
     the admin token — the budget spent carries over — and stops: start it again with the new file."""
-    import httpx
-
-    from capc_common.errors import InputError, ProtocolError, UnavailableError
     from capc_common.federation import FederationConfig
     from capc_services.common.settings import load_admin_token
+    from capc_services.guardian.membership_client import record_membership
 
-    config = FederationConfig.load(federation)
-    token = load_admin_token(token_file)
-    endpoint = url.rstrip("/") + "/api/v1/membership"
-    try:
-        response = httpx.post(
-            endpoint,
-            json=config.model_dump(mode="json"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=60,
-        )
-    except httpx.HTTPError as exc:
-        raise UnavailableError(f"the guardian's admin API at {url} does not answer ({exc})") from None
-    try:
-        detail = str(response.json().get("detail", response.text))
-    except (ValueError, AttributeError):  # not the guardian's problem JSON (a proxy's page, an empty body)
-        detail = response.text
-    if response.status_code == 401:
-        raise InputError(f"the guardian at {url} refused the admin token; check --token-file ({detail})")
-    if response.status_code in (409, 422):
-        raise InputError(f"the guardian refused the change: {detail}")
-    if response.status_code != 200:
-        raise ProtocolError(f"{endpoint} answered HTTP {response.status_code}: {response.text}")
-    emit(response.json(), fmt, _membership_text)
+    reply = record_membership(
+        url, token=load_admin_token(token_file), config=FederationConfig.load(federation)
+    )
+    emit(reply, fmt, _membership_text)
