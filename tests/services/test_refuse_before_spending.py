@@ -65,7 +65,9 @@ def test_each_way_out_capc_local_up_names_gets_past_every_check() -> None:
     with pytest.raises(PreconditionError) as refused:
         refuse_before_spending(FederationConfig.from_dict(federation_dict(useless)), useless)
     ways = re.findall(r"(?:lower|raise) (--[a-z-]+) to ([\d,]+)", str(refused.value))
-    assert [flag for flag, _ in ways] == ["--train-limit", "--bn-batch"]
+    # 900 examples each train once a tenth is held out: chunks of 16 no longer fill 25 shards; the limit
+    # named is the one whose training part holds what the heads need (it gets past, below)
+    assert [flag for flag, _ in ways] == ["--train-limit"]
     for flag, value in ways:
         options = replace(useless, **{flag[2:].replace("-", "_"): int(value.replace(",", ""))})
         config = FederationConfig.from_dict(federation_dict(options))
