@@ -148,3 +148,22 @@ def test_linear_model_refuses_features_of_another_width():
     model = LinearModel(np.zeros((3, 5)), "per-example")
     with pytest.raises(InputError, match=r"\(N, 4\)"):
         model.predict(np.zeros((2, 3)))
+
+
+def test_alone_tries_the_cnn_from_its_minimum_and_keeps_it_only_if_better(digits):
+    x, y, images = digits["x"], digits["y"], digits["images"]
+    train, held = np.arange(400), np.arange(400, 600)
+    split = Split(
+        {"per-example": x[train], "images": images[train]}, y[train],
+        {"per-example": x[held], "images": images[held]}, y[held],
+    )  # fmt: skip
+    tiny = CnnRecipe(width=8, hidden=32, max_epochs=4, max_steps=40)
+    tried = fit_alone(split, classes=10, recipe=PersonalRecipe(cnn=tiny, cnn_minimum=400))
+    assert {"alone-linear", "alone-cnn", "alone"} == set(tried.holdout) and "cnn" in tried.detail
+    best = max(tried.holdout["alone-linear"], tried.holdout["alone-cnn"])
+    assert tried.holdout["alone"] == best
+    assert tried.detail["kind"] == (
+        "cnn" if tried.holdout["alone-cnn"] > tried.holdout["alone-linear"] else "linear"
+    )
+    skipped = fit_alone(split, classes=10, recipe=PersonalRecipe(cnn=tiny, cnn_minimum=401))
+    assert "alone-cnn" not in skipped.holdout and skipped.detail["kind"] == "linear"
