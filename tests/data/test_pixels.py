@@ -54,7 +54,8 @@ def test_sixteen_bit_grey_spans_the_full_range_scaled_by_the_bits_used(tmp_path:
     over = _grey16(tmp_path / "over.png", _ramp(5000))
     with pytest.raises(
         InputError,
-        match=r"1 image\(s\) hold values above --bit-depth 12 \(4095\):\n  .*over\.png: values up to 5000",
+        match=r"1 image\(s\) hold values outside --bit-depth 12 \(0\.\.4095\):\n"
+        r"  .*over\.png: values 0\.\.5000",
     ):
         read_images([image, over], bit_depth=12)
 
@@ -150,13 +151,35 @@ def test_dicom_grey_at_its_stored_depth(tmp_path: Path) -> None:
     assert report.kinds == {"12-bit grey DICOM": 1} and report.bit_depth == 12
     inverted, _ = read_images([_dicom(tmp_path / "m1.dcm", ramp, bits=12, photometric="MONOCHROME1")])
     np.testing.assert_array_equal(inverted[0, ..., 0], np.rint((4095 - ramp) * 255 / 4095))
-    ct = _ramp(3000) - 1024  # signed stored values, -1024..1976
+    ct = _ramp(3000) - 1024  # signed stored values, -1024..1976: shifted by 1024, then 12 bits used
     signed, _ = read_images([_dicom(tmp_path / "ct.dcm", ct, bits=12, signed=True)])
-    np.testing.assert_array_equal(signed[0, ..., 0], np.rint((ct + 2048) * 255 / 4095))
+    np.testing.assert_array_equal(signed[0, ..., 0], np.rint((ct + 1024) * 255 / 4095))
     not_dicom = tmp_path / "scan.dcm"
     not_dicom.write_bytes(b"not a dicom file at all")
     with pytest.raises(InputError, match=r"scan\.dcm: is not a DICOM image"):
         read_images([plain, not_dicom])
+
+
+def test_dicom_in_a_wider_container_keeps_its_grey_levels(tmp_path: Path) -> None:
+    """BitsStored is a container, like a 16-bit PNG's 16: a CT's signed -1000..1700 stored in 16 bits, and a
+    12-bit MONOCHROME1 image stored in 16, span the 8-bit range. Shifting by 2^15 and inverting within 2^16
+    (as the import did) left each a dozen grey levels (124..134 and 239..255)."""
+    ct = _ramp(2700) - 1000
+    signed, report = read_images([_dicom(tmp_path / "ct.dcm", ct, bits=16, signed=True)])
+    np.testing.assert_array_equal(signed[0, ..., 0], np.rint((ct + 1000) * 255 / 4095))
+    assert (report.shift, report.bit_depth, report.max_value) == (1000, 12, 2700)
+    assert "signed values shifted up by 1000, one shift for every image" in report.lines(size=None)
+    assert (signed.min(), signed.max()) == (0, 168) and len(np.unique(signed)) == len(np.unique(ct))
+    ramp = _ramp(4095)
+    m1, report = read_images([_dicom(tmp_path / "m1.dcm", ramp, bits=16, photometric="MONOCHROME1")])
+    np.testing.assert_array_equal(m1[0, ..., 0], np.rint((4095 - ramp) * 255 / 4095))
+    assert report.kinds == {"16-bit grey DICOM (MONOCHROME1)": 1} and (m1.min(), m1.max()) == (0, 255)
+    # a consortium's fixed depth shifts signed values by 2^(b - 1), and refuses what falls outside
+    fixed, _ = read_images([tmp_path / "ct.dcm"], bit_depth=12)
+    np.testing.assert_array_equal(fixed[0, ..., 0], np.rint((ct + 2048) * 255 / 4095))
+    outside = r"outside --bit-depth 10 \(0\.\.1023, signed values shifted up by 512\)"
+    with pytest.raises(InputError, match=outside):
+        read_images([tmp_path / "ct.dcm"], bit_depth=10)
 
 
 def test_resizing_keeps_the_aspect_ratio_by_padding_or_cropping(tmp_path: Path) -> None:

@@ -14,9 +14,13 @@ they are pinned to; a hospital's files come in every depth and mode. How each is
   clipped. ``bit_depth`` fixes ``b`` instead (e.g. a consortium agreeing on 12), and a value above it is
   refused, not clipped. The 8 bits are kept, not 16: the queries and the pinned backbone are 8-bit.
 * **32-bit float TIFF**: values in [0, 1] are scaled by 255; others are refused (their range is unknown).
-* **DICOM** (``.dcm``, read with pydicom, the optional extra ``diet-capc[dicom]``): the stored values
-  (signed ones shifted to start at 0, MONOCHROME1 inverted so that higher is brighter), then as a deeper grey
-  image. The modality rescale is linear and changes nothing here; the VOI window is not applied (it clips).
+* **DICOM** (``.dcm``, read with pydicom, the optional extra ``diet-capc[dicom]``): the stored values, as a
+  deeper grey image. Signed values (CT) are shifted up by one amount for the whole import, so that its lowest
+  value becomes 0 (by ``2^(b − 1)`` under a fixed ``bit_depth``), and MONOCHROME1 (0 is white) is inverted
+  within ``b`` once it is known, so that higher is brighter — ``BitsStored`` is a container, like a 16-bit
+  PNG's 16: a CT's -1000..1700 or a 12-bit MONOCHROME1 image stored in 16 bits still spans the range instead
+  of a dozen grey levels. The modality rescale is linear and changes nothing here; the VOI window is not
+  applied (it clips).
 
 Resizing (``size``) keeps the aspect ratio: ``pad`` fits the image inside the target and fills the rest
 with black, ``crop`` fills the target and cuts the centre out; ``stretch`` ignores the ratio. The report
@@ -62,6 +66,10 @@ class _Decoded:
     pixels: npt.NDArray[Any]
     kind: str
     deep: bool = False
+    #: deep values that may be negative (signed DICOM): shifted by the import's offset
+    signed: bool = False
+    #: MONOCHROME1 (0 is white): inverted within the import's bits once they are known
+    inverted: bool = False
 
     @property
     def colour(self) -> bool:
@@ -75,7 +83,8 @@ class PixelReport:
     Attributes:
         kinds: files per kind read (``8-bit grey``, ``16-bit grey``, ``RGBA (alpha over black)``, …).
         bit_depth: the bits deep grey images were scaled by (None: there were none).
-        max_value: the largest value of those images.
+        max_value: the largest value of those images (after ``shift``).
+        shift: what signed values were shifted up by (0: none were negative).
         resized: images whose height or width was changed.
         reshaped: of those, images of another aspect ratio (padded, cropped or stretched, per ``fit``).
         fit: how a different aspect ratio was handled.
@@ -85,6 +94,7 @@ class PixelReport:
     kinds: dict[str, int] = field(default_factory=dict)
     bit_depth: int | None = None
     max_value: int | None = None
+    shift: int = 0
     resized: int = 0
     reshaped: int = 0
     fit: Fit = "pad"
@@ -94,6 +104,8 @@ class PixelReport:
         """One sentence per thing done, for the import's output."""
         read = ", ".join(f"{n} {kind}" for kind, n in sorted(self.kinds.items()))
         out = [f"read {read}"]
+        if self.shift:
+            out.append(f"signed values shifted up by {self.shift}, one shift for every image")
         if self.bit_depth is not None:
             out.append(
                 f"deeper grey images scaled from {self.bit_depth} bits (largest value {self.max_value}) to "
@@ -144,17 +156,21 @@ def read_images(
     if bad:
         raise InputError(_listed(f"{len(bad)} of {len(paths)} image file(s) cannot be read", bad))
     deep = [(p, d) for p, d in zip(paths, decoded, strict=True) if d.deep]
-    top = max((int(d.pixels.max(initial=0)) for _, d in deep), default=None)
+    shift = _shift([d for _, d in deep], bit_depth)
+    ranges = [(p, d, *_range(d, shift)) for p, d in deep]
+    top = max((high for *_, high in ranges), default=None)
     bits = None if top is None else (bit_depth or max(8, top.bit_length()))
     if bits is not None and bit_depth is not None:
-        over = [f"{p}: values up to {int(d.pixels.max())}" for p, d in deep if d.pixels.max() >= 2**bits]
+        over = [f"{p}: values {low}..{high}" for p, _, low, high in ranges if low < 0 or high >= 2**bits]
         if over:
-            raise InputError(
-                _listed(f"{len(over)} image(s) hold values above --bit-depth {bits} ({2**bits - 1})", over)
-                + "\nraise --bit-depth, or leave it out to scale by the bits the images use"
-            )
-    eight = [_to_eight(d, bits) for d in decoded]
-    report = PixelReport(kinds=dict(Counter(d.kind for d in decoded)), bit_depth=bits, max_value=top, fit=fit)
+            shifted = f", signed values shifted up by {shift}" if shift else ""
+            head = f"{len(over)} image(s) hold values outside --bit-depth {bits} (0..{2**bits - 1}{shifted})"
+            fix = "raise --bit-depth, or leave it out to scale by the bits the images use"
+            raise InputError(f"{_listed(head, over)}\n{fix}")
+    eight = [_to_eight(d, bits, shift=shift) for d in decoded]
+    report = PixelReport(
+        kinds=dict(Counter(d.kind for d in decoded)), bit_depth=bits, max_value=top, shift=shift, fit=fit
+    )
     if size is not None:
         return _sized(eight, size, fit=fit, report=report)
     return _same_size(paths, eight), report
@@ -164,13 +180,32 @@ def _listed(head: str, items: Sequence[str]) -> str:
     return head + ":\n" + "\n".join(f"  {item}" for item in items)
 
 
-def _to_eight(decoded: _Decoded, bits: int | None) -> npt.NDArray[np.uint8]:
-    """``(H, W, C)`` uint8 pixels of one image (a deep one scaled by ``bits``)."""
+def _shift(deep: Sequence[_Decoded], bit_depth: int | None) -> int:
+    """What every signed image of the import is shifted up by: ``2^(bit_depth − 1)`` under a fixed depth (a
+    consortium's agreed signed range), else what brings the lowest value of any of them to 0."""
+    signed = [d for d in deep if d.signed]
+    if not signed:
+        return 0
+    if bit_depth is not None:
+        return int(2 ** (bit_depth - 1))
+    return max(0, -min(int(d.pixels.min(initial=0)) for d in signed))
+
+
+def _range(decoded: _Decoded, shift: int) -> tuple[int, int]:
+    """The smallest and largest value of a deep image, signed ones shifted by ``shift``."""
+    offset = shift if decoded.signed else 0
+    return int(decoded.pixels.min(initial=0)) + offset, int(decoded.pixels.max(initial=0)) + offset
+
+
+def _to_eight(decoded: _Decoded, bits: int | None, *, shift: int) -> npt.NDArray[np.uint8]:
+    """``(H, W, C)`` uint8 pixels of one image (a deep one shifted, inverted and scaled by ``bits``)."""
     pixels = decoded.pixels
     if decoded.deep:
         assert bits is not None
-        scaled = np.rint(pixels.astype(np.float64) * (255.0 / (2**bits - 1)))
-        pixels = scaled.astype(np.uint8)
+        values = pixels.astype(np.float64) + (shift if decoded.signed else 0)
+        if decoded.inverted:
+            values = (2**bits - 1) - values
+        pixels = np.rint(values * (255.0 / (2**bits - 1))).astype(np.uint8)
     return pixels if pixels.ndim == 3 else pixels[..., np.newaxis]
 
 
@@ -331,19 +366,20 @@ def _decode_dicom(path: Path) -> _Decoded:
         ) from None
     if photometric in ("MONOCHROME1", "MONOCHROME2") and pixels.ndim == 2:
         values = pixels.astype(np.int64)
-        if signed:
-            values = values + 2 ** (stored - 1)
-        if values.size and not 0 <= int(values.min()) <= int(values.max()) < 2**stored:
+        low, high = (-(2 ** (stored - 1)), 2 ** (stored - 1)) if signed else (0, 2**stored)
+        if values.size and not low <= int(values.min()) <= int(values.max()) < high:
             raise _Unreadable(
                 f"holds values in [{int(values.min())}, {int(values.max())}], outside the {stored} bits its "
                 "BitsStored declares (overlay bits?); export the image again"
             )
-        if photometric == "MONOCHROME1":  # 0 is white: invert so that higher is brighter
-            values = (2**stored - 1) - values
-        if stored <= 8:
-            scaled = np.rint(values * (255.0 / (2**stored - 1))).astype(np.uint8)
-            return _Decoded(scaled, f"{stored}-bit grey DICOM")
-        return _Decoded(values.astype(np.uint32), f"{stored}-bit grey DICOM", deep=True)
+        inverted = photometric == "MONOCHROME1"  # 0 is white: inverted so that higher is brighter
+        kind = f"{stored}-bit {'signed ' * signed}grey DICOM" + " (MONOCHROME1)" * inverted
+        if stored <= 8:  # as an 8-bit image: its own container's range
+            values = values - low
+            values = (2**stored - 1) - values if inverted else values
+            return _Decoded(np.rint(values * (255.0 / (2**stored - 1))).astype(np.uint8), kind)
+        typed = values.astype(np.int32 if signed else np.uint32)
+        return _Decoded(typed, kind, deep=True, signed=signed, inverted=inverted)
     if pixels.ndim == 3 and pixels.shape[-1] == 3 and pixels.dtype == np.uint8:
         return _Decoded(pixels, f"{photometric} DICOM")
     raise _Unreadable(
