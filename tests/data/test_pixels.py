@@ -140,6 +140,34 @@ def _dicom(
     return path
 
 
+def test_an_import_holds_one_full_size_image_at_a_time(tmp_path: Path) -> None:
+    """Each image is resized as soon as it is read, a deep one at its own depth: importing sixteen 1024x1024
+    16-bit scans into 28x28 allocates a few scans' worth of arrays, not sixteen (the import kept every scan
+    at full size, as 32-bit integers, before resizing any: 20 MB per 2048x2048 X-ray, a site's folder more
+    than a machine holds). A MONOCHROME1 image's padding is black, as every padding."""
+    import shutil
+    import tracemalloc
+
+    scan = _grey16(tmp_path / "scans" / "0.png", _ramp(4095, shape=(1024, 1024)))
+    files = [scan] + [Path(shutil.copy(scan, tmp_path / "scans" / f"{i}.png")) for i in range(1, 16)]
+    tracemalloc.start()
+    try:
+        pixels, report = read_images(files, size=(28, 28, 1))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    one_scan = 1024 * 1024 * 4  # as 32-bit integers
+    assert peak < 4 * one_scan, f"{peak / 2**20:.0f} MiB traced at the peak"
+    assert (report.resized, report.bit_depth) == (16, 12)
+    eight = Image.fromarray(np.rint(_ramp(4095, shape=(1024, 1024)) * 255 / 4095).astype(np.uint8))
+    expected = np.asarray(eight.resize((28, 28), Image.Resampling.LANCZOS), dtype=np.int64)
+    assert np.abs(pixels[0, ..., 0].astype(np.int64) - expected).max() <= 1  # as an 8-bit resize, or finer
+    wide = _dicom(tmp_path / "wide.dcm", _ramp(4095, shape=(28, 56)), bits=16, photometric="MONOCHROME1")
+    padded, _ = read_images([wide], size=(28, 28, 3))
+    assert padded[0, :7].max() == 0 and padded[0, -7:].max() == 0 and padded[0, 7:21].max() > 200
+    assert (padded[0, ..., 0] == padded[0, ..., 2]).all()  # grey replicated into RGB
+
+
 def test_dicom_grey_at_its_stored_depth(tmp_path: Path) -> None:
     """MONOCHROME2 12-bit, MONOCHROME1 (inverted: higher is brighter) and signed CT values, read back by
     pydicom from files its writer made; each scaled like a 16-bit PNG."""

@@ -23,12 +23,15 @@ they are pinned to; a hospital's files come in every depth and mode. How each is
   applied (it clips).
 
 Resizing (``size``) keeps the aspect ratio: ``pad`` fits the image inside the target and fills the rest
-with black, ``crop`` fills the target and cuts the centre out; ``stretch`` ignores the ratio. The report
-counts what was changed. Every file that cannot be read is listed in one error, not only the first.
+with black, ``crop`` fills the target and cuts the centre out; ``stretch`` ignores the ratio. Each image is
+resized as soon as it is read, a deeper one at its own depth (scaled to 8 bits once the import's depth is
+known), so an import holds one full-size image at a time, not a site's worth of X-rays. The report counts
+what was changed. Every file that cannot be read is listed in one error, not only the first.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -61,11 +64,14 @@ class _Unreadable(Exception):
 @dataclass(frozen=True)
 class _Decoded:
     """One file at its own depth: ``pixels`` is ``(H, W)`` grey or ``(H, W, 3)`` RGB, uint8, or for a deep
-    grey image an unsigned integer array scaled later by the import's depth."""
+    grey image an integer array (float once resized, NaN where padded) scaled later by the import's depth,
+    whose smallest and largest value as read are ``low`` and ``high``."""
 
     pixels: npt.NDArray[Any]
     kind: str
     deep: bool = False
+    low: int = 0
+    high: int = 0
     #: deep values that may be negative (signed DICOM): shifted by the import's offset
     signed: bool = False
     #: MONOCHROME1 (0 is white): inverted within the import's bits once they are known
@@ -146,13 +152,19 @@ def read_images(
         raise InputError(f"fit must be one of {', '.join(FITS)}, got {fit!r}")
     if bit_depth is not None and not 8 <= bit_depth <= 32:
         raise InputError(f"bit depth must be 8..32, got {bit_depth}")
-    decoded: list[_Decoded] = []
+    decoded: list[_Decoded] = []  # each at its final size once read: one full-size image at a time
     bad: list[str] = []
+    changes: Counter[str] = Counter()
     for path in paths:
         try:
-            decoded.append(_decode(path))
+            image = _decode(path)
         except _Unreadable as exc:
             bad.append(f"{path}: {exc}")
+            continue
+        if size is not None:
+            image, changed = _brought_to(image, size, fit=fit)
+            changes.update(changed)
+        decoded.append(image)
     if bad:
         raise InputError(_listed(f"{len(bad)} of {len(paths)} image file(s) cannot be read", bad))
     deep = [(p, d) for p, d in zip(paths, decoded, strict=True) if d.deep]
@@ -167,13 +179,22 @@ def read_images(
             head = f"{len(over)} image(s) hold values outside --bit-depth {bits} (0..{2**bits - 1}{shifted})"
             fix = "raise --bit-depth, or leave it out to scale by the bits the images use"
             raise InputError(f"{_listed(head, over)}\n{fix}")
-    eight = [_to_eight(d, bits, shift=shift) for d in decoded]
     report = PixelReport(
-        kinds=dict(Counter(d.kind for d in decoded)), bit_depth=bits, max_value=top, shift=shift, fit=fit
+        kinds=dict(Counter(d.kind for d in decoded)),
+        bit_depth=bits,
+        max_value=top,
+        shift=shift,
+        fit=fit,
+        resized=changes["resized"],
+        reshaped=changes["reshaped"],
+        recoloured=changes["recoloured"],
     )
-    if size is not None:
-        return _sized(eight, size, fit=fit, report=report)
-    return _same_size(paths, eight), report
+    if size is None:
+        return _same_size(paths, [_to_eight(d, bits, shift=shift) for d in decoded]), report
+    out = np.empty((len(decoded), *size), dtype=np.uint8)
+    for i, image in enumerate(decoded):
+        out[i] = _to_eight(image, bits, shift=shift)  # a deep grey image into RGB: replicated by broadcasting
+    return out, report
 
 
 def _listed(head: str, items: Sequence[str]) -> str:
@@ -192,9 +213,9 @@ def _shift(deep: Sequence[_Decoded], bit_depth: int | None) -> int:
 
 
 def _range(decoded: _Decoded, shift: int) -> tuple[int, int]:
-    """The smallest and largest value of a deep image, signed ones shifted by ``shift``."""
+    """The smallest and largest value of a deep image as read, signed ones shifted by ``shift``."""
     offset = shift if decoded.signed else 0
-    return int(decoded.pixels.min(initial=0)) + offset, int(decoded.pixels.max(initial=0)) + offset
+    return decoded.low + offset, decoded.high + offset
 
 
 def _to_eight(decoded: _Decoded, bits: int | None, *, shift: int) -> npt.NDArray[np.uint8]:
@@ -205,7 +226,10 @@ def _to_eight(decoded: _Decoded, bits: int | None, *, shift: int) -> npt.NDArray
         values = pixels.astype(np.float64) + (shift if decoded.signed else 0)
         if decoded.inverted:
             values = (2**bits - 1) - values
-        pixels = np.rint(values * (255.0 / (2**bits - 1))).astype(np.uint8)
+        scaled = np.rint(values * (255.0 / (2**bits - 1)))
+        # Values as read lie in 0..2^b - 1 (b covers the largest), so the clip only removes the overshoot of
+        # resampling at the image's own depth (Lanczos rings), as an 8-bit resize does; padding (NaN): black.
+        pixels = np.nan_to_num(np.clip(scaled, 0.0, 255.0), nan=0.0).astype(np.uint8)
     return pixels if pixels.ndim == 3 else pixels[..., np.newaxis]
 
 
@@ -232,28 +256,29 @@ def _same_size(paths: Sequence[Path], images: list[npt.NDArray[np.uint8]]) -> np
     return np.stack(images)
 
 
-def _sized(
-    images: list[npt.NDArray[np.uint8]], size: tuple[int, int, int], *, fit: Fit, report: PixelReport
-) -> tuple[npt.NDArray[np.uint8], PixelReport]:
-    """Every image brought to ``size`` (``fit`` for another aspect ratio), with the counts of what changed."""
+def _brought_to(decoded: _Decoded, size: tuple[int, int, int], *, fit: Fit) -> tuple[_Decoded, list[str]]:
+    """``decoded`` at ``size`` (``fit`` for another aspect ratio; a deep image resampled at its own depth, as
+    floats, and padded with NaN so that its padding is black however it is mapped), and what was changed:
+    ``resized``, ``reshaped`` (another aspect ratio), ``recoloured``."""
     from PIL import Image
 
     height, width, channels = size
-    out = np.empty((len(images), height, width, channels), dtype=np.uint8)
-    resized = reshaped = recoloured = 0
-    for i, pixels in enumerate(images):
-        h, w, c = pixels.shape
-        picture = Image.fromarray(pixels[..., 0] if c == 1 else pixels, "L" if c == 1 else "RGB")
-        if c != channels:
+    h, w = decoded.pixels.shape[:2]
+    changed = []
+    if decoded.deep:
+        picture = Image.fromarray(decoded.pixels.astype(np.float32))
+        colour = False
+    else:
+        picture = Image.fromarray(decoded.pixels)
+        colour = decoded.colour
+    if colour != (channels == 3):
+        changed.append("recoloured")
+        if not decoded.deep:  # a deep grey image is replicated into RGB once mapped
             picture = picture.convert("L" if channels == 1 else "RGB")
-            recoloured += 1
-        if (h, w) != (height, width):
-            resized += 1
-            reshaped += h * width != w * height
-            picture = _fitted(picture, height=height, width=width, fit=fit)
-        array = np.asarray(picture, dtype=np.uint8)
-        out[i] = array.reshape(height, width, channels)
-    return out, replace(report, resized=resized, reshaped=reshaped, recoloured=recoloured)
+    if (h, w) != (height, width):
+        changed += ["resized", "reshaped"] if h * width != w * height else ["resized"]
+        picture = _fitted(picture, height=height, width=width, fit=fit)
+    return replace(decoded, pixels=np.asarray(picture)), changed
 
 
 def _fitted(picture: Image.Image, *, height: int, width: int, fit: Fit) -> Image.Image:
@@ -267,7 +292,7 @@ def _fitted(picture: Image.Image, *, height: int, width: int, fit: Fit) -> Image
     inner = (max(1, round(w * scale)), max(1, round(h * scale)))
     scaled = picture.resize(inner, Image.Resampling.LANCZOS)
     if fit == "pad":
-        canvas = Image.new(picture.mode, (width, height), 0)
+        canvas = Image.new(picture.mode, (width, height), math.nan if picture.mode == "F" else 0)
         canvas.paste(scaled, ((width - inner[0]) // 2, (height - inner[1]) // 2))
         return canvas
     left, top = (inner[0] - width) // 2, (inner[1] - height) // 2
@@ -303,7 +328,7 @@ def _from_pillow(picture: Image.Image, fmt: str) -> _Decoded:
         if values.size and int(values.min()) < 0:
             raise _Unreadable(f"holds negative values ({int(values.min())}); export unsigned pixel values")
         bits = 16 if mode.startswith("I;16") or fmt == "PNG" else 32  # a PNG holds at most 16
-        return _Decoded(values.astype(np.uint32), f"{bits}-bit grey {fmt}", deep=True)
+        return _deep(values, f"{bits}-bit grey {fmt}")
     if mode == "F":
         values = np.asarray(picture, dtype=np.float64)
         lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
@@ -328,6 +353,12 @@ def _from_pillow(picture: Image.Image, fmt: str) -> _Decoded:
         return _Decoded(np.asarray(picture.convert("RGB"), dtype=np.uint8), f"{mode} {fmt}")
     except (OSError, ValueError) as exc:
         raise _Unreadable(f"has image mode {mode}, which cannot be converted to RGB ({exc})") from None
+
+
+def _deep(values: npt.NDArray[Any], kind: str, *, signed: bool = False, inverted: bool = False) -> _Decoded:
+    """A deeper grey image, kept in the integer type it was read in until the import's depth is known."""
+    low, high = (int(values.min()), int(values.max())) if values.size else (0, 0)
+    return _Decoded(values, kind, deep=True, signed=signed, inverted=inverted, low=low, high=high)
 
 
 def _over_black(picture: Image.Image) -> npt.NDArray[np.uint8]:
@@ -378,8 +409,7 @@ def _decode_dicom(path: Path) -> _Decoded:
             values = values - low
             values = (2**stored - 1) - values if inverted else values
             return _Decoded(np.rint(values * (255.0 / (2**stored - 1))).astype(np.uint8), kind)
-        typed = values.astype(np.int32 if signed else np.uint32)
-        return _Decoded(typed, kind, deep=True, signed=signed, inverted=inverted)
+        return _deep(pixels, kind, signed=signed, inverted=inverted)
     if pixels.ndim == 3 and pixels.shape[-1] == 3 and pixels.dtype == np.uint8:
         return _Decoded(pixels, f"{photometric} DICOM")
     raise _Unreadable(
