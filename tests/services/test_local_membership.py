@@ -16,7 +16,7 @@ from capc_common.errors import InputError
 from capc_common.federation import FederationConfig
 from capc_services.local.federation import ensure_provisioned, status
 from capc_services.local.layout import Layout
-from capc_services.local.membership import free_slice
+from capc_services.local.membership import free_slice, own_data
 from capc_services.local.processes import failure_reason
 from capc_services.local.provision import LocalOptions
 
@@ -82,12 +82,30 @@ def test_no_data_left_for_a_new_hospital_is_said_with_the_way_out(
         free_slice(layout, config)
 
 
+def test_a_new_hospital_with_its_own_data_holds_none_of_the_others(
+    provisioned: Layout, tmp_path: Path
+) -> None:
+    """`--dataset fashion-mnist`, the data the other sites select parts of, gave the new hospital all of it
+    (every example in two hospitals' data); a file of its own is written with its absolute path (the parties
+    run in the state directory)."""
+    with pytest.raises(InputError, match=r"hospital-1, hospital-2, hospital-3 of .* hold examples of"):
+        own_data(provisioned, "fashion-mnist")
+    assert own_data(provisioned, "npz:site.npz") == {"dataset": f"npz:{Path.cwd() / 'site.npz'}"}
+    site = tmp_path / "site.npz"
+    layout = Layout(tmp_path / "other")
+    layout.sites.mkdir(parents=True)
+    layout.site("hospital-1").write_text(yaml.safe_dump({"data": {"dataset": str(site)}}))
+    with pytest.raises(InputError, match=r"hospital-1 of .* already hold examples of npz:"):
+        own_data(layout, f"npz:{site}")
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
         (["add-party", "hospital-2"], "'hospital-2' is already a party of federation 'capc-local'"),
         (["add-party", "Hospital_4"], "party name 'Hospital_4' must be a DNS label"),
         (["add-party", "hospital-4", "--min-parties", "9"], "quorum.min_parties 9 exceeds the 4 teacher"),
+        (["add-party", "hospital-4", "--dataset", "fashion-mnist"], "already hold examples of fashion-mnist"),
         (["retire-party", "student"], "'student' is not a teacher party of federation 'capc-local'"),
         (["retire-party", "hospital-1", "--min-parties", "3"], "only 2 teacher parties remain"),
         (["restart", "hospital-9"], "'hospital-9' is not a party of the federation in"),

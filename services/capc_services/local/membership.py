@@ -110,7 +110,7 @@ def add(
             f"{name} was a party of the federation in {layout.root} before, and its files stay there "
             f"({', '.join(map(str, earlier))}): give the new hospital another name"
         )
-    data = {"dataset": dataset} if dataset is not None else free_slice(layout, old)
+    data = own_data(layout, dataset) if dataset is not None else free_slice(layout, old)
     staged = _staged(layout, new)
     try:
         say(f"{name}: certificate, site file and cap record under config {new.config_hash()[:16]}…")
@@ -295,6 +295,40 @@ def _interval(data: Mapping[str, Any]) -> tuple[float, float]:
     shards = int(data.get("shards", 1))
     shard, fraction = int(data.get("shard", 0)), float(data.get("fraction", 1.0))
     return shard / shards, (shard + fraction) / shards
+
+
+def _same_data(spec: str) -> str:
+    """``spec`` with its file or folder made absolute (relative to the working directory), so two spellings
+    of one file compare equal and a site file stays valid whatever directory its party runs in."""
+    kind, sep, location = spec.partition(":")
+    if sep and location and kind in ("idx", "npz", "folder"):
+        return f"{kind}:{Path(location).resolve()}"
+    return f"npz:{Path(spec).resolve()}" if spec.endswith(".npz") else spec
+
+
+def own_data(layout: Layout, dataset: str) -> dict[str, Any]:
+    """The ``data:`` of a hospital that brings its own ``dataset`` (``--dataset``): all of it.
+
+    Raises:
+        InputError: a site file of this directory (a retired hospital's included) already selects examples
+            from ``dataset``: the new hospital would hold them too, and an example in two hospitals' data
+            moves two votes where the accounting allows one.
+    """
+    spec = _same_data(dataset)
+    sites = sorted(layout.sites.glob("*.yaml"))
+    holders = [
+        path.stem
+        for path in sites
+        if (data := yaml.safe_load(path.read_text()).get("data")) and _same_data(str(data["dataset"])) == spec
+    ]
+    if holders:
+        raise InputError(
+            f"{', '.join(holders)} of {layout.root} already hold examples of {dataset}; a new hospital with "
+            "all of it would hold theirs too, and an example in two hospitals' data moves two votes where "
+            "the privacy accounting allows one: leave --dataset out (the new hospital gets a part of it that "
+            "no site holds), or give it its own data (npz:/path/site.npz from `capc data import`)"
+        )
+    return {"dataset": spec}
 
 
 def free_slice(layout: Layout, config: FederationConfig) -> dict[str, Any]:
