@@ -210,6 +210,23 @@ def test_dicom_in_a_wider_container_keeps_its_grey_levels(tmp_path: Path) -> Non
         read_images([tmp_path / "ct.dcm"], bit_depth=10)
 
 
+def test_a_decompression_bomb_is_a_listed_bad_file_dicom_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pillow refuses an image of more than 2 · MAX_IMAGE_PIXELS; a DICOM file was decoded whatever its
+    header declared (a 372 kB deflated file of 14000x14000 pixels: read, 2.7 GB peak). The limit is lowered
+    here so that 64x64 files exceed it."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    png = _grey16(tmp_path / "big.png", _ramp(4095, shape=(64, 64)))
+    dcm = _dicom(tmp_path / "big.dcm", _ramp(4095, shape=(64, 64)), bits=12)
+    with pytest.raises(InputError) as info:
+        read_images([png, dcm])
+    lines = str(info.value).splitlines()
+    assert lines[0] == "2 of 2 image file(s) cannot be read:"
+    assert "big.png: cannot be decoded (Image size (4096 pixels) exceeds limit of 2000 pixels" in lines[1]
+    assert "big.dcm: declares 64x64 pixels, more than the 2000 of any image the import decodes" in lines[2]
+
+
 def test_resizing_keeps_the_aspect_ratio_by_padding_or_cropping(tmp_path: Path) -> None:
     """A 56x28 (WxH) image into 28x28: padded (black bands above and below), centre-cropped, or stretched
     only when asked; the report counts the images changed."""

@@ -369,6 +369,19 @@ def _over_black(picture: Image.Image) -> npt.NDArray[np.uint8]:
     return out[..., 0] if out.shape[-1] == 1 else out
 
 
+def _check_pixel_count(rows: int, columns: int) -> None:
+    """Refuse a DICOM image larger than Pillow decodes of any file (``2 · Image.MAX_IMAGE_PIXELS``): its
+    header is all a compressed or deflated file needs to make the import allocate gigabytes."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and rows * columns > 2 * limit:
+        raise _Unreadable(
+            f"declares {columns}x{rows} pixels, more than the {2 * limit} of any image the import decodes (a "
+            "decompression bomb?); export it at a smaller size"
+        )
+
+
 def _decode_dicom(path: Path) -> _Decoded:
     """A DICOM file's single frame: grey at its stored depth (signed shifted, MONOCHROME1 inverted) or RGB."""
     try:
@@ -379,10 +392,11 @@ def _decode_dicom(path: Path) -> _Decoded:
             "is a DICOM file; reading DICOM needs pydicom: pip install 'diet-capc[dicom]'"
         ) from None
     try:
-        ds = pydicom.dcmread(path)
+        ds = pydicom.dcmread(path, defer_size="1 MB")  # the pixel data is read once its size is checked
         frames = int(ds.get("NumberOfFrames", 1) or 1)
         if frames > 1:
             raise _Unreadable(f"holds {frames} frames; export one image per file")
+        _check_pixel_count(int(ds.Rows), int(ds.Columns))
         pixels = np.asarray(ds.pixel_array)
         photometric = str(ds.PhotometricInterpretation)
         stored = int(ds.BitsStored)
@@ -396,17 +410,17 @@ def _decode_dicom(path: Path) -> _Decoded:
             f"cannot be decoded ({exc}); compressed DICOM needs its decoder plug-in (see pydicom's docs)"
         ) from None
     if photometric in ("MONOCHROME1", "MONOCHROME2") and pixels.ndim == 2:
-        values = pixels.astype(np.int64)
         low, high = (-(2 ** (stored - 1)), 2 ** (stored - 1)) if signed else (0, 2**stored)
-        if values.size and not low <= int(values.min()) <= int(values.max()) < high:
+        least, most = (int(pixels.min()), int(pixels.max())) if pixels.size else (0, 0)
+        if not low <= least <= most < high:
             raise _Unreadable(
-                f"holds values in [{int(values.min())}, {int(values.max())}], outside the {stored} bits its "
-                "BitsStored declares (overlay bits?); export the image again"
+                f"holds values in [{least}, {most}], outside the {stored} bits its BitsStored declares "
+                "(overlay bits?); export the image again"
             )
         inverted = photometric == "MONOCHROME1"  # 0 is white: inverted so that higher is brighter
         kind = f"{stored}-bit {'signed ' * signed}grey DICOM" + " (MONOCHROME1)" * inverted
         if stored <= 8:  # as an 8-bit image: its own container's range
-            values = values - low
+            values = pixels.astype(np.int16) - low
             values = (2**stored - 1) - values if inverted else values
             return _Decoded(np.rint(values * (255.0 / (2**stored - 1))).astype(np.uint8), kind)
         return _deep(pixels, kind, signed=signed, inverted=inverted)
