@@ -119,7 +119,7 @@ def add(
         endpoints.admin[name] = free_port()
         cap = site_cap(new, options)
         write_teacher_site(layout, new, options, name=name, endpoints=endpoints, data=data, cap=cap)
-        if mechanism_of(new).trains_heads and not (layout.party_dir(name) / "heads.safetensors").exists():
+        if mechanism_of(new).trains_heads:  # its folder is new (a name with files is refused above)
             say(f"{name}: training its {new.teacher(name).heads} teacher heads on its own data")
             train_parties(layout, [name], env={"CAPC_FEDERATION": str(staged)})
         result = _switch(layout, old, new, say=say, ready_timeout=ready_timeout, admin=endpoints.admin)
