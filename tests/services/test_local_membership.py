@@ -163,29 +163,39 @@ def test_the_reason_a_process_stopped_is_read_from_its_log(tmp_path: Path) -> No
 
 
 def test_a_retired_hospitals_name_is_not_given_again(
-    capsys: pytest.CaptureFixture[str], provisioned: Layout
+    capsys: pytest.CaptureFixture[str], provisioned: Layout, tmp_path: Path
 ) -> None:
     """A retired hospital's site file and cap record stay (its own account of what it released): adding a
-    party of that name would overwrite them, or, on failure, delete them."""
-    from capc_cli.main import main
+    party of that name would overwrite them, or, on failure, delete them. Files of a name no change ever added
+    were left by an interrupted add-party, which was named the same way (a retired hospital's)."""
+    import shutil
 
-    record = provisioned.party_dir("hospital-7") / "cap.jsonl"
-    record.parent.mkdir()
-    record.write_text("a retired hospital's record\n")
-    try:
+    from capc_cli.main import main
+    from capc_common.federation import retire_party
+    from capc_services.tls import certificate_info
+
+    root = tmp_path / "copy"
+    shutil.copytree(provisioned.root, root)
+    layout = Layout(root)
+    config = FederationConfig.load(layout.federation)
+    serial = certificate_info(layout.certs / "hospital-3.crt").serial
+    retire_party(config, name="hospital-3", serial=serial, min_parties=2).save(layout.federation)
+    record = layout.party_dir("hospital-3") / "cap.jsonl"
+    kept = record.read_text()
+    layout.site("hospital-8").write_text("left by an interrupted add-party\n")
+    for name, says in (
+        ("hospital-3", "hospital-3 was a party of the federation in"),
+        ("hospital-8", "hospital-8 has files in"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
-            main(["local", "add-party", "hospital-7", "--state-dir", str(provisioned.root)])
-        err = capsys.readouterr().err
-        assert exit_info.value.code == 2 and "hospital-7 was a party of the federation in" in err, err
-        assert "give the new hospital another name" in err
-        assert record.read_text() == "a retired hospital's record\n"
-        assert (
-            not provisioned.site("hospital-7").exists()
-            and not (provisioned.root / "federation-next.yaml").exists()
-        )
-    finally:
-        record.unlink()
-        record.parent.rmdir()
+            main(["local", "add-party", name, "--state-dir", str(root)])
+        err = " ".join(capsys.readouterr().err.split())
+        assert exit_info.value.code == 2 and says in err, err
+        if name == "hospital-3":
+            assert "give the new hospital another name" in err
+    assert "no membership change of its federation.yaml added it: an interrupted" in err
+    assert f"`capc local add-party --state-dir {root} hospital-8` left them" in err
+    assert record.read_text() == kept and not (root / "federation-next.yaml").exists()
 
 
 def test_a_party_added_to_federation_yaml_by_hand_is_named_with_the_command_to_use(

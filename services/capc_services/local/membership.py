@@ -102,14 +102,7 @@ def add(
     old = federation_of(layout)
     options = _options(layout)
     new = add_party(old, name=name, heads=heads or _peer_heads(old), min_parties=min_parties)
-    earlier = [
-        p for p in (layout.site(name), layout.party_dir(name), layout.certs / f"{name}.crt") if p.exists()
-    ]
-    if earlier:  # a retired hospital's records: its cap record is its own account of what it released
-        raise InputError(
-            f"{name} was a party of the federation in {layout.root} before, and its files stay there "
-            f"({', '.join(map(str, earlier))}): give the new hospital another name"
-        )
+    _check_unused(layout, old, name)
     data = own_data(layout, dataset) if dataset is not None else free_slice(layout, old)
     staged = _staged(layout, new)
     try:
@@ -130,6 +123,30 @@ def add(
     finally:
         staged.unlink(missing_ok=True)
     return result
+
+
+def _check_unused(layout: Layout, config: FederationConfig, name: str) -> None:
+    """Refuse a name whose files are in ``layout``: a retired hospital's (its cap record is its own account
+    of what it released, never overwritten), or those an interrupted ``add-party`` left.
+
+    Raises:
+        InputError: saying which of the two, and what to do.
+    """
+    places = (layout.site(name), layout.party_dir(name), layout.certs / f"{name}.crt")
+    files = [p for p in places if p.exists()]
+    if not files:
+        return
+    listed = ", ".join(map(str, files))
+    if any(name in change.retired for change in config.history):
+        raise InputError(
+            f"{name} was a party of the federation in {layout.root} before, and its files stay there "
+            f"({listed}): give the new hospital another name"
+        )
+    raise InputError(
+        f"{name} has files in {layout.root} ({listed}), but no membership change of its federation.yaml "
+        f"added it: an interrupted `{layout.command('add-party')} {name}` left them (the hospital never "
+        "answered a batch, so its cap record holds no charge); remove them and add it again"
+    )
 
 
 def retire(
