@@ -1,9 +1,14 @@
-"""The admin REST app every party serves: probes, metrics and (behind a bearer token) its API routes."""
+"""The admin REST app every party serves: probes, metrics and (behind a bearer token) its API routes.
+
+Every request first passes :class:`~capc_services.common.admin_gate.AdminGate` (host allowlist, token
+before body, body cap). Without a token, ``/readyz`` says only which checks pass, never their details (file
+paths, errors, peers); ``/metrics`` needs the metrics or the admin token. No interactive docs page is served
+(FastAPI's loads its script from a CDN): the OpenAPI document is at ``/openapi.json``.
+"""
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Annotated, Any
@@ -16,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from capc_common import __version__
+from capc_services.common.admin_gate import MAX_BODY_BYTES, AdminGate, bearer, token_matches
 
 _bearer = HTTPBearer(auto_error=False)
 PROBLEM_JSON = "application/problem+json"
@@ -71,11 +77,14 @@ class Readiness:
         """True when every check passed."""
         return all(ok for ok, _ in self.checks.values())
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON body of ``/readyz``."""
+    def to_dict(self, *, details: bool = True) -> dict[str, Any]:
+        """JSON body of ``/readyz``; without ``details`` only whether each check passes (what probes need)."""
         return {
             "ready": self.ready,
-            "checks": {name: {"ok": ok, "detail": detail} for name, (ok, detail) in self.checks.items()},
+            "checks": {
+                name: {"ok": ok, "detail": detail} if details else {"ok": ok}
+                for name, (ok, detail) in self.checks.items()
+            },
         }
 
 
@@ -84,7 +93,7 @@ def require_token(
 ) -> None:
     """FastAPI dependency: 401 unless the request carries ``Authorization: Bearer <admin token>``."""
     expected: str = request.app.state.admin_token
-    if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), expected.encode()):
+    if credentials is None or not token_matches(credentials.credentials, expected):
         raise HTTPException(
             status_code=status.HTTP_401_UNAUTHORIZED,
             detail="missing or wrong bearer token (see the party's admin.token_file)",
@@ -102,6 +111,7 @@ def api_router() -> APIRouter:
         dependencies=[TokenDep],
         responses={
             401: problem_response("Missing or wrong bearer token."),
+            413: problem_response("The request body is larger than the admin API accepts."),
             422: problem_response("A parameter is out of range or malformed."),
         },
     )
@@ -114,8 +124,11 @@ def build_admin_app(
     readiness: Callable[[], Readiness],
     registry: CollectorRegistry,
     routers: Sequence[APIRouter] = (),
+    metrics_token: str | None = None,
+    allowed_hosts: Iterable[str] = (),
+    max_body: int = MAX_BODY_BYTES,
 ) -> FastAPI:
-    """The FastAPI app of one party (OpenAPI at ``/openapi.json``, docs at ``/docs``).
+    """The FastAPI app of one party (OpenAPI at ``/openapi.json``; no docs page), behind its gate.
 
     Args:
         title: shown in the OpenAPI document.
@@ -123,8 +136,14 @@ def build_admin_app(
         readiness: computes the ``/readyz`` checks on each call.
         registry: the party's Prometheus registry, served at ``/metrics``.
         routers: the role's API routers (build them with :func:`api_router`).
+        metrics_token: a token that may read ``/metrics`` only (a scraper's), or None.
+        allowed_hosts: host names the party answers to besides ``localhost`` and IP addresses.
+        max_body: the largest request body accepted, in bytes.
     """
-    app = FastAPI(title=title, version=__version__)
+    app = FastAPI(title=title, version=__version__, docs_url=None, redoc_url=None)
+    app.add_middleware(
+        AdminGate, token=token, metrics_token=metrics_token, allowed_hosts=allowed_hosts, max_body=max_body
+    )
     app.state.admin_token = token
     app.add_exception_handler(StarletteHTTPException, _http_problem)
     app.add_exception_handler(RequestValidationError, _validation_problem)
@@ -144,20 +163,24 @@ def build_admin_app(
             503: {"description": "A check failed (its detail says which).", "content": readiness_body},
         },
     )
-    def readyz() -> JSONResponse:
-        """Readiness: every check passes (503 otherwise, with the failing checks)."""
+    def readyz(request: Request) -> JSONResponse:
+        """Readiness: every check passes (503 otherwise). Each check's detail only with the admin token."""
         report = readiness()
         code = status.HTTP_200_OK if report.ready else status.HTTP_503_SERVICE_UNAVAILABLE
-        return JSONResponse(report.to_dict(), status_code=code)
+        details = token_matches(bearer(request.headers.get("authorization")), token)
+        return JSONResponse(report.to_dict(details=details), status_code=code)
 
     @app.get(
         "/metrics",
         tags=["probes"],
         response_class=PlainTextResponse,
-        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+            401: problem_response("Missing or wrong metrics or admin token."),
+        },
     )
     def metrics() -> Response:
-        """Prometheus exposition of this party's metrics."""
+        """Prometheus exposition of this party's metrics (bearer: the metrics token or the admin token)."""
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     for router in routers:

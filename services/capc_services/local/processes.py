@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from capc_common.errors import CapcError, InputError, UnavailableError
 from capc_common.federation import FederationConfig
+from capc_services.common.settings import check_admin_url, load_admin_token
 from capc_services.local.layout import Layout
 from capc_services.local.provision import Endpoints
 
@@ -150,7 +152,6 @@ def write_state(layout: Layout, *, endpoints: Endpoints, processes: list[PartyPr
         "root": str(layout.root),
         "endpoints": endpoints.to_dict(),
         "processes": [p.to_dict() for p in processes],
-        "token_file": str(layout.token),
         "started": time.time(),
     }
     tmp = layout.state.with_name("state.json.tmp")
@@ -193,7 +194,13 @@ def _client() -> httpx.Client:
 
 
 def probe(url: str, *, token: str | None = None, timeout: float = 2.0) -> tuple[int, Any]:
-    """GET ``url``; returns ``(status, json body)`` or ``(0, error text)`` when nothing answers."""
+    """GET ``url``; returns ``(status, json body)`` or ``(0, error text)`` when nothing answers.
+
+    Raises:
+        InputError: a token would go over plain HTTP to another machine.
+    """
+    if token:
+        check_admin_url(url)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         response = _client().get(url, headers=headers, timeout=timeout)
@@ -203,6 +210,18 @@ def probe(url: str, *, token: str | None = None, timeout: float = 2.0) -> tuple[
         return response.status_code, response.json()
     except ValueError:
         return response.status_code, response.text
+
+
+def token(layout: Layout, party: str | None = None) -> str:
+    """The admin token of ``party``'s role (default: the guardian), read from the file its site file names.
+
+    Raises:
+        InputError: the token file is missing or unusable.
+    """
+    party = party or federation_of(layout).guardian
+    site = layout.site(party)
+    named = yaml.safe_load(site.read_text())["admin"]["token_file"]
+    return load_admin_token((site.parent / named).resolve())
 
 
 def wait_ready(
@@ -219,6 +238,7 @@ def wait_ready(
             names them and the last lines of their logs).
     """
     pending = {p.party: p for p in processes}
+    secrets = {p.party: token(layout, p.party) for p in processes}  # with it, /readyz says what fails
     deadline = time.monotonic() + timeout
     last: dict[str, Any] = {}
     while pending:
@@ -228,7 +248,7 @@ def wait_ready(
                     f"{party} (pid {proc.pid}) exited during start-up; its log ends with:\n"
                     f"{tail(layout.log(party))}"
                 )
-            code, body = probe(f"{proc.admin_url}/readyz")
+            code, body = probe(f"{proc.admin_url}/readyz", token=secrets[party])
             last[party] = body
             if code == 200:
                 del pending[party]

@@ -1,8 +1,9 @@
 """Provision a complete local federation in one state directory: CA and certificates, federation.yaml,
-one site file per party, free loopback ports and an admin token.
+one site file per party, free loopback ports and one admin token per role.
 
 The files are the same a real deployment uses (see deploy/ and docs/operations.md); only the addresses
-(loopback) and the single shared admin token are local conveniences.
+(loopback, so the admin APIs speak plain HTTP) and the teacher parties' one shared token are local
+conveniences.
 """
 
 from __future__ import annotations
@@ -340,6 +341,8 @@ def free_port() -> int:
         return chosen
 
 
+ROLES = ("guardian", "student", "teacher")
+"""The roles of a federation, one admin token each."""
 _PORTS_FROM = 10_000  # above the well-known and most registered service ports
 _PORT_TRIES = 50
 
@@ -481,7 +484,8 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     parties = [config.guardian, config.student, *config.teacher_names]
     for party in parties:
         issue_certificate(layout.certs, party, out_dir=layout.certs)
-    write_admin_token(layout.token)
+    for role in ROLES:
+        write_admin_token(layout.admin_token(role))
     endpoints = Endpoints(
         guardian_grpc=free_port(), student_grpc=free_port(), admin={p: free_port() for p in parties}
     )
@@ -489,21 +493,23 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     student_address = f"127.0.0.1:{endpoints.student_grpc}"
 
     def common(party: str) -> dict[str, Any]:
+        token = f"../tokens/{config.role_of(party)}.token"
         return {
             "party": party,
             "federation": "../federation.yaml",
             "tls": {"ca": "../certs/ca.crt", "cert": f"../certs/{party}.crt", "key": f"../certs/{party}.key"},
-            "admin": {"bind": f"127.0.0.1:{endpoints.admin[party]}", "token_file": "../admin.token"},
+            "admin": {"bind": f"127.0.0.1:{endpoints.admin[party]}", "token_file": token},
         }
 
     guardian_site = {
         **common(config.guardian),
         "grpc": {"bind": guardian_address},
         "ledger": f"../parties/{config.guardian}/ledger.sqlite",
-        # the dashboard and `capc budget watch` relay the student's progress from its admin API
+        # the dashboard and `capc budget watch` relay the student's progress from its admin API, with the
+        # student's token (over loopback here; across machines over HTTPS)
         "student_admin": {
             "url": f"http://127.0.0.1:{endpoints.admin[config.student]}",
-            "token_file": "../admin.token",
+            "token_file": "../tokens/student.token",
         },
     }
     _write_yaml(layout.site(config.guardian), guardian_site)

@@ -15,7 +15,7 @@ from capc_common.privacy import NoiseSource
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor, check_peer_hash
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import MessageLimits
 from capc_services.common.streams import FRAME_DEADLINE_S, FrameChannel
 from capc_services.tls import TlsFiles, channel_ready
@@ -67,12 +67,11 @@ class GuardianClient:
     ) -> None:
         self._config = config
         self._peer = config.guardian
-        self._hash = config.config_hash()
         limit = MessageLimits.of(config).compute
         self._channel = tls.channel(
             address,
             peer=self._peer,
-            interceptors=(ConfigHashClientInterceptor(self._hash, peer=self._peer),),
+            interceptors=(FederationClientInterceptor.dialling(config, tls=tls, peer=self._peer),),
             receive=limit,
             send=limit,
         )
@@ -193,7 +192,7 @@ class GuardianClient:
                 nothing); the stream stays open.
             ProtocolError: the computation failed (the stream is dropped; the next batch opens a new one).
         """
-        channel, session, call = self._session()
+        channel, session, _ = self._session()
         before = channel.bytes_sent + channel.bytes_received
         try:
             channel.send_message(
@@ -202,7 +201,6 @@ class GuardianClient:
                 )
             )
             reply = channel.recv_message()
-            check_peer_hash(call.initial_metadata(), expected=self._hash, peer=self._peer)  # type: ignore[attr-defined]
             kind = reply.WhichOneof("kind")
             if kind == "refused":
                 raise BatchRefused(f"guardian refused batch {batch_id}: {reply.refused.reason}")

@@ -37,7 +37,7 @@ from capc_common.privacy.claims import PLAN_GUARANTEE, PLAN_ODOMETER, accountant
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, ndarray_to_proto, rpc
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import HEADROOM
 from capc_services.tls import TlsFiles
 
@@ -222,13 +222,12 @@ class ReleaseClient:
     """The student's link to the guardian for releases (mTLS, the federation hash on every call)."""
 
     def __init__(self, *, config: FederationConfig, tls: TlsFiles, address: str, length: int) -> None:
-        self._hash = config.config_hash()
         self._peer = config.guardian
         limit = length * 8 + HEADROOM
         self._channel = tls.channel(
             address,
             peer=self._peer,
-            interceptors=(ConfigHashClientInterceptor(self._hash, peer=self._peer),),
+            interceptors=(FederationClientInterceptor.dialling(config, tls=tls, peer=self._peer),),
             receive=limit,
             send=HEADROOM,
         )

@@ -27,7 +27,7 @@ from capc_common.federation import FederationConfig
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import MessageLimits
 from capc_services.common.process import INSTANCE, describe
 from capc_services.teacher.worker import TeacherWorker
@@ -78,14 +78,14 @@ class TeacherLinks:
         self._student_channel = tls.channel(
             student_address,
             peer=config.student,
-            interceptors=(ConfigHashClientInterceptor(self._hash, peer=config.student),),
+            interceptors=(FederationClientInterceptor.dialling(config, tls=tls, peer=config.student),),
             receive=limits.work,
             send=limits.share,
         )
         self._guardian_channel = tls.channel(
             guardian_address,
             peer=config.guardian,
-            interceptors=(ConfigHashClientInterceptor(self._hash, peer=config.guardian),),
+            interceptors=(FederationClientInterceptor.dialling(config, tls=tls, peer=config.guardian),),
             receive=limits.control,
             send=limits.control,
         )

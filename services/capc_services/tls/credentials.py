@@ -55,7 +55,12 @@ class TlsFiles:
     cert: Path
     key: Path
 
-    def _read(self) -> tuple[bytes, bytes, bytes]:
+    def check_key(self) -> None:
+        """Refuse missing files and a private key readable by others.
+
+        Raises:
+            InputError: says which file and the fix.
+        """
         for path in (self.ca, self.cert, self.key):
             if not path.is_file():
                 raise InputError(f"TLS file {path} does not exist; issue certificates with `capc cert issue`")
@@ -64,6 +69,9 @@ class TlsFiles:
             raise InputError(
                 f"private key {self.key} is readable by others (mode {mode:o}); run `chmod 600 {self.key}`"
             )
+
+    def _read(self) -> tuple[bytes, bytes, bytes]:
+        self.check_key()
         return self.ca.read_bytes(), self.cert.read_bytes(), self.key.read_bytes()
 
     def server_credentials(self) -> grpc.ServerCredentials:

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from capc_cli.output import emit, file_option, format_option
+from capc_cli.output import ca_option, emit, file_option, format_option
 
 _SITE = click.option(
     "--site",
@@ -52,7 +52,9 @@ def _membership_text(r: dict[str, Any]) -> str:
 
 
 @command.command("membership")
-@click.option("--url", required=True, help="The guardian's admin API, e.g. http://127.0.0.1:8080.")
+@click.option(
+    "--url", required=True, help="The guardian's admin API: https://GUARDIAN:8080 (http:// on this machine)."
+)
 @file_option(
     "--token-file",
     help="The guardian's admin token file (it authorises the change and signs the ledger entry).",
@@ -60,8 +62,9 @@ def _membership_text(r: dict[str, Any]) -> str:
 @file_option(
     "--federation", help="The new federation.yaml (from `capc federation add-party` or `retire-party`)."
 )
+@ca_option()
 @format_option
-def membership(url: str, token_file: Path, federation: Path, fmt: str) -> None:
+def membership(url: str, token_file: Path, federation: Path, ca: Path | None, fmt: str) -> None:
     """Record a membership change on the running guardian's ledger (POST /api/v1/membership).
 
     The guardian checks that only teacher parties (and the quorum) change, releases the batches reserved
@@ -71,18 +74,15 @@ def membership(url: str, token_file: Path, federation: Path, fmt: str) -> None:
 
     from capc_common.errors import InputError, ProtocolError, UnavailableError
     from capc_common.federation import FederationConfig
+    from capc_services.common.admin_client import admin_client
     from capc_services.common.settings import load_admin_token
 
     config = FederationConfig.load(federation)
     token = load_admin_token(token_file)
     endpoint = url.rstrip("/") + "/api/v1/membership"
     try:
-        response = httpx.post(
-            endpoint,
-            json=config.model_dump(mode="json"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=60,
-        )
+        with admin_client(url, token=token, ca=ca, timeout=60) as client:
+            response = client.post("/api/v1/membership", json=config.model_dump(mode="json"))
     except httpx.HTTPError as exc:
         raise UnavailableError(f"the guardian's admin API at {url} does not answer ({exc})") from None
     try:

@@ -99,8 +99,22 @@ def membership_change(old: FederationConfig, new: FederationConfig) -> Membershi
             f"the new federation.yaml's history says {recorded.describe()}, but its teachers say "
             f"{change.describe()}; make it with `capc federation add-party` or `retire-party`"
         )
+    _retired_are_revoked(new, retired)
     _same_costs(old, new)
     return change
+
+
+def _retired_are_revoked(new: FederationConfig, retired: tuple[str, ...]) -> None:
+    """Refuse to retire a party without revoking its certificate in the same change: its name alone leaving
+    the federation would let the certificate back in the day the name is added again."""
+    revoked_parties = {r.party for r in new.revoked}
+    unrevoked = [name for name in retired if name not in revoked_parties]
+    if unrevoked:
+        raise InputError(
+            f"retiring {unrevoked} needs their certificates revoked in the same change (an entry under "
+            "revoked: naming each party and its serial); make the file with `capc federation retire-party "
+            "--party NAME --certificate NAME.crt`"
+        )
 
 
 def _same_costs(old: FederationConfig, new: FederationConfig) -> None:
