@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from guardian_harness import GUARDIAN_TEST_FEDERATION, Setup, tls_files
+from guardian_harness import GUARDIAN_TEST_FEDERATION, Setup, server_auth, tls_files
 
 from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone, mpc_config
 from capc_common.learn.heads import train_heads
@@ -18,7 +18,6 @@ from capc_common.models import extract_features
 from capc_common.mpc import expand_share_seed, sum_shares
 from capc_common.wire import RawQuery, query_to_proto, rpc
 from capc_common.wire import messages as pb
-from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import start_grpc_server
 from capc_services.local.provision import free_port
@@ -189,7 +188,7 @@ class TeacherOfStudent:
             tls=tls_files(self.pki, "student"),
             register=[add_student(StudentServicer(config=self.config, registry=self.registry))],
             services=[rpc.STUDENT_SERVICE],
-            interceptors=[AuthInterceptor(config=self.config, policy=STUDENT_POLICY)],
+            interceptors=[server_auth(self.pki, "student", self.config, STUDENT_POLICY)],
         )
 
     def connected(self, *, timeout: float) -> bool:
