@@ -2,7 +2,8 @@
 on loopback only), with the certificates an attacker would hold.
 
 * hospital-1's current certificate: a party in good standing (the "others" a flood must not starve);
-* hospital-2's earlier certificate, revoked in ``federation.yaml`` (a key on a lost laptop);
+* hospital-2's earlier certificate, revoked in ``federation.yaml`` (a key on a lost laptop), and earlier
+  certificates of the guardian and the student, revoked too (stolen keys a fake server could present);
 * hospital-3's certificate, retired by a membership change that revoked it, and a second hospital-3
   certificate the change did not list: a party that is no longer one;
 * a metrics token on the guardian; stream deadlines short enough to watch (``grpc.first_message_s``).
@@ -61,9 +62,9 @@ class Doors:
             ca=self.layout.certs / "ca.crt", cert=where / f"{party}.crt", key=where / f"{party}.key"
         )
 
-    @property
-    def revoked(self) -> TlsFiles:
-        return self.files("hospital-2", self.layout.root / "old-hospital-2")
+    def revoked(self, party: str = "hospital-2") -> TlsFiles:
+        """``party``'s earlier, revoked certificate and key."""
+        return self.files(party, self.layout.root / f"old-{party}")
 
     @property
     def retired(self) -> TlsFiles:
@@ -92,10 +93,11 @@ def _federation(layout: Layout) -> FederationConfig:
     config = FederationConfig.load(layout.federation)
     serial = certificate_info(layout.certs / "hospital-3.crt").serial
     retired = retire_party(config, name="hospital-3", serial=serial, reason="left the consortium")
-    old = issue_certificate(layout.certs, "hospital-2", out_dir=layout.root / "old-hospital-2")
     issue_certificate(layout.certs, "hospital-3", out_dir=layout.root / "other-hospital-3")
     data = retired.model_dump(mode="json")
-    data["revoked"].append({"serial": old.serial, "party": "hospital-2", "reason": "key on a lost laptop"})
+    for party in ("hospital-2", "guardian", "student"):
+        old = issue_certificate(layout.certs, party, out_dir=layout.root / f"old-{party}")
+        data["revoked"].append({"serial": old.serial, "party": party, "reason": "key on a lost laptop"})
     new = FederationConfig.from_dict(data)
     new.save(layout.federation)
     return new
