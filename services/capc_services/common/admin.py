@@ -8,10 +8,12 @@ paths, errors, peers); ``/metrics`` needs the metrics or the admin token. No int
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Annotated, Any
+from typing import Annotated, Any, Generic, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from capc_common import __version__
 from capc_services.common.admin_gate import MAX_BODY_BYTES, AdminGate, bearer, token_matches
 
+T = TypeVar("T")
 _bearer = HTTPBearer(auto_error=False)
 PROBLEM_JSON = "application/problem+json"
 _PROBLEM_SCHEMA: dict[str, Any] = {
@@ -86,6 +89,30 @@ class Readiness:
                 for name, (ok, detail) in self.checks.items()
             },
         }
+
+
+class RecentCheck(Generic[T]):
+    """A readiness check asked at most once every ``every_s`` seconds, the last answer given in between.
+
+    ``/readyz`` needs no token, so a check behind it that dials a peer (a teacher's guardian reachability)
+    would let anyone who can reach the admin port make the party open a connection per request.
+
+    Args:
+        check: the check itself.
+        every_s: seconds its answer stays current.
+    """
+
+    def __init__(self, check: Callable[[], T], *, every_s: float) -> None:
+        self._check = check
+        self._every = every_s
+        self._lock = threading.Lock()
+        self._answer: tuple[float, T] | None = None
+
+    def __call__(self) -> T:
+        with self._lock:  # concurrent probes wait for one check instead of each making their own
+            if self._answer is None or time.monotonic() - self._answer[0] >= self._every:
+                self._answer = (time.monotonic(), self._check())
+            return self._answer[1]
 
 
 def require_token(

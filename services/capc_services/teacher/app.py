@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from capc_common.federation import ReleaseMember, mechanism_of
 from capc_common.federation.releases import check_records
 from capc_common.learn.heads import HeadEnsemble
 from capc_common.mechanisms import Voter
-from capc_services.common.admin import api_router
+from capc_services.common.admin import RecentCheck, api_router
 from capc_services.common.party import PartyRuntime, apply_threads
 from capc_services.teacher.cap import LocalCap
 from capc_services.teacher.client import TeacherLinks
@@ -139,6 +140,22 @@ def status_router(worker: TeacherWorker, links: TeacherLinks, cap: LocalCap) -> 
     return api
 
 
+GUARDIAN_CHECK_EVERY_S = 5.0
+"""How long a teacher's readiness keeps its answer to "does the guardian accept a TLS connection"."""
+
+
+def vote_readiness(
+    links: TeacherLinks, *, guardian: str, every_s: float = GUARDIAN_CHECK_EVERY_S
+) -> Callable[[], dict[str, tuple[bool, Any]]]:
+    """A voting teacher's readiness checks: its work stream to the student, and whether the guardian accepts a
+    TLS connection — dialled at most once every ``every_s`` seconds however often ``/readyz`` is asked."""
+    reachable = RecentCheck(lambda: links.guardian_reachable(timeout=0.5), every_s=every_s)
+    return lambda: {
+        "student": (links.connected, links.last_error or "connected"),
+        "guardian": (reachable(), guardian),
+    }
+
+
 def serve_releases(
     settings: TeacherSettings, party: PartyRuntime, cap: LocalCap, *, stop: threading.Event
 ) -> None:
@@ -246,10 +263,7 @@ def _serve_votes(
         worker=worker,
     )
     party.start_admin(
-        readiness=lambda: {
-            "student": (links.connected, links.last_error or "connected"),
-            "guardian": (links.guardian_reachable(timeout=0.5), settings.guardian_address),
-        },
+        readiness=vote_readiness(links, guardian=settings.guardian_address),
         routers=[status_router(worker, links, cap)],
     )
     runner = threading.Thread(target=links.run, args=(stop,), name="work-stream", daemon=True)

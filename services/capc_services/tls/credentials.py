@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,9 +11,10 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from capc_common.errors import InputError
+from capc_common.errors import CapcError, InputError
 from capc_common.mpc import MAX_FRAME_BYTES
 
+_log = logging.getLogger(__name__)
 DEFAULT_MESSAGE_BYTES = MAX_FRAME_BYTES + (64 << 10)
 """Largest gRPC message when a link sets no limit of its own: one MPC frame and headroom (see
 :class:`capc_services.common.limits.MessageLimits` for the limits a federation's links use)."""
@@ -116,7 +118,8 @@ def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
     a refusal included, means the connection is up. Not gRPC's ``channel_ready_future``: that subscribes to
     the channel's connectivity, which runs a poller thread beside the channel, and a poller still looking at
     the channel when it is closed dies with "Channel closed!" (gRPC checks the state of a channel another
-    thread has just closed).
+    thread has just closed). A peer that answers but that this channel's interceptors refuse (another
+    federation config, a revoked certificate) is not reachable either: the reason is logged.
     """
     try:
         health_pb2_grpc.HealthStub(channel).Check(
@@ -131,5 +134,8 @@ def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
             grpc.StatusCode.CANCELLED,
         )
     except ValueError:  # grpc: "Cannot invoke RPC on closed channel!"
+        return False
+    except CapcError as exc:  # it answered, but is not the peer (a channel interceptor refused it)
+        _log.warning("peer refused", extra={"error": str(exc)})
         return False
     return True

@@ -4,9 +4,9 @@
 overwritten) and a certificate signing request (CSR) naming the party and its host names, and prints the
 request's fingerprint, which the party reads out to the coordinator over a second channel (a call). The
 coordinator's ``sign_request`` takes the party from the request's subject, signs only a request whose
-fingerprint is the one read out (so a file swapped on the way is refused, whoever's name it carries), checks it
-against ``federation.yaml`` — a party of the federation, no SAN naming another party — and signs it with the
-federation CA for at most :data:`~capc_services.tls.pki.MAX_DAYS` days. Nothing secret crosses
+fingerprint is the one read out (a file swapped on the way is refused, whoever's name it carries), checks
+it against ``federation.yaml`` — a party of the federation, no SAN naming another party — and signs it with
+the federation CA for at most :data:`~capc_services.tls.pki.MAX_DAYS` days. Nothing secret crosses
 organisations; the coordinator never holds a party's key.
 """
 

@@ -342,14 +342,15 @@ def bootstrap(
     name: str,
     parties: tuple[str, ...],
     dns_names: tuple[str, ...] = (),
-    admin_token: str | Path | None = None,
+    admin_tokens: tuple[str | Path, ...] = (),
 ) -> dict[str, object]:
-    """Create the CA if it is missing, then a certificate for every party without one (idempotent).
+    """Create the CA if it is missing, a certificate for every party without one, and a fresh admin token in
+    each of ``admin_tokens`` that does not exist yet (idempotent; one token file per role).
 
     ``dns_names`` go on every party's certificate, so none may be a party's name.
 
     Returns:
-        What was created: ``{"ca": bool, "issued": [...], "kept": [...], "admin_token": bool}``.
+        What was created: ``{"ca": bool, "issued": [...], "kept": [...], "admin_tokens": [paths written]}``.
 
     Raises:
         InputError: a ``dns_names`` entry is one of ``parties``.
@@ -371,5 +372,5 @@ def bootstrap(
             continue
         issue_certificate(directory, party, out_dir=directory, dns_names=("localhost", *dns_names))
         issued.append(party)
-    wrote_token = write_admin_token(admin_token) if admin_token is not None else False
-    return {"ca": created_ca, "issued": issued, "kept": kept, "admin_token": wrote_token}
+    written = [str(path) for path in admin_tokens if write_admin_token(path)]
+    return {"ca": created_ca, "issued": issued, "kept": kept, "admin_tokens": written}

@@ -253,9 +253,10 @@ def show(cert: Path, fmt: str) -> None:
 )
 @click.option(
     "--admin-token",
+    "admin_tokens",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write a fresh admin bearer token here (mode 0600) if none exists.",
+    multiple=True,
+    help="Also write a fresh admin bearer token here (mode 0600) if none exists (repeatable: one per role).",
 )
 @format_option
 def bootstrap(
@@ -263,7 +264,7 @@ def bootstrap(
     name: str,
     parties: tuple[str, ...],
     dns_names: tuple[str, ...],
-    admin_token: Path | None,
+    admin_tokens: tuple[Path, ...],
     fmt: str,
 ) -> None:
     """Idempotent one-shot provisioning (e.g. a compose job): create the CA if missing, then a certificate
@@ -271,4 +272,5 @@ def bootstrap(
     verify each other by name."""
     from capc_services.tls import bootstrap as provision
 
-    emit(provision(directory, name=name, parties=parties, dns_names=dns_names, admin_token=admin_token), fmt)
+    made = provision(directory, name=name, parties=parties, dns_names=dns_names, admin_tokens=admin_tokens)
+    emit(made, fmt)
