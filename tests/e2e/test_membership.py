@@ -27,7 +27,7 @@ from capc_common.federation import FederationConfig
 from capc_common.privacy import BudgetLedger
 from capc_services.local.federation import ensure_provisioned
 from capc_services.local.layout import Layout
-from capc_services.local.processes import processes_of, read_state, write_state
+from capc_services.local.processes import processes_of, read_state, token, write_state
 from capc_services.local.provision import Endpoints, free_port
 from capc_services.teacher.cap import LocalCap
 from capc_services.tls import issue_certificate
@@ -134,7 +134,7 @@ def test_a_fourth_hospital_joins_and_the_federation_finishes_its_budget(tmp_path
         (change,) = ledger.membership_changes()
         assert change.params["from"] == old.config_hash() and change.params["to"] == new.config_hash()
         assert change.params["added"] == [NEW]
-        assert ledger.check_authorisations(layout.token.read_text().strip()) == {}
+        assert ledger.check_authorisations(token(layout)) == {}  # the guardian's admin token
         settled = [e for e in ledger.entries() if e.kind == "settle"]
         # A batch whose votes were counted (its "compute" entry) before the change may settle after it,
         # with the old parties' votes: what must have hospital-4's are the batches computed after it.
