@@ -82,7 +82,7 @@ def test_an_os_error_while_publishing_fails_the_student_visibly(tmp_path: Path) 
     student = Student(layout)
     try:
         progress = student.wait_for("failed")
-        ready = httpx.get(f"{student.admin}/readyz", timeout=5)
+        ready = httpx.get(f"{student.admin}/readyz", headers=student.headers, timeout=5)  # why: token
     finally:
         student.proc.terminate()
         student.proc.wait(timeout=60)
