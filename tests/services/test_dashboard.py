@@ -376,8 +376,9 @@ def _documented_command(federation: Federation, out: Path) -> str:
     block = text.split("<!-- headless-chromium -->", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     assert block.startswith("chromium --headless") and "--virtual-time-budget=" in block, block
     replaced = (
-        block.replace("http://GUARDIAN:8080", federation.admin)
+        block.replace("https://GUARDIAN:8080", federation.admin)
         .replace("/etc/capc/certs/admin.token", str(federation.layout.admin_token("guardian")))
+        .replace("/etc/capc/certs/guardian.crt", str(federation.layout.certs / "guardian.crt"))
         .replace("--screenshot=dashboard.png", f"--screenshot={out}")
     )
     return replaced.replace("chromium ", f"{CHROMIUM} ", 1)
