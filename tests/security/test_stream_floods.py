@@ -71,7 +71,12 @@ def test_64_idle_health_watches_from_one_peer_leave_the_party_serving_others(doo
         watching = outcomes.count(SERVING)
         refused = outcomes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
         assert (watching, refused) == (CALLS_PER_PEER, FLOOD - CALLS_PER_PEER), outcomes
-        assert _others_are_served(doors, role) < 3.0
+        took = _others_are_served(doors, role)
+        print(
+            f"{role}: {FLOOD} watches from hospital-1, {watching} open, {refused} refused; "
+            f"others served in {took:.3f} s"
+        )
+        assert took < 3.0
     finally:
         for watch in watches:
             watch.cancel()
@@ -106,8 +111,14 @@ def test_64_work_streams_that_never_say_hello_leave_the_student_serving_others(d
         codes = [code for code, _ in ended]
         assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == FLOOD - CALLS_PER_PEER, codes
         assert codes.count(grpc.StatusCode.DEADLINE_EXCEEDED) == CALLS_PER_PEER, codes
-        assert max(s for code, s in ended if code == grpc.StatusCode.DEADLINE_EXCEEDED) < FIRST_MESSAGE_S + 5
-        assert _others_are_served(doors, "student") < 3.0
+        last = max(s for code, s in ended if code == grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert last < FIRST_MESSAGE_S + 5
+        took = _others_are_served(doors, "student")
+        print(
+            f"student: {FLOOD} silent work streams, the idle ones ended by {last:.1f} s; "
+            f"others served in {took:.3f} s"
+        )
+        assert took < 3.0
     finally:
         stop.set()
         for stream in streams:
