@@ -21,7 +21,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
-from capc_services.common.interceptors import FederationClientInterceptor
+from capc_services.common.admission import StreamLimits
+from capc_services.common.interceptors import AuthInterceptor, FederationClientInterceptor
+from capc_services.common.runtime import start_grpc_server
+from capc_services.tls import ServerIdentity
 
 FLOOD = 64
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -144,3 +147,33 @@ def test_idle_compute_streams_end_after_the_first_message_deadline(doors: Doors)
     finally:
         stop.set()
         channel.close()
+
+
+def test_health_watches_hold_no_worker_thread(doors: Doors) -> None:
+    """The interceptor keeps the health service's ``Watch`` callback-driven: 16 open watches on a server of 4
+    worker threads (no per-peer limit in the way) leave it answering at once."""
+    guardian = doors.files("guardian")
+    auth = AuthInterceptor(
+        config=doors.config,
+        policy={},
+        identity=ServerIdentity.load(guardian),
+        limits=StreamLimits(calls_per_peer=64),
+    )
+    server = start_grpc_server(
+        bind="127.0.0.1:0", tls=guardian, register=[], services=[], interceptors=[auth], max_workers=4
+    )
+    files = doors.files("hospital-1")
+    channel = files.channel(f"127.0.0.1:{server.port}", peer="guardian")
+    watches = [
+        health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=30)
+        for _ in range(16)
+    ]
+    try:
+        assert [next(watch).status for watch in watches] == [SERVING] * 16
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=3)
+        assert reply.status == SERVING
+    finally:
+        for watch in watches:
+            watch.cancel()
+        channel.close()
+        server.stop(0)
