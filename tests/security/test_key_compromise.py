@@ -63,19 +63,12 @@ def _rotate(layout: Layout, config: FederationConfig, work: Path) -> None:
 def test_rotating_the_ca_locks_out_every_certificate_of_the_old_one(tmp_path: Path) -> None:
     layout, config, endpoints = provision(tmp_path / "federation", OPTIONS)
     address = f"127.0.0.1:{endpoints.guardian_grpc}"
-    stolen = tmp_path / "stolen"  # everything a thief of the old CA's world holds
+    stolen = tmp_path / "stolen"  # everything of the old CA's world: what a thief of its key could hold
     shutil.copytree(layout.certs, stolen)
+    _rotate(layout, config, tmp_path / "rotation")
     guardian = start_party(layout, party="guardian", role="guardian", admin_port=endpoints.admin["guardian"])
     try:
         wait_ready(layout, [guardian], timeout=120)
-        assert _health(_files(stolen, "hospital-1"), address, config) == SERVING  # before: the old world
-        stop_processes([guardian], grace=10)
-        _rotate(layout, config, tmp_path / "rotation")
-        guardian = start_party(
-            layout, party="guardian", role="guardian", admin_port=endpoints.admin["guardian"]
-        )
-        wait_ready(layout, [guardian], timeout=120)
-
         assert _health(_files(layout.certs, "hospital-1"), address, config) == SERVING  # the new world
         # a stolen client key of the old CA: the guardian refuses it in the handshake
         thief = _files(stolen, "hospital-1", ca=layout.certs / "ca.crt")
@@ -84,22 +77,21 @@ def test_rotating_the_ca_locks_out_every_certificate_of_the_old_one(tmp_path: Pa
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         stop_processes([guardian], grace=10)
-    # the stolen guardian key as a server: a party on the new CA refuses it in the handshake
+    # the stolen guardian key as a server: a party on the new CA refuses it in the handshake; a party still on
+    # the old CA would have taken it (which is why every party installs the new ca.crt)
+    identity = ServerIdentity.load(_files(stolen, "guardian"))
     fake = start_grpc_server(
         bind="127.0.0.1:0",
         tls=_files(stolen, "guardian"),
         register=[],
         services=[rpc.GUARDIAN_SERVICE],
-        interceptors=[
-            AuthInterceptor(
-                config=config, policy=POLICY, identity=ServerIdentity.load(_files(stolen, "guardian"))
-            )
-        ],
+        interceptors=[AuthInterceptor(config=config, policy=POLICY, identity=identity)],
         max_workers=4,
     )
     try:
         with pytest.raises(grpc.RpcError) as info:
             _health(_files(layout.certs, "hospital-1"), f"127.0.0.1:{fake.port}", config)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert _health(_files(stolen, "hospital-1"), f"127.0.0.1:{fake.port}", config) == SERVING
     finally:
         fake.stop(0)
