@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from capc_common.errors import InputError, ProtocolError
-from capc_common.federation import FederationConfig
+from capc_common.federation import FederationConfig, serial_hex
 from capc_services.tls.credentials import TlsFiles
 from capc_services.tls.names import refusal
 from capc_services.tls.pki import describe_certificate
@@ -146,8 +146,8 @@ class ServerCheck:
         """A fresh nonce for one call."""
         return secrets.token_bytes(NONCE_BYTES)
 
-    def _judge(self, der: bytes) -> tuple[object, str | None]:
-        """The certificate's public key and why it is refused (None: accepted)."""
+    def _judge(self, der: bytes) -> tuple[x509.Certificate | None, str | None]:
+        """The certificate, and why it is refused whenever it is presented (None: it may be accepted)."""
         try:
             certificate = x509.load_der_x509_certificate(der)
             certificate.verify_directly_issued_by(self._ca)
@@ -156,13 +156,10 @@ class ServerCheck:
         info = describe_certificate(certificate)
         if info.common_name != self._peer:
             return None, f"it presented the certificate of {info.common_name!r}, not of {self._peer!r}"
-        now = dt.datetime.now(dt.UTC)
-        if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
-            return None, f"its certificate (serial {info.serial}) is outside its validity"
         refused = refusal(
             self._config, common_name=info.common_name, serial=info.serial, dns_names=info.dns_names
         )
-        return certificate.public_key(), refused
+        return certificate, refused
 
     def verify(self, metadata: Mapping[str, object], *, nonce: bytes) -> None:
         """Check the server's answer to ``nonce`` in its reply's initial metadata.
@@ -177,13 +174,19 @@ class ServerCheck:
                 f"the server that answered as {self._peer} did not prove which certificate it holds: it does "
                 "not run this federation's software, or is not the party this one dialled"
             )
-        public, refused = self._judged(der)
-        if refused is not None:
+        certificate, refused = self._judged(der)
+        now = dt.datetime.now(dt.UTC)
+        if certificate is not None and not (
+            certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc
+        ):
+            serial = serial_hex(certificate.serial_number)
+            refused = f"its certificate (serial {serial}) is outside its validity"
+        if certificate is None or refused is not None:
             raise ProtocolError(
                 f"refusing the server that answered as {self._peer}: {refused} (whoever answers may hold a "
                 "stolen key; check the address, and that this party runs the coordinator's federation.yaml)"
             )
-        if not _verify(public, signature, _message(nonce, self._client)):
+        if not _verify(certificate.public_key(), signature, _message(nonce, self._client)):
             raise ProtocolError(
                 f"the server that answered as {self._peer} presented a certificate without proof of holding "
                 "its key: refusing it"
