@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from capc_common.federation import FederationConfig, retire_party
+from capc_common.privacy import BudgetLedger
 from capc_services.local.layout import Layout
 from capc_services.local.processes import PartyProcess, start_party, stop_processes, token, wait_ready
 from capc_services.local.provision import Endpoints, LocalOptions, provision
@@ -101,6 +102,17 @@ def _federation(layout: Layout) -> FederationConfig:
     new = FederationConfig.from_dict(data)
     new.save(layout.federation)
     return new
+
+
+def ledger_of(config: FederationConfig, path: Path) -> BudgetLedger:
+    """A new ledger for ``config``'s budget at ``path`` (what the guardian opens at its first start)."""
+    return BudgetLedger.open_or_create(
+        path,
+        epsilon_limit=config.budget.epsilon,
+        delta=config.budget.delta,
+        order=config.budget.order,
+        config=config.parameters(),
+    )
 
 
 def _site(layout: Layout, party: str, **changes: dict[str, object]) -> None:

@@ -10,7 +10,7 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import OPTIONS
+from conftest import OPTIONS, ledger_of
 
 from capc_common.aggregation import party_noise
 from capc_common.federation import FederationConfig
@@ -27,13 +27,7 @@ RETAINED_LIMIT = 64 << 10  # bytes: 2,000 seeds held would take ten times that
 
 
 def _parts(tmp_path: Path, config: FederationConfig) -> tuple[BudgetLedger, PartyMetrics]:
-    ledger = BudgetLedger.open_or_create(
-        tmp_path / "ledger.sqlite",
-        epsilon_limit=config.budget.epsilon,
-        delta=config.budget.delta,
-        order=config.budget.order,
-        config=config.parameters(),
-    )
+    ledger = ledger_of(config, tmp_path / "ledger.sqlite")
     expiry = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
     metrics = PartyMetrics(
         party="guardian",

@@ -17,14 +17,13 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import Doors
+from conftest import Doors, ledger_of
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from capc_common.aggregation import party_noise
 from capc_common.errors import InputError, ProtocolError
 from capc_common.federation import FederationConfig, add_party, membership_change, retire_party
-from capc_common.privacy import BudgetLedger
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.interceptors import (
@@ -206,14 +205,7 @@ def test_a_retirement_must_revoke_the_certificates_the_party_used(doors: Doors, 
     )
     with pytest.raises(InputError, match=r"retiring \['hospital-2'\] needs their certificates revoked"):
         membership_change(config, unrevoked)
-    ledger = BudgetLedger.open_or_create(
-        tmp_path / "ledger.sqlite",
-        epsilon_limit=config.budget.epsilon,
-        delta=config.budget.delta,
-        order=config.budget.order,
-        config=config.parameters(),
-    )
-    with ledger:
+    with ledger_of(config, tmp_path / "ledger.sqlite") as ledger:
         with pytest.raises(
             InputError, match=r"certificate serial\(s\) \['abcd'\] it called this guardian with"
         ):
