@@ -1,138 +1,35 @@
-"""The security suite's federation: a real guardian and student (processes of a provisioned local federation,
-on loopback only), with the certificates an attacker would hold.
-
-* hospital-1's current certificate: a party in good standing (the "others" a flood must not starve);
-* hospital-2's earlier certificate, revoked in ``federation.yaml`` (a key on a lost laptop), and earlier
-  certificates of the guardian and the student, revoked too (stolen keys a fake server could present);
-* hospital-3's certificate, retired by a membership change that revoked it, and a second hospital-3
-  certificate the change did not list: a party that is no longer one;
-* a metrics token on the guardian; stream deadlines short enough to watch (``grpc.first_message_s``).
-"""
+"""Fixtures of the security suite: the ``doors`` federation (``doors_harness.py`` says what it holds)."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-import yaml
-
-from capc_common.federation import FederationConfig, retire_party
-from capc_common.privacy import BudgetLedger
-from capc_services.local.layout import Layout
-from capc_services.local.processes import PartyProcess, start_party, stop_processes, token, wait_ready
-from capc_services.local.provision import Endpoints, LocalOptions, provision
-from capc_services.tls import TlsFiles, certificate_info, issue_certificate
-
-OPTIONS = LocalOptions(
-    parties=3,
-    teachers_per_party=2,
-    dataset="fashion-mnist",
-    backbone="scatter-28x28x1",
-    generator="dead_leaves",
-    queries=128,
-    batch_size=32,
-    bn_batch=32,
-    threshold=3,
-    sigma1=3.0,
-    sigma2=2.5,
-    epsilon=300.0,
-    train_limit=128,
-    evaluation_images=None,
+from doors_harness import (
+    CALLS_PER_PEER,
+    FIRST_MESSAGE_S,
+    OPTIONS,
+    Doors,
+    edit_site,
+    revoke_and_retire,
 )
-FIRST_MESSAGE_S = 2.0
-CALLS_PER_PEER = 8
 
-
-@dataclass
-class Doors:
-    """The running guardian and student, their files, and the certificates of the suite."""
-
-    layout: Layout
-    config: FederationConfig
-    endpoints: Endpoints
-    processes: dict[str, PartyProcess]
-    metrics_token: str
-
-    def files(self, party: str, directory: Path | None = None) -> TlsFiles:
-        """A party's TLS files (its current ones, or those in ``directory``)."""
-        where = directory or self.layout.certs
-        return TlsFiles(
-            ca=self.layout.certs / "ca.crt", cert=where / f"{party}.crt", key=where / f"{party}.key"
-        )
-
-    def revoked(self, party: str = "hospital-2") -> TlsFiles:
-        """``party``'s earlier, revoked certificate and key."""
-        return self.files(party, self.layout.root / f"old-{party}")
-
-    @property
-    def retired(self) -> TlsFiles:
-        return self.files("hospital-3")
-
-    @property
-    def retired_unlisted(self) -> TlsFiles:
-        return self.files("hospital-3", self.layout.root / "other-hospital-3")
-
-    def grpc(self, role: str) -> str:
-        port = self.endpoints.guardian_grpc if role == "guardian" else self.endpoints.student_grpc
-        return f"127.0.0.1:{port}"
-
-    def admin(self, role: str) -> str:
-        return f"http://127.0.0.1:{self.endpoints.admin[role]}"
-
-    def token(self, role: str) -> str:
-        return token(self.layout, role)
-
-    def pid(self, role: str) -> int:
-        return self.processes[role].pid
-
-
-def _federation(layout: Layout) -> FederationConfig:
-    """Retire hospital-3 (revoking its certificate) and revoke hospital-2's earlier certificate."""
-    config = FederationConfig.load(layout.federation)
-    serial = certificate_info(layout.certs / "hospital-3.crt").serial
-    retired = retire_party(config, name="hospital-3", serial=serial, reason="left the consortium")
-    issue_certificate(layout.certs, "hospital-3", out_dir=layout.root / "other-hospital-3")
-    data = retired.model_dump(mode="json")
-    for party in ("hospital-2", "guardian", "student"):
-        old = issue_certificate(layout.certs, party, out_dir=layout.root / f"old-{party}")
-        data["revoked"].append({"serial": old.serial, "party": party, "reason": "key on a lost laptop"})
-    new = FederationConfig.from_dict(data)
-    new.save(layout.federation)
-    return new
-
-
-def ledger_of(config: FederationConfig, path: Path) -> BudgetLedger:
-    """A new ledger for ``config``'s budget at ``path`` (what the guardian opens at its first start)."""
-    return BudgetLedger.open_or_create(
-        path,
-        epsilon_limit=config.budget.epsilon,
-        delta=config.budget.delta,
-        order=config.budget.order,
-        config=config.parameters(),
-    )
-
-
-def _site(layout: Layout, party: str, **changes: dict[str, object]) -> None:
-    path = layout.site(party)
-    site = yaml.safe_load(path.read_text())
-    for section, values in changes.items():
-        site[section] = {**site.get(section, {}), **values}
-    path.write_text(yaml.safe_dump(site, sort_keys=False))
+from capc_services.local.processes import start_party, stop_processes, wait_ready
+from capc_services.local.provision import provision
 
 
 @pytest.fixture(scope="session")
 def doors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Doors]:
+    """The running guardian and student of the suite (one per test process), stopped at the end."""
     layout, _, endpoints = provision(tmp_path_factory.mktemp("doors") / "federation", OPTIONS)
-    config = _federation(layout)
+    config = revoke_and_retire(layout)
     metrics = layout.root / "tokens" / "metrics.token"
     metrics.write_text(secrets.token_urlsafe(32))
     metrics.chmod(0o600)
     limits = {"first_message_s": FIRST_MESSAGE_S, "max_calls_per_peer": CALLS_PER_PEER}
-    _site(layout, "guardian", grpc=limits, admin={"metrics_token_file": str(metrics)})
-    _site(layout, "student", grpc=limits)
+    edit_site(layout, "guardian", grpc=limits, admin={"metrics_token_file": str(metrics)})
+    edit_site(layout, "student", grpc=limits)
     processes = {
         role: start_party(layout, party=role, role=role, admin_port=endpoints.admin[role])
         for role in ("guardian", "student")

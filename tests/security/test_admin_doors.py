@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Doors
+from doors_harness import Doors
 from fastapi.testclient import TestClient
 
 from capc_services.common.party import PartyRuntime

@@ -10,7 +10,7 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import OPTIONS, ledger_of
+from doors_harness import OPTIONS, ledger_of
 
 from capc_common.aggregation import party_noise
 from capc_common.federation import FederationConfig

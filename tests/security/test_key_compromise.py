@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import OPTIONS
+from doors_harness import OPTIONS
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from capc_common.federation import FederationConfig

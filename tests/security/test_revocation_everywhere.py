@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import Doors, ledger_of
+from doors_harness import Doors, ledger_of
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import OPTIONS
+from doors_harness import OPTIONS
 
 from capc_common.errors import ProtocolError
 from capc_common.federation import FederationConfig

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import CALLS_PER_PEER, FIRST_MESSAGE_S, Doors
+from doors_harness import CALLS_PER_PEER, FIRST_MESSAGE_S, Doors
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from capc_common.wire import messages as pb

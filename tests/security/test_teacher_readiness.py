@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from conftest import Doors
+from doors_harness import Doors
 
 from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.runtime import start_grpc_server
