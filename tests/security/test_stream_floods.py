@@ -1,6 +1,6 @@
 """One certified peer holding idle streams cannot freeze a party: the real guardian and student on loopback.
 
-64 idle streams from one teacher's certificate — health watches (a callback each, no thread) and work
+64 idle streams from one teacher's certificate — health watches (not served: refused at once) and work
 streams that never say hello (a thread each, until their first-message deadline) — leave the party serving
 everyone else at once: past ``grpc.max_calls_per_peer`` open calls the peer is refused
 (``RESOURCE_EXHAUSTED``), and a stream without its first message ends after ``grpc.first_message_s``
@@ -22,7 +22,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.admission import StreamLimits
-from capc_services.common.interceptors import AuthInterceptor, FederationClientInterceptor
+from capc_services.common.interceptors import (
+    HASH_HEADER,
+    REVOCATION_HEADER,
+    AuthInterceptor,
+    FederationClientInterceptor,
+)
 from capc_services.common.runtime import start_grpc_server
 from capc_services.tls import ServerIdentity
 
@@ -58,27 +63,21 @@ def _others_are_served(doors: Doors, role: str) -> float:
 
 
 @pytest.mark.parametrize("role", ["guardian", "student"])
-def test_64_idle_health_watches_from_one_peer_leave_the_party_serving_others(doors: Doors, role: str) -> None:
+def test_64_health_watches_from_one_peer_leave_the_party_serving_others(doors: Doors, role: str) -> None:
     flooder = _channel(doors, "hospital-1", role)
     watches = [
         health_pb2_grpc.HealthStub(flooder).Watch(health_pb2.HealthCheckRequest(), timeout=60)
         for _ in range(FLOOD)
     ]
     try:
-        outcomes = []
+        codes = []
         for watch in watches:
-            try:
-                outcomes.append(next(watch).status)
-            except grpc.RpcError as exc:
-                outcomes.append(exc.code())
-        watching = outcomes.count(SERVING)
-        refused = outcomes.count(grpc.StatusCode.RESOURCE_EXHAUSTED)
-        assert (watching, refused) == (CALLS_PER_PEER, FLOOD - CALLS_PER_PEER), outcomes
+            with pytest.raises(grpc.RpcError) as info:
+                next(watch)
+            codes.append(info.value.code())
+        assert codes == [grpc.StatusCode.UNIMPLEMENTED] * FLOOD  # not served: poll Check
         took = _others_are_served(doors, role)
-        print(
-            f"{role}: {FLOOD} watches from hospital-1, {watching} open, {refused} refused; "
-            f"others served in {took:.3f} s"
-        )
+        print(f"{role}: {FLOOD} health watches from hospital-1 refused; others served in {took:.3f} s")
         assert took < 3.0
     finally:
         for watch in watches:
@@ -149,31 +148,58 @@ def test_idle_compute_streams_end_after_the_first_message_deadline(doors: Doors)
         channel.close()
 
 
-def test_health_watches_hold_no_worker_thread(doors: Doors) -> None:
-    """The interceptor keeps the health service's ``Watch`` callback-driven: 16 open watches on a server of 4
-    worker threads (no per-peer limit in the way) leave it answering at once."""
+class _Ticker:
+    """A callback-driven streaming method, as the health service's ``Watch`` is: it answers once and keeps the
+    call open with no thread of its own — unless gRPC is not told it is callback-driven, when it falls back to
+    a blocking iterator (one worker thread per open call, like ``Watch``'s fallback)."""
+
+    def __init__(self) -> None:
+        self.experimental_non_blocking = True
+
+    def __call__(self, request: bytes, context: Any, send_response_callback: Any = None) -> Any:
+        if send_response_callback is not None:
+            send_response_callback(b"tick")
+            return None
+        return self._blocking(context)
+
+    @staticmethod
+    def _blocking(context: Any) -> Iterator[bytes]:
+        yield b"tick"
+        while context.is_active():
+            time.sleep(0.05)
+
+
+def test_a_callback_driven_method_holds_no_worker_thread_behind_the_interceptor(doors: Doors) -> None:
+    """16 open calls of a callback-driven method on a server of 4 worker threads leave it answering at once:
+    the interceptor keeps the handler's ``experimental_non_blocking``."""
+    method = "/capc.test.Ticker/Tick"
+    ticker = grpc.method_handlers_generic_handler(
+        "capc.test.Ticker", {"Tick": grpc.unary_stream_rpc_method_handler(_Ticker())}
+    )
     guardian = doors.files("guardian")
     auth = AuthInterceptor(
         config=doors.config,
-        policy={},
+        policy={method: frozenset({"teacher"})},
         identity=ServerIdentity.load(guardian),
         limits=StreamLimits(calls_per_peer=64),
     )
     server = start_grpc_server(
-        bind="127.0.0.1:0", tls=guardian, register=[], services=[], interceptors=[auth], max_workers=4
+        bind="127.0.0.1:0",
+        tls=guardian,
+        register=[lambda s: s.add_generic_rpc_handlers((ticker,))],
+        services=[],
+        interceptors=[auth],
+        max_workers=4,
     )
-    files = doors.files("hospital-1")
-    channel = files.channel(f"127.0.0.1:{server.port}", peer="guardian")
-    watches = [
-        health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=30)
-        for _ in range(16)
-    ]
+    hashes = ((HASH_HEADER, doors.config.config_hash()), (REVOCATION_HEADER, doors.config.revocation_hash()))
+    channel = doors.files("hospital-1").channel(f"127.0.0.1:{server.port}", peer="guardian")
+    calls = [channel.unary_stream(method)(b"", metadata=hashes, timeout=30) for _ in range(16)]
     try:
-        assert [next(watch).status for watch in watches] == [SERVING] * 16
+        assert [next(call) for call in calls] == [b"tick"] * 16
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=3)
         assert reply.status == SERVING
     finally:
-        for watch in watches:
-            watch.cancel()
+        for call in calls:
+            call.cancel()
         channel.close()
         server.stop(0)

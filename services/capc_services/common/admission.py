@@ -1,15 +1,15 @@
 """How much of a gRPC server one peer may hold: open calls per peer, the wait for a stream's first message,
 idle connections and TLS handshakes.
 
-The servers are synchronous: each open call other than a callback-driven one (the health service's
-``Watch``) holds a worker thread for as long as it lasts, a stream for its whole life. Without limits, one
-certified peer opening a few dozen streams and sending nothing would hold every worker and freeze the party
-for everyone else.
-So a server counts each peer's open calls (by its certificate's name) and refuses more than
-:attr:`StreamLimits.calls_per_peer` (``RESOURCE_EXHAUSTED``); a stream whose first message does not arrive
-within :attr:`StreamLimits.first_message_s` ends (``DEADLINE_EXCEEDED``); gRPC closes a connection idle (no
-call) for :attr:`StreamLimits.idle_connection_s` and a TLS handshake not finished within
-:attr:`StreamLimits.handshake_s`.
+The servers are synchronous: each open call other than a callback-driven one holds a worker thread for as
+long as it lasts, a stream for its whole life. Without limits, one certified peer opening a few dozen streams
+and sending nothing would hold every worker and freeze the party for everyone else (the health service's
+``Watch``, the one long-lived call a peer could open on any party, is not served at all:
+:data:`~capc_services.common.interceptors.HEALTH_WATCH`). So a server counts each peer's open calls (by its
+certificate's name) and refuses more than :attr:`StreamLimits.calls_per_peer` (``RESOURCE_EXHAUSTED``); a
+stream whose first message does not arrive within :attr:`StreamLimits.first_message_s` ends
+(``DEADLINE_EXCEEDED``); gRPC closes a connection idle (no call) for :attr:`StreamLimits.idle_connection_s`
+and a TLS handshake not finished within :attr:`StreamLimits.handshake_s`.
 
 These are the *server's* admission limits; a channel's keepalives, deadlines and retries belong to the clients
 (:mod:`capc_services.tls.credentials`).

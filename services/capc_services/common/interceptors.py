@@ -34,6 +34,10 @@ from capc_services.tls.proof import NONCE_HEADER
 HASH_HEADER = "capc-config-hash"
 REVOCATION_HEADER = "capc-revocation-hash"
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+HEALTH_WATCH = f"{HEALTH_PREFIX}Watch"
+"""Not served: no party needs it (``Check`` is what probes and preflight ask), and every open watch is a
+stream the server keeps, whose status updates the standard servicer sends under its own lock — which,
+callback-driven, can deadlock gRPC's serving thread at shutdown, and otherwise holds a worker thread each."""
 _log = logging.getLogger(__name__)
 
 
@@ -82,8 +86,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
     Args:
         config: this party's federation config.
         policy: full method name (``/capc.v1.GuardianService/OpenBatch``) → roles allowed to call it.
-            Methods not listed are refused, except the standard health service, which any party of the
-            federation may call (never a certificate of no party).
+            Methods not listed are refused, except the standard health service's ``Check``, which any party
+            of the federation may call (never a certificate of no party); its ``Watch`` is not served.
         identity: this server's certificate and key, to prove to each client which certificate it holds.
         limits: the admission limits (calls per peer, first-message deadline).
         on_reject: called with (method, peer, reason) for metrics.
@@ -159,6 +163,14 @@ class AuthInterceptor(grpc.ServerInterceptor):
             )
         self.serials.setdefault(peer, set()).add(serial)
         metadata = dict(context.invocation_metadata())
+        if method == HEALTH_WATCH:
+            self._reject(
+                context,
+                method,
+                peer,
+                grpc.StatusCode.UNIMPLEMENTED,
+                "federation parties do not serve the health service's Watch; poll Check instead",
+            )
         if method.startswith(HEALTH_PREFIX):
             # Any party may ask; the reply names this party's config hash so a party about to go live can
             # check the federations agree (`capc teacher preflight`).
@@ -216,8 +228,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: {request}")
                 return behavior(request, context, *callback)
 
-            # gRPC reads these off the handler: a callback-driven method (the health service's Watch,
-            # experimental_non_blocking) must stay one, or every open watch would hold a worker thread.
+            # gRPC reads these off the handler: a callback-driven method (experimental_non_blocking, as the
+            # health service's Watch is) must stay one, or every open call of it would hold a worker thread.
             for name in ("experimental_non_blocking", "experimental_thread_pool"):
                 if hasattr(behavior, name):
                     setattr(guarded, name, getattr(behavior, name))
