@@ -60,6 +60,7 @@ class Setup:
         ledger_class: type[BudgetLedger] = BudgetLedger,
         frame_deadline_s: float = 60.0,
         bind: str = "127.0.0.1:0",
+        force: str | None = None,
     ) -> None:
         self.pki, self.config = pki, config
         self.ledger = ledger_class.open_or_create(
@@ -76,7 +77,7 @@ class Setup:
             certificate=certificate_info(pki / "guardian.crt"),
         )
         noise = party_noise("guardian", seed=SEED)
-        self.guardian = Guardian(config=config, ledger=self.ledger, noise=noise, metrics=metrics)
+        self.guardian = Guardian(config=config, ledger=self.ledger, noise=noise, metrics=metrics, force=force)
         self.server: GrpcServer = start_grpc_server(
             bind=bind,
             tls=tls_files(pki, "guardian"),

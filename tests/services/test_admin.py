@@ -62,6 +62,33 @@ def test_probes_need_no_token_and_say_details_only_with_it(app_and_state) -> Non
     assert 'capc_party_info{config_hash="' in body
 
 
+def test_a_readiness_check_that_raises_is_a_503_not_a_500(pki: Path, caplog) -> None:
+    """A probe never answers 500 with a traceback: the check that raised makes the party not ready, and the
+    error goes to the party's log (the body is public: it names no internals)."""
+
+    def raising() -> Readiness:
+        raise RuntimeError("peer hash mismatch, internal detail")
+
+    metrics = PartyMetrics(
+        party="guardian",
+        role="guardian",
+        config_hash="ab" * 32,
+        certificate=certificate_info(pki / "guardian.crt"),
+    )
+    app = build_admin_app(title="t", token="x" * 32, readiness=raising, registry=metrics.registry)
+    with caplog.at_level(logging.ERROR):
+        client = TestClient(app, raise_server_exceptions=False, base_url="http://localhost")
+        answer = client.get("/readyz", headers={"Authorization": "Bearer " + "x" * 32})  # details: token
+    assert answer.status_code == 503
+    assert answer.json() == {
+        "ready": False,
+        "checks": {
+            "readiness": {"ok": False, "detail": "a readiness check raised; the party's log has the error"}
+        },
+    }
+    assert "internal detail" not in answer.text and "internal detail" in caplog.text
+
+
 def test_api_needs_the_bearer_token(app_and_state) -> None:
     client, token, _ = app_and_state
     assert client.get("/api/v1/echo").status_code == 401

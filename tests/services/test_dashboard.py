@@ -68,6 +68,7 @@ OPTIONS = LocalOptions(
     backbone="scatter-28x28x1",
     generator="dead_leaves",
     epsilon=10.0,
+    order=10.0,
     sigma1=12.0,
     sigma2=10.0,
     queries=400,

@@ -52,7 +52,10 @@ def test_up_refuses_a_budget_that_cannot_pay_for_one_batch(capc, tmp_path: Path)
         "1",
     )
     assert proc.returncode == 2
-    assert "no batch could ever run" in proc.stderr and "raise mechanism.sigma2" in proc.stderr
+    # `capc local up` names its flags, not the federation.yaml fields they set
+    assert "no batch could ever run" in proc.stderr
+    assert "raise --sigma2 (now 0.64) or --epsilon" in proc.stderr
+    assert "mechanism." not in proc.stderr and "budget." not in proc.stderr
     assert not state.exists()
 
 
@@ -66,7 +69,7 @@ def test_up_builds_a_private_knn_federation_from_its_options(capsys, tmp_path: P
     with pytest.raises(SystemExit) as exit_info:
         main([*args, "--sigma", "0.5", "--sampling-rate", "0.5", "--epsilon", "1"])
     assert exit_info.value.code == 2
-    assert "raise mechanism.sigma (now 0.5) or lower mechanism.sampling_rate" in capsys.readouterr().err
+    assert "raise --sigma (now 0.5) or lower --sampling-rate or --epsilon" in capsys.readouterr().err
     assert not state.exists()
     with pytest.raises(InputError, match="unknown mechanism 'knn'"):  # the library entry point checks too
         provision(tmp_path / "other", LocalOptions(mechanism="knn"))
@@ -186,12 +189,13 @@ SMALL = LocalOptions(
     sigma1=12.0,
     sigma2=10.0,
     epsilon=10.0,
+    order=10.0,  # the cover figures below are at order 10
     queries=256,
     batch_size=32,
     bn_batch=32,
     backbone="scatter-28x28x1",
     generator="dead_leaves",
-    train_limit=128,
+    train_limit=640,  # about 64 examples per head: each shard holds a bn_batch of 32
     evaluation_images=None,
 )
 

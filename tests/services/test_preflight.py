@@ -158,6 +158,12 @@ def _cap_of_another_federation(b: Broken) -> None:
     Path(b.data["cap"]["record"]).write_text(json.dumps(record) + "\n")
 
 
+def _first_examples(broken: Broken, count: int) -> None:
+    """The site's own data cut to its first ``count`` examples."""
+    with np.load(broken.live.root / "hospital-1.npz") as data:
+        broken.npz(data["images"][:count], data["labels"][:count])
+
+
 _rng = np.random.default_rng(0)
 _labels = np.arange(200) % 10
 # misconfiguration (as in docs/operations.md) -> how to make it, the check that catches it, its status, and
@@ -253,6 +259,12 @@ CASES: dict[str, tuple[Callable[[Broken], None], str, str, str]] = {
         "dataset",
         "warn",
         r"no example of class\(es\) \[9\]",
+    ),
+    "too few examples for each head to hold one BatchNorm chunk": (
+        lambda b: _first_examples(b, 40),  # 2 heads of about 20 examples each, chunks of 32: all abstain
+        "spending",
+        "fail",
+        r"hospital-1: 2 heads over 40 examples is about 20 per head.*they all abstain with probability ≥ 99",
     ),
     "blank images": (
         lambda b: b.npz(np.full((200, 28, 28, 1), 7, np.uint8), _labels),

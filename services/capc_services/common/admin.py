@@ -8,6 +8,7 @@ paths, errors, peers); ``/metrics`` needs the metrics or the admin token. No int
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,6 +27,7 @@ from capc_common import __version__
 from capc_services.common.admin_gate import MAX_BODY_BYTES, AdminGate, bearer, token_matches
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 _bearer = HTTPBearer(auto_error=False)
 PROBLEM_JSON = "application/problem+json"
 _PROBLEM_SCHEMA: dict[str, Any] = {
@@ -192,7 +194,12 @@ def build_admin_app(
     )
     def readyz(request: Request) -> JSONResponse:
         """Readiness: every check passes (503 otherwise). Each check's detail only with the admin token."""
-        report = readiness()
+        try:
+            report = readiness()
+        except Exception:  # a probe that raised says "not ready" and why, never 500 with a traceback
+            _log.exception("a readiness check raised")
+            detail = "a readiness check raised; the party's log has the error"
+            report = Readiness({"readiness": (False, detail)})
         code = status.HTTP_200_OK if report.ready else status.HTTP_503_SERVICE_UNAVAILABLE
         details = token_matches(bearer(request.headers.get("authorization")), token)
         return JSONResponse(report.to_dict(details=details), status_code=code)

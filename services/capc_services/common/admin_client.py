@@ -26,6 +26,18 @@ def _verify(ca: Path | None) -> ssl.SSLContext | bool:
     return ssl.create_default_context(cafile=str(ca))
 
 
+def tls_client(*, ca: Path | None = None, party: str | None = None, timeout: float = 10.0) -> httpx.Client:
+    """An ``httpx.Client`` verifying an ``https://`` server against ``ca`` (and ``party``'s name, when given),
+    for URLs checked by the caller (:func:`admin_client` checks them).
+
+    Raises:
+        InputError: ``ca`` does not exist.
+    """
+    verify = _verify(ca)
+    transport = None if party is None else _PinnedTransport(party, verify=verify)
+    return httpx.Client(timeout=timeout, verify=verify, transport=transport)
+
+
 def admin_client(
     url: str,
     *,
@@ -46,11 +58,11 @@ def admin_client(
     Raises:
         InputError: an unusable URL or CA file.
     """
-    base = check_admin_url(url)
-    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    verify = _verify(ca)
-    transport = None if party is None else _PinnedTransport(party, verify=verify)
-    return httpx.Client(base_url=base, headers=headers, timeout=timeout, verify=verify, transport=transport)
+    client = tls_client(ca=ca, party=party, timeout=timeout)
+    client.base_url = httpx.URL(check_admin_url(url))
+    if token is not None:
+        client.headers["Authorization"] = f"Bearer {token}"
+    return client
 
 
 class _PinnedTransport(httpx.HTTPTransport):

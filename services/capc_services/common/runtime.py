@@ -145,9 +145,33 @@ class AdminServer:
         self._thread.join(timeout=10)
 
 
+#: How often a main thread waiting for its stop event wakes to run the signal handlers pending for it.
+_SIGNAL_CHECK_S = 0.5
+
+
+class _StopEvent(threading.Event):
+    """An event whose untimed ``wait`` wakes every :data:`_SIGNAL_CHECK_S` seconds.
+
+    Python runs a signal's handler in the main thread, once that thread executes bytecode again. The kernel
+    may deliver the signal to any thread of the process: normally it interrupts the main thread's wait, but
+    after the process was stopped and continued (SIGSTOP, ^Z, a debugger) it often lands on a gRPC or
+    worker thread, and a main thread blocked in an untimed wait never ran the SIGTERM handler — measured: a
+    party stopped with SIGSTOP ignored SIGTERM+SIGCONT until SIGKILL, every time. Waking now and then costs
+    nothing and lets the handler run.
+    """
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is not None:
+            return super().wait(timeout)
+        while not super().wait(_SIGNAL_CHECK_S):
+            pass
+        return True
+
+
 def stop_event_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT (install from the main thread only)."""
-    event = threading.Event()
+    """An event set by SIGTERM or SIGINT (install from the main thread only), whose untimed ``wait`` lets
+    the handlers run however the kernel delivered the signal (:class:`_StopEvent`)."""
+    event = _StopEvent()
 
     def _handler(signum: int, frame: Any) -> None:
         del frame

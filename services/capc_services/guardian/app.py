@@ -58,10 +58,11 @@ def open_ledger(settings: GuardianSettings) -> BudgetLedger:
 
 
 def _core(
-    party: PartyRuntime, ledger: BudgetLedger, noise: NoiseSource
+    party: PartyRuntime, ledger: BudgetLedger, noise: NoiseSource, *, force: str | None = None
 ) -> tuple[Guardian | ReleaseGuardian, Any, Mapping[str, frozenset[str]]]:
     """The guardian's state, servicer and call policy for the federation's mechanism family: query batches
-    with a 2PC (selection), or noisy totals (release)."""
+    with a 2PC (selection), or noisy totals (release); ``force``: the site's reason to run what the
+    pre-spend checks refuse as a judgement."""
     config = party.config
     if isinstance(config.mechanism, ReleaseMember):
         protocol = party.runnable.release_protocol()
@@ -69,7 +70,7 @@ def _core(
             config=config, ledger=ledger, noise=noise, protocol=protocol, metrics=party.metrics
         )
         return core, ReleaseGuardianServicer(core), RELEASE_POLICY
-    guardian = Guardian(config=config, ledger=ledger, noise=noise, metrics=party.metrics)
+    guardian = Guardian(config=config, ledger=ledger, noise=noise, metrics=party.metrics, force=force)
     return guardian, GuardianServicer(guardian), POLICY
 
 
@@ -80,7 +81,7 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
     party = PartyRuntime(settings, role="guardian")
     noise = party_noise("guardian", seed=party.config.mechanism.insecure_noise_seed)
     ledger = open_ledger(settings)
-    guardian, servicer, policy = _core(party, ledger, noise)
+    guardian, servicer, policy = _core(party, ledger, noise, force=settings.force)
     limit = MessageLimits.of(party.config).compute
     limits = settings.grpc.limits()
     interceptor = party.interceptor(policy, limits=limits, superseded=superseded_hashes(ledger))

@@ -75,11 +75,16 @@ class GuardianSettings(SiteSettings):
         ledger: the budget ledger's file (durable; back it up).
         student_admin: the student's admin API, relayed on ``/api/v1/student`` for the dashboard and
             ``capc budget watch`` (optional: without it they show the student as not reachable).
+        force: the operator's reason to run a federation that the pre-spend checks refuse as a judgement
+            (:mod:`capc_common.federation.refusals`; a certain refusal cannot be forced). Without it the
+            guardian refuses every batch of such a federation before the first charge; with it, it logs
+            what it overrode and why.
     """
 
     grpc: GrpcSettings = GrpcSettings()
     ledger: Path
     student_admin: StudentAdminSettings | None = None
+    force: str | None = Field(default=None, min_length=1, max_length=2000)
 
     def check_role(self) -> None:
         self._require_role("guardian")

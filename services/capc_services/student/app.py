@@ -99,7 +99,7 @@ def _labelling_check(progress: Progress, *, guardian: str) -> tuple[bool, dict[s
     detail: dict[str, Any] = {"state": progress.state, "guardian": guardian}
     if progress.error:
         detail["error"] = progress.error
-    return progress.state not in ("failed", "reconnecting"), detail
+    return progress.state not in ("failed", "reconnecting", "waiting for storage"), detail
 
 
 def run(settings: StudentSettings, *, stop: threading.Event) -> Failure | None:
@@ -124,6 +124,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> Failure | None:
         tls=party.tls,
         address=settings.guardian_address,
         noise=party_noise("student", seed=party.config.mechanism.insecure_noise_seed),
+        metrics=party.metrics,
     )
     scheduler = Scheduler(
         config=party.config,

@@ -147,7 +147,11 @@ def run_release_student(
     rounds = ReleaseRounds(config, length=protocol.length)
     progress = ReleaseProgress(rounds=protocol.rounds)
     guardian = ReleaseClient(
-        config=config, tls=party.tls, address=settings.guardian_address, length=protocol.length
+        config=config,
+        tls=party.tls,
+        address=settings.guardian_address,
+        length=protocol.length,
+        metrics=party.metrics,
     )
     message = release_message_bytes(protocol.length)
     failures: list[Failure] = []

@@ -147,13 +147,19 @@ GUARDIAN_CHECK_EVERY_S = 5.0
 def vote_readiness(
     links: TeacherLinks, *, guardian: str, every_s: float = GUARDIAN_CHECK_EVERY_S
 ) -> Callable[[], dict[str, tuple[bool, Any]]]:
-    """A voting teacher's readiness checks: its work stream to the student, and whether the guardian accepts a
-    TLS connection — dialled at most once every ``every_s`` seconds however often ``/readyz`` is asked."""
-    reachable = RecentCheck(lambda: links.guardian_reachable(timeout=0.5), every_s=every_s)
-    return lambda: {
-        "student": (links.connected, links.last_error or "connected"),
-        "guardian": (reachable(), guardian),
-    }
+    """A voting teacher's readiness checks: its work stream to the student, and whether the guardian answers
+    under this party's config (else the reason, e.g. its other hash) — dialled at most once every
+    ``every_s`` seconds however often ``/readyz`` is asked."""
+    problem = RecentCheck(lambda: links.guardian_problem(timeout=0.5), every_s=every_s)
+
+    def checks() -> dict[str, tuple[bool, Any]]:
+        found = problem()
+        return {
+            "student": (links.connected, links.last_error or "connected"),
+            "guardian": (not found, f"{guardian} {found}" if found else guardian),
+        }
+
+    return checks
 
 
 def serve_releases(
@@ -181,6 +187,7 @@ def serve_releases(
         labels=np.asarray(labels, dtype=np.int64),
         source=sampling_noise(settings.party, seed=config.mechanism.insecure_noise_seed),
         cap=cap,
+        metrics=party.metrics,
     )
     api = api_router()
     api.get("/status", tags=["teacher"])(contributor.status)
@@ -261,6 +268,7 @@ def _serve_votes(
         student_address=settings.student_address,
         guardian_address=settings.guardian_address,
         worker=worker,
+        metrics=party.metrics,
     )
     party.start_admin(
         readiness=vote_readiness(links, guardian=settings.guardian_address),

@@ -24,7 +24,7 @@ import numpy as np
 from capc_common.data import load_dataset, partition, site_part
 from capc_common.errors import InputError
 from capc_common.federation import load_shared_backbone, mechanism_of
-from capc_common.federation.site_data import dataset_findings, label_problem, refuse
+from capc_common.federation.site_data import class_name_problem, dataset_findings, label_problem, refuse
 from capc_common.threads import threads_limited
 from capc_services.teacher.settings import TeacherSettings
 
@@ -58,7 +58,8 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
     site's set by that example alone, and no other site's.
 
     Raises:
-        InputError: no ``data:`` section, or a shard outside ``[0, shards)``.
+        InputError: no ``data:`` section, a shard outside ``[0, shards)``, or class names other than the
+            federation's (:func:`~capc_common.federation.site_data.class_name_problem`).
     """
     data = settings.data
     if data is None:
@@ -72,6 +73,9 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
         dataset = load_dataset(data.dataset, split="train")
     except InputError as exc:
         raise InputError(f"{exc}{_mount_hint(data.dataset)}") from None
+    problem = class_name_problem(dataset.class_names, config=settings.federation_config, name=dataset.name)
+    if problem:
+        raise InputError(problem)
     index = site_part(
         dataset.images,
         dataset.labels,

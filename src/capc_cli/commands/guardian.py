@@ -25,7 +25,14 @@ def command() -> None:
 
 @command.command("serve")
 @_SITE
-def serve(site: Path) -> None:
+@click.option(
+    "--force",
+    metavar="REASON",
+    default=None,
+    help="Run a federation the pre-spend checks refuse as a judgement (e.g. a party whose heads would all "
+    "abstain), stating why; the reason is logged with what it overrode [default: the site file's force].",
+)
+def serve(site: Path, force: str | None) -> None:
     """Serve gRPC (mutual TLS) to the parties and the admin REST API until SIGTERM/SIGINT."""
     from capc_services.common.logging import configure_logging
     from capc_services.common.runtime import stop_event_on_signals
@@ -33,6 +40,8 @@ def serve(site: Path) -> None:
     from capc_services.guardian.settings import GuardianSettings
 
     settings = GuardianSettings.load(site)
+    if force is not None:
+        settings = settings.model_copy(update={"force": force})
     configure_logging(party=settings.party, level=settings.log_level)
     run_guardian(settings, stop=stop_event_on_signals())
 
@@ -70,29 +79,11 @@ def membership(url: str, token_file: Path, federation: Path, ca: Path | None, fm
     The guardian checks that only teacher parties (and the quorum) change, releases the batches reserved
     under the old membership that revealed nothing, appends one hash-chained membership entry authorised by
     the admin token — the budget spent carries over — and stops: start it again with the new file."""
-    import httpx
-
-    from capc_common.errors import InputError, ProtocolError, UnavailableError
     from capc_common.federation import FederationConfig
-    from capc_services.common.admin_client import admin_client
     from capc_services.common.settings import load_admin_token
+    from capc_services.guardian.membership_client import record_membership
 
-    config = FederationConfig.load(federation)
-    token = load_admin_token(token_file)
-    endpoint = url.rstrip("/") + "/api/v1/membership"
-    try:
-        with admin_client(url, token=token, ca=ca, timeout=60) as client:
-            response = client.post("/api/v1/membership", json=config.model_dump(mode="json"))
-    except httpx.HTTPError as exc:
-        raise UnavailableError(f"the guardian's admin API at {url} does not answer ({exc})") from None
-    try:
-        detail = str(response.json().get("detail", response.text))
-    except (ValueError, AttributeError):  # not the guardian's problem JSON (a proxy's page, an empty body)
-        detail = response.text
-    if response.status_code == 401:
-        raise InputError(f"the guardian at {url} refused the admin token; check --token-file ({detail})")
-    if response.status_code in (409, 422):
-        raise InputError(f"the guardian refused the change: {detail}")
-    if response.status_code != 200:
-        raise ProtocolError(f"{endpoint} answered HTTP {response.status_code}: {response.text}")
-    emit(response.json(), fmt, _membership_text)
+    reply = record_membership(
+        url, token=load_admin_token(token_file), config=FederationConfig.load(federation), ca=ca
+    )
+    emit(reply, fmt, _membership_text)

@@ -118,7 +118,7 @@ def check_batch_fits(config: FederationConfig) -> None:
         raise InputError(
             f"one batch of {batch} queries may cost up to RDP {worst:.4g} at order {b.order:g}, more than "
             f"the whole budget {budget:.4g} (ε={b.epsilon:g}, δ={b.delta:g}), so no batch could ever run; "
-            f"raise {selection_config(config).noise_hint()} or ε ({smaller})"
+            f"raise {selection_config(config).noise_hint()} or budget.epsilon ({smaller})"
         )
 
 

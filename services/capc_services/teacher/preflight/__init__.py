@@ -15,6 +15,7 @@ from capc_services.teacher.preflight.identity import admin_token_check, certific
 from capc_services.teacher.preflight.model import backbone_check, dataset_checks, heads_check
 from capc_services.teacher.preflight.peers import cap_check, peer_check
 from capc_services.teacher.preflight.report import Check, PreflightReport
+from capc_services.teacher.preflight.spending import spending_check
 from capc_services.teacher.settings import TeacherSettings
 
 __all__ = ["Check", "PreflightReport", "run_preflight"]
@@ -60,7 +61,10 @@ def run_preflight(site: str | Path, *, out_dir: Path | None = None, timeout: flo
     checks.append(admin_token_check(settings))
     backbone, model = backbone_check(config)
     checks.append(backbone)
-    checks.extend(dataset_checks(settings, config, out_dir=out_dir or settings.heads.parent / "preflight"))
+    data = dataset_checks(settings, config, out_dir=out_dir or settings.heads.parent / "preflight")
+    checks.extend(data)
+    examples = next((c.data.get("examples") for c in data if c.name == "dataset"), None)
+    checks.append(spending_check(config, party=settings.party, examples=examples))
     checks.append(
         heads_check(settings, config, model)
         if model is not None
