@@ -38,6 +38,7 @@ from capc_services.local.processes import (
     read_state,
     start_party,
     stop_processes,
+    token,
     train_parties,
     wait_ready,
     write_state,
@@ -213,7 +214,13 @@ def _switch(
                 layout, party=old.guardian, role="guardian", admin_port=admin[old.guardian]
             )
             wait_ready(layout, [guardian], timeout=ready_timeout)
-        reply = record_membership(guardian.admin_url, token=layout.token.read_text().strip(), config=new)
+        reply = record_membership(
+            guardian.admin_url,
+            token=token(layout, old.guardian),
+            config=new,
+            ca=layout.certs / "ca.crt",
+            party=old.guardian,
+        )
     except Exception:  # not recorded: the federation carries on as it was
         if started and guardian is not None:
             stop_processes([guardian], grace=5)
