@@ -28,7 +28,7 @@ from capc_common.learn.student import load_student
 from capc_common.models import extract_features
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.train import site_examples
 from capc_services.tls import TlsFiles
@@ -159,7 +159,6 @@ def _tls(running: Running, party: str) -> TlsFiles:
 def test_unauthenticated_and_impersonating_clients_are_refused(differential: Running) -> None:
     guardian = differential.endpoints["guardian"]["grpc"]
     student = differential.endpoints["student"]["grpc"]
-    config_hash = differential.config.config_hash()
     # no client certificate: the TLS handshake fails
     bare = grpc.secure_channel(
         guardian,
@@ -170,10 +169,10 @@ def test_unauthenticated_and_impersonating_clients_are_refused(differential: Run
         rpc.GuardianServiceStub(bare).BatchStatus(pb.BatchStatusRequest(batch_id="x"), timeout=10)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     # a teacher's certificate: may not act as the student, nor submit for another party
-    hash_header = (ConfigHashClientInterceptor(config_hash, peer="guardian"),)
-    stub = rpc.GuardianServiceStub(
-        _tls(differential, "hospital-1").channel(guardian, peer="guardian", interceptors=hash_header)
-    )
+    teacher = _tls(differential, "hospital-1")
+    config = differential.config
+    hash_header = (FederationClientInterceptor.dialling(config, tls=teacher, peer="guardian"),)
+    stub = rpc.GuardianServiceStub(teacher.channel(guardian, peer="guardian", interceptors=hash_header))
     with pytest.raises(grpc.RpcError) as info:
         stub.OpenBatch(pb.OpenBatchRequest(batch_id="x", count=32, query_digest=b"0" * 32), timeout=10)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -185,8 +184,10 @@ def test_unauthenticated_and_impersonating_clients_are_refused(differential: Run
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     # on the student's work stream, hospital-1 cannot introduce itself as hospital-2
     work = rpc.StudentServiceStub(
-        _tls(differential, "hospital-1").channel(
-            student, peer="student", interceptors=(ConfigHashClientInterceptor(config_hash, peer="student"),)
+        teacher.channel(
+            student,
+            peer="student",
+            interceptors=(FederationClientInterceptor.dialling(config, tls=teacher, peer="student"),),
         )
     )
     hello = pb.TeacherMessage(hello=pb.TeacherHello(party="hospital-2", heads=3))
