@@ -311,8 +311,9 @@ def uncovered_caps(plan: SpendPlan) -> Refusal | None:
     than the quorum can answer all of it: the federation would spend privacy on a plan it cannot finish.
 
     A declared cap is measured as a new cap record charges it, at :func:`~capc_common.federation.cap_order`
-    (a record created before records named their order charges at the federation's, and covers less: its
-    preflight says so); a party that declared none is counted as covering. A release federation's releases
+    (a record created before records named their order charges at the federation's, where the same ε
+    covers less: its teacher refuses to start unless its cap covers there as much as its declaration does
+    here); a party that declared none is counted as covering. A release federation's releases
     all fit its ε by construction, and its parties' caps are checked by each party.
     """
     config = plan.config

@@ -49,7 +49,6 @@ def cap_check(
     from capc_services.teacher.cap import LocalCap
 
     cap_eps = settings.cap.epsilon
-    contradiction = declared_cap_refusal(settings, config)
     try:
         # A read-only view: this check runs beside a serving teacher, which holds the record's lock.
         cap = LocalCap(
@@ -69,6 +68,7 @@ def cap_check(
             fix="create the record once with `capc teacher init-cap` (a new site), restore it from backup, "
             "or give this federation its own cap.record",
         )
+    contradiction = declared_cap_refusal(settings, config, exposure=exposure, order=cap.order)
     delta, federation_eps = config.budget.delta, config.budget.epsilon
     cover = cap_cover(exposure, delta=delta, order=cap.order)
     planned = len(exposure.plan)
