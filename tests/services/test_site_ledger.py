@@ -336,3 +336,27 @@ def test_lines_counted_in_after_a_membership_change_are_counted_once(pki: Path, 
     assert [f["name"] for f in report["federations"]] == ["one"]
     expected = exposure_of(old).rdp(32, 5.0) + per_line
     assert report["total"]["spent_rdp"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_preflight_reports_earlier_lines_the_ledger_order_cannot_take(pki: Path, tmp_path: Path) -> None:
+    """Lines of an earlier membership config recorded at order 10 cannot be carried to a ledger at order 12:
+    the teacher refuses to join, and preflight's lifetime check fails saying why (it once raised out of
+    the whole preflight, so none of the other checks was reported)."""
+    from capc_services.teacher.preflight.budget import lifetime_check
+
+    path = _federation(tmp_path, "one", order=10.0)
+    old = FederationConfig.load(path)
+    data = old.model_dump(mode="json")
+    data["teachers"].append({"name": "hospital-c", "heads": 2})
+    grown = FederationConfig.from_dict(
+        {**data, "history": [{"previous": old.config_hash(), "added": ["hospital-c"]}]}
+    )
+    LocalCap.init(tmp_path / "one-cap.jsonl", config=old, order=10.0)
+    with LocalCap(tmp_path / "one-cap.jsonl", config=old, epsilon_cap=60.0) as cap:
+        cap.charge(batch_id="q0", attempt=1, count=32)
+    grown.save(path)
+    SiteLedger.init(tmp_path / "site-ledger.jsonl", epsilon=200.0, delta=1e-5, order=12.0)
+    settings = TeacherSettings.load(_site(pki, tmp_path, path, cap=60.0, lifetime=200.0))
+    check = lifetime_check(settings, grown, exposure_of(grown))
+    assert check.status == "fail" and "bounds nothing at the higher order 12" in check.detail
+    assert "lifetime.order" in check.fix

@@ -173,7 +173,16 @@ def lifetime_check(settings: TeacherSettings, config: FederationConfig, exposure
             "restore them from backup, or fix lifetime: in the site file",
         )
     account, limit = ledger.account, ledger.site_limit
-    plan = ledger.assess(config=config, cap=cap)
+    try:
+        plan = ledger.assess(config=config, cap=cap)
+    except InputError as exc:  # lines of an earlier membership config the ledger's order cannot take
+        return Check.fail(
+            "lifetime",
+            str(exc),
+            fix="the site ledger's order is fixed when it is created, and a cap record's lines of an earlier "
+            "membership config move only to a lower order: a ledger that counts them in needs "
+            "lifetime.order at most the record's order, set before the ledger is created",
+        )
     sampler = delta_with_sampler_distance(
         epsilon=max(limit, account.guarantee), draws=1, distance=plan.sampler_tv
     )
