@@ -92,3 +92,13 @@ def test_declared_caps_that_leave_too_few_parties_for_the_plan_are_refused() -> 
     assert uncovered_caps(SpendPlan(config=_declaring((25.0, None), quorum=1))) is None  # undeclared: counted
     assert uncovered_caps(SpendPlan(config=_declaring((30.0, 28.21), quorum=2))) is None
     assert _declaring((None, None), quorum=2).config_hash() == K8S.config_hash()  # unset: same hash
+
+
+def test_a_declared_cap_no_rdp_can_meet_covers_nothing() -> None:
+    """A cap of ε 0.5 cannot be met at a new record's order 2.1 at all (even zero RDP converts to ε 9.1): it
+    covers none of the plan, and the refusal names the cap to declare (it once escaped as 'cannot be met
+    at order 2.1 … pick a larger order', naming neither the cap nor a flag)."""
+    refusal = uncovered_caps(SpendPlan(config=_declaring((0.5, 30.0), quorum=2)))
+    assert refusal is not None and refusal.check == "caps-short"
+    assert refusal.reason.startswith("hospital-a declares a cap of ε 0.5, which covers 0 of the 21 batches")
+    assert refusal.fix().endswith("to 28.21")

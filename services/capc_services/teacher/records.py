@@ -92,7 +92,10 @@ def declared_cap_refusal(
         return None
     delta, planned = config.budget.delta, len(exposure.plan)
     new_order = cap_order(exposure, delta=delta)
-    promised = exposure.admitted(epsilon=declared, delta=delta, order=new_order)
+    try:
+        promised = exposure.admitted(epsilon=declared, delta=delta, order=new_order)
+    except InputError:  # no RDP at that order meets the declaration: it promises no charge
+        return None
     covers = exposure.admitted(epsilon=own, delta=delta, order=order)
     if covers >= promised:
         return None

@@ -322,9 +322,14 @@ def uncovered_caps(plan: SpendPlan) -> Refusal | None:
         return None
     exposure, delta, epsilon = exposure_of(config), config.budget.delta, config.budget.epsilon
     order, planned = cap_order(exposure, delta=delta), len(exposure.plan)
-    covered = {
-        name: exposure.admitted(epsilon=cap, delta=delta, order=order) for name, cap in declared.items()
-    }
+
+    def covers(cap: float) -> int:
+        try:
+            return exposure.admitted(epsilon=cap, delta=delta, order=order)
+        except InputError:  # no RDP at this order meets the cap: it admits no charge at all
+            return 0
+
+    covered = {name: covers(cap) for name, cap in declared.items()}
     short = {name: count for name, count in covered.items() if count < planned}
     answering, quorum = len(config.teachers) - len(short), config.quorum.min_parties
     if answering >= quorum:
