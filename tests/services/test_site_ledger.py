@@ -54,6 +54,18 @@ def _site(pki: Path, tmp: Path, federation: Path, *, cap: float, lifetime: float
     return path
 
 
+def _grown(tmp: Path) -> tuple[Path, FederationConfig, FederationConfig]:
+    """Federation one (at order 10), and its config after a membership change added hospital-c."""
+    path = _federation(tmp, "one", order=10.0)
+    old = FederationConfig.load(path)
+    data = old.model_dump(mode="json")
+    data["teachers"].append({"name": "hospital-c", "heads": 2})
+    grown = FederationConfig.from_dict(
+        {**data, "history": [{"previous": old.config_hash(), "added": ["hospital-c"]}]}
+    )
+    return path, old, grown
+
+
 def _entries(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -164,13 +176,7 @@ def test_cap_records_are_counted_in_once_and_a_crash_only_over_counts(pki: Path,
 def test_a_membership_change_carries_on_and_earlier_lines_move_only_to_lower_orders(
     pki: Path, tmp_path: Path
 ) -> None:
-    path = _federation(tmp_path, "one", order=10.0)
-    old = FederationConfig.load(path)
-    data = old.model_dump(mode="json")
-    data["teachers"].append({"name": "hospital-c", "heads": 2})
-    grown = FederationConfig.from_dict(
-        {**data, "history": [{"previous": old.config_hash(), "added": ["hospital-c"]}]}
-    )
+    _, old, grown = _grown(tmp_path)
     LocalCap.init(tmp_path / "one-cap.jsonl", config=old, order=10.0)
     with LocalCap(tmp_path / "one-cap.jsonl", config=old, epsilon_cap=60.0) as cap:
         cap.charge(batch_id="q0", attempt=1, count=32)
@@ -312,13 +318,7 @@ def test_lines_counted_in_after_a_membership_change_are_counted_once(pki: Path, 
     """The ledger joined a federation under its first config; a line its cap record wrote while the site file
     had no ``lifetime:`` is counted in at the first start after a membership change. That count belongs to
     the federation already joined (by any of its hashes), so a second start counts nothing again."""
-    path = _federation(tmp_path, "one", order=10.0)
-    old = FederationConfig.load(path)
-    data = old.model_dump(mode="json")
-    data["teachers"].append({"name": "hospital-c", "heads": 2})
-    grown = FederationConfig.from_dict(
-        {**data, "history": [{"previous": old.config_hash(), "added": ["hospital-c"]}]}
-    )
+    _, old, grown = _grown(tmp_path)
     record = LocalCap.init(tmp_path / "one-cap.jsonl", config=old, order=10.0)
     ledger = SiteLedger.init(tmp_path / "ledger.jsonl", epsilon=200.0, delta=1e-5, order=5.0)
     with LocalCap(record, config=old, epsilon_cap=60.0) as cap:
@@ -344,13 +344,7 @@ def test_preflight_reports_earlier_lines_the_ledger_order_cannot_take(pki: Path,
     the whole preflight, so none of the other checks was reported)."""
     from capc_services.teacher.preflight.budget import lifetime_check
 
-    path = _federation(tmp_path, "one", order=10.0)
-    old = FederationConfig.load(path)
-    data = old.model_dump(mode="json")
-    data["teachers"].append({"name": "hospital-c", "heads": 2})
-    grown = FederationConfig.from_dict(
-        {**data, "history": [{"previous": old.config_hash(), "added": ["hospital-c"]}]}
-    )
+    path, old, grown = _grown(tmp_path)
     LocalCap.init(tmp_path / "one-cap.jsonl", config=old, order=10.0)
     with LocalCap(tmp_path / "one-cap.jsonl", config=old, epsilon_cap=60.0) as cap:
         cap.charge(batch_id="q0", attempt=1, count=32)
