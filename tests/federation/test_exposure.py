@@ -16,6 +16,7 @@ from capc_common.federation import (
     exposure_of,
     mechanism_of,
 )
+from capc_common.federation.cover import why_above
 from capc_common.federation.refusals import SpendPlan, uncovered_caps
 from capc_common.federation.releases import protocol_for
 from capc_common.privacy.analysis import epsilon_at_order
@@ -102,3 +103,20 @@ def test_a_declared_cap_no_rdp_can_meet_covers_nothing() -> None:
     assert refusal is not None and refusal.check == "caps-short"
     assert refusal.reason.startswith("hospital-a declares a cap of ε 0.5, which covers 0 of the 21 batches")
     assert refusal.fix().endswith("to 28.21")
+
+
+def test_why_a_cap_within_the_federation_s_epsilon_says_what_the_plan_charges() -> None:
+    """A selection plan whose stream ends before its limit (4 batches of 64 at ε 10) is covered by ε 9.82;
+    the reason names batches, not releases."""
+    data = K8S.model_dump(mode="json")
+    data["queries"]["total"] = 256
+    short = FederationConfig.from_dict(data)
+    cover = cap_cover(exposure_of(short), delta=short.budget.delta)
+    assert cover.cap == 9.82
+    text = why_above(cover, federation_epsilon=10.0)
+    assert "release" not in text and "within its limit ε 10: its 4 planned batches" in text
+    release = FederationConfig.from_dict({**data, "mechanism": {"name": "dppl", "rho": 0.05}})
+    protocol = protocol_for(release, dim=4)
+    assert "every release it plans is charged alike" in why_above(
+        cap_cover(exposure_of(release, protocol=protocol), delta=1e-5), federation_epsilon=100.0
+    )
