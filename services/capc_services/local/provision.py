@@ -1,8 +1,9 @@
 """Provision a complete local federation in one state directory: CA and certificates, federation.yaml,
-one site file per party, free loopback ports and an admin token.
+one site file per party, free loopback ports and one admin token per role.
 
 The files are the same a real deployment uses (see deploy/ and docs/operations.md); only the addresses
-(loopback) and the single shared admin token are local conveniences.
+(loopback, so the admin APIs speak plain HTTP) and the teacher parties' one shared token are local
+conveniences.
 """
 
 from __future__ import annotations
@@ -365,6 +366,8 @@ def free_port() -> int:
         return chosen
 
 
+ROLES = ("guardian", "student", "teacher")
+"""The roles of a federation, one admin token each."""
 _PORTS_FROM = 10_000  # above the well-known and most registered service ports
 _PORT_TRIES = 50
 
@@ -579,14 +582,15 @@ def _write_federation(
     parties = [config.guardian, config.student, *config.teacher_names]
     for party in parties:
         issue_certificate(layout.certs, party, out_dir=layout.certs)
-    write_admin_token(layout.token)
+    for role in ROLES:
+        write_admin_token(layout.admin_token(role))
     endpoints = Endpoints(
         guardian_grpc=free_port(), student_grpc=free_port(), admin={p: free_port() for p in parties}
     )
     guardian_address, student_address = endpoints.guardian_address, endpoints.student_address
 
     def common(party: str) -> dict[str, Any]:
-        return _common_site(party, admin_port=endpoints.admin[party])
+        return _common_site(party, role=str(config.role_of(party)), admin_port=endpoints.admin[party])
 
     guardian_site = {
         **common(config.guardian),
@@ -594,10 +598,11 @@ def _write_federation(
         "ledger": f"../parties/{config.guardian}/ledger.sqlite",
         # the operator's reason to run what the pre-spend checks refuse as a judgement (the guardian logs it)
         **({"force": options.force} if options.force is not None else {}),
-        # the dashboard and `capc budget watch` relay the student's progress from its admin API
+        # the dashboard and `capc budget watch` relay the student's progress from its admin API, with the
+        # student's token (over loopback here; across machines over HTTPS)
         "student_admin": {
             "url": f"http://127.0.0.1:{endpoints.admin[config.student]}",
-            "token_file": "../admin.token",
+            "token_file": "../tokens/student.token",
         },
     }
     _write_yaml(layout.site(config.guardian), guardian_site)
@@ -631,13 +636,14 @@ def _write_federation(
     return endpoints
 
 
-def _common_site(party: str, *, admin_port: int) -> dict[str, Any]:
-    """The site-file fields every party of a local federation has (paths relative to ``sites/``)."""
+def _common_site(party: str, *, role: str, admin_port: int) -> dict[str, Any]:
+    """The site-file fields every party of a local federation has (paths relative to ``sites/``; the admin
+    token is its role's)."""
     return {
         "party": party,
         "federation": "../federation.yaml",
         "tls": {"ca": "../certs/ca.crt", "cert": f"../certs/{party}.crt", "key": f"../certs/{party}.key"},
-        "admin": {"bind": f"127.0.0.1:{admin_port}", "token_file": "../admin.token"},
+        "admin": {"bind": f"127.0.0.1:{admin_port}", "token_file": f"../tokens/{role}.token"},
     }
 
 
@@ -670,7 +676,7 @@ def write_teacher_site(
     _write_yaml(
         layout.site(name),
         {
-            **_common_site(name, admin_port=endpoints.admin[name]),
+            **_common_site(name, role="teacher", admin_port=endpoints.admin[name]),
             "student_address": endpoints.student_address,
             "guardian_address": endpoints.guardian_address,
             "heads": f"../parties/{name}/heads.safetensors",

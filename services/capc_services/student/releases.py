@@ -51,7 +51,7 @@ from capc_common.storage import classify
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, ndarray_to_proto, rpc
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import HEADROOM
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.retry import Backoff
@@ -258,14 +258,13 @@ class ReleaseClient:
         length: int,
         metrics: PartyMetrics | None = None,
     ) -> None:
-        self._hash = config.config_hash()
         self._peer = config.guardian
         limit = length * 8 + HEADROOM
         self._channel = tls.channel(
             address,
             peer=self._peer,
             interceptors=(
-                ConfigHashClientInterceptor(self._hash, peer=self._peer),
+                FederationClientInterceptor.dialling(config, tls=tls, peer=self._peer),
                 *counted(metrics, peer="guardian"),
             ),
             receive=limit,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from capc_common.federation import ReleaseMember, exposure_of, mechanism_of
 from capc_common.federation.releases import check_records
 from capc_common.learn.heads import HeadEnsemble
 from capc_common.mechanisms import Voter
-from capc_services.common.admin import api_router
+from capc_services.common.admin import RecentCheck, api_router
 from capc_services.common.party import PartyRuntime, apply_threads
 from capc_services.teacher.cap import LocalCap
 from capc_services.teacher.client import TeacherLinks
@@ -140,6 +141,28 @@ def status_router(worker: TeacherWorker, links: TeacherLinks, cap: LocalCap) -> 
     return api
 
 
+GUARDIAN_CHECK_EVERY_S = 5.0
+"""How long a teacher's readiness keeps its answer to "does the guardian accept a TLS connection"."""
+
+
+def vote_readiness(
+    links: TeacherLinks, *, guardian: str, every_s: float = GUARDIAN_CHECK_EVERY_S
+) -> Callable[[], dict[str, tuple[bool, Any]]]:
+    """A voting teacher's readiness checks: its work stream to the student, and whether the guardian answers
+    under this party's config (else the reason, e.g. its other hash) — dialled at most once every
+    ``every_s`` seconds however often ``/readyz`` is asked."""
+    problem = RecentCheck(lambda: links.guardian_problem(timeout=0.5), every_s=every_s)
+
+    def checks() -> dict[str, tuple[bool, Any]]:
+        found = problem()
+        return {
+            "student": (links.connected, links.last_error or "connected"),
+            "guardian": (not found, f"{guardian} {found}" if found else guardian),
+        }
+
+    return checks
+
+
 def serve_releases(
     settings: TeacherSettings, party: PartyRuntime, cap: LocalCap, *, stop: threading.Event
 ) -> None:
@@ -224,12 +247,6 @@ def serve(settings: TeacherSettings, *, stop: threading.Event, set_up: bool = Fa
         cap.close()
 
 
-def _guardian_check(links: TeacherLinks, address: str) -> tuple[bool, str]:
-    """Readiness: the guardian answers under this party's config (else the reason, e.g. its other hash)."""
-    problem = links.guardian_problem(timeout=0.5)
-    return not problem, f"{address} {problem}" if problem else address
-
-
 def _serve_votes(
     settings: TeacherSettings, party: PartyRuntime, cap: LocalCap, *, stop: threading.Event
 ) -> None:
@@ -258,10 +275,7 @@ def _serve_votes(
         metrics=party.metrics,
     )
     party.start_admin(
-        readiness=lambda: {
-            "student": (links.connected, links.last_error or "connected"),
-            "guardian": _guardian_check(links, settings.guardian_address),
-        },
+        readiness=vote_readiness(links, guardian=settings.guardian_address),
         routers=[status_router(worker, links, cap)],
     )
     runner = threading.Thread(target=links.run, args=(stop,), name="work-stream", daemon=True)

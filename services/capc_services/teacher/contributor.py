@@ -25,7 +25,7 @@ from capc_common.privacy import NoiseSource
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, ndarray_to_proto, rpc
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import HEADROOM
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.roundtrips import counted
@@ -78,13 +78,12 @@ class ReleaseContributor:
         self.config, self.party, self.protocol, self.cap = config, party, protocol, cap
         # The protocol's per-record map (secagg-dpsgd: the public basis) runs once, not every release.
         self._features, self._labels, self._source = protocol.prepare(features), labels, source
-        config_hash = config.config_hash()
         message = protocol.length * 8 + HEADROOM
         self._student_channel = tls.channel(
             student_address,
             peer=config.student,
             interceptors=(
-                ConfigHashClientInterceptor(config_hash, peer=config.student),
+                FederationClientInterceptor.dialling(config, tls=tls, peer=config.student),
                 *counted(metrics, peer="student"),
             ),
             receive=message,
@@ -94,7 +93,7 @@ class ReleaseContributor:
             guardian_address,
             peer=config.guardian,
             interceptors=(
-                ConfigHashClientInterceptor(config_hash, peer=config.guardian),
+                FederationClientInterceptor.dialling(config, tls=tls, peer=config.guardian),
                 *counted(metrics, peer="guardian"),
             ),
             receive=HEADROOM,

@@ -30,14 +30,15 @@ def _up_text(result: dict[str, Any]) -> str:
         f"            budget {result['guardian']['budget']}",
         f"            ledger {result['guardian']['ledger']}",
         f"            in a terminal: capc budget show --ledger {result['guardian']['ledger']}",
-        f"            dashboard {result['guardian']['dashboard']}#token=<admin token>",
+        f"            dashboard {result['guardian']['dashboard']}#token=<guardian admin token>",
         f"            live: capc budget watch --local {result['state_dir']}",
         f"  student   grpc {result['student']['grpc']}  admin {result['student']['admin']}",
         f"            progress {result['student']['progress']}",
     ]
     lines += [f"  {name:<9} admin {t['admin']}" for name, t in result["teachers"].items()]
     lines += [
-        f'  admin token: {result["admin_token_file"]}  (curl -H "Authorization: Bearer $(cat FILE)" URL)',
+        *(f"  {role} admin token: {path}" for role, path in result["admin_tokens"].items()),
+        '  (one per role: curl -H "Authorization: Bearer $(cat FILE)" URL)',
         f"  logs: {result['logs']}",
         f"stop it with `capc local down --state-dir {result['state_dir']}`",
     ]
