@@ -160,3 +160,31 @@ def test_a_release_guardian_checks_the_backbone_without_loading_it() -> None:
     no_torch, loaded, length = out.stdout.splitlines()
     assert no_torch == f"False {10 * 9}"  # 10 classes x (8 coordinates + bias)
     assert loaded == "True True True" and length == "90"
+
+
+def test_only_a_guardian_that_garbles_keeps_freed_memory(
+    pki: Path, tmp_path: Path, token_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The allocator policy pays on the 2PC (capc_common.memory): a guardian of a selection federation sets
+    it before its gRPC threads start; one of a release federation (no garbling) hands freed memory back."""
+    from capc_common.aggregation import party_noise
+    from capc_services.common.party import PartyRuntime
+    from capc_services.guardian import app
+
+    calls: list[str] = []
+    monkeypatch.setattr(app, "keep_freed_memory", lambda: calls.append("set"))
+    for mechanism, expected in (
+        ({"name": "dppl", "rho": 0.2}, []),
+        ({"threshold": 3, "sigma1": 2.0, "sigma2": 1.5}, ["set"]),
+    ):
+        calls.clear()
+        data = funded_config().model_dump(mode="json")
+        data["mechanism"] = mechanism
+        federation = tmp_path / f"{len(expected)}-federation.yaml"
+        FederationConfig.from_dict(data).save(federation)
+        settings = guardian_settings(pki, tmp_path / str(len(expected)), token_file, federation)
+        (tmp_path / str(len(expected))).mkdir()
+        party = PartyRuntime(settings, role="guardian")
+        with app.open_ledger(settings) as ledger:
+            app._core(party, ledger, party_noise("guardian", seed=None))
+        assert calls == expected, mechanism
