@@ -17,12 +17,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 #: The longest modules, longest first (a worker's seconds in each, measured in `make test` on 2026-12-03:
-#: 223, 131, 106, 73, 62, 62, 61, 59, 39, 34, 34), started first so that the two workers finish together
-#: instead of one running a long module alone at the end (longest-processing-time-first scheduling).
+#: 223, 131, 106, 73, 62, 62, 61, 59, 39, 34, 34; test_links.py about 110 alone, 2026-12-05), started first so
+#: that the two workers finish together instead of one running a long module alone at the end
+#: (longest-processing-time-first scheduling).
 LONGEST = (
     "tests/benchmarks/test_smoke.py",
     "tests/deploy/test_compose_federation.py",
     "tests/e2e/test_restarts.py",
+    "tests/e2e/test_links.py",
     "tests/e2e/test_release_federation.py",
     "tests/e2e/test_membership.py",
     "tests/services/test_dashboard.py",

@@ -20,6 +20,11 @@ class InputError(CapcError, ValueError):
     exit_code = 2
 
 
+class PreconditionError(InputError):
+    """The request is well formed, but the federation's own parameters forbid it: e.g. a federation that
+    would spend privacy for nothing is refused before its first charge (gRPC ``FAILED_PRECONDITION``)."""
+
+
 class BudgetExhaustedError(CapcError):
     """A privacy charge would cross the budget; nothing was charged."""
 
@@ -42,3 +47,13 @@ class ProtocolError(CapcError):
     """A protocol peer sent something malformed, truncated or out of order."""
 
     exit_code = 6
+
+
+class StorageError(CapcError):
+    """A volume this party writes to is full, read-only or failing; nothing was written.
+
+    Not data loss: what was committed before is intact (``capc budget verify`` says so for a ledger), and the
+    work resumes once the volume can be written again. The message names the volume and the space needed.
+    """
+
+    exit_code = 7

@@ -364,6 +364,8 @@ SLOW = {"federation.py", "joining.py", "mechanisms.py", "memory.py", "recipe_swe
 ELSEWHERE = {
     "chaos.py": "tests/e2e/test_restarts.py::test_the_chaos_campaigns_short_version",
     "synth.py": "tests/synth/test_synth_benchmark.py::test_json_output_and_csv",
+    # Its measurements and table on the lab federation the fault campaign's short version shares (`--faults`).
+    "wan.py": "tests/e2e/test_links.py::test_the_wan_benchmarks_short_version",
 }
 
 

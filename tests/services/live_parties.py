@@ -30,6 +30,7 @@ OPTIONS = LocalOptions(
     sigma1=3.0,
     sigma2=2.5,
     epsilon=300.0,
+    order=10.0,  # the tests' caps and batch costs are figured at order 10
     train_limit=128,
     evaluation_images=None,
 )
@@ -51,11 +52,11 @@ class LiveParties:
 
     @property
     def guardian_address(self) -> str:
-        return f"127.0.0.1:{self.endpoints.guardian_grpc}"
+        return self.endpoints.guardian_address
 
     @property
     def student_address(self) -> str:
-        return f"127.0.0.1:{self.endpoints.student_grpc}"
+        return self.endpoints.student_address
 
     def close(self) -> None:
         stop_processes(self.processes, grace=10)

@@ -1,4 +1,10 @@
-"""One mapping between library errors and gRPC status codes, used by every servicer and client."""
+"""One mapping between library errors and gRPC status codes, used by every servicer and client.
+
+gRPC has one code for "a resource is exhausted": a privacy budget spent, and a full disk (its documentation
+names "the entire file system is out of space"). The caller must tell them apart — a spent budget ends the
+run, a full volume is waited out — so a :class:`~capc_common.errors.StorageError` travels as
+RESOURCE_EXHAUSTED with the trailing metadata ``capc-error: storage``.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +15,20 @@ from capc_common.errors import (
     CapcError,
     InputError,
     IntegrityError,
+    PreconditionError,
     ProtocolError,
+    StorageError,
     UnavailableError,
 )
 
+KIND_KEY = "capc-error"
+"""Trailing-metadata key naming the library error class where the status code alone does not."""
+_KINDS: dict[str, type[CapcError]] = {"storage": StorageError}
+
 _TO_STATUS: tuple[tuple[type[CapcError], grpc.StatusCode], ...] = (
     (BudgetExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (StorageError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),  # before InputError, its base class
     (InputError, grpc.StatusCode.INVALID_ARGUMENT),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (IntegrityError, grpc.StatusCode.DATA_LOSS),
@@ -23,7 +37,7 @@ _TO_STATUS: tuple[tuple[type[CapcError], grpc.StatusCode], ...] = (
 _FROM_STATUS: dict[grpc.StatusCode, type[CapcError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: BudgetExhaustedError,
     grpc.StatusCode.INVALID_ARGUMENT: InputError,
-    grpc.StatusCode.FAILED_PRECONDITION: InputError,
+    grpc.StatusCode.FAILED_PRECONDITION: PreconditionError,
     grpc.StatusCode.ALREADY_EXISTS: InputError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: UnavailableError,
@@ -43,6 +57,15 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def abort(context: grpc.ServicerContext, exc: BaseException, *, code: grpc.StatusCode | None = None) -> None:
+    """End the call with ``exc``: its status (``code``, else :func:`status_for`), its message, and the
+    trailing metadata that names its class where the code alone does not (:data:`KIND_KEY`)."""
+    kind = next((name for name, cls in _KINDS.items() if isinstance(exc, cls)), None)
+    if kind is not None:
+        context.set_trailing_metadata(((KIND_KEY, kind),))
+    context.abort(code or status_for(exc), str(exc))
+
+
 def error_from_rpc(exc: grpc.RpcError, *, peer: str) -> CapcError:
     """Turn a failed call into the library error of the same kind, keeping the peer's own message.
 
@@ -52,7 +75,9 @@ def error_from_rpc(exc: grpc.RpcError, *, peer: str) -> CapcError:
     """
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    cls = _FROM_STATUS.get(code, CapcError)
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    kind = next((str(v) for k, v in trailing or () if k == KIND_KEY), None)
+    cls = _KINDS.get(kind or "") or _FROM_STATUS.get(code, CapcError)
     if code == grpc.StatusCode.UNAVAILABLE and not details:
         details = "connection failed"
     return cls(f"{peer}: {details} [{code.name}]")

@@ -59,10 +59,11 @@ def open_ledger(settings: GuardianSettings) -> BudgetLedger:
 
 
 def _core(
-    party: PartyRuntime, ledger: BudgetLedger, noise: NoiseSource
+    party: PartyRuntime, ledger: BudgetLedger, noise: NoiseSource, *, force: str | None = None
 ) -> tuple[Guardian | ReleaseGuardian, Any, Mapping[str, frozenset[str]]]:
     """The guardian's state, servicer and call policy for the federation's mechanism family: query batches
-    with a 2PC (selection), or noisy totals (release)."""
+    with a 2PC (selection), or noisy totals (release); ``force``: the site's reason to run what the
+    pre-spend checks refuse as a judgement."""
     config = party.config
     if isinstance(config.mechanism, ReleaseMember):
         protocol = party.runnable.release_protocol()
@@ -71,7 +72,7 @@ def _core(
         )
         return core, ReleaseGuardianServicer(core), RELEASE_POLICY
     keep_freed_memory()  # the garbler's label arrays, every batch (before the gRPC threads start)
-    guardian = Guardian(config=config, ledger=ledger, noise=noise, metrics=party.metrics)
+    guardian = Guardian(config=config, ledger=ledger, noise=noise, metrics=party.metrics, force=force)
     return guardian, GuardianServicer(guardian), POLICY
 
 
@@ -82,15 +83,18 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
     party = PartyRuntime(settings, role="guardian")
     noise = party_noise("guardian", seed=party.config.mechanism.insecure_noise_seed)
     ledger = open_ledger(settings)
-    guardian, servicer, policy = _core(party, ledger, noise)
+    guardian, servicer, policy = _core(party, ledger, noise, force=settings.force)
     limit = MessageLimits.of(party.config).compute
+    limits = settings.grpc.limits()
+    interceptor = party.interceptor(policy, limits=limits, superseded=superseded_hashes(ledger))
     server = start_grpc_server(
         bind=settings.grpc.bind,
         tls=party.tls,
         register=[add_to_server(servicer)],
         services=[rpc.GUARDIAN_SERVICE],
-        interceptors=[party.interceptor(policy, superseded=superseded_hashes(ledger))],
+        interceptors=[interceptor],
         max_workers=settings.grpc.max_workers,
+        limits=limits,
         # Only the student's Compute frames are large; a teacher's call is read whole before its role is
         # checked, so this bounds what any certified party can make the guardian buffer.
         max_receive_bytes=limit,
@@ -105,8 +109,15 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
         party.start_admin(
             readiness=lambda: {"grpc": (True, {"port": server.port}), "ledger": (True, str(settings.ledger))},
             routers=[
-                router(guardian, student=StudentView(settings.student_admin)),
-                membership_router(config=party.config, ledger=ledger, on_change=changed),
+                router(
+                    guardian,
+                    student=StudentView(
+                        settings.student_admin, ca=settings.tls.ca, party=party.config.student
+                    ),
+                ),
+                membership_router(
+                    config=party.config, ledger=ledger, on_change=changed, serials=interceptor.serials
+                ),
                 dashboard_router(),
             ],
         )

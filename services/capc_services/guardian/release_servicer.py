@@ -8,7 +8,7 @@ import grpc
 from capc_common.errors import CapcError
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_to_proto, rpc
-from capc_services.common.errors import status_for
+from capc_services.common.errors import abort
 from capc_services.common.interceptors import acting_party, peer_name
 from capc_services.guardian.releases import MissingSeedsError, ReleaseGuardian, ReleaseReplayError
 
@@ -21,13 +21,12 @@ RELEASE_POLICY = {
 def _abort(context: grpc.ServicerContext, exc: CapcError) -> None:
     """Abort with the most precise status: a replay is ALREADY_EXISTS, a release asked too early
     FAILED_PRECONDITION, the rest as everywhere (:func:`status_for`)."""
+    code = None
     if isinstance(exc, ReleaseReplayError):
         code = grpc.StatusCode.ALREADY_EXISTS
     elif isinstance(exc, MissingSeedsError):
         code = grpc.StatusCode.FAILED_PRECONDITION
-    else:
-        code = status_for(exc)
-    context.abort(code, str(exc))
+    abort(context, exc, code=code)
 
 
 class ReleaseGuardianServicer(rpc.GuardianServiceServicer):

@@ -6,16 +6,19 @@ Per release (DESIGN §3, "commit before reveal"):
 * every teacher party sends the 16-byte seed of its mask once (``submit_contribution``); the guardian keeps
   it in memory only, so a restart loses unreleased seeds and the student starts that release again under a
   fresh id (seeds cost nothing);
-* the student asks for the release (``release``): the guardian reserves, begins and settles the mechanism's
-  ``release_rdp`` on its ledger — three durable rows, refused with nothing written when the budget cannot
-  pay — and only then draws its noise and returns ``Σ AES-CTR(seed_p) + z``. Without the student's shares that
-  message is uniformly random; with them it is the noisy total, whose cost is already on disk. A release id
-  is charged and answered once: a replay (here, or after a restart: the ledger knows the id) is refused, so
-  one charge never buys two noisy totals.
+* the student asks for the release (``release``): the guardian reserves and begins the mechanism's
+  ``release_rdp`` on its ledger — refused with nothing written when the budget cannot pay — so the release is
+  charged at its full cost before any noise is drawn; it then draws its noise and settles, keeping
+  ``Σ AES-CTR(seed_p) + z`` as the settle's receipt in the same transaction, and only then returns it. Without
+  the student's shares that message is uniformly random; with them it is the noisy total, whose cost is
+  already on disk. A release id is charged and answered once: the student asking again for a charged id
+  with the same parties (its reply was lost on the way) gets the same bytes again — no new information, no
+  new charge — and any other replay is refused, so one charge never buys two noisy totals.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import threading
@@ -37,6 +40,12 @@ from capc_services.guardian.core import PartySeen
 from capc_services.guardian.metrics import BudgetCollector, pinned_head
 
 _log = logging.getLogger(__name__)
+
+
+PENDING_RELEASES = 8
+"""Releases for which the guardian holds one party's seed before the student asks for them: release ids are
+the caller's, so a party's seed for yet another one replaces its own oldest pending seed, never grows the
+guardian's memory (an honest party has one or two pending: the release in hand, one a restart abandoned)."""
 
 
 class ReleaseReplayError(InputError):
@@ -96,6 +105,20 @@ class ReleaseGuardian:
             raise InputError(f"release id must be 1-128 characters, got {len(release_id)}")
         return release_id
 
+    def _answered(self, release_id: str, parties: Sequence[str]) -> npt.NDArray[np.int64] | None:
+        """The total a charged release was answered with, to send again to the student asking again with the
+        same parties (None: the id was never settled with a receipt)."""
+        record, kept = self.ledger.batch(release_id), self.ledger.receipt(release_id)
+        if record is None or record.state != "settled" or kept is None:
+            return None
+        named, _, total = kept[1].partition(b"\n")
+        if json.loads(named) != list(parties):
+            raise ReleaseReplayError(
+                f"release {release_id} was charged and answered for parties {json.loads(named)}; it is not "
+                f"answered again for {list(parties)}"
+            )
+        return np.frombuffer(total, dtype="<i8").astype(np.int64)
+
     def _refuse_charged(self, release_id: str) -> None:
         record = self.ledger.batch(release_id)
         if record is not None:
@@ -130,10 +153,21 @@ class ReleaseGuardian:
                 raise ReleaseReplayError(
                     f"{party} already sent another seed for release {release_id}; a party contributes once"
                 )
+            self._forget_oldest(party)
             held[party] = bytes(seed)
             received = len(held)
         self._seen(party)
         return received
+
+    def _forget_oldest(self, party: str) -> None:
+        """Keep at most :data:`PENDING_RELEASES` ``- 1`` pending seeds of ``party`` (under ``_lock``)."""
+        pending = [rid for rid, held in self._seeds.items() if party in held]
+        for rid in pending[: max(0, len(pending) - (PENDING_RELEASES - 1))]:
+            held = self._seeds[rid]
+            del held[party]
+            if not held:
+                del self._seeds[rid]
+            _log.info("pending seed dropped", extra={"party": party, "release_id": rid})
 
     def release(
         self, *, release_id: str, parties: Sequence[str], actor: str
@@ -143,7 +177,8 @@ class ReleaseGuardian:
         Raises:
             InputError: a malformed id, unknown or repeated parties, or fewer than the quorum.
             MissingSeedsError: a named party's seed has not arrived (nothing charged).
-            ReleaseReplayError: the id was charged already (nothing revealed again).
+            ReleaseReplayError: the id was charged already for other parties, or began and never settled
+                (nothing revealed again). Asked again with the same parties, a settled id returns its total.
             BudgetExhaustedError: the release does not fit the budget (nothing charged, nothing revealed).
         """
         self._check_id(release_id)
@@ -160,6 +195,10 @@ class ReleaseGuardian:
             )
         ordered = [p for p in self.config.teacher_names if p in parties]
         with self._release_lock:
+            again = self._answered(release_id, ordered)
+            if again is not None:
+                _log.info("release sent again", extra={"release_id": release_id, "parties": ordered})
+                return again, self._rdp, float(self.ledger.summary()["remaining_rdp"])
             self._refuse_charged(release_id)
             with self._lock:
                 held = dict(self._seeds.get(release_id, {}))
@@ -181,13 +220,20 @@ class ReleaseGuardian:
                     actor=actor,
                 )
                 self.ledger.begin(release_id, computation=nonce, actor=actor)
-                # Settled before the noise is even drawn: whatever happens next, the release is paid for.
-                entry = self.ledger.settle(
-                    release_id, answered=1, actual_rdp=self._rdp, actor=actor, computation=nonce
-                )
+            # Begun: charged at its full cost before the noise is even drawn, whatever happens next.
             masked = masked_total(
                 [held[p] for p in ordered], noise=self.protocol.mechanism.guardian_noise(self.noise)
             )
+            receipt = json.dumps(ordered).encode() + b"\n" + masked.astype("<i8").tobytes()
+            with self.metrics.stage("ledger"):
+                entry = self.ledger.settle(
+                    release_id,
+                    answered=1,
+                    actual_rdp=self._rdp,
+                    actor=actor,
+                    computation=nonce,
+                    receipt=receipt,
+                )
             with self._lock:
                 self._seeds.pop(release_id, None)
         self._seen(actor)

@@ -1,12 +1,12 @@
 """What a kustomization of ``deploy/k8s`` needs before ``kubectl apply -k``, each missing thing with its fix.
 
 ``kubectl kustomize`` stops at the first generator file it cannot read, with an error that names a path and
-no reason ("evalsymlink failure on …/certs/admin.token"): the certificates, keys and admin token are made by
-commands (``capc cert bootstrap``, ``capc cert request``), ``federation.yaml`` comes from the coordinator, and
-none of them is in the repository. This check walks the kustomization and every directory it includes,
-and lists every generator file that is missing with the command that makes it, an ``images:`` entry that
-still names the example's placeholder registry or a moving tag, and a teacher's site file that pins no
-``data.sha256`` (its pod would wait for a data file it cannot check).
+no reason ("evalsymlink failure on …/certs/guardian.token"): the certificates, keys and admin tokens are
+made by commands (``capc cert bootstrap``, ``capc cert request``), ``federation.yaml`` comes from the
+coordinator, and none of them is in the repository. This check walks the kustomization and every directory
+it includes, and lists every generator file that is missing with the command that makes it, an ``images:``
+entry that still names the example's placeholder registry or a moving tag, and a teacher's site file that
+pins no ``data.sha256`` (its pod would wait for a data file it cannot check).
 """
 
 from __future__ import annotations
@@ -110,15 +110,15 @@ def _missing(directory: Path, files: list[_File]) -> list[Problem]:
     if len(keys) > 1:
         certs = keys[0].path.parent
         bundle = [f for f in absent if f.path.parent == certs and f.path.suffix in (".crt", ".key", ".token")]
-        token = next((f.path for f in files if f.path.suffix == ".token"), certs / "admin.token")
-        flags = " ".join(f"--party {p}" for p in parties)
+        tokens = sorted({f.path for f in files if f.path.suffix == ".token"}) or [certs / "admin.token"]
+        flags = " ".join([*(f"--party {p}" for p in parties), *(f"--admin-token {t}" for t in tokens)])
         name = _federation_name(files) or "FEDERATION"
         problems.append(
             Problem(
                 f"{certs}: {', '.join(sorted(f.path.name for f in bundle))}",
-                f"run `capc cert bootstrap --dir {certs} --name {name} {flags} --admin-token {token}` (one "
-                "cluster's certificates, keys and admin token; across organisations each party makes its own "
-                "key: docs/operations.md, Certificates)",
+                f"run `capc cert bootstrap --dir {certs} --name {name} {flags}` (one cluster's certificates, "
+                "keys and an admin token per role; across organisations each party makes its own key: "
+                "docs/operations.md, Certificates)",
             )
         )
         absent = [f for f in absent if f not in bundle]

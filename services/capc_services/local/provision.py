@@ -1,8 +1,9 @@
 """Provision a complete local federation in one state directory: CA and certificates, federation.yaml,
-one site file per party, free loopback ports and an admin token.
+one site file per party, free loopback ports and one admin token per role.
 
 The files are the same a real deployment uses (see deploy/ and docs/operations.md); only the addresses
-(loopback) and the single shared admin token are local conveniences.
+(loopback, so the admin APIs speak plain HTTP) and the teacher parties' one shared token are local
+conveniences.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import random
 import shutil
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,16 @@ from capc_common.federation import (
     FederationConfig,
     ReleaseMember,
     cap_cover,
+    cap_order,
     check_runnable,
+    exposure_of,
+    mechanism_of,
     scaled_mechanism,
 )
+from capc_common.federation.refusals import Change, SpendPlan, enforce, pre_spend_refusals
+from capc_common.federation.releases import ReleaseProtocol
 from capc_common.federation.sizing import ANSWER_RATE, DPSGD_ROUNDS
-from capc_common.privacy import plan
+from capc_services.local.flags import flag_names, speaking_flags
 from capc_services.local.layout import Layout
 from capc_services.teacher.cap import LocalCap
 from capc_services.tls import init_ca, issue_certificate, write_admin_token
@@ -45,8 +51,9 @@ class LocalOptions:
         mechanism: ``confident-gnmax`` (the default), ``gnmax``, ``private-knn``, ``prom-pate``, ``dppl``
             or ``secagg-dpsgd`` (:data:`MECHANISMS`).
         dataset: the teachers' private data (split disjointly between parties).
-        epsilon / delta / order: the federation's budget (order None: the order ``capc budget plan`` picks
-            for the mechanism; the fixed default 10 lets teachers set local caps well below ε).
+        epsilon / delta / order: the federation's budget (order None, the default: under a selection
+            mechanism the order that buys it the most queries at the budget, ``capc budget plan``'s rule;
+            under a release mechanism 10, the order its noise is calibrated at).
         queries / batch_size / bn_batch: the synthetic query stream.
         threshold / sigma1 / sigma2: Confident-GNMax parameters (None: scaled to the number of heads by
             :data:`capc_common.federation.MECHANISM_RATIOS`).
@@ -57,6 +64,8 @@ class LocalOptions:
             site keeps the fraction ``train_limit · parties / N`` of its part's hash range, so the count
             varies a little (binomial) but one example never changes another's selection (``data.fraction``).
         teacher_cap: each party's local worst-case ε cap (None: :func:`default_cap`).
+        force: the operator's reason to run a federation the pre-spend checks refuse as a judgement
+            (:mod:`capc_common.federation.refusals`); it goes to the guardian's site file, which logs it.
         generator / backbone: query generator and shared backbone (None: the library defaults).
         seed: seed of the query stream and of the data partition.
         insecure_noise_seed: seeded (non-private) guardian and student noise (federation.yaml's
@@ -82,7 +91,7 @@ class LocalOptions:
     dataset: str = "fashion-mnist"
     epsilon: float = 10.0
     delta: float = 1e-5
-    order: float | None = 10.0
+    order: float | None = None
     queries: int = 2048
     batch_size: int = 64
     bn_batch: int = 64
@@ -95,6 +104,7 @@ class LocalOptions:
     min_parties: int | None = None
     train_limit: int | None = 3000
     teacher_cap: float | None = None
+    force: str | None = None
     generator: str | None = None
     backbone: str | None = None
     seed: int = 0
@@ -171,26 +181,23 @@ def _prom_pate(options: LocalOptions) -> tuple[dict[str, Any], int]:
     return {"name": "prom-pate", **fields, **PROMPATE_DEFAULTS}, per_party
 
 
-def _order(options: LocalOptions, heads: int) -> float:
-    """The ledger's Rényi order: the options', or the one ``capc budget plan`` picks for Confident-GNMax
-    (the planner's model; other mechanisms get the default 10)."""
-    if options.order is not None:
-        return options.order
+def _planned_order(config: FederationConfig) -> float:
+    """The Rényi order that buys the federation's own selection mechanism the most queries at the planner's
+    answer rate (the rule of ``capc budget plan``, :func:`~capc_common.privacy.budget.plan_budget`)."""
+    from capc_common.privacy.budget import plan_budget
+
+    b = config.budget
     try:
-        mechanism, _ = _confident(options)
-        planned = plan(
-            teachers=heads,
-            classes=10,
-            threshold=mechanism["threshold"],
-            sigma1=mechanism["sigma1"],
-            sigma2=mechanism["sigma2"],
-            epsilon=options.epsilon,
-            delta=options.delta,
-            answer_rate=ANSWER_RATE,
+        budget = plan_budget(
+            mechanism_of(config),
+            epsilon=b.epsilon,
+            delta=b.delta,
+            expected_answer_rate=ANSWER_RATE,
+            smallest_batch=config.queries.batch_size,
         )
     except InputError:
-        return _FALLBACK_ORDER  # the budget buys nothing: the batch check below says how to fix it
-    return float(planned["order"])
+        return _FALLBACK_ORDER  # the budget buys nothing: the batch check says how to fix it
+    return float(budget.filter.order)
 
 
 def _budget_rdp(options: LocalOptions) -> float:
@@ -227,14 +234,28 @@ def _dppl_public(options: LocalOptions) -> tuple[dict[str, Any], int]:
 DPSGD_DEFAULTS = {"rounds": DPSGD_ROUNDS, "sampling_rate": 1.0, "statistics": True}
 
 
-def site_fraction(options: LocalOptions) -> float:
-    """Each simulated site's ``data.fraction``: ``train_limit`` examples per party on average."""
-    if options.train_limit is None:
-        return 1.0
+def _dataset_size(options: LocalOptions) -> int:
+    """Examples in the training split the simulated sites share."""
     from capc_common.data import load_dataset
 
-    total = len(load_dataset(options.dataset, split="train").labels)
-    return min(1.0, options.train_limit * options.parties / total)
+    return len(load_dataset(options.dataset, split="train").labels)
+
+
+def site_fraction(options: LocalOptions, *, total: int | None = None) -> float:
+    """Each simulated site's ``data.fraction``: ``train_limit`` examples per party on average (``total``: the
+    split's size when the caller has it; reading it decompresses the whole split)."""
+    if options.train_limit is None:
+        return 1.0
+    return min(1.0, options.train_limit * options.parties / (total or _dataset_size(options)))
+
+
+def planned_examples(options: LocalOptions) -> int:
+    """The examples each simulated site holds on average (its count is binomial around it): what its
+    ``federation.yaml`` entry declares, so every party can check before the first charge that its heads can
+    vote (:mod:`capc_common.federation.refusals`). A planned figure, from the options and the split's size
+    alone — never a count of the data a site selected."""
+    total = _dataset_size(options)
+    return round(site_fraction(options, total=total) * total / options.parties)
 
 
 def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
@@ -311,7 +332,12 @@ def default_cap(config: FederationConfig, options: LocalOptions) -> float:
     are fixed in advance and add up to at most the limit, 3 × ε of headroom."""
     if isinstance(config.mechanism, ReleaseMember):
         return 3 * options.epsilon
-    return cap_cover(config).cap
+    return cap_cover(exposure_of(config), delta=config.budget.delta).cap
+
+
+def site_cap(config: FederationConfig, options: LocalOptions) -> float:
+    """A simulated hospital's local ε cap: ``teacher_cap``, else :func:`default_cap` of ``config``."""
+    return options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
 
 
 def free_port() -> int:
@@ -340,6 +366,8 @@ def free_port() -> int:
         return chosen
 
 
+ROLES = ("guardian", "student", "teacher")
+"""The roles of a federation, one admin token each."""
 _PORTS_FROM = 10_000  # above the well-known and most registered service ports
 _PORT_TRIES = 50
 
@@ -368,15 +396,21 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
             f"{options.parties} × {options.teachers_per_party}"
         )
     mechanism, per_party = mechanism_dict(options)
-    heads = options.parties * options.teachers_per_party
     height, width, channels = image_shape_for(options.dataset)
     backbone = options.backbone or default_backbone(height, width, channels)
-    return {
+    examples = planned_examples(options)
+    data: dict[str, Any] = {
         "name": "capc-local",
         "classes": 10,
-        "teachers": [{"name": n, "heads": per_party} for n in teacher_names(options.parties)],
+        "teachers": [
+            {"name": n, "heads": per_party, "examples": examples} for n in teacher_names(options.parties)
+        ],
         "mechanism": mechanism,
-        "budget": {"epsilon": options.epsilon, "delta": options.delta, "order": _order(options, heads)},
+        "budget": {
+            "epsilon": options.epsilon,
+            "delta": options.delta,
+            "order": options.order or _FALLBACK_ORDER,
+        },
         "queries": {
             "generator": options.generator or DEFAULT_GENERATOR,
             "seed": options.seed,
@@ -394,6 +428,11 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
             "share_deadline_s": options.share_deadline_s,
         },
     }
+    if options.order is None:  # a release mechanism's noise is calibrated at the fallback order: it stays
+        provisional = FederationConfig.from_dict(data, source="local federation options")
+        if not isinstance(provisional.mechanism, ReleaseMember):
+            data["budget"]["order"] = _planned_order(provisional)
+    return data
 
 
 def _write_yaml(path: Path, data: dict[str, Any]) -> None:
@@ -408,6 +447,16 @@ class Endpoints:
     guardian_grpc: int
     student_grpc: int
     admin: dict[str, int]
+
+    @property
+    def guardian_address(self) -> str:
+        """The guardian's gRPC address."""
+        return f"127.0.0.1:{self.guardian_grpc}"
+
+    @property
+    def student_address(self) -> str:
+        """The student's gRPC address."""
+        return f"127.0.0.1:{self.student_grpc}"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (stored in state.json)."""
@@ -431,20 +480,26 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
 
     Raises:
         InputError: ``root`` already holds a federation, or an option is invalid.
+        PreconditionError: the federation would spend privacy for nothing (:func:`refuse_before_spending`).
     """
     layout = Layout(Path(root).resolve())
     if layout.federation.exists():
         raise InputError(
             f"{layout.root} already holds a federation; `{layout.command('down')} --purge` it first"
         )
-    config = FederationConfig.from_dict(federation_dict(options), source="local federation options")
-    # The backbone's file against its pinned hash, without torch (as the guardian checks it): the parties
-    # that run the model load it when they start, and a federation's first step, its hospitals' training,
-    # no longer waits for torch here (a release mechanism's protocol still builds it).
-    check_runnable(config, model=False)
+    with speaking_flags(mechanism=options.mechanism):
+        config = FederationConfig.from_dict(federation_dict(options), source="local federation options")
+        # The backbone's file against its pinned hash, without torch (as the guardian checks it): the
+        # parties that run the model load it when they start, and a federation's first step, its hospitals'
+        # training, no longer waits for torch here (a release mechanism's protocol still builds it).
+        runnable = check_runnable(config, model=False)
+    cap = site_cap(config, options)
+    if cap > 0:  # a cap ≤ 0 is refused when the teachers' site files are read back, naming cap.epsilon
+        config = with_declared_caps(config, cap=cap)
+    refuse_before_spending(config, options)
     existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
     try:
-        endpoints = _write_federation(layout, config, options)
+        endpoints = _write_federation(layout, config, options, runnable.protocol)
         _load_sites(layout, config)
         layout.options.write_text(json.dumps(options_record(options), indent=2))
     except BaseException:
@@ -461,6 +516,50 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
     return layout, config, endpoints
 
 
+def refuse_before_spending(config: FederationConfig, options: LocalOptions) -> None:
+    """Refuse, before anything is written, a federation that would spend privacy for nothing (the pre-spend
+    checks on its planned figures and the caps it declares, :mod:`capc_common.federation.refusals`), naming
+    the flags to change; ``options.force`` overrides a judgement (the guardian's site file then carries the
+    reason, and the guardian logs it with what it overrode).
+
+    Raises:
+        PreconditionError: a refusal stands.
+    """
+    refusals = pre_spend_refusals(SpendPlan.declared(config))
+    enforce(
+        [replace(r, changes=tuple(c for c in r.changes if _gets_past(options, c))) for r in refusals],
+        force=options.force,
+        names=flag_names(options.mechanism),
+        force_with='--force "REASON"',
+    )
+
+
+def with_declared_caps(config: FederationConfig, *, cap: float) -> FederationConfig:
+    """``config`` with every simulated hospital declaring ``cap`` (``teachers[].cap``), the cap its site
+    file sets: the guardian checks before the first charge that the declared caps cover the plan."""
+    data = config.model_dump(mode="json")
+    data["teachers"] = [{**party, "cap": cap} for party in data["teachers"]]
+    return FederationConfig.from_dict(data, source="local federation options")
+
+
+def _gets_past(options: LocalOptions, change: Change) -> bool:
+    """Whether ``change``, made by its flag, gives a federation ``capc local up`` provisions and the checks
+    before spending pass. A way out that holds for ``federation.yaml`` need not hold here: ``capc local up``
+    scales the mechanism's noise to the heads, so fewer heads may fill their shards yet leave a budget that
+    cannot pay for one batch. A field set by ``--mechanism-param`` is not tried (offered as it is)."""
+    option = flag_names(options.mechanism).get(change.field, "").removeprefix("--").replace("-", "_")
+    if option not in LocalOptions.__dataclass_fields__:
+        return True
+    value: Any = int(change.value) if float(change.value).is_integer() else change.value
+    changed = replace(options, **{option: value})
+    try:
+        config = FederationConfig.from_dict(federation_dict(changed), source="local federation options")
+        check_runnable(config, model=False)
+    except InputError:
+        return False
+    return not pre_spend_refusals(SpendPlan.declared(config))
+
+
 def _load_sites(layout: Layout, config: FederationConfig) -> None:
     """Read every site file back as its party will (so invalid options fail here, not at start-up)."""
     from capc_services.guardian.settings import GuardianSettings
@@ -473,7 +572,9 @@ def _load_sites(layout: Layout, config: FederationConfig) -> None:
         TeacherSettings.load(layout.site(name))
 
 
-def _write_federation(layout: Layout, config: FederationConfig, options: LocalOptions) -> Endpoints:
+def _write_federation(
+    layout: Layout, config: FederationConfig, options: LocalOptions, protocol: ReleaseProtocol | None
+) -> Endpoints:
     """Write the CA, certificates, token, federation.yaml and site files; returns the chosen ports."""
     layout.root.mkdir(parents=True, exist_ok=True)
     config.save(layout.federation)
@@ -481,29 +582,27 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     parties = [config.guardian, config.student, *config.teacher_names]
     for party in parties:
         issue_certificate(layout.certs, party, out_dir=layout.certs)
-    write_admin_token(layout.token)
+    for role in ROLES:
+        write_admin_token(layout.admin_token(role))
     endpoints = Endpoints(
         guardian_grpc=free_port(), student_grpc=free_port(), admin={p: free_port() for p in parties}
     )
-    guardian_address = f"127.0.0.1:{endpoints.guardian_grpc}"
-    student_address = f"127.0.0.1:{endpoints.student_grpc}"
+    guardian_address, student_address = endpoints.guardian_address, endpoints.student_address
 
     def common(party: str) -> dict[str, Any]:
-        return {
-            "party": party,
-            "federation": "../federation.yaml",
-            "tls": {"ca": "../certs/ca.crt", "cert": f"../certs/{party}.crt", "key": f"../certs/{party}.key"},
-            "admin": {"bind": f"127.0.0.1:{endpoints.admin[party]}", "token_file": "../admin.token"},
-        }
+        return _common_site(party, role=str(config.role_of(party)), admin_port=endpoints.admin[party])
 
     guardian_site = {
         **common(config.guardian),
         "grpc": {"bind": guardian_address},
         "ledger": f"../parties/{config.guardian}/ledger.sqlite",
-        # the dashboard and `capc budget watch` relay the student's progress from its admin API
+        # the operator's reason to run what the pre-spend checks refuse as a judgement (the guardian logs it)
+        **({"force": options.force} if options.force is not None else {}),
+        # the dashboard and `capc budget watch` relay the student's progress from its admin API, with the
+        # student's token (over loopback here; across machines over HTTPS)
         "student_admin": {
             "url": f"http://127.0.0.1:{endpoints.admin[config.student]}",
-            "token_file": "../admin.token",
+            "token_file": "../tokens/student.token",
         },
     }
     _write_yaml(layout.site(config.guardian), guardian_site)
@@ -524,35 +623,72 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         },
     }
     _write_yaml(layout.site(config.student), student_site)
-    cap = options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
-    fraction = site_fraction(options)
-    records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
+    fraction, cap = site_fraction(options), site_cap(config, options)
     for index, name in enumerate(config.teacher_names):
-        _write_yaml(
-            layout.site(name),
-            {
-                **common(name),
-                "student_address": student_address,
-                "guardian_address": guardian_address,
-                "heads": f"../parties/{name}/heads.safetensors",
-                "cap": {"epsilon": cap, "record": f"../parties/{name}/cap.jsonl"},
-                # The simulated hospitals opt in to what the options asked for (a real site decides itself).
-                "allow_insecure_noise": config.insecure_noise,
-                "torch_threads": options.torch_threads,
-                "feature_cache": "../feature-cache",
-                "records_cache": f"{records}/parties/{name}/records",
-                "data": {
-                    "dataset": options.dataset,
-                    "shard": index,
-                    "shards": options.parties,
-                    "seed": options.seed,
-                    "fraction": fraction,
-                },
-            },
+        data = {"dataset": options.dataset, "shard": index, "shards": options.parties, "seed": options.seed,
+                "fraction": fraction}  # fmt: skip
+        write_teacher_site(
+            layout, config, options, name=name, endpoints=endpoints, data=data, cap=cap, protocol=protocol
         )
     for party in parties:
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
-    for name in config.teacher_names:  # the explicit init a real site makes with `capc teacher init-cap`
-        LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config)
     layout.logs.mkdir(parents=True, exist_ok=True)
     return endpoints
+
+
+def _common_site(party: str, *, role: str, admin_port: int) -> dict[str, Any]:
+    """The site-file fields every party of a local federation has (paths relative to ``sites/``; the admin
+    token is its role's)."""
+    return {
+        "party": party,
+        "federation": "../federation.yaml",
+        "tls": {"ca": "../certs/ca.crt", "cert": f"../certs/{party}.crt", "key": f"../certs/{party}.key"},
+        "admin": {"bind": f"127.0.0.1:{admin_port}", "token_file": f"../tokens/{role}.token"},
+    }
+
+
+def write_teacher_site(
+    layout: Layout,
+    config: FederationConfig,
+    options: LocalOptions,
+    *,
+    name: str,
+    endpoints: Endpoints,
+    data: Mapping[str, Any],
+    cap: float,
+    protocol: ReleaseProtocol | None = None,
+) -> None:
+    """Write simulated hospital ``name``'s site file and create its cap record under ``config`` (the
+    explicit init a real site makes with ``capc teacher init-cap``), at the order a new record charges at
+    (:func:`~capc_common.federation.cap_order`).
+
+    Args:
+        layout: the state directory.
+        config: the federation the hospital is a teacher party of.
+        options: the federation's options (threads, records cache).
+        name: the hospital.
+        endpoints: the federation's ports (its own admin port included).
+        data: its ``data:`` section.
+        cap: its local ε cap (:func:`site_cap`).
+        protocol: the federation's release protocol, under a release mechanism (what a release costs).
+    """
+    records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
+    _write_yaml(
+        layout.site(name),
+        {
+            **_common_site(name, role="teacher", admin_port=endpoints.admin[name]),
+            "student_address": endpoints.student_address,
+            "guardian_address": endpoints.guardian_address,
+            "heads": f"../parties/{name}/heads.safetensors",
+            "cap": {"epsilon": cap, "record": f"../parties/{name}/cap.jsonl"},
+            # The simulated hospitals opt in to what the options asked for (a real site decides itself).
+            "allow_insecure_noise": config.insecure_noise,
+            "torch_threads": options.torch_threads,
+            "feature_cache": "../feature-cache",
+            "records_cache": f"{records}/parties/{name}/records",
+            "data": dict(data),
+        },
+    )
+    layout.party_dir(name).mkdir(parents=True, exist_ok=True)
+    order = cap_order(exposure_of(config, protocol=protocol), delta=config.budget.delta)
+    LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config, order=order)

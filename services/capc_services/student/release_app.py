@@ -147,7 +147,11 @@ def run_release_student(
     rounds = ReleaseRounds(config, length=protocol.length)
     progress = ReleaseProgress(rounds=protocol.rounds)
     guardian = ReleaseClient(
-        config=config, tls=party.tls, address=settings.guardian_address, length=protocol.length
+        config=config,
+        tls=party.tls,
+        address=settings.guardian_address,
+        length=protocol.length,
+        metrics=party.metrics,
     )
     message = release_message_bytes(protocol.length)
     failures: list[Failure] = []
@@ -156,8 +160,9 @@ def run_release_student(
         tls=party.tls,
         register=[add_to_server(ReleaseStudentServicer(rounds))],
         services=[rpc.STUDENT_SERVICE],
-        interceptors=[party.interceptor(RELEASE_POLICY)],
+        interceptors=[party.interceptor(RELEASE_POLICY, limits=settings.grpc.limits())],
         max_workers=max(settings.grpc.max_workers, 2 * len(config.teachers) + 8),
+        limits=settings.grpc.limits(),
         max_receive_bytes=message,
         max_send_bytes=message,
     )

@@ -7,6 +7,11 @@ release it has not contributed to yet, sends its seed to the guardian and then i
 deadline for at least ``quorum.min_parties`` of them, then asks the guardian to release exactly those
 parties' total — the guardian charges its ledger durably before it answers. Only ``Σ V_p + z`` is ever
 reconstructed.
+
+A guardian that cannot be reached, or whose ledger's volume is full or read-only, is waited out: the student
+asks again for the same release (capped, jittered backoff) until it answers. The guardian answers a release
+it already charged with the same masked total, so a reply lost on the way costs nothing more. A full volume
+under the student's own journal is waited out the same way, the revealed total kept in memory meanwhile.
 """
 
 from __future__ import annotations
@@ -17,16 +22,24 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 import numpy.typing as npt
 
 from capc_common.durable import fsync_dir
-from capc_common.errors import InputError, IntegrityError, ProtocolError
+from capc_common.errors import (
+    InputError,
+    IntegrityError,
+    ProtocolError,
+    StorageError,
+    UnavailableError,
+)
 from capc_common.federation import FederationConfig
 from capc_common.federation.releases import ReleaseProtocol
 from capc_common.mechanisms import reveal
@@ -34,16 +47,23 @@ from capc_common.mechanisms.central import predict_head
 from capc_common.mechanisms.release import RING_WIDTH
 from capc_common.privacy.analysis import epsilon_at_order
 from capc_common.privacy.claims import PLAN_GUARANTEE, PLAN_ODOMETER, accountant
+from capc_common.storage import classify
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, ndarray_to_proto, rpc
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import HEADROOM
+from capc_services.common.metrics import PartyMetrics
+from capc_services.common.retry import Backoff
+from capc_services.common.roundtrips import counted
 from capc_services.tls import TlsFiles
 
 _log = logging.getLogger(__name__)
+T = TypeVar("T")
 POLL_S = 1.0
 """How often a waiting round looks at the stop request."""
+BACKOFF_S = (0.5, 15.0)
+"""First and longest wait before asking the guardian again (or writing the journal again) after a fault."""
 
 
 @dataclass
@@ -206,29 +226,47 @@ class ReleaseJournal:
         return totals
 
     def append(self, round: int, total: npt.NDArray[np.int64]) -> None:
-        """Write one round's total durably (temporary file, fsync, rename, fsync of the directory)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """Write one round's total durably (temporary file, fsync, rename, fsync of the directory).
+
+        Raises:
+            StorageError: the volume is full or read-only; nothing was written (no half-written file is left).
+        """
         path = self.directory / f"{round:06d}.npy"
         tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("wb") as handle:
-            np.save(handle, total)
-            handle.flush()
-            os.fsync(handle.fileno())
-        tmp.replace(path)
-        fsync_dir(self.directory)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with tmp.open("wb") as handle:
+                np.save(handle, total)
+                handle.flush()
+                os.fsync(handle.fileno())
+            tmp.replace(path)
+            fsync_dir(self.directory)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise classify(exc, path=path, what="release journal", needed=total.nbytes + 4096) from None
 
 
 class ReleaseClient:
     """The student's link to the guardian for releases (mTLS, the federation hash on every call)."""
 
-    def __init__(self, *, config: FederationConfig, tls: TlsFiles, address: str, length: int) -> None:
-        self._hash = config.config_hash()
+    def __init__(
+        self,
+        *,
+        config: FederationConfig,
+        tls: TlsFiles,
+        address: str,
+        length: int,
+        metrics: PartyMetrics | None = None,
+    ) -> None:
         self._peer = config.guardian
         limit = length * 8 + HEADROOM
         self._channel = tls.channel(
             address,
             peer=self._peer,
-            interceptors=(ConfigHashClientInterceptor(self._hash, peer=self._peer),),
+            interceptors=(
+                FederationClientInterceptor.dialling(config, tls=tls, peer=self._peer),
+                *counted(metrics, peer="guardian"),
+            ),
             receive=limit,
             send=HEADROOM,
         )
@@ -253,6 +291,31 @@ class ReleaseClient:
     def close(self) -> None:
         """Close the channel."""
         self._channel.close()
+
+
+def _waiting_out(
+    attempt: Callable[[], T], *, what: str, progress: ReleaseProgress, stop: threading.Event
+) -> T:
+    """``attempt()``, again after each fault that passes — an unreachable guardian or a full or read-only
+    volume — until it succeeds or ``stop`` is set (the state says what it waits for meanwhile).
+
+    Raises:
+        InputError: ``stop`` was set while waiting.
+        CapcError: any other failure (a refusal is not waited out).
+    """
+    backoff, state = Backoff(*BACKOFF_S), progress.state
+    while True:
+        try:
+            result = attempt()
+        except (UnavailableError, StorageError) as exc:
+            progress.state, progress.error = f"waiting: {what}", str(exc)
+            wait = backoff.next()
+            _log.warning("waiting to try again", extra={"what": what, "error": str(exc), "in_s": wait})
+            if stop.wait(wait):
+                raise InputError(f"{what}: not done, the student is stopping ({exc})") from None
+            continue
+        progress.state, progress.error = state, ""
+        return result
 
 
 def run_releases(
@@ -283,11 +346,18 @@ def run_releases(
         rounds.open(release_id, round=t, state=protocol.state())
         progress.state = f"collecting release {t + 1} of {protocol.rounds}"
         shares = rounds.collect(stop=stop)
-        masked, charged = guardian.release(release_id, list(shares))
+        masked, charged = _waiting_out(
+            partial(guardian.release, release_id, list(shares)),
+            what=f"release {t + 1} from the guardian",
+            progress=progress,
+            stop=stop,
+        )
         if masked.shape != (rounds.length,):
             raise ProtocolError(f"guardian sent a total of shape {masked.shape}; expected ({rounds.length},)")
         total = reveal(list(shares.values()), masked)
-        journal.append(t, total)
+        _waiting_out(
+            partial(journal.append, t, total), what=f"release {t + 1} journaled", progress=progress, stop=stop
+        )
         protocol.absorb(total)
         progress.rounds_done, progress.rdp_spent = t + 1, progress.rdp_spent + charged
         progress.last_parties = list(shares)

@@ -25,8 +25,10 @@ from capc_common.privacy import NoiseSource
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, ndarray_to_proto, rpc
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import HEADROOM
+from capc_services.common.metrics import PartyMetrics
+from capc_services.common.roundtrips import counted
 from capc_services.teacher.cap import LocalCap
 from capc_services.tls import TlsFiles
 
@@ -55,6 +57,7 @@ class ReleaseContributor:
         labels: their labels ``(n,)``.
         source: the party's own sampling randomness (a CSPRNG outside tests).
         cap: the party's own ε cap record; each release is charged on it before anything leaves.
+        metrics: where its round trips are counted (None: not counted).
     """
 
     def __init__(
@@ -70,23 +73,29 @@ class ReleaseContributor:
         labels: npt.NDArray[np.int64],
         source: NoiseSource,
         cap: LocalCap,
+        metrics: PartyMetrics | None = None,
     ) -> None:
         self.config, self.party, self.protocol, self.cap = config, party, protocol, cap
         # The protocol's per-record map (secagg-dpsgd: the public basis) runs once, not every release.
         self._features, self._labels, self._source = protocol.prepare(features), labels, source
-        config_hash = config.config_hash()
         message = protocol.length * 8 + HEADROOM
         self._student_channel = tls.channel(
             student_address,
             peer=config.student,
-            interceptors=(ConfigHashClientInterceptor(config_hash, peer=config.student),),
+            interceptors=(
+                FederationClientInterceptor.dialling(config, tls=tls, peer=config.student),
+                *counted(metrics, peer="student"),
+            ),
             receive=message,
             send=message,
         )
         self._guardian_channel = tls.channel(
             guardian_address,
             peer=config.guardian,
-            interceptors=(ConfigHashClientInterceptor(config_hash, peer=config.guardian),),
+            interceptors=(
+                FederationClientInterceptor.dialling(config, tls=tls, peer=config.guardian),
+                *counted(metrics, peer="guardian"),
+            ),
             receive=HEADROOM,
             send=HEADROOM,
         )

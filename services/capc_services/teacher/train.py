@@ -25,7 +25,7 @@ from capc_common.data import load_dataset, partition, site_part
 from capc_common.data.checksum import dataset_file, verify_file
 from capc_common.errors import InputError
 from capc_common.federation import load_shared_backbone, mechanism_of
-from capc_common.federation.site_data import dataset_findings, label_problem, refuse
+from capc_common.federation.site_data import class_name_problem, dataset_findings, label_problem, refuse
 from capc_common.threads import threads_limited
 from capc_services.teacher.settings import TeacherSettings
 
@@ -59,7 +59,8 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
     site's set by that example alone, and no other site's.
 
     Raises:
-        InputError: no ``data:`` section, a shard outside ``[0, shards)``, or a dataset that does not load.
+        InputError: no ``data:`` section, a shard outside ``[0, shards)``, or class names other than the
+            federation's (:func:`~capc_common.federation.site_data.class_name_problem`).
         IntegrityError: the dataset's file is not the one ``data.sha256`` pins.
     """
     data = settings.data
@@ -77,6 +78,9 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
         dataset = load_dataset(data.dataset, split="train")
     except InputError as exc:
         raise InputError(f"{exc}{_mount_hint(data.dataset)}") from None
+    problem = class_name_problem(dataset.class_names, config=settings.federation_config, name=dataset.name)
+    if problem:
+        raise InputError(problem)
     index = site_part(
         dataset.images,
         dataset.labels,

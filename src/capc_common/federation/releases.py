@@ -220,12 +220,19 @@ class ReleaseProtocol(ABC):
         depend on ``rounds × length`` noise values, each within its table's bound
         (:func:`~capc_common.privacy.analysis.delta_with_sampler_distance`)."""
         from capc_common.privacy.analysis import delta_with_sampler_distance
+
+        draws, eta = self.sampler_draws()
+        return delta_with_sampler_distance(epsilon=epsilon, draws=draws, distance=eta)
+
+    def sampler_draws(self) -> tuple[int, float]:
+        """The noise values the released totals depend on (``rounds × length``) and each one's distance
+        bound."""
         from capc_common.privacy.noise import discrete_gaussian_table
 
         eta = max(
             discrete_gaussian_table(sigma=float(s)).distance_bound for s in np.unique(self.mechanism.sigmas())
         )
-        return delta_with_sampler_distance(epsilon=epsilon, draws=self.rounds * self.length, distance=eta)
+        return self.rounds * self.length, eta
 
     def prepare(self, features: npt.ArrayLike) -> npt.ArrayLike:
         """A party's per-example features as its contributions use them, computed once (default: as is)."""

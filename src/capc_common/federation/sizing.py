@@ -28,6 +28,8 @@ __all__ = [
     "DPSGD_ROUNDS",
     "MECHANISM_RATIOS",
     "dpsgd_mechanism",
+    "examples_for",
+    "heads_for",
     "propose",
     "scaled_mechanism",
 ]
@@ -100,9 +102,9 @@ def scaled_mechanism(teachers: int) -> dict[str, float]:
 
 def _short_shard_risk(examples: int, heads: int, bn_batch: int) -> float:
     """Union bound on P(some of ``heads`` hash shards of ``examples`` holds fewer than ``bn_batch``)."""
-    from scipy.stats import binom
+    from scipy import special  # the binomial CDF without scipy.stats' import (seconds on a busy machine)
 
-    return float(heads * binom.cdf(bn_batch - 1, examples, 1.0 / heads))
+    return float(heads * special.bdtr(bn_batch - 1, examples, 1.0 / heads))
 
 
 def heads_for(examples: int, *, bn_batch: int) -> int:
@@ -113,6 +115,21 @@ def heads_for(examples: int, *, bn_batch: int) -> int:
     while heads > 1 and _short_shard_risk(examples, heads, bn_batch) > _SHORT_SHARD_RISK:
         heads -= 1
     return heads
+
+
+def examples_for(heads: int, *, bn_batch: int) -> int:
+    """The fewest examples a party needs for ``heads`` teacher heads (:func:`heads_for`'s inverse: the
+    smallest count whose ``heads`` hash shards all hold one BatchNorm chunk with probability ≥ 99.9 %)."""
+    low, high = heads * bn_batch - 1, heads * bn_batch  # the risk at the mean shard size is far above 0.1 %
+    while _short_shard_risk(high, heads, bn_batch) > _SHORT_SHARD_RISK:
+        low, high = high, 2 * high
+    while high - low > 1:  # the risk falls as the count grows: bisect for its first acceptable count
+        middle = (low + high) // 2
+        if _short_shard_risk(middle, heads, bn_batch) > _SHORT_SHARD_RISK:
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 def propose(

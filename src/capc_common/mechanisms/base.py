@@ -169,6 +169,13 @@ class SelectionMechanism(ABC):
         the mechanism has no such analysis."""
         return None
 
+    def pass_probability(self, top_votes: float) -> float:
+        """The probability that a query whose top class holds ``top_votes`` votes is answered: 1 where the
+        mechanism answers every query (no screening). A planning figure from public parameters, never a
+        charge."""
+        del top_votes
+        return 1.0
+
     # ------------------------------------------------------------------ noise (canonical order)
     @abstractmethod
     def guardian_noise(self, source: NoiseSource, *, batch: int) -> BatchNoise:

@@ -158,6 +158,14 @@ class ConfidentGNMax(SelectionMechanism):
             threshold=self.threshold, sigma1=self.sigma1, sigma2=self.sigma2, noise="discrete"
         )
 
+    def pass_probability(self, top_votes: float) -> float:
+        """P(``top_votes + z1_g + z1_s ≥ T``): the screening passes a query whose top class holds
+        ``top_votes`` votes. The two parts are independent ``N_Z(0, σ1²)``; their sum is taken as normal with
+        variance ``2σ1²``, with a continuity correction for its integer values (a planning figure, not a
+        privacy bound: within 0.006 of the exact sum's tail for σ1 ≥ 1, 0.0013 from σ1 = 2, 10⁻⁴ from 10)."""
+        needed = math.ceil(self.threshold - top_votes)  # the smallest integer z1 that passes
+        return 0.5 * math.erfc((needed - 0.5) / (2.0 * self.sigma1))  # the normal tail at std √2·σ1
+
     def guardian_noise(self, source: NoiseSource, *, batch: int) -> BatchNoise:
         """``z1_g`` then ``z2`` (:func:`~capc_common.aggregation.draw_confident_noise`)."""
         z1, z2 = draw_confident_noise(

@@ -31,6 +31,15 @@ opens, then each new row (from any process) as it appears. A write first checks 
 the recomputed ones and refuses (``IntegrityError``, nothing charged) on any difference or broken link, so an
 edited ``state`` row can neither hide spent budget nor make the filter admit a batch the entries refuse.
 
+**A full or read-only volume is not damage.** SQLite rolls back a transaction it cannot write (SQLITE_FULL,
+SQLITE_READONLY, an I/O error), so the chain stays as it was; such a write raises
+:class:`~capc_common.errors.StorageError` (exit code 7) naming the volume and the space needed, never
+"restore a backup". Before the commit points that must not fail half-way — a reservation (whose batch will
+begin and settle) and a computation's ``begin`` (whose batch must settle) — the ledger checks that its volume
+has room for the rows still to come, so a nearly full volume refuses new work before anything is decoded. A
+ledger on a volume mounted read-only opens read-only (reads and ``verify`` go on) and writes again once the
+volume is read-write, without a restart.
+
 **Concurrency.** Every write is one ``BEGIN IMMEDIATE`` transaction that reads the totals, checks the
 filter and appends, so several processes (or threads) sharing the file serialise and can never overspend;
 ``kill -9`` at any point leaves either the whole transaction or none of it.
@@ -58,12 +67,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 from capc_common.durable import fsync_dir
-from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError, UnavailableError
+from capc_common.errors import (
+    BudgetExhaustedError,
+    InputError,
+    IntegrityError,
+    StorageError,
+    UnavailableError,
+)
 from capc_common.privacy.accountant import ConfidentGNMaxAccountant
 from capc_common.privacy.analysis import rdp_budget_at_order
 from capc_common.privacy.analysis._checks import count, non_negative, positive, probability
 from capc_common.privacy.filter import RenyiFilter, refusal_message
 from capc_common.privacy.planning import plan
+from capc_common.storage import classify, read_only, require_space
 
 __all__ = ["MAX_SEQ", "BatchRecord", "BudgetLedger", "Entry", "VerificationReport"]
 
@@ -438,6 +454,8 @@ class BudgetLedger:
     def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
         self.path = path
         self._db = connection
+        #: Opened on a read-only volume: reads only, until the volume is read-write again (see ``_write``).
+        self._read_only = read_only(path)
         self._lock = threading.RLock()
         row = self._db.execute(f"SELECT {', '.join(_META_KEYS)} FROM meta WHERE id = 1").fetchone()
         if row is None:
@@ -471,6 +489,19 @@ class BudgetLedger:
     # ------------------------------------------------------------------ construction
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
+        if read_only(path):
+            # SQLite cannot create a WAL index on a read-only volume. With no write-ahead log left the file is
+            # complete and cannot change while the volume stays read-only: ``immutable`` reads it without an
+            # index; a leftover log (a crash) is read through its index, which the crash left behind.
+            wal = Path(f"{path}-wal")
+            flags = "mode=ro" if wal.exists() and wal.stat().st_size else "mode=ro&immutable=1"
+            return sqlite3.connect(
+                f"{path.absolute().as_uri()}?{flags}",
+                uri=True,
+                isolation_level=None,
+                timeout=60.0,
+                check_same_thread=False,
+            )
         db = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
@@ -558,6 +589,8 @@ class BudgetLedger:
             except FileExistsError as exc:
                 raise InputError(f"{target} was created by someone else meanwhile; open it instead") from exc
             fsync_dir(target.parent)
+        except (sqlite3.Error, OSError) as exc:
+            raise classify(exc, path=target, what="ledger") from None
         finally:
             for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
                 leftover.unlink(missing_ok=True)
@@ -607,6 +640,10 @@ class BudgetLedger:
                 db.close()
             if isinstance(exc, IntegrityError):
                 raise
+            if isinstance(exc, sqlite3.Error) and isinstance(
+                problem := classify(exc, path=target, what="ledger"), StorageError | UnavailableError
+            ):
+                raise problem from None
             raise IntegrityError(
                 f"{target} is not a readable budget ledger ({exc}); the file is damaged or not a ledger: "
                 "restore it from a backup"
@@ -729,6 +766,7 @@ class BudgetLedger:
         totals and the stored ``state`` row is checked against them; any inconsistency refuses the write.
         """
         with self._lock, _readable(self.path):
+            self._writable()
             self._db.execute("BEGIN IMMEDIATE")
             seq: int | None = None
             try:
@@ -743,11 +781,35 @@ class BudgetLedger:
                 yield self._db
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # SQLite rolled back by itself a commit it could not write
+                    self._db.execute("ROLLBACK")
                 if seq is not None and self._chain.seq != seq:  # an appended row was rolled back: recompute
                     self._chain = self._new_chain()
                     self._catch_up(self._db)
                 raise
+
+    def _writable(self) -> None:
+        """Reopen for writing a ledger opened on a read-only volume, once the volume is read-write again.
+
+        Raises:
+            StorageError: the volume is still read-only (nothing is written).
+        """
+        if not self._read_only:
+            return
+        require_space(self.path, needed=0, what="ledger")  # still read-only: refused, nothing written
+        self._db.close()
+        self._db = self._connect(self.path)
+        self._read_only = False
+
+    def _room(self, commits: int) -> None:
+        """Refuse to begin what the ledger's volume could not finish: ``commits`` more transactions.
+
+        Raises:
+            StorageError: the volume has less room than those commits need (or is read-only).
+        """
+        (page,) = self._db.execute("PRAGMA page_size").fetchone()
+        needed = commits * _PAGES_PER_COMMIT * (int(page) + _WAL_FRAME_HEADER)
+        require_space(self.path, needed=needed, what="ledger")
 
     def _new_chain(self, *, watch: str | None = None) -> _Chain:
         """An empty recomputation of this ledger's chain, from its genesis."""
@@ -838,6 +900,8 @@ class BudgetLedger:
         params_json = _json_object("params", params)
         rdp = non_negative("worst_case_rdp", worst_case_rdp)
         units = _units(rdp)
+        with self._lock, _readable(self.path):
+            self._room(3)  # this reservation, the batch's begin and its settle
         with self._write() as db:
             if self._chain.config_hash != self._bound:
                 why = self.superseded(self._bound) or f"the federation config changed{self._since()}"
@@ -892,6 +956,8 @@ class BudgetLedger:
         bid = _text("batch_id", batch_id)
         nonce = _text("computation", computation, limit=128)
         who = _text("actor", actor)
+        with self._lock, _readable(self.path):
+            self._room(2)  # this row and the settle it commits the batch to: refused before any decode
         with self._write() as db:
             opening, computing, closing = self._rows(db, bid)
             if opening is None:
@@ -1338,21 +1404,30 @@ class BudgetLedger:
         )
 
 
+_PAGES_PER_COMMIT = 16
+"""Pages one ledger transaction may write (a row, its index entries, the totals, a receipt, a b-tree split):
+each becomes a WAL frame of a page plus its header."""
+_WAL_FRAME_HEADER = 24
+
 _REPORTED = ("spent_rdp", "reserved_rdp", "epsilon_spent", "epsilon_settled", "epsilon_reserved", "queries",
              "answered", "batches", "open_batches", "released_batches")  # fmt: skip
 
 
 @contextmanager
 def _readable(path: Path) -> Iterator[None]:
-    """Turn SQLite's errors into the library's: a busy file is unavailable, anything else is damage."""
+    """Turn SQLite's errors into the library's (:func:`~capc_common.storage.classify`): a busy file is
+    unavailable; a full, read-only or failing volume a :class:`StorageError`, the chain as it was; only what
+    SQLite finds damaged is an :class:`IntegrityError`, and then ``capc budget verify`` says what is left."""
     try:
         yield
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc) or "busy" in str(exc):
-            raise UnavailableError(f"ledger {path} is locked by another writer ({exc}); try again") from None
-        raise IntegrityError(f"ledger {path} could not be read ({exc}); restore it from a backup") from None
-    except sqlite3.DatabaseError as exc:
-        raise IntegrityError(f"ledger {path} is damaged ({exc}); restore it from a backup") from None
+    except sqlite3.Error as exc:
+        problem = classify(exc, path=path, what="ledger")
+        if isinstance(problem, IntegrityError):
+            problem = IntegrityError(
+                f"{problem}; run `capc budget verify --ledger {path}`, and restore the ledger from a backup "
+                "only if it fails"
+            )
+        raise problem from None
 
 
 def _entry_hash(entry: Entry) -> str:

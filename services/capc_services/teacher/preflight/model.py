@@ -131,11 +131,15 @@ def heads_check(settings: TeacherSettings, config: FederationConfig, backbone: B
     except CapcError as exc:
         return Check.fail("heads", str(exc), fix=fix)
     per_class = np.bincount(votes.ravel(), minlength=config.classes).tolist()
+    # Shown to the site's operator only; no verdict reads it: which heads abstain depends on which examples
+    # hash where, and letting it decide whether the party goes live would let one example decide that.
+    abstain = f"; {len(heads.abstaining)} abstain (a shard shorter than bn_batch)" if heads.abstaining else ""
     return Check.ok(
         "heads",
         f"{heads.heads} heads over {heads.dim}-d features answered the first {plan.count} synthetic queries "
-        f"(votes per class {per_class})",
+        f"(votes per class {per_class}){abstain}",
         heads=heads.heads,
         dim=heads.dim,
         votes_per_class=per_class,
+        abstaining=len(heads.abstaining),
     )
