@@ -1,4 +1,4 @@
-"""The 2PC processes' memory policy (capc_common.memory): what they free, they reuse, measured in page faults."""
+"""The 2PC processes' memory policy (capc_common.memory): what they free, they reuse, in page faults."""
 
 from __future__ import annotations
 
