@@ -338,14 +338,15 @@ def test_a_full_batchs_norms_are_computed_once_and_only_for_the_trainers_own_rec
     monkeypatch.setattr(training, "record_squares", lambda x: calls.append(x) or real(x))
     source = SeededNoise("unused: q = 1")
     state = trainer.state()
-    state[0] = 1.0  # a gradient round on the identity map: the prepared records themselves
+    state[0] = 1.0  # a gradient round on the identity map: the prepared records, widened once
     for weight in (0.01, 0.02, 0.03):
         state[1 + 2 * k :] = weight
         got = trainer.contribute(state, prepared, y, source)
         np.testing.assert_array_equal(
             got, m.contribution(state[1 + 2 * k :].reshape(trainer.weights.shape), prepared, y)
         )
-    assert len(calls) == 1 and calls[0] is prepared
+    (widened,) = calls  # float32 on the basis, widened to float64 once, exactly
+    assert prepared.dtype == np.float32 and widened.dtype == np.float64 and np.array_equal(widened, prepared)
     mine = prepared.copy()  # writeable: the caller may change it between rounds
     for _ in range(2):
         trainer.contribute(state, mine, y, source)

@@ -15,6 +15,7 @@ publishes their result bit for bit (the differential test).
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ __all__ = [
     "MAX_RECORDS",
     "DPSGDProtocol",
     "Featuriser",
+    "LazyBackbone",
     "OneReleaseProtocol",
     "PrototypesProtocol",
     "PublicVotesProtocol",
@@ -84,20 +86,47 @@ def check_records(config: FederationConfig, records: int) -> None:
         )
 
 
+class LazyBackbone:
+    """The shared backbone, loaded by ``load`` on first use, once (thread-safe).
+
+    A party that holds a release protocol but never featurises anything (the guardian of secure-aggregation
+    DP-SGD: its basis is computed by the parties that contribute and the student) never loads the model, so
+    never imports torch: 230 MB of its resident memory.
+    """
+
+    def __init__(self, load: Callable[[], Backbone]) -> None:
+        self._load: Callable[[], Backbone] | None = load
+        self._loaded: Backbone | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Backbone:
+        with self._lock:
+            if self._loaded is None:
+                assert self._load is not None
+                self._loaded, self._load = self._load(), None
+            return self._loaded
+
+
 @dataclass(frozen=True)
 class Featuriser:
     """How a party maps public images (a candidate pool, a public basis's images) to the per-example features
     its records use.
 
     Attributes:
-        backbone: the shared backbone (per example: BatchNorm running statistics).
+        source: the shared backbone (per example: BatchNorm running statistics), or how to load it when first
+            needed.
         shape: ``(height, width, channels)`` of the federation's images.
         cache: the party's shared cache of public images' features (parties on one machine compute once).
     """
 
-    backbone: Backbone
+    source: Backbone | LazyBackbone
     shape: tuple[int, int, int]
     cache: FeatureCache | None = None
+
+    @property
+    def backbone(self) -> Backbone:
+        """The shared backbone (loaded now if it was not)."""
+        return self.source() if isinstance(self.source, LazyBackbone) else self.source
 
     def __call__(self, images: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
         """Per-example features of ``images``."""
@@ -112,7 +141,7 @@ def protocol_for(
     config: FederationConfig,
     *,
     dim: int,
-    backbone: Backbone | None = None,
+    backbone: Backbone | LazyBackbone | None = None,
     cache: FeatureCache | None = None,
 ) -> ReleaseProtocol:
     """The federation's release protocol over ``dim``-dimensional features, refused unless every release
@@ -121,8 +150,9 @@ def protocol_for(
     Args:
         config: the federation.
         dim: the backbone's feature dimension.
-        backbone: the shared backbone, for a mechanism that featurises public images (DPPL-Public's pool,
-            secure-aggregation DP-SGD's basis); the others never use it.
+        backbone: the shared backbone (or how to load it), for a mechanism that featurises public images
+            (DPPL-Public's pool, at once; secure-aggregation DP-SGD's basis, when a party first needs it); the
+            others never use it.
         cache: the party's shared cache of public features, if it has one.
 
     Raises:
@@ -416,7 +446,7 @@ class DPSGDProtocol(ReleaseProtocol):
         basis = None if p is None else (lambda: federation_basis(p, featuriser=featuriser))
         return cls(DPSGDTrainer(mechanism, recipe, basis=basis))
 
-    def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64] | npt.NDArray[np.float32]:
         """The party's records on the public basis (once; every round reuses them)."""
         return self.trainer.prepare(features)
 
@@ -437,7 +467,8 @@ class DPSGDProtocol(ReleaseProtocol):
     ) -> npt.NDArray[np.int64]:
         """The statistics or the clipped gradient sum at ``state`` over this release's Poisson sample of the
         records (``features`` as :meth:`prepare` returned them)."""
-        return self.trainer.contribute(state, np.asarray(features, dtype=np.float64), labels, source)
+        # As prepared (float32 on a basis): a float64 copy each round would defeat the trainer's caches.
+        return self.trainer.contribute(state, np.asarray(features), labels, source)
 
     def absorb(self, total: npt.NDArray[np.int64]) -> None:
         """The statistics, or one optimiser step on the noisy gradient sum."""
