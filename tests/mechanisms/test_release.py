@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
+from capc_common.aggregation import mechanism_noise
 from capc_common.errors import InputError
 from capc_common.mechanisms import (
     DPPrototypes,
@@ -157,7 +158,7 @@ def test_prototypes_accounting_sensitivity_and_release(digits):
     less = mechanism.contribution(p.features[1:], p.labels[1:])
     assert np.sum((full - less).astype(np.float64) ** 2) <= mechanism.sensitivity**2 + 1
     # Noiseless reference: the plain per-class sums of normalised features classify digits well.
-    sums, counts = run_prototypes(parties, mechanism=mechanism, guardian=SeededNoise("proto"))
+    sums, counts = run_prototypes(parties, mechanism=mechanism, noise=mechanism_noise(seed="proto"))
     assert np.all(np.abs(counts - np.bincount(np.concatenate([q.labels for q in parties]))) < 30)
     accuracy = float(np.mean(nearest_prototype(test_x, sums, counts) == test_y))
     assert accuracy > 0.85
@@ -167,9 +168,9 @@ def test_prototype_release_is_the_plaintext_sum_plus_the_seeded_noise(digits):
     parties, _, _ = digits
     mechanism = DPPrototypes(classes=10, dim=64, rho=0.1)
     contributions = [mechanism.contribution(p.features, p.labels) for p in parties]
-    released = release_once(mechanism, contributions, guardian=SeededNoise("diff"))
-    expected = np.sum(contributions, axis=0) + mechanism.guardian_noise(SeededNoise("diff"))
-    np.testing.assert_array_equal(released, expected)
+    released = release_once(mechanism, contributions, noise=mechanism_noise(seed="diff"))
+    parts = mechanism.noise_part(SeededNoise("diff")) + mechanism.noise_part(SeededNoise("diff\0student"))
+    np.testing.assert_array_equal(released, np.sum(contributions, axis=0) + parts)
 
 
 def test_secure_dpsgd_trains_a_head_on_digits(digits):
@@ -187,7 +188,7 @@ def test_secure_dpsgd_trains_a_head_on_digits(digits):
     result = run_secure_dpsgd(
         parties,
         trainer=DPSGDTrainer(mechanism, recipe, basis=None),
-        guardian=SeededNoise("g"),
+        noise=mechanism_noise(seed="g"),
         party_sources=lambda name: SeededNoise(f"sample:{name}"),
     )
     assert result.rounds == 60
@@ -244,19 +245,22 @@ def test_a_finite_head_cannot_turn_one_record_into_more_than_its_clip() -> None:
 def test_released_noise_has_the_variance_each_block_is_accounted_at(mechanism, independent) -> None:
     """Issue 25.8: the release tests took the expected noise from ``guardian_noise()``, the code under test.
     Here the noise actually in releases (released total − plaintext sum, over 400 releases through real
-    sharing) has, block by block, mean 0 and the variance ``sigmas()`` states — and those σ are the ones the
-    accounting's formula gives, computed independently."""
-    sigmas = mechanism.sigmas()
+    sharing) has, block by block, mean 0 and the variance of two parts ``part_sigmas()`` states — the plan's
+    σ² (the ``sigmas()`` the accounting's formula gives, computed independently) up to 2^-40: splitting the
+    noise between the guardian and the student costs no utility here."""
+    sigmas, parts = mechanism.sigmas(), mechanism.part_sigmas()
     blocks = np.split(np.arange(sigmas.size), np.flatnonzero(np.diff(sigmas)) + 1)
     np.testing.assert_allclose([sigmas[b[0]] for b in blocks], independent(mechanism), rtol=1e-12)
+    np.testing.assert_allclose(2 * parts**2, sigmas**2, rtol=1e-9)
+    assert np.all(2 * parts**2 >= sigmas**2)
     rng = np.random.default_rng(5)
     contributions = [rng.integers(-100, 100, sigmas.size) for _ in range(2)]
     plain = np.sum(contributions, axis=0)
-    source = SeededNoise("variance")
-    noise = np.array([release_once(mechanism, contributions, guardian=source) - plain for _ in range(400)])
+    noise = mechanism_noise(seed="variance")
+    released = np.array([release_once(mechanism, contributions, noise=noise) - plain for _ in range(400)])
     for block in blocks:
-        sample = noise[:, block].ravel().astype(np.float64)
-        sigma = sigmas[block[0]]
+        sample = released[:, block].ravel().astype(np.float64)
+        sigma = np.sqrt(2) * parts[block[0]]
         assert abs(sample.mean()) < 4 * sigma / np.sqrt(sample.size)
         # Standard error of a sample variance: σ²·√(2/(n−1)) (normal, to within the discrete Gaussian's).
         assert abs(sample.var(ddof=1) / sigma**2 - 1) < 4 * np.sqrt(2 / (sample.size - 1))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
+from capc_common.aggregation import mechanism_noise
 from capc_common.errors import InputError
 from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
 from capc_common.mechanisms import SecureDPSGD, training
@@ -139,7 +140,7 @@ def test_the_step_follows_the_noise(digits, basis: np.ndarray) -> None:
                 trainer.contribute(state, x, p.labels, SeededNoise("q = 1"))
                 for p, x in zip(parties, prepared, strict=True)
             ],
-            guardian=SeededNoise(f"g{z}"),
+            noise=mechanism_noise(seed=f"g{z}"),
         )
         trainer.absorb(total)
         sums, squares, count = m.statistics(total)
@@ -165,7 +166,7 @@ def test_one_record_moves_every_release_by_at_most_the_sensitivity(digits, basis
     full, other = _trainer(basis, rounds=4), _trainer(basis, rounds=4)
     prepared = [full.prepare(p.features) for p in small]
     prepared_n = [other.prepare(p.features) for p in neighbour]
-    guardian = SeededNoise("g")
+    noise = mechanism_noise(seed="g")
     for release in range(full.rounds):
         state = full.state()
         np.testing.assert_array_equal(state, other.state())
@@ -180,7 +181,7 @@ def test_one_record_moves_every_release_by_at_most_the_sensitivity(digits, basis
         contributions = [
             full.contribute(state, x, p.labels, sources()) for p, x in zip(small, prepared, strict=True)
         ]
-        total = release_once(full.mechanism, contributions, guardian=guardian)
+        total = release_once(full.mechanism, contributions, noise=noise)
         full.absorb(total)
         other.absorb(total)
 
@@ -218,7 +219,7 @@ def test_the_recipe_on_digits_beats_the_old_one_at_the_same_cost(digits, basis: 
         result = run_secure_dpsgd(
             parties,
             trainer=trainer,
-            guardian=SeededNoise("g"),
+            noise=mechanism_noise(seed="g"),
             party_sources=lambda name: SeededNoise(f"s:{name}"),
         )
         return float(np.mean(result.predict(test_x) == test_y))
@@ -317,7 +318,7 @@ def test_a_sampled_federation_normalises_by_the_expected_batch(digits, basis: np
         trainer.contribute(state, x, p.labels, SeededNoise(f"s:{p.name}"))
         for p, x in zip(parties, prepared, strict=True)
     ]
-    trainer.absorb(release_once(m, contributions, guardian=SeededNoise("g")))
+    trainer.absorb(release_once(m, contributions, noise=mechanism_noise(seed="g")))
     assert trainer.normaliser == pytest.approx(0.25 * records, rel=0.2)
 
 
