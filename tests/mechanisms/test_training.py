@@ -322,6 +322,30 @@ def test_a_sampled_federation_normalises_by_the_expected_batch(digits, basis: np
     assert trainer.normaliser == pytest.approx(0.25 * records, rel=0.2)
 
 
+def test_two_parties_of_one_size_are_each_clipped_by_their_own_norms(basis: np.ndarray) -> None:
+    """One trainer serves every party in the central runner. A cache of the full batch's squared norms keyed
+    on anything but the array itself — its shape, say — would clip a second party of the same size by the
+    first party's norms (identity map, full batch) and move its contribution beyond what its own records
+    allow; each party's contribution must be the mechanism's from scratch, round after round."""
+    rng = np.random.default_rng(8)
+    trainer = _trainer(basis)
+    k, m = trainer.mechanism.dim, trainer.mechanism
+    parties = [
+        (trainer.prepare(rng.uniform(-1, 1, size=(30, basis.shape[0])) ** power), rng.integers(0, 10, 30))
+        for power in (1, 3)
+    ]
+    first, second = (x for x, _ in parties)
+    assert first.shape == second.shape and not np.allclose(np.sum(first**2, 1), np.sum(second**2, 1))
+    state = trainer.state()
+    state[0] = 1.0  # a gradient round on the identity map: the prepared records themselves, every one
+    source = SeededNoise("unused: q = 1")
+    for weight in (0.05, 0.5):
+        state[1 + 2 * k :] = weight
+        head = state[1 + 2 * k :].reshape(trainer.weights.shape)
+        for x, y in (*parties, *parties):
+            np.testing.assert_array_equal(trainer.contribute(state, x, y, source), m.contribution(head, x, y))
+
+
 def test_a_full_batchs_norms_are_computed_once_and_only_for_the_trainers_own_records(
     basis: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -2,9 +2,9 @@
 
 The guardian's ``SubmitContribution``, ``Release``, ``DepositRelease`` and ``ReleaseRecord`` and the
 student's ``NextRelease`` and ``SubmitContributionShare`` run on their real servicers behind the identity
-interceptor, over mutual TLS on loopback, the guardian on a real ledger file. Each call must end with a deliberate status — never INTERNAL
-or UNKNOWN (an unhandled exception) and never a hang; a refused call charges nothing and keeps nothing;
-afterwards the ledger still verifies and both servers still answer.
+interceptor, over mutual TLS on loopback, the guardian on a real ledger file. Each call must end with a
+deliberate status — never INTERNAL or UNKNOWN (an unhandled exception) and never a hang; a refused call
+charges nothing and keeps nothing; afterwards the ledger still verifies and both servers still answer.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,12 @@ from typing import Any
 import numpy as np
 import pytest
 from guardian_harness import tls_files
-from release_harness import DIM, SEED, ReleaseGuardianServer
+from release_harness import BUDGET, DIM, SEED, ReleaseGuardianServer
+from sites_harness import federation_dict
 
 from capc_common.aggregation import party_noise, sampling_noise
 from capc_common.errors import IntegrityError
+from capc_common.federation import FederationConfig
 from capc_common.federation.releases import ReleaseProtocol, protocol_for
 from capc_common.mechanisms import reveal
 from capc_common.mechanisms.release import student_half
@@ -222,3 +225,40 @@ def _die_after_the_charge(federation: Federation, journal: str) -> np.ndarray:
     answer = federation.client.release("release-dead-0", 0, list(federation.config.teacher_names))
     assert federation.entries() == 3 and not answer.replayed
     return reveal([half], answer.masked)
+
+
+def test_a_student_started_before_the_guardian_waits_for_it(pki: Path, tmp_path: Path) -> None:
+    """Parties start together: a student whose first question (the round's record) finds no guardian
+    listening waits and says so, instead of failing for good; stopped meanwhile, it stops."""
+    config = FederationConfig.from_dict(federation_dict(mechanism=DPSGD, budget=BUDGET))
+    protocol = protocol_for(config, dim=DIM)
+    nowhere = ReleaseClient(
+        config=config, tls=tls_files(pki, "student"), address="127.0.0.1:1", length=protocol.length
+    )
+    progress, stop = ReleaseProgress(), threading.Event()
+    failed: list[BaseException] = []
+
+    def student() -> None:
+        try:
+            run_releases(
+                protocol=protocol, rounds=ReleaseRounds(config, length=protocol.length), guardian=nowhere,
+                journal=ReleaseJournal(tmp_path, config_hash=config.config_hash(), length=protocol.length),
+                noise=party_noise("student", seed=SEED), progress=progress, stop=stop,
+            )  # fmt: skip
+        except BaseException as exc:  # handed to the test's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=student, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not progress.state.startswith("waiting for the guardian"):
+            assert thread.is_alive() and time.monotonic() < deadline, (progress.state, failed)
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert thread.is_alive()  # still waiting: not failed
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        nowhere.close()
+    assert len(failed) == 1 and "stopping" in str(failed[0])

@@ -26,6 +26,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capc_common.durable import fsync_dir
-from capc_common.errors import InputError, IntegrityError, ProtocolError
+from capc_common.errors import InputError, IntegrityError, ProtocolError, UnavailableError
 from capc_common.federation import FederationConfig
 from capc_common.federation.releases import ReleaseProtocol, planned_figures
 from capc_common.mechanisms import reveal
@@ -451,7 +452,7 @@ class RoundRunner:
         """Round ``t``'s ``(attempt, total)`` when the journal lacks it: the guardian's deposited total, the
         total of the charged attempt revealed again from its kept half, or a new release; None when the round
         was charged and neither its total nor its half survives. Journals what it finds."""
-        record = self.guardian.record(t)
+        record = self._reachable(lambda: self.guardian.record(t))
         if record.state == "deposited":
             assert record.total is not None
             self.journal.append(t, record.release_id, record.total)
@@ -465,6 +466,23 @@ class RoundRunner:
         half = student_half(list(shares.values()), noise=self.protocol.mechanism.noise_part(self.noise))
         self.journal.keep_half(t, attempt, half)
         return self._reveal(t, attempt, parties=list(shares))
+
+    def _reachable(self, call: Callable[[], RoundRecord]) -> RoundRecord:
+        """``call()`` once the guardian answers: parties start together, so the student may ask for a round's
+        record before the guardian listens (UNAVAILABLE); it waits, up to 5 s between tries, until stopped.
+
+        Raises:
+            InputError: ``stop`` was set first.
+        """
+        wait = 0.25
+        while True:
+            try:
+                return call()
+            except UnavailableError as exc:
+                self.progress.state = f"waiting for the guardian ({exc})"
+                if self.stop.wait(wait):
+                    raise InputError("the student is stopping; the guardian was not reached") from None
+                wait = min(2 * wait, 5.0)
 
     def _reveal(
         self, t: int, attempt: str, *, parties: list[str]
