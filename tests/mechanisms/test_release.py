@@ -4,6 +4,7 @@ runners on real data (scikit-learn digits, a public proxy)."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from capc_common.mechanisms import (
     FixedPoint,
     SecureDPSGD,
     calibrate,
+    dpsgd,
     masked_total,
     nearest_prototype,
     poisson_sample,
@@ -264,3 +266,38 @@ def test_released_noise_has_the_variance_each_block_is_accounted_at(mechanism, i
         assert abs(sample.mean()) < 4 * sigma / np.sqrt(sample.size)
         # Standard error of a sample variance: σ²·√(2/(n−1)) (normal, to within the discrete Gaussian's).
         assert abs(sample.var(ddof=1) / sigma**2 - 1) < 4 * np.sqrt(2 / (sample.size - 1))
+
+
+def test_dpsgd_sigma_is_never_rounded_down() -> None:
+    """σ = z·Δ as a float product can fall 4e-17 below the exact product (z 40.6746, Δ 6,553: the recipe at
+    ε 1); σ is the smallest float not below it."""
+    m = SecureDPSGD(classes=10, dim=1024, clip=0.1, noise_multiplier=40.6746, sampling_rate=1.0)
+    exact = Fraction(40.6746) * m.sensitivity
+    assert m.sensitivity == 6553 and Fraction(40.6746 * 6553) < exact  # the float product rounds down
+    assert Fraction(m.sigma) >= exact > Fraction(math.nextafter(m.sigma, 0.0))
+
+
+def test_dpsgd_sums_the_records_rounded_gradients_exactly() -> None:
+    """Each record's clipped gradient is rounded to fixed point on its own and the records' integers are
+    summed exactly: where the exact sum is the contribution itself (no final rounding: 26 fractional bits at a
+    clip of 2^10), a party's contribution is the sum of its halves' contributions, bit for bit — a float sum
+    rounded once (as before) is not additive."""
+    m = SecureDPSGD(
+        classes=3, dim=5, clip=1024.0, noise_multiplier=1.0, sampling_rate=1.0, fixed_point=FixedPoint(26)
+    )
+    assert m.factor_bits + m.row_bits == m.fixed_point.bits  # the exact sum is not rounded
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(300, 5)) * rng.choice([1e-3, 1.0, 40.0], size=(300, 1))
+    y = rng.integers(0, 3, size=300)
+    w = rng.normal(size=(3, 6))
+    whole = m.contribution(w, x, y)
+    halves = m.contribution(w, x[:137], y[:137]) + m.contribution(w, x[137:], y[137:])
+    np.testing.assert_array_equal(whole, halves)
+    # And, at an ordinary fixed point, the sum does not depend on the records' order or on how it is chunked.
+    fine = SecureDPSGD(classes=3, dim=5, clip=1.0, noise_multiplier=1.0, sampling_rate=1.0)
+    reference = fine.contribution(w, x, y)
+    order = rng.permutation(300)
+    np.testing.assert_array_equal(fine.contribution(w, x[order], y[order]), reference)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dpsgd, "_CHUNK", 7)
+        np.testing.assert_array_equal(fine.contribution(w, x, y), reference)
