@@ -69,7 +69,7 @@ FACTOR_BITS = 18
 #: ulps); the sum over records is exact and needs no margin.
 NORM_MARGIN = 2.0**-30
 _EXACT = 2**53 - 1  # every integer up to here is a float64
-_CHUNK = 4096  # records per exact product at most (a chunk's unit rows: 32 MB at 1,024 features)
+_CHUNK = 512  # records per exact product at most (a chunk's unit rows: 4 MB at 1,024 features, in cache)
 
 
 def fixed_point_for(*, sigma_per_unit: float, coordinates: int, unit: float = 1.0) -> FixedPoint:
@@ -357,11 +357,14 @@ class SecureDPSGD(ReleaseMechanism):
         unit = 2.0**self.row_bits / row_norms  # (x, 1)/‖(x, 1)‖ at 2^r: every coordinate at most 2^r
         exact = np.zeros((self.classes, self.dim + 1), dtype=np.int64)
         step = max(1, min(_EXACT // self._product, _CHUNK))
+        units = np.empty((min(step, len(x)), self.dim))  # one chunk's rounded unit rows, reused
         for start in range(0, len(x), step):
             rows, factors = slice(start, start + step), classes[start : start + step]
+            block = units[: len(factors)]
             with np.errstate(over="ignore", invalid="ignore"):
-                units = np.rint(x[rows] * unit[rows, None])
-            exact[:, :-1] += (units.T @ factors).T.astype(np.int64)
+                np.multiply(x[rows], unit[rows, None], out=block)
+            np.rint(block, out=block)
+            exact[:, :-1] += (block.T @ factors).T.astype(np.int64)
             exact[:, -1] += (np.rint(unit[rows]) @ factors).astype(np.int64)
         return self._rounded(exact).ravel()
 
