@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from capc_common.data.partition import NEIGHBOURING
 from capc_common.errors import InputError
 from capc_common.mpc.sharing import SEED_BYTES, expand_share_seed, reduce_shares
 from capc_common.privacy.analysis import as_orders, rdp_zcdp, share_sigma
@@ -227,13 +228,13 @@ class ReleaseMechanism(ABC):
     Attributes:
         name: registry name.
         accounting: what one release is charged, with the source (named by the model card's ``accountant``).
-        neighbouring: the relation ε is for: one record added or removed (every block's sensitivity is for it;
-            replacing a record is two such steps).
+        neighbouring: the relation ε is for, as the selection family's cards name it: one record added or
+            removed (every block's sensitivity is for it; replacing a record is two such steps).
     """
 
     name: ClassVar[str]
     accounting: ClassVar[str]
-    neighbouring: ClassVar[str] = "add-remove"
+    neighbouring: ClassVar[str] = NEIGHBOURING["hash"]
 
     @abstractmethod
     def params(self) -> dict[str, Any]:
