@@ -125,12 +125,25 @@ def test_another_optimizer_for_secagg_dpsgd_takes_its_own_step(tmp_path: Path) -
     planner's recipe."""
     from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
 
-    options = LocalOptions(mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1")
+    small = {"projection": {"dim": 8, "images": 20}}  # provisioning computes and pins the public basis
+    options = LocalOptions(
+        mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1", mechanism_params=small
+    )
     _, planned, _ = provision(tmp_path / "planned", options)
     assert {k: getattr(planned.mechanism, k) for k in DPSGD_RECIPE} == DPSGD_RECIPE
     assert planned.mechanism.rounds == DPSGD_ROUNDS
+    # The public basis, computed into the parties' shared feature cache, is pinned by its digest.
+    from capc_common.federation import load_shared_backbone
+    from capc_common.federation.releases import Featuriser, federation_basis
+    from capc_common.mechanisms.basis import basis_digest
+
+    projection = planned.mechanism.projection
+    assert projection is not None and projection.sha256 is not None
+    unpinned = projection.model_copy(update={"sha256": None})
+    fresh = federation_basis(unpinned, featuriser=Featuriser(load_shared_backbone(planned), (28, 28, 1)))
+    assert basis_digest(fresh) == projection.sha256  # computed again without the cache: the same
     for i, params in enumerate(({"optimizer": "adam"}, {"optimizer": "adam", "learning_rate": 0.1})):
-        _, config, _ = provision(tmp_path / str(i), replace(options, mechanism_params=params))
+        _, config, _ = provision(tmp_path / str(i), replace(options, mechanism_params={**small, **params}))
         m = config.mechanism
         assert m.optimizer == "adam" and m.step_noise is None and not m.unit_variance, m
         assert m.clip == 1.0 and m.learning_rate == params.get("learning_rate", 0.3)
