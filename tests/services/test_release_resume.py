@@ -23,7 +23,7 @@ from release_harness import BUDGET, DIM, SEED, ReleaseGuardianServer
 from sites_harness import federation_dict
 
 from capc_common.aggregation import party_noise, sampling_noise
-from capc_common.errors import IntegrityError
+from capc_common.errors import IntegrityError, ProtocolError
 from capc_common.federation import FederationConfig
 from capc_common.federation.releases import ReleaseProtocol, protocol_for
 from capc_common.mechanisms import reveal
@@ -262,3 +262,12 @@ def test_a_student_started_before_the_guardian_waits_for_it(pki: Path, tmp_path:
         thread.join(timeout=10)
         nowhere.close()
     assert len(failed) == 1 and "stopping" in str(failed[0])
+
+
+def test_an_attempt_id_from_the_guardian_never_names_a_file_outside_the_journal() -> None:
+    """The journal's files are named by the attempt a round was charged under, which the guardian reports:
+    only the student's own form of id is accepted from it."""
+    assert ReleaseClient._attempt("release-0a1b2c3d4e5f-7") == "release-0a1b2c3d4e5f-7"
+    for bad in ("../../etc/passwd", "a/b", "x.total", "", "r" * 129):
+        with pytest.raises(ProtocolError, match="the student's own ids"):
+            ReleaseClient._attempt(bad)

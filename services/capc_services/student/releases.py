@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import threading
 import time
@@ -297,6 +298,7 @@ class GuardianRelease:
     ledger: dict[str, Any]
 
 
+_ATTEMPT = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _ROUND_STATES = {
     pb.ReleaseRoundState.RELEASE_ROUND_STATE_OPEN: "open",
     pb.ReleaseRoundState.RELEASE_ROUND_STATE_CHARGED: "charged",
@@ -334,6 +336,19 @@ class ReleaseClient:
                                 f"({self._length},)")  # fmt: skip
         return array
 
+    @staticmethod
+    def _attempt(release_id: str) -> str:
+        """An attempt id from the guardian, checked before it names a journal file.
+
+        Raises:
+            ProtocolError: not one of the student's own ids (letters, digits, ``-``, ``_``; at most 128).
+        """
+        if not _ATTEMPT.fullmatch(release_id):
+            raise ProtocolError(
+                f"guardian named attempt {release_id[:140]!r}; attempts are the student's own ids"
+            )
+        return release_id
+
     def release(
         self, release_id: str, round: int, parties: list[str], *, timeout: float = 300.0
     ) -> GuardianRelease:
@@ -348,7 +363,7 @@ class ReleaseClient:
         reply = self._call(self._stub.Release, request, timeout)
         return GuardianRelease(
             masked=self._array(reply.masked, "a masked total"),
-            release_id=reply.release_id,
+            release_id=self._attempt(reply.release_id),
             parties=list(reply.parties),
             replayed=reply.replayed,
             charged_rdp=float(reply.charged_rdp),
@@ -371,7 +386,8 @@ class ReleaseClient:
                 f"guardian sent round state {reply.state}; expected open, charged or deposited"
             )
         total = self._array(reply.total, "a deposited total") if state == "deposited" else None
-        return RoundRecord(state, reply.release_id, total, release_ledger_from_proto(reply.ledger))
+        attempt = self._attempt(reply.release_id) if state != "open" else ""
+        return RoundRecord(state, attempt, total, release_ledger_from_proto(reply.ledger))
 
     def close(self) -> None:
         """Close the channel."""
