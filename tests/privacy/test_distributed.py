@@ -69,7 +69,7 @@ def test_one_party_is_the_discrete_gaussian_and_tau_grows_as_sigma_shrinks() -> 
     assert distributed_tau(sigma=1.0, parties=2) == pytest.approx(10 * math.exp(-(math.pi**2)), rel=1e-14)
     assert distributed_tau(sigma=6.0, parties=3) < 1e-150
     assert distributed_tau(sigma=0.5, parties=2) > distributed_tau(sigma=1.0, parties=2) > 0
-    with pytest.raises(InputError, match="σ ≥ 0.5"):
+    with pytest.raises(InputError, match=r"σ ≥ 0\.5"):
         zcdp_distributed(sigma=0.4, parties=2, sensitivity=1.0, dimension=1)
 
 

@@ -8,7 +8,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from capc_cli.main import cli
 from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError
 from capc_common.privacy import BudgetLedger
 
@@ -56,6 +58,8 @@ def test_the_chain_counts_the_plans_rounds(tmp_path: Path) -> None:
         assert led.release_plan() == (PLAN, {0: "release-000000", 1: "release-000001"}, 2)
         report = led.verify()
         assert report.ok and (report.totals["releases"], report.totals["releases_planned"]) == (2, PLAN)
+    shown = CliRunner().invoke(cli, ["budget", "verify", "--ledger", str(path)])
+    assert shown.exit_code == 0 and "releases: 2 of the plan's 3, each round charged once" in shown.output
     # A row the guardian never writes: round 0 again under another id, and a round beyond the plan.
     for forged, problem in (("again", "round 0 is charged twice"), ("beyond", "outside the plan")):
         copy = tmp_path / f"{forged}.db"

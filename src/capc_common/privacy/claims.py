@@ -63,8 +63,8 @@ FILTER_ODOMETER = (
 )
 PLAN_GUARANTEE = (
     "epsilon is the guarantee: the charge of every release the federation planned (rounds x one release's "
-    "data-independent RDP), fixed before any data was touched; the ledger's filter caps it at epsilon_limit "
-    "even if a release were paid twice"
+    "data-independent RDP), fixed before any data was touched; the guardian's ledger charges each planned "
+    "round once and no more"
 )
 PLAN_ODOMETER = (
     "epsilon_spent is the charge of the releases made so far (data-independent; equal to epsilon once every "
