@@ -177,6 +177,23 @@ def masked_total(
     return total
 
 
+def _ring_sum(
+    start: npt.NDArray[np.int64], shares: Sequence[npt.ArrayLike], *, width: int, against: str
+) -> npt.NDArray[np.int64]:
+    """``start + Σ shares mod 2^w``, every share of ``start``'s shape.
+
+    Raises:
+        InputError: a share of another shape (named against ``against``).
+    """
+    total = reduce_shares(start, width=width)
+    for share in shares:
+        s = np.asarray(share, dtype=np.int64)
+        if s.shape != start.shape:
+            raise InputError(f"share of shape {s.shape} does not match {against} {start.shape}")
+        total = reduce_shares(total + s, width=width)
+    return total
+
+
 def student_half(
     shares: Sequence[npt.ArrayLike], *, noise: npt.NDArray[np.int64], width: int = RING_WIDTH
 ) -> npt.NDArray[np.int64]:
@@ -188,14 +205,7 @@ def student_half(
     """
     if not shares:
         raise InputError("the student needs at least one party's share to make its half of a release")
-    z = np.asarray(noise, dtype=np.int64)
-    total = reduce_shares(z, width=width)
-    for share in shares:
-        s = np.asarray(share, dtype=np.int64)
-        if s.shape != z.shape:
-            raise InputError(f"share of shape {s.shape} does not match the noise {z.shape}")
-        total = reduce_shares(total + s, width=width)
-    return total
+    return _ring_sum(np.asarray(noise, dtype=np.int64), shares, width=width, against="the noise")
 
 
 def reveal(
@@ -212,12 +222,7 @@ def reveal(
     if not shares:
         raise InputError("the student needs at least one party's share to reveal a total")
     m = np.asarray(masked, dtype=np.int64)
-    total = reduce_shares(m, width=width)
-    for share in shares:
-        s = np.asarray(share, dtype=np.int64)
-        if s.shape != m.shape:
-            raise InputError(f"share of shape {s.shape} does not match the guardian's total {m.shape}")
-        total = reduce_shares(total + s, width=width)
+    total = _ring_sum(m, shares, width=width, against="the guardian's total")
     half = np.int64(1 << (width - 1))
     return np.where(total >= half, total - np.int64(1 << width), total).astype(np.int64)
 
