@@ -14,6 +14,12 @@ sharing one ledger cannot reveal one batch twice for one charge. ``settle`` may 
 in the same transaction (the guardian keeps there the label decoding bits it is about to send, so it can
 send the same bits again to a student that crashed before storing its labels).
 
+**Releases.** A release federation's guardian charges each release with :meth:`BudgetLedger.charge`: its
+reserve, compute and settle rows and its receipt in one transaction, all of them or none. A release's params
+name its round of the plan (``release: {round, planned}``); the chain's recomputation refuses a round outside
+the plan or charged twice, so no ledger holds more releases than planned (:meth:`BudgetLedger.release_plan`).
+:meth:`BudgetLedger.deposit` keeps, once, what the student revealed from a settled release.
+
 **Storage.** One SQLite file in WAL mode with ``synchronous=FULL`` (each commit is fsynced before it
 returns). Entries are append-only (triggers reject UPDATE and DELETE) and hash-chained: each row stores
 ``SHA-256(previous hash ‖ canonical JSON of the row)``, starting from the hash of the ledger's parameters, so
