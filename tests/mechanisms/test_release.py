@@ -301,3 +301,9 @@ def test_dpsgd_sums_the_records_rounded_gradients_exactly() -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(dpsgd, "_CHUNK", 7)
         np.testing.assert_array_equal(fine.contribution(w, x, y), reference)
+    # A clip whose one record's products no float64 holds exactly is refused, not summed approximately.
+    with pytest.raises(InputError, match="too large to sum exactly"):
+        SecureDPSGD(
+            classes=3, dim=4, clip=2.0**20, noise_multiplier=1.0, sampling_rate=1.0,
+            fixed_point=FixedPoint(40),
+        )  # fmt: skip

@@ -183,6 +183,11 @@ class SecureDPSGD(ReleaseMechanism):
             )
         #: The largest product of a record's two rounded factors (integers): bounds every partial sum.
         self._product = (math.floor(self.clip_effective * 2**self.factor_bits) + 1) << self.row_bits
+        if self._product > _EXACT:
+            raise InputError(
+                f"clip {self.clip:g} at {self.fixed_point.bits} fractional bits makes one record's products "
+                "too large to sum exactly in float64 (2^53); lower the clip or the fixed-point bits"
+            )
         self.sigma = sigma_at_least(self.noise_multiplier, self.sensitivity)
         self._blocks = (NoiseBlock(self.size, self.sigma, self.sensitivity),)
 
