@@ -39,6 +39,7 @@ _FROM_STATUS: dict[grpc.StatusCode, type[CapcError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InputError,
     grpc.StatusCode.FAILED_PRECONDITION: PreconditionError,
     grpc.StatusCode.ALREADY_EXISTS: InputError,
+    grpc.StatusCode.OUT_OF_RANGE: InputError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: UnavailableError,
     grpc.StatusCode.CANCELLED: UnavailableError,
