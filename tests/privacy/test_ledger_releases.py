@@ -4,14 +4,13 @@ recomputation (``capc budget verify``) checks both — and what the student made
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from capc_cli.main import cli
-from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError
+from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError, StorageError
 from capc_common.privacy import BudgetLedger
 
 PLAN = 3
@@ -36,11 +35,13 @@ def test_a_charge_is_three_rows_and_a_receipt_or_nothing(tmp_path: Path) -> None
         assert led.receipt("release-000000") == ("nonce-0", b"x" * 200_000)
         with pytest.raises(IntegrityError, match="charged once"):
             _charge(led, 0)
-        # SQLite's own SQLITE_FULL: the file may not grow by the next receipt.
+        # SQLite's own SQLITE_FULL: the file may not grow by the next receipt. SQLite rolled the charge back
+        # by itself: a full volume, named as such (never "damaged", never "restore a backup").
         (pages,) = led._db.execute("PRAGMA page_count").fetchone()
         led._db.execute(f"PRAGMA max_page_count = {pages}")
-        with pytest.raises((sqlite3.OperationalError, IntegrityError)):
+        with pytest.raises(StorageError, match="is full") as refused:
             _charge(led, 1, receipt=b"y" * 200_000)
+        assert "backup" not in str(refused.value)
         led._db.execute("PRAGMA max_page_count = 1073741823")
         assert led.batch("release-000001") is None and led.summary()["entries"] == 3
         _charge(led, 1)  # the rolled-back charge left the instance's totals as the file's
