@@ -25,6 +25,7 @@ from capc_common.mechanisms import reveal
 from capc_common.mechanisms.release import student_half
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto
+from capc_services.common.errors import KIND_KEY
 
 
 @pytest.fixture
@@ -150,8 +151,13 @@ def test_a_full_ledger_disk_charges_nothing_and_the_retry_pays_once(pki: Path, t
         db = guardian.ledger._db  # the guardian's own connection: the limit holds for its writes
         (pages,) = db.execute("PRAGMA page_count").fetchone()
         db.execute(f"PRAGMA max_page_count = {pages}")
-        # refused (which status a full disk maps to is the ledger's concern: here, that nothing is kept)
-        assert _code(lambda: guardian.release("r1", list(vectors))) != grpc.StatusCode.OK
+        # refused as a full volume (RESOURCE_EXHAUSTED, `capc-error: storage`: waited out, not a spent
+        # budget, never DATA_LOSS), and nothing is kept
+        with pytest.raises(grpc.RpcError) as refused:
+            guardian.release("r1", list(vectors))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert (KIND_KEY, "storage") in tuple(refused.value.trailing_metadata() or ())
+        assert "backup" not in str(refused.value.details())
         assert guardian.entries() == 0 and guardian.ledger.verify().ok
         db.execute("PRAGMA max_page_count = 1073741823")
         paid = guardian.release("r2", list(vectors))

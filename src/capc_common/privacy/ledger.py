@@ -41,8 +41,9 @@ edited ``state`` row can neither hide spent budget nor make the filter admit a b
 SQLITE_READONLY, an I/O error), so the chain stays as it was; such a write raises
 :class:`~capc_common.errors.StorageError` (exit code 7) naming the volume and the space needed, never
 "restore a backup". Before the commit points that must not fail half-way — a reservation (whose batch will
-begin and settle) and a computation's ``begin`` (whose batch must settle) — the ledger checks that its volume
-has room for the rows still to come, so a nearly full volume refuses new work before anything is decoded. A
+begin and settle), a computation's ``begin`` (whose batch must settle) and a release's ``charge`` (whose total
+the student then deposits) — the ledger checks that its volume has room for the rows still to come, so a
+nearly full volume refuses new work before anything is decoded. A
 ledger on a volume mounted read-only opens read-only (reads and ``verify`` go on) and writes again once the
 volume is read-write, without a restart.
 
@@ -840,15 +841,17 @@ class BudgetLedger:
         self._db = self._connect(self.path)
         self._read_only = False
 
-    def _room(self, commits: int) -> None:
-        """Refuse to begin what the ledger's volume could not finish: ``commits`` more transactions.
+    def _room(self, commits: int, *, payload: int = 0) -> None:
+        """Refuse to begin what the ledger's volume could not finish: ``commits`` more transactions, carrying
+        ``payload`` bytes of receipts or deposits between them (beyond what a commit's pages hold: a release's
+        receipt and total are as long as its vector).
 
         Raises:
             StorageError: the volume has less room than those commits need (or is read-only).
         """
         (page,) = self._db.execute("PRAGMA page_size").fetchone()
-        needed = commits * _PAGES_PER_COMMIT * (int(page) + _WAL_FRAME_HEADER)
-        require_space(self.path, needed=needed, what="ledger")
+        pages = commits * _PAGES_PER_COMMIT + -(-payload // int(page))
+        require_space(self.path, needed=pages * (int(page) + _WAL_FRAME_HEADER), what="ledger")
 
     def _new_chain(self, *, watch: str | None = None) -> _Chain:
         """An empty recomputation of this ledger's chain, from its genesis."""
@@ -1135,6 +1138,8 @@ class BudgetLedger:
             IntegrityError: the batch is on the ledger already (a batch is charged once).
             BudgetExhaustedError: the charge would cross the budget; nothing is written.
             UnavailableError: a membership change replaced the config this instance was opened for.
+            StorageError: the volume is read-only, or has no room for the charge and the deposit that follows
+                it; nothing is written (and the caller sends nothing).
 
         Returns:
             The settle entry.
@@ -1148,6 +1153,10 @@ class BudgetLedger:
         cost = non_negative("rdp", rdp)
         if not isinstance(receipt, bytes | bytearray):
             raise InputError(f"receipt must be bytes, got {type(receipt).__name__}")
+        with self._lock, _readable(self.path):
+            # Before the commit point, like reserve and begin: the charge, and room for the deposit of what
+            # it pays for (a total as long as its receipt), so a charged release can also be kept.
+            self._room(4, payload=2 * len(receipt))
         with self._write() as db:
             opening, _, closing = self._rows(db, bid)
             if opening is not None:
@@ -1169,6 +1178,8 @@ class BudgetLedger:
 
         Raises:
             InputError: the batch is not settled, or other bytes are stored for it.
+            StorageError: the volume is read-only or has no room for it; nothing is written (on a full
+                volume, the same bytes deposited before are still acknowledged).
         """
         bid = _text("batch_id", batch_id)
         who = _text("actor", actor)
@@ -1185,6 +1196,7 @@ class BudgetLedger:
                 if bytes(row[0]) == bytes(data):
                     return False
                 raise InputError(f"batch {bid} already holds another deposited output; it is kept once")
+            self._room(1, payload=len(data))
             db.execute("INSERT INTO receipts VALUES (?, ?, ?)", (_deposit_key(bid), who, bytes(data)))
             return True
 
