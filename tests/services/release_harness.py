@@ -35,6 +35,7 @@ DIM = 6
 BUDGET = {"epsilon": 4.0, "delta": 1e-5, "order": 10}
 # One release costs 60 % of the budget: the first fits, a second (a restarted student's) does not.
 RHO = 0.6 * rdp_budget_at_order(**BUDGET) / BUDGET["order"]
+QUORUM = {"min_parties": 2, "vote_deadline_s": 5, "share_deadline_s": 0.5}
 
 
 class ReleaseGuardianServer:
@@ -45,14 +46,26 @@ class ReleaseGuardianServer:
         mechanism: federation.yaml's ``mechanism`` (default: one DP-prototypes release costing 60 % of the
             budget).
         dim: the features' dimension (the length of a contribution grows with it).
+        federation: other federation.yaml fields (``teachers``, ``quorum``: by default a share deadline of
+            half a second, how long the guardian waits for the seeds a release names).
     """
 
     def __init__(
-        self, pki: Path, tmp_path: Path, *, mechanism: dict[str, object] | None = None, dim: int = DIM
+        self,
+        pki: Path,
+        tmp_path: Path,
+        *,
+        mechanism: dict[str, object] | None = None,
+        dim: int = DIM,
+        **federation: object,
     ) -> None:
         self.pki = pki
         self.config = FederationConfig.from_dict(
-            federation_dict(mechanism=mechanism or {"name": "dppl", "rho": RHO}, budget=BUDGET)
+            federation_dict(
+                mechanism=mechanism or {"name": "dppl", "rho": RHO},
+                budget=BUDGET,
+                **{"quorum": QUORUM, **federation},
+            )
         )
         self.protocol: ReleaseProtocol = protocol_for(self.config, dim=dim)
         self.ledger = BudgetLedger.open_or_create(

@@ -10,6 +10,8 @@ precise status, and none of them charges anything or reveals anything.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from capc_common.mechanisms import reveal
 from capc_common.mechanisms.release import student_half
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto
-from capc_services.common.errors import KIND_KEY
+from capc_services.common.errors import KIND_KEY, MISSING_SEEDS_KEY
 
 
 @pytest.fixture
@@ -236,6 +238,31 @@ def test_a_release_the_budget_cannot_pay_is_refused_before_anything(guardian: Re
     assert guardian.ledger.batch(guardian.core.batch_id(0)) is None
 
 
+def test_a_release_waits_for_the_seeds_of_the_parties_it_names(guardian: ReleaseGuardianServer) -> None:
+    """A teacher sends its seed to the guardian and its share to the student at once, so the student may ask
+    for a release before a seed it names has arrived: the guardian waits for it (up to the share deadline)
+    instead of refusing, then charges once."""
+    vectors = _vectors(guardian.protocol)
+    shares = {"hospital-a": guardian.contribute("r1", "hospital-a", vectors["hospital-a"])}
+    answers: list[pb.ReleaseReply] = []
+    asking = threading.Thread(target=lambda: answers.append(guardian.release("r1", list(vectors))))
+    asking.start()
+    time.sleep(0.2)  # the release waits at the guardian meanwhile
+    assert asking.is_alive() and guardian.entries() == 0
+    shares["hospital-b"] = guardian.contribute("r1", "hospital-b", vectors["hospital-b"])
+    asking.join(timeout=10)
+    assert answers and not answers[0].replayed and guardian.entries() == 3
+    mechanism = guardian.protocol.mechanism
+    noise = mechanism.noise_part(party_noise("guardian", seed=SEED))
+    noise = noise + mechanism.noise_part(party_noise("student", seed=SEED))
+    total = reveal([_half(guardian, list(shares.values()))], ndarray_from_proto(answers[0].masked))
+    np.testing.assert_array_equal(total, vectors["hospital-a"] + vectors["hospital-b"] + noise)
+    # A seed retried after the charge is not kept (the attempt's seeds are never used again).
+    late = pb.SubmitContributionRequest(release_id="r1", party="hospital-a", seed=b"\3" * 16,
+                                        length=guardian.protocol.length)  # fmt: skip
+    assert guardian.stub("hospital-a").SubmitContribution(late, timeout=10).received == 0
+
+
 def test_bad_contributions_and_requests_change_nothing(guardian: ReleaseGuardianServer) -> None:
     vector = _vectors(guardian.protocol)["hospital-a"]
     length = guardian.protocol.length
@@ -252,11 +279,12 @@ def test_bad_contributions_and_requests_change_nothing(guardian: ReleaseGuardian
     assert _code(lambda: guardian.stub("hospital-a").SubmitContribution(other, timeout=10)) == (
         grpc.StatusCode.ALREADY_EXISTS
     )
-    # hospital-b never sent its seed: asked too early (FAILED_PRECONDITION), for a stranger or twice the same
-    # party, or below the quorum (INVALID_ARGUMENT)
-    assert _code(lambda: guardian.release("r", ["hospital-a", "hospital-b"])) == (
-        grpc.StatusCode.FAILED_PRECONDITION
-    )
+    # hospital-b never sent its seed: refused after the share deadline (FAILED_PRECONDITION, naming it), for a
+    # stranger or twice the same party, or below the quorum (INVALID_ARGUMENT)
+    with pytest.raises(grpc.RpcError) as refused:
+        guardian.release("r", ["hospital-a", "hospital-b"])
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert (MISSING_SEEDS_KEY, "hospital-b") in tuple(refused.value.trailing_metadata() or ())
     assert (
         _code(lambda: guardian.release("r", ["hospital-a", "outsider"])) == grpc.StatusCode.INVALID_ARGUMENT
     )

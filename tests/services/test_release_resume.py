@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from capc_common.aggregation import party_noise, sampling_noise
 from capc_common.errors import IntegrityError, ProtocolError
 from capc_common.federation import FederationConfig
 from capc_common.federation.releases import ReleaseProtocol, protocol_for
-from capc_common.mechanisms import reveal
+from capc_common.mechanisms import reveal, share_contribution
 from capc_common.mechanisms.release import student_half
 from capc_common.wire import ndarray_from_proto
 from capc_services.student.releases import (
@@ -52,12 +52,28 @@ RECORDS = 40
 
 
 class Federation:
-    """The guardian, a student's link to it, and teacher threads serving whatever rounds a student opens."""
+    """The guardian, a student's link to it, and teacher threads serving whatever rounds a student opens.
 
-    def __init__(self, pki: Path, root: Path, *, mechanism: dict[str, Any] | None = None) -> None:
-        self.pki, self.root = pki, root
-        self.guardian = ReleaseGuardianServer(pki, root, mechanism=mechanism or DPSGD)
+    Args:
+        seedless: whether a teacher's seed for an attempt never reaches the guardian (its share still reaches
+            the student): a broken link, or a guardian restarted between the seeds and the release.
+        federation: other federation.yaml fields for the guardian (``teachers``, ``quorum``).
+    """
+
+    def __init__(
+        self,
+        pki: Path,
+        root: Path,
+        *,
+        mechanism: dict[str, Any] | None = None,
+        seedless: Callable[[str, str], bool] = lambda party, attempt: False,
+        **federation: object,
+    ) -> None:
+        self.pki, self.root, self.seedless = pki, root, seedless
+        self.guardian = ReleaseGuardianServer(pki, root, mechanism=mechanism or DPSGD, **federation)
         self.config = self.guardian.config
+        #: What each teacher contributed, by (attempt, party).
+        self.sent: dict[tuple[str, str], np.ndarray] = {}
         rng = np.random.default_rng(11)
         self.data = {
             party: (rng.normal(size=(RECORDS, DIM)), rng.integers(0, self.config.classes, RECORDS))
@@ -122,7 +138,11 @@ class Federation:
                 continue
             state = ndarray_from_proto(item.state).view(np.float64)
             vector = protocol.contribute(state, prepared, labels, source)
-            share = self.guardian.contribute(item.release_id, party, vector)
+            self.sent[(item.release_id, party)] = vector
+            if self.seedless(party, item.release_id):
+                _, share = share_contribution(vector)
+            else:
+                share = self.guardian.contribute(item.release_id, party, vector)
             rounds.deliver(release_id=item.release_id, party=party, share=share)
 
     def entries(self) -> int:
@@ -221,10 +241,51 @@ def _die_after_the_charge(federation: Federation, journal: str) -> np.ndarray:
         )
         shares.append(federation.guardian.contribute("release-dead-0", party, vector))
     half = student_half(shares, noise=protocol.mechanism.noise_part(party_noise("student", seed=SEED)))
-    federation.journal(journal).keep_half(0, "release-dead-0", half)
-    answer = federation.client.release("release-dead-0", 0, list(federation.config.teacher_names))
+    parties = list(federation.config.teacher_names)
+    federation.journal(journal).keep_half(0, "release-dead-0", parties, half)
+    answer = federation.client.release("release-dead-0", 0, parties)
     assert federation.entries() == 3 and not answer.replayed
     return reveal([half], answer.masked)
+
+
+def test_seeds_lost_before_the_release_start_the_round_again(pki: Path, tmp_path: Path) -> None:
+    """A guardian restarted between the teachers' seeds and the student's release has lost the seeds (it
+    keeps them in memory only): it waits the share deadline, names every party, and the student starts the
+    round again under a fresh attempt — it used to stop for good (FAILED_PRECONDITION). Charged once."""
+    federation = Federation(
+        pki, tmp_path, seedless=lambda party, attempt: attempt.endswith("-0") and attempt.count("-") == 2
+    )
+    try:
+        result = federation.student("journal")
+        assert federation.entries() == 3 * federation.guardian.protocol.rounds
+        attempt, _ = federation.journal("journal").total(0) or ("", None)
+        assert attempt.endswith("-0-1")  # the second attempt at round 0
+        _card_is_the_ledger(result["card"], federation)
+    finally:
+        federation.close()
+
+
+def test_a_party_whose_seed_never_reaches_the_guardian_is_left_out(pki: Path, tmp_path: Path) -> None:
+    """Three teacher parties, a quorum of two, and hospital-c's seeds never reach the guardian while its
+    shares reach the student: each round is asked again without it — a new half without its share — and
+    released over the other two, their exact noisy total."""
+    teachers = [{"name": f"hospital-{p}", "heads": 1} for p in "abc"]
+    federation = Federation(
+        pki, tmp_path, teachers=teachers, seedless=lambda party, attempt: party == "hospital-c"
+    )
+    try:
+        federation.student("journal")
+        charged = federation.guardian.ledger.entries(kinds=["reserve"])
+        assert len(charged) == federation.guardian.protocol.rounds
+        assert {entry.parties for entry in charged} == {("hospital-a", "hospital-b")}
+        attempt, total = federation.journal("journal").total(0) or ("", None)
+        mechanism = federation.guardian.protocol.mechanism
+        noise = mechanism.noise_part(party_noise("guardian", seed=SEED))
+        noise = noise + mechanism.noise_part(party_noise("student", seed=SEED))
+        sent = federation.sent[(attempt, "hospital-a")] + federation.sent[(attempt, "hospital-b")]
+        np.testing.assert_array_equal(total, sent + noise)
+    finally:
+        federation.close()
 
 
 def test_a_student_started_before_the_guardian_waits_for_it(pki: Path, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import grpc
 from capc_common.errors import CapcError
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, ndarray_to_proto, release_ledger_to_proto, rpc
-from capc_services.common.errors import abort
+from capc_services.common.errors import MISSING_SEEDS_KEY, abort
 from capc_services.common.interceptors import acting_party, peer_name
 from capc_services.guardian.releases import (
     BeyondPlanError,
@@ -32,18 +32,21 @@ _STATES = {
 
 
 def _abort(context: grpc.ServicerContext, exc: CapcError) -> None:
-    """Abort with the most precise status: a second seed or total is ALREADY_EXISTS, a release asked too early
-    (or a total for a round not charged) FAILED_PRECONDITION, a round beyond the plan OUT_OF_RANGE, the rest
-    as everywhere (:func:`~capc_services.common.errors.abort`: a full or read-only volume is
-    RESOURCE_EXHAUSTED with ``capc-error: storage``)."""
-    code = None
+    """Abort with the most precise status: a second seed or total is ALREADY_EXISTS, a release whose seeds
+    did not all arrive (its trailing metadata naming the parties, :data:`MISSING_SEEDS_KEY`) or a total for a
+    round not charged FAILED_PRECONDITION, a round beyond the plan OUT_OF_RANGE, the rest as everywhere
+    (:func:`~capc_services.common.errors.abort`: a full or read-only volume is RESOURCE_EXHAUSTED with
+    ``capc-error: storage``)."""
+    code: grpc.StatusCode | None = None
+    metadata: tuple[tuple[str, str], ...] = ()
     if isinstance(exc, ReleaseReplayError):
         code = grpc.StatusCode.ALREADY_EXISTS
     elif isinstance(exc, MissingSeedsError):
         code = grpc.StatusCode.FAILED_PRECONDITION
+        metadata = ((MISSING_SEEDS_KEY, ",".join(exc.missing)),) if exc.missing else ()
     elif isinstance(exc, BeyondPlanError):
         code = grpc.StatusCode.OUT_OF_RANGE
-    abort(context, exc, code=code)
+    abort(context, exc, code=code, metadata=metadata)
 
 
 class ReleaseGuardianServicer(rpc.GuardianServiceServicer):

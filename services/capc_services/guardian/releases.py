@@ -3,14 +3,18 @@ part of the noise, charge, masked total out — each round of the plan charged o
 
 Per release (DESIGN §3, "commit before reveal"):
 
-* every teacher party sends the 16-byte seed of its mask once per attempt (``submit_contribution``); the
-  guardian keeps it in memory only, so a restart loses unreleased seeds and the student starts that round
-  again under a fresh attempt id (seeds cost nothing);
-* the student asks for round ``t`` of the plan (``release``): the guardian draws its part of the noise and
+* every teacher party sends the 16-byte seed of its mask once per attempt (``submit_contribution``), at the
+  same time as its masked share goes to the student; the guardian keeps it in memory only, so a restart loses
+  unreleased seeds and the student starts that round again under a fresh attempt id (seeds cost nothing);
+* the student asks for round ``t`` of the plan (``release``) over the parties whose shares it holds: the
+  guardian waits, up to the quorum's share deadline, for those parties' seeds (as ``ComputeStart`` does for a
+  batch) — one that never arrives is named in the refusal (:class:`MissingSeedsError`, nothing charged), and
+  the student asks again without it or starts the round again. Then it draws its part of the noise and
   charges the release on its ledger — reserve, compute and settle in one durable transaction that keeps the
   reply as its receipt, or nothing at all when the budget cannot pay or the disk refuses — and only then
   answers ``Σ AES-CTR(seed_p) + z_g``. Without the student's half that message is uniformly random; with it
-  it is the noisy total, whose cost is already on disk.
+  it is the noisy total, whose cost is already on disk. Waiting here instead of having each teacher wait for
+  its seed's acknowledgement before it sends its share takes one round trip off every release.
 
 **The guardian counts releases.** Round ``t``'s ledger batch is ``release-<plan>-<t>`` with ``0 ≤ t <`` the
 plan's releases (the plan: the ledger's federation config). A round beyond the plan is refused
@@ -57,8 +61,16 @@ class ReleaseReplayError(InputError):
 
 
 class MissingSeedsError(InputError):
-    """The student asked for a release before every party it names sent its seed, or deposited a total for a
-    round not charged (FAILED_PRECONDITION)."""
+    """A named party's seed did not arrive within the share deadline, or a total was deposited for a round not
+    charged (FAILED_PRECONDITION; nothing charged).
+
+    Attributes:
+        missing: the named parties whose seeds never arrived (empty for a deposit).
+    """
+
+    def __init__(self, message: str, *, missing: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
 
 
 class BeyondPlanError(InputError):
@@ -133,7 +145,8 @@ class ReleaseGuardian:
         self._refuse_unrounded_ledger()
         self._planned = planned_figures(protocol, config.budget)
         self._seeds: dict[str, dict[str, bytes]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # notified as seeds arrive and as releases are charged
+        self._charged_attempts: set[str] = set()
         self._release_lock = threading.Lock()  # noise is drawn release by release: the canonical order
         self.parties: dict[str, PartySeen] = {
             config.student: PartySeen(role="student"),
@@ -190,11 +203,12 @@ class ReleaseGuardian:
         return release_id
 
     def submit_contribution(self, *, release_id: str, party: str, seed: bytes, length: int) -> int:
-        """Keep ``party``'s mask seed for one release; returns how many parties' seeds it now holds.
+        """Keep ``party``'s mask seed for one release; returns how many parties' seeds it now holds (none for
+        an attempt this process charged already: its seeds were dropped then, and are never used again).
 
         Raises:
             InputError: a malformed id, seed or length, or a party that is not a teacher.
-            ReleaseReplayError: the release was charged already, or this party already sent its seed.
+            ReleaseReplayError: this party already sent another seed for the release.
         """
         self._check_id(release_id)
         if party not in self.config.teacher_names:
@@ -207,6 +221,8 @@ class ReleaseGuardian:
                 f"{self.protocol.mechanism.name} releases {self.protocol.length}"
             )
         with self._lock:
+            if release_id in self._charged_attempts:  # a seed retried after its release: no longer needed
+                return 0
             held = self._seeds.setdefault(release_id, {})
             if held.get(party) == bytes(seed):  # a retry of the same contribution: nothing new is learnt
                 return len(held)
@@ -216,6 +232,7 @@ class ReleaseGuardian:
                 )
             held[party] = bytes(seed)
             received = len(held)
+            self._lock.notify_all()
         self._seen(party)
         return received
 
@@ -226,25 +243,28 @@ class ReleaseGuardian:
         Raises:
             BeyondPlanError: a round outside the plan.
             InputError: a malformed id, unknown or repeated parties, or fewer than the quorum.
-            MissingSeedsError: a named party's seed has not arrived (nothing charged).
+            MissingSeedsError: a named party's seed did not arrive within the share deadline (nothing charged;
+                ``missing`` names them).
             BudgetExhaustedError: the release does not fit the budget (nothing charged, nothing revealed).
         """
         self._check_id(release_id)
         self._check_round(round)
         batch = self.batch_id(round)
+        ordered: list[str] = []
+        if self._charged(batch) is None:  # a round charged before is answered at once, whatever it names
+            ordered = self._quorum(release_id, parties, actor=actor)
+            self._await_seeds(release_id, ordered)
         with self._release_lock:
-            charged = self._charged(batch)
+            charged = self._charged(batch)  # charges are never undone: not charged now, not charged before
             if charged is not None:
                 self._seen(actor)
                 return replace(charged, remaining_rdp=float(self.ledger.summary()["remaining_rdp"]))
-            ordered = self._quorum(release_id, parties, actor=actor)
             with self._lock:
                 held = dict(self._seeds.get(release_id, {}))
             missing = [p for p in ordered if p not in held]
-            if missing:
+            if missing:  # gone since the wait: only a charge of this attempt drops its seeds
                 raise MissingSeedsError(
-                    f"release {release_id}: no seed from {missing} yet; ask again once every named party "
-                    "has contributed (nothing was charged)"
+                    f"release {release_id}: no seed from {missing}; nothing was charged", missing=missing
                 )
             masked = masked_total(
                 [held[p] for p in ordered], noise=self.protocol.mechanism.noise_part(self.noise)
@@ -265,6 +285,8 @@ class ReleaseGuardian:
                 )
             with self._lock:
                 self._seeds.pop(release_id, None)
+                self._charged_attempts.add(release_id)
+                self._lock.notify_all()
         self._seen(actor)
         self.metrics.batches.labels(outcome="settled").inc()
         remaining = float(self.ledger.summary()["remaining_rdp"])
@@ -283,6 +305,31 @@ class ReleaseGuardian:
         return Released(
             masked, release_id, tuple(ordered), self._rdp, replayed=False, remaining_rdp=remaining
         )
+
+    def _await_seeds(self, release_id: str, parties: Sequence[str]) -> None:
+        """Wait, up to the quorum's share deadline, until every named party's seed for ``release_id`` arrived
+        (teachers send seed and share at once, so a seed may trail the share the student holds) or the attempt
+        was charged meanwhile (a retry of a request that went through: its receipt answers it).
+
+        Raises:
+            MissingSeedsError: a named party's seed did not arrive in time (nothing charged), naming them.
+        """
+        deadline = time.monotonic() + self.config.quorum.share_deadline_s
+        with self._lock:
+            while True:
+                held = self._seeds.get(release_id, {})
+                missing = [p for p in parties if p not in held]
+                left = deadline - time.monotonic()
+                if not missing or release_id in self._charged_attempts or left <= 0:
+                    break
+                self._lock.wait(timeout=left)
+        if missing and release_id not in self._charged_attempts:
+            raise MissingSeedsError(
+                f"release {release_id}: no seed from {missing} within the share deadline "
+                f"({self.config.quorum.share_deadline_s:g} s); nothing was charged: ask again without them, "
+                "or start the round again",
+                missing=missing,
+            )
 
     def _charged(self, batch: str) -> Released | None:
         """The receipt of a round charged before (a retry, or a restarted student), or None."""

@@ -2,11 +2,12 @@
 noise, ask the guardian for its masked part of the total, reveal, deposit, learn, and publish the head.
 
 Teacher parties dial in (they have no inbound port): each polls :meth:`ReleaseRounds.next_for` for the
-release it has not contributed to yet, sends its seed to the guardian and then its share here
+release it has not contributed to yet, sends its seed to the guardian and, at the same time, its share here
 (:meth:`ReleaseRounds.deliver`). The student waits for every teacher party, or after the quorum's vote
 deadline for at least ``quorum.min_parties`` of them, keeps its half (those shares plus its own part of the
 noise, :func:`~capc_common.mechanisms.release.student_half`) durably, then asks the guardian to release
-round ``t`` over exactly those parties — the guardian charges its ledger durably before it answers. Only
+round ``t`` over exactly those parties — the guardian waits (up to the share deadline) for their seeds, and
+charges its ledger durably before it answers; a party whose seed never came is left out of the next ask. Only
 ``Σ V_p + z_g + z_s`` is ever reconstructed.
 
 **Rounds, not attempts.** The guardian charges each round of the plan once and answers a round charged before
@@ -25,6 +26,7 @@ the guardian answers a round it charged with the same bytes, and keeps one depos
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -32,7 +34,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -46,6 +48,7 @@ from capc_common.durable import fsync_dir
 from capc_common.errors import (
     InputError,
     IntegrityError,
+    PreconditionError,
     ProtocolError,
     StorageError,
     UnavailableError,
@@ -65,7 +68,8 @@ from capc_common.wire import (
     release_ledger_from_proto,
     rpc,
 )
-from capc_services.common.errors import error_from_rpc
+from capc_services.common.background import Background
+from capc_services.common.errors import MISSING_SEEDS_KEY, error_from_rpc, trailing
 from capc_services.common.interceptors import ConfigHashClientInterceptor
 from capc_services.common.limits import HEADROOM
 from capc_services.common.metrics import PartyMetrics
@@ -246,9 +250,9 @@ class ReleaseJournal:
             )
         return found[0].name.split(".")[1], self._load(found[0])
 
-    def half(self, round: int, attempt: str) -> npt.NDArray[np.int64] | None:
-        """The half kept for ``attempt`` of ``round``, or None."""
-        path = self.directory / f"{round:06d}.{attempt}.half.npy"
+    def half(self, round: int, attempt: str, parties: Sequence[str]) -> npt.NDArray[np.int64] | None:
+        """The half kept for ``attempt`` of ``round`` over ``parties``, or None."""
+        path = self._half_path(round, attempt, parties)
         return self._load(path) if path.is_file() else None
 
     def append(self, round: int, attempt: str, total: npt.NDArray[np.int64]) -> None:
@@ -265,13 +269,21 @@ class ReleaseJournal:
         except OSError as exc:
             raise classify(exc, path=path, what="release journal") from None
 
-    def keep_half(self, round: int, attempt: str, half: npt.NDArray[np.int64]) -> None:
-        """Write one attempt's half durably, before the guardian is asked to release it.
+    def keep_half(
+        self, round: int, attempt: str, parties: Sequence[str], half: npt.NDArray[np.int64]
+    ) -> None:
+        """Write one attempt's half over ``parties`` durably, before the guardian is asked to release it. An
+        attempt may keep a half for each set of parties it asks for (one whose seed never reached the guardian
+        is left out of the next): the guardian's receipt names the set it charged, and so the half.
 
         Raises:
             StorageError: the volume is full, read-only or failing; nothing was written (:meth:`_write`).
         """
-        self._write(self.directory / f"{round:06d}.{attempt}.half.npy", half)
+        self._write(self._half_path(round, attempt, parties), half)
+
+    def _half_path(self, round: int, attempt: str, parties: Sequence[str]) -> Path:
+        named = hashlib.sha256(",".join(parties).encode()).hexdigest()[:16]
+        return self.directory / f"{round:06d}.{attempt}.{named}.half.npy"
 
     def _load(self, path: Path) -> npt.NDArray[np.int64]:
         try:
@@ -337,6 +349,19 @@ class GuardianRelease:
     replayed: bool
     charged_rdp: float
     ledger: dict[str, Any]
+
+
+class SeedsMissingError(PreconditionError):
+    """The guardian waited the share deadline for seeds that some named parties never sent; nothing was
+    charged.
+
+    Attributes:
+        parties: those parties.
+    """
+
+    def __init__(self, message: str, *, parties: Sequence[str]) -> None:
+        super().__init__(message)
+        self.parties = tuple(parties)
 
 
 _ATTEMPT = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -408,11 +433,19 @@ class ReleaseClient:
         ``parties``, or the receipt of the attempt the round was charged under before.
 
         Raises:
-            CapcError: the guardian refused (budget, beyond the plan, missing seeds) or could not be reached.
+            SeedsMissingError: some parties' seeds never reached the guardian (nothing charged).
+            CapcError: the guardian refused (budget, beyond the plan) or could not be reached.
             ProtocolError: a malformed answer.
         """
         request = pb.ReleaseRequest(release_id=release_id, round=round, parties=parties)
-        reply = self._call(self._stub.Release, request, timeout)
+        try:
+            reply = self._stub.Release(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            error = error_from_rpc(exc, peer=self._peer)
+            missing = trailing(exc, MISSING_SEEDS_KEY)
+            if missing and isinstance(error, PreconditionError):
+                raise SeedsMissingError(str(error), parties=missing.split(",")) from None
+            raise error from None
         return GuardianRelease(
             masked=self._array(reply.masked, "a masked total"),
             release_id=self._attempt(reply.release_id),
@@ -500,7 +533,14 @@ def run_releases(
 class RoundRunner:
     """The student's loop over the plan's rounds: each round's total from the journal, from the guardian's
     record, or from a new release; then deposited with the guardian and learnt. A round whose total is lost
-    (module doc) is skipped."""
+    (module doc) is skipped.
+
+    Per new round the critical path is two round trips: the teachers' waiting polls answered and their shares
+    in (their seeds go to the guardian at the same time), then ``Release``. The guardian's record is asked
+    only while resuming — until the first round found open, since rounds are charged in order by the one
+    student — and a round's deposit goes out in the background, acknowledged before the next charge, so at
+    most one charged round is ever not deposited (as when it was deposited in line).
+    """
 
     protocol: ReleaseProtocol
     rounds: ReleaseRounds
@@ -511,6 +551,9 @@ class RoundRunner:
     stop: threading.Event
     #: Fresh attempt ids after a restart: the guardian keeps seeds by attempt.
     prefix: str = field(default_factory=lambda: secrets.token_hex(6))
+    #: Until a round is found open on the guardian's ledger, each round's record is asked first.
+    resuming: bool = True
+    _deposit: Background[dict[str, Any]] | None = None
 
     def run(self) -> None:
         """Every round, then the ledger's final figures into ``progress.ledger``; ``done`` to the teachers.
@@ -537,32 +580,79 @@ class RoundRunner:
                 progress.rounds_done = t + 1
                 continue
             attempt, total = found
-            progress.ledger = self._waited(
-                partial(self.guardian.deposit, t, attempt, total), what=f"release {t + 1} deposited"
+            self._deposited()  # the previous round's deposit, before this one's goes out
+            self._deposit = Background(
+                partial(
+                    self._waited,
+                    partial(self.guardian.deposit, t, attempt, total),
+                    what=f"release {t + 1} deposited",
+                ),
+                name="release-deposit",
             )
             protocol.absorb(total)
-            progress.rounds_done, progress.rdp_spent = t + 1, progress.ledger["rdp_spent"]
+            progress.rounds_done = t + 1
+        self._deposited()
         progress.ledger = self._waited(partial(self.guardian.record, 0), what="the ledger's figures").ledger
         self.rounds.finish()
 
+    def _deposited(self) -> None:
+        """Wait for the deposit in flight (if any) and take the ledger's figures from its answer.
+
+        Raises:
+            CapcError: the deposit was refused (or the student is stopping).
+        """
+        if self._deposit is None:
+            return
+        figures, self._deposit = self._deposit.result(), None
+        self.progress.ledger, self.progress.rdp_spent = figures, figures["rdp_spent"]
+
     def _obtain(self, t: int) -> tuple[str, npt.NDArray[np.int64]] | None:
-        """Round ``t``'s ``(attempt, total)`` when the journal lacks it: the guardian's deposited total, the
-        total of the charged attempt revealed again from its kept half, or a new release; None when the round
-        was charged and neither its total nor its half survives. Journals what it finds."""
-        record = self._waited(partial(self.guardian.record, t), what=f"release {t + 1}'s record")
-        if record.state == "deposited":
-            assert record.total is not None
-            self._journaled(t, record.release_id, record.total)
-            return record.release_id, record.total
-        if record.state == "charged":
-            return self._reveal(t, record.release_id, parties=[])
-        attempt = f"release-{self.prefix}-{t}"
-        self.rounds.open(attempt, round=t, state=self.protocol.state())
-        self.progress.state = f"collecting release {t + 1} of {self.protocol.rounds}"
-        shares = self.rounds.collect(stop=self.stop)
-        half = student_half(list(shares.values()), noise=self.protocol.mechanism.noise_part(self.noise))
-        self._waited(partial(self.journal.keep_half, t, attempt, half), what=f"release {t + 1}'s half kept")
-        return self._reveal(t, attempt, parties=list(shares))
+        """Round ``t``'s ``(attempt, total)`` when the journal lacks it: while resuming, the guardian's
+        deposited total or the total of the charged attempt revealed again from its kept half; else (the
+        round open) a new release. None when the round was charged and neither its total nor its half
+        survives. Journals what it finds."""
+        if self.resuming:
+            record = self._waited(partial(self.guardian.record, t), what=f"release {t + 1}'s record")
+            if record.state == "deposited":
+                assert record.total is not None
+                self._journaled(t, record.release_id, record.total)
+                return record.release_id, record.total
+            if record.state == "charged":
+                return self._reveal(t, record.release_id, parties=[])
+            self.resuming = False  # this round is open, and so is every later one until this student asks
+        return self._new_release(t)
+
+    def _new_release(self, t: int) -> tuple[str, npt.NDArray[np.int64]] | None:
+        """Round ``t`` released now: open it, collect the shares, keep the half and ask the guardian. A party
+        whose seed never reached the guardian is left out (a new half without its share); with fewer than
+        the quorum left the round starts again under a fresh attempt."""
+        quorum, again = self.rounds.config.quorum.min_parties, 0
+        while True:
+            attempt = f"release-{self.prefix}-{t}" + (f"-{again}" if again else "")
+            again += 1
+            self.rounds.open(attempt, round=t, state=self.protocol.state())
+            self.progress.state = f"collecting release {t + 1} of {self.protocol.rounds}"
+            shares = self.rounds.collect(stop=self.stop)
+            noise = self.protocol.mechanism.noise_part(self.noise)
+            parties = list(shares)
+            while len(parties) >= quorum:
+                half = student_half([shares[p] for p in parties], noise=noise)
+                self._waited(
+                    partial(self.journal.keep_half, t, attempt, parties, half),
+                    what=f"release {t + 1}'s half kept",
+                )
+                try:
+                    return self._reveal(t, attempt, parties=parties)
+                except SeedsMissingError as exc:
+                    left = [p for p in parties if p not in exc.parties]
+                    _log.warning(
+                        "seeds missing at the guardian; asking without them",
+                        extra={"round": t, "release_id": attempt, "missing": list(exc.parties), "left": left},
+                    )
+                    if len(left) == len(parties):
+                        break
+                    parties = left
+            _log.warning("release round started again", extra={"round": t, "release_id": attempt})
 
     def _waited(self, attempt: Callable[[], T], *, what: str) -> T:
         """``attempt()``, waiting out an unreachable guardian or a full or read-only volume
@@ -573,12 +663,18 @@ class RoundRunner:
         self, t: int, attempt: str, *, parties: list[str]
     ) -> tuple[str, npt.NDArray[np.int64]] | None:
         """Ask the guardian for round ``t`` (attempt ``attempt`` over ``parties``, or its receipt if it was
-        charged before) and reveal the total with the half kept for the attempt it was charged under; None
-        if that half is gone."""
+        charged before) and reveal the total with the half kept for the attempt and parties it was charged
+        under; None if that half is gone. The previous round's deposit is acknowledged first.
+
+        Raises:
+            SeedsMissingError: some parties' seeds never reached the guardian (nothing charged).
+        """
+        self._deposited()
         answer = self._waited(
             partial(self.guardian.release, attempt, t, parties), what=f"release {t + 1} from the guardian"
         )
-        half = self.journal.half(t, answer.release_id)
+        self.progress.ledger, self.progress.rdp_spent = answer.ledger, answer.ledger["rdp_spent"]
+        half = self.journal.half(t, answer.release_id, answer.parties)
         if half is None:
             return None
         total = reveal([half], answer.masked)
