@@ -104,7 +104,7 @@ class Campaign:
             self.layout = Layout(Path(root).resolve())
             self.config = federation_of(self.layout)
             self.endpoints = summary(self.layout)
-        self.secret = token(self.layout)
+        self.secret = token(self.layout, self.config.student)  # its progress is what is watched
         self.ledger_path = self.layout.party_dir(self.config.guardian) / "ledger.sqlite"
         self.store_path = self.layout.party_dir(self.config.student) / "labels.sqlite"
 

@@ -169,7 +169,7 @@ def federation_run(
                 heads_from.party_dir(name) / "heads.safetensors", layout.party_dir(name) / "heads.safetensors"
             )
     endpoints = up(root, options, say=say, ready_timeout=600)
-    secret = token(layout)
+    secret, guardian_secret = token(layout, config.student), token(layout, config.guardian)
     guardian = psutil.Process(endpoints["pids"][config.guardian])
     rss: list[float] = []
     seen = 0
@@ -187,7 +187,7 @@ def federation_run(
             raise click.ClickException(f"the federation failed: {progress['error']}")
         recent = progress["recent_batches"]
         student_metrics = _get(f"{endpoints['student']['admin']}/metrics", secret)
-        guardian_metrics = _get(f"{endpoints['guardian']['admin']}/metrics", secret)
+        guardian_metrics = _get(f"{endpoints['guardian']['admin']}/metrics", guardian_secret)
     finally:
         down(root)
     # From the opening of batch 2 (while batch 1 may still be in its 2PC) to the end of the last batch.

@@ -103,24 +103,43 @@ def test_serve_train_missing_under_a_release_mechanism_trains_nothing_and_create
     site: Path, capc
 ) -> None:
     """Compose's hospitals run `teacher serve --train-missing` whatever the mechanism: under secagg-dpsgd
-    (compose's default) there are no heads to train, only the cap record to create; then serving needs its
-    certificates (none here: exit 2 with the reason, after the record is made)."""
+    (compose's default) there are no heads to train, only the cap record to create — once the party's start-up
+    checks pass (without its certificates: exit 2 with the reason, and nothing created)."""
+    import subprocess
+    import sys
+    import time
+
+    from capc_services.tls import init_ca, issue_certificate, write_admin_token
+
     federation = site.parent / "federation.yaml"
     config = yaml.safe_load(federation.read_text())
     secagg = yaml.safe_load((REPO / "deploy" / "compose" / "federation-secagg-dpsgd.yaml").read_text())
     config.update(mechanism=secagg["mechanism"], budget=secagg["budget"])
     FederationConfig.from_dict(config).save(federation)
     record = site.parent / "state" / "cap.jsonl"
-    plain = capc("teacher", "serve", "--site", str(site), timeout=120)  # without the flag: no record made
-    assert plain.returncode == 2 and not record.exists(), plain.stderr
-    records = []
-    for _ in range(2):  # the second start finds the record and leaves it as it is
-        proc = capc("teacher", "serve", "--site", str(site), "--train-missing", timeout=120)
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert "certs/" in proc.stderr and "already exists" not in proc.stderr, proc.stderr
-        assert record.exists() and not (site.parent / "state" / "heads.safetensors").exists()
-        records.append(record.read_text())
-    assert records[0] == records[1]
+    proc = capc("teacher", "serve", "--site", str(site), "--train-missing", timeout=120)
+    assert proc.returncode == 2 and "certs/" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not record.exists()
+    certs = site.parent / "certs"
+    init_ca(certs, name="test")
+    issue_certificate(certs, "hospital-a", out_dir=certs)
+    write_admin_token(certs / "admin.token")
+    serving = subprocess.Popen(
+        [sys.executable, "-m", "capc_cli", "teacher", "serve", "--site", str(site), "--train-missing"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not record.exists() and serving.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        serving.kill()  # the record is durable before the party does anything else
+        _, stderr = serving.communicate(timeout=60)
+    assert record.exists(), stderr
+    assert not (site.parent / "state" / "heads.safetensors").exists()
+    assert '"kind": "init"' in record.read_text()
 
 
 def test_training_with_a_records_cache_keeps_the_records_features_and_the_same_heads(site: Path) -> None:

@@ -54,7 +54,8 @@ def test_sixteen_bit_grey_spans_the_full_range_scaled_by_the_bits_used(tmp_path:
     over = _grey16(tmp_path / "over.png", _ramp(5000))
     with pytest.raises(
         InputError,
-        match=r"1 image\(s\) hold values above --bit-depth 12 \(4095\):\n  .*over\.png: values up to 5000",
+        match=r"1 image\(s\) hold values outside --bit-depth 12 \(0\.\.4095\):\n"
+        r"  .*over\.png: values 0\.\.5000",
     ):
         read_images([image, over], bit_depth=12)
 
@@ -139,6 +140,34 @@ def _dicom(
     return path
 
 
+def test_an_import_holds_one_full_size_image_at_a_time(tmp_path: Path) -> None:
+    """Each image is resized as soon as it is read, a deep one at its own depth: importing sixteen 1024x1024
+    16-bit scans into 28x28 allocates a few scans' worth of arrays, not sixteen (the import kept every scan
+    at full size, as 32-bit integers, before resizing any: 20 MB per 2048x2048 X-ray, a site's folder more
+    than a machine holds). A MONOCHROME1 image's padding is black, as every padding."""
+    import shutil
+    import tracemalloc
+
+    scan = _grey16(tmp_path / "scans" / "0.png", _ramp(4095, shape=(1024, 1024)))
+    files = [scan] + [Path(shutil.copy(scan, tmp_path / "scans" / f"{i}.png")) for i in range(1, 16)]
+    tracemalloc.start()
+    try:
+        pixels, report = read_images(files, size=(28, 28, 1))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    one_scan = 1024 * 1024 * 4  # as 32-bit integers
+    assert peak < 4 * one_scan, f"{peak / 2**20:.0f} MiB traced at the peak"
+    assert (report.resized, report.bit_depth) == (16, 12)
+    eight = Image.fromarray(np.rint(_ramp(4095, shape=(1024, 1024)) * 255 / 4095).astype(np.uint8))
+    expected = np.asarray(eight.resize((28, 28), Image.Resampling.LANCZOS), dtype=np.int64)
+    assert np.abs(pixels[0, ..., 0].astype(np.int64) - expected).max() <= 1  # as an 8-bit resize, or finer
+    wide = _dicom(tmp_path / "wide.dcm", _ramp(4095, shape=(28, 56)), bits=16, photometric="MONOCHROME1")
+    padded, _ = read_images([wide], size=(28, 28, 3))
+    assert padded[0, :7].max() == 0 and padded[0, -7:].max() == 0 and padded[0, 7:21].max() > 200
+    assert (padded[0, ..., 0] == padded[0, ..., 2]).all()  # grey replicated into RGB
+
+
 def test_dicom_grey_at_its_stored_depth(tmp_path: Path) -> None:
     """MONOCHROME2 12-bit, MONOCHROME1 (inverted: higher is brighter) and signed CT values, read back by
     pydicom from files its writer made; each scaled like a 16-bit PNG."""
@@ -150,13 +179,52 @@ def test_dicom_grey_at_its_stored_depth(tmp_path: Path) -> None:
     assert report.kinds == {"12-bit grey DICOM": 1} and report.bit_depth == 12
     inverted, _ = read_images([_dicom(tmp_path / "m1.dcm", ramp, bits=12, photometric="MONOCHROME1")])
     np.testing.assert_array_equal(inverted[0, ..., 0], np.rint((4095 - ramp) * 255 / 4095))
-    ct = _ramp(3000) - 1024  # signed stored values, -1024..1976
+    ct = _ramp(3000) - 1024  # signed stored values, -1024..1976: shifted by 1024, then 12 bits used
     signed, _ = read_images([_dicom(tmp_path / "ct.dcm", ct, bits=12, signed=True)])
-    np.testing.assert_array_equal(signed[0, ..., 0], np.rint((ct + 2048) * 255 / 4095))
+    np.testing.assert_array_equal(signed[0, ..., 0], np.rint((ct + 1024) * 255 / 4095))
     not_dicom = tmp_path / "scan.dcm"
     not_dicom.write_bytes(b"not a dicom file at all")
     with pytest.raises(InputError, match=r"scan\.dcm: is not a DICOM image"):
         read_images([plain, not_dicom])
+
+
+def test_dicom_in_a_wider_container_keeps_its_grey_levels(tmp_path: Path) -> None:
+    """BitsStored is a container, like a 16-bit PNG's 16: a CT's signed -1000..1700 stored in 16 bits, and a
+    12-bit MONOCHROME1 image stored in 16, span the 8-bit range. Shifting by 2^15 and inverting within 2^16
+    (as the import did) left each a dozen grey levels (124..134 and 239..255)."""
+    ct = _ramp(2700) - 1000
+    signed, report = read_images([_dicom(tmp_path / "ct.dcm", ct, bits=16, signed=True)])
+    np.testing.assert_array_equal(signed[0, ..., 0], np.rint((ct + 1000) * 255 / 4095))
+    assert (report.shift, report.bit_depth, report.max_value) == (1000, 12, 2700)
+    assert "signed values shifted up by 1000, one shift for every image" in report.lines(size=None)
+    assert (signed.min(), signed.max()) == (0, 168) and len(np.unique(signed)) == len(np.unique(ct))
+    ramp = _ramp(4095)
+    m1, report = read_images([_dicom(tmp_path / "m1.dcm", ramp, bits=16, photometric="MONOCHROME1")])
+    np.testing.assert_array_equal(m1[0, ..., 0], np.rint((4095 - ramp) * 255 / 4095))
+    assert report.kinds == {"16-bit grey DICOM (MONOCHROME1)": 1} and (m1.min(), m1.max()) == (0, 255)
+    # a consortium's fixed depth shifts signed values by 2^(b - 1), and refuses what falls outside
+    fixed, _ = read_images([tmp_path / "ct.dcm"], bit_depth=12)
+    np.testing.assert_array_equal(fixed[0, ..., 0], np.rint((ct + 2048) * 255 / 4095))
+    outside = r"outside --bit-depth 10 \(0\.\.1023, signed values shifted up by 512\)"
+    with pytest.raises(InputError, match=outside):
+        read_images([tmp_path / "ct.dcm"], bit_depth=10)
+
+
+def test_a_decompression_bomb_is_a_listed_bad_file_dicom_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pillow refuses an image of more than 2 · MAX_IMAGE_PIXELS; a DICOM file was decoded whatever its
+    header declared (a 372 kB deflated file of 14000x14000 pixels: read, 2.7 GB peak). The limit is lowered
+    here so that 64x64 files exceed it."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    png = _grey16(tmp_path / "big.png", _ramp(4095, shape=(64, 64)))
+    dcm = _dicom(tmp_path / "big.dcm", _ramp(4095, shape=(64, 64)), bits=12)
+    with pytest.raises(InputError) as info:
+        read_images([png, dcm])
+    lines = str(info.value).splitlines()
+    assert lines[0] == "2 of 2 image file(s) cannot be read:"
+    assert "big.png: cannot be decoded (Image size (4096 pixels) exceeds limit of 2000 pixels" in lines[1]
+    assert "big.dcm: declares 64x64 pixels, more than the 2000 of any image the import decodes" in lines[2]
 
 
 def test_resizing_keeps_the_aspect_ratio_by_padding_or_cropping(tmp_path: Path) -> None:

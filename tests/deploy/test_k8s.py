@@ -26,12 +26,14 @@ from capc_common.federation import FederationConfig
 from capc_services.guardian.settings import GuardianSettings
 from capc_services.student.settings import StudentSettings
 from capc_services.teacher.settings import TeacherSettings
+from capc_services.tls.csr import fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 #: The oldest Kubernetes minor still widely run, and the newest the validator ships schemas for.
 VERSIONS = ("1.29.0", f"{kubernetes_validate.latest_version()}.0")
 SETTINGS = {"guardian": GuardianSettings, "student": StudentSettings, "teacher": TeacherSettings}
+ROLES = tuple(SETTINGS)
 Docs = list[dict[str, Any]]
 
 
@@ -57,6 +59,11 @@ def _capc(*args: str) -> None:
         assert exc.code in (0, None), f"capc {' '.join(args)} exited {exc.code}"
 
 
+def read_out(csr: Path) -> str:
+    """A request's fingerprint, as its party reads it out to the coordinator."""
+    return fingerprint(x509.load_pem_x509_csr(csr.read_bytes()))
+
+
 def _render(kubectl: str, directory: Path) -> Docs:
     proc = subprocess.run(
         [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=False
@@ -74,15 +81,16 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Docs]:
     certs = root / "base" / "certs"
     _capc(
         "cert", "bootstrap", "--dir", str(certs), "--name", "capc-k8s", "--party", "guardian",
-        "--party", "student", "--party", "hospital-a", "--admin-token", str(certs / "admin.token"),
+        "--party", "student", "--party", "hospital-a", *(f"--admin-token={certs}/{r}.token" for r in ROLES),
     )  # fmt: skip
     # hospital-b: its own key and request; the coordinator signs it against the federation it is part of.
     hospital = root / "overlays" / "hospital"
     shutil.copy(root / "base" / "federation.yaml", hospital / "federation.yaml")
     _capc("cert", "request", "hospital-b", "--out-dir", str(hospital / "certs"))
+    csr = hospital / "certs" / "hospital-b.csr"
     _capc(
-        "cert", "sign", str(hospital / "certs" / "hospital-b.csr"), "--ca-dir", str(certs), "--federation",
-        str(hospital / "federation.yaml"), "--out", str(hospital / "certs" / "hospital-b.crt"),
+        "cert", "sign", str(csr), "--ca-dir", str(certs), "--federation", str(hospital / "federation.yaml"),
+        "--out", str(hospital / "certs" / "hospital-b.crt"), "--fingerprint", read_out(csr),
     )  # fmt: skip
     shutil.copy(certs / "ca.crt", hospital / "certs" / "ca.crt")
     (hospital / "certs" / "admin.token").write_text("hospital-b-" + "t" * 40)
@@ -193,6 +201,8 @@ def _paths(site: Any) -> list[str]:
             found.append(getattr(site, field))
     if isinstance(site, TeacherSettings):
         found.append(site.cap.record)
+        if site.lifetime is not None:  # the hospital's site ledger, on its state volume
+            found.append(site.lifetime.ledger)
         assert site.data is not None
         found.append(Path(site.data.dataset))
     return [str(p) for p in found]
@@ -233,9 +243,18 @@ def test_commands_ports_probes_and_paths_are_the_parties_own(rendered: dict[str,
             == int(site.admin.bind.rsplit(":", 1)[1])
         )
         assert env["CAPC_ADMIN__ALLOW_REMOTE"] == "true" and site.admin.allow_remote
-        assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "admin"}
-        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+        # ... over HTTPS with the party's certificate: the admin token never crosses the cluster in cleartext
+        assert env["CAPC_ADMIN__TLS"] == "true" and site.admin.tls
+        assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "admin", "scheme": "HTTPS"}
+        assert container["readinessProbe"]["httpGet"] == {
+            "path": "/readyz",
+            "port": "admin",
+            "scheme": "HTTPS",
+        }
         assert container["startupProbe"]["httpGet"]["path"] == "/livez"
+        # One admin token per role: the pod's admin-token Secret is its role's own.
+        tokens = next(v["secret"]["secretName"] for v in pod["volumes"] if v["name"] == "admin-token")
+        assert tokens.startswith(f"capc-{role}-admin-token")
         if hasattr(site, "grpc"):
             assert ports["grpc"] == int(site.grpc.bind.rsplit(":", 1)[1])
             exposed = re.search(r"^EXPOSE (.+)$", dockerfile, re.MULTILINE)
@@ -261,7 +280,12 @@ def test_addresses_in_the_base_are_its_services(rendered: dict[str, Docs]) -> No
         for key in keys:
             assert services.get(site[key]) == "grpc", f"{role} {key} {site[key]} is no Service's gRPC port"
     guardian = yaml.safe_load(_named(docs, "ConfigMap", "capc-guardian-config")["data"]["site.yaml"])
-    assert guardian["student_admin"]["url"].removeprefix("http://") in services
+    assert guardian["student_admin"]["url"].removeprefix("https://") in services
+    # the relay reaches the student by its Service's name, which the student's admin API answers to
+    student = StudentSettings(
+        **yaml.safe_load(_named(docs, "ConfigMap", "capc-student-config")["data"]["site.yaml"])
+    )
+    assert "capc-student" in student.admin.allowed_hosts
 
 
 def test_every_pod_runs_unprivileged_with_a_read_only_root(rendered: dict[str, Docs]) -> None:

@@ -25,7 +25,7 @@ from federation_harness import Running, federation_options
 from capc_common.federation import mechanism_of
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.tls import TlsFiles
 
 pytestmark = pytest.mark.slow
@@ -108,7 +108,6 @@ def _tls(running: Running, party: str) -> TlsFiles:
 def test_unauthenticated_and_impersonating_clients_are_refused(differential: Running) -> None:
     guardian = differential.endpoints["guardian"]["grpc"]
     student = differential.endpoints["student"]["grpc"]
-    config_hash = differential.config.config_hash()
     # no client certificate: the TLS handshake fails
     bare = grpc.secure_channel(
         guardian,
@@ -119,10 +118,10 @@ def test_unauthenticated_and_impersonating_clients_are_refused(differential: Run
         rpc.GuardianServiceStub(bare).BatchStatus(pb.BatchStatusRequest(batch_id="x"), timeout=10)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     # a teacher's certificate: may not act as the student, nor submit for another party
-    hash_header = (ConfigHashClientInterceptor(config_hash, peer="guardian"),)
-    stub = rpc.GuardianServiceStub(
-        _tls(differential, "hospital-1").channel(guardian, peer="guardian", interceptors=hash_header)
-    )
+    teacher = _tls(differential, "hospital-1")
+    config = differential.config
+    hash_header = (FederationClientInterceptor.dialling(config, tls=teacher, peer="guardian"),)
+    stub = rpc.GuardianServiceStub(teacher.channel(guardian, peer="guardian", interceptors=hash_header))
     with pytest.raises(grpc.RpcError) as info:
         stub.OpenBatch(pb.OpenBatchRequest(batch_id="x", count=32, query_digest=b"0" * 32), timeout=10)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -134,8 +133,10 @@ def test_unauthenticated_and_impersonating_clients_are_refused(differential: Run
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     # on the student's work stream, hospital-1 cannot introduce itself as hospital-2
     work = rpc.StudentServiceStub(
-        _tls(differential, "hospital-1").channel(
-            student, peer="student", interceptors=(ConfigHashClientInterceptor(config_hash, peer="student"),)
+        teacher.channel(
+            student,
+            peer="student",
+            interceptors=(FederationClientInterceptor.dialling(config, tls=teacher, peer="student"),),
         )
     )
     hello = pb.TeacherMessage(hello=pb.TeacherHello(party="hospital-2", heads=3))

@@ -27,7 +27,7 @@ from capc_common.federation import FederationConfig
 from capc_common.privacy import BudgetLedger
 from capc_services.local.federation import ensure_provisioned, status, up
 from capc_services.local.layout import Layout
-from capc_services.local.processes import processes_of, read_state
+from capc_services.local.processes import processes_of, read_state, token
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -111,7 +111,7 @@ def test_a_consortium_grows_to_four_hospitals_and_back_with_capc_local_alone(tmp
         assert (shrink.params["from"], shrink.params["to"], shrink.params["retired"]) == (
             four.config_hash(), back.config_hash(), [NEW]
         )  # fmt: skip
-        assert ledger.check_authorisations(layout.token.read_text().strip()) == {}
+        assert ledger.check_authorisations(token(layout)) == {}  # the guardian's admin token
         entries = list(ledger.entries())
     settled = [e for e in entries if e.kind == "settle"]
     # A batch whose votes were counted before a change may settle after it, with the earlier parties' votes:

@@ -40,7 +40,7 @@ class Local:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.endpoints = up(root, campaign_options(), ready_timeout=300)
-        self.secret = token(_layout(root))
+        self.secret = token(_layout(root), "student")  # only the student's admin API is asked
         self.store = root / "parties" / "student" / "labels.sqlite"
         self.ledger = root / "parties" / "guardian" / "ledger.sqlite"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from guardian_harness import tls_files
+from guardian_harness import client_auth, server_auth, tls_files
 from sites_harness import federation_dict
 
 from capc_common.aggregation import party_noise
@@ -18,7 +18,6 @@ from capc_common.privacy import BudgetLedger
 from capc_common.privacy.analysis import rdp_budget_at_order
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_to_proto, rpc
-from capc_services.common.interceptors import AuthInterceptor, ConfigHashClientInterceptor
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import start_grpc_server
 from capc_services.guardian.release_servicer import RELEASE_POLICY, ReleaseGuardianServicer
@@ -93,7 +92,7 @@ class ReleaseGuardianServer:
             tls=tls_files(pki, "guardian"),
             register=[add_to_server(ReleaseGuardianServicer(core))],
             services=[rpc.GUARDIAN_SERVICE],
-            interceptors=[AuthInterceptor(config=self.config, policy=RELEASE_POLICY)],
+            interceptors=[server_auth(pki, "guardian", self.config, RELEASE_POLICY)],
             max_workers=8,
         )
         self.channels = Channels(pki, self.config, port=self.server.port, peer="guardian")
@@ -142,7 +141,7 @@ class ReleaseStudentServer:
             tls=tls_files(pki, "student"),
             register=[add_student(ReleaseStudentServicer(self.rounds))],
             services=[rpc.STUDENT_SERVICE],
-            interceptors=[AuthInterceptor(config=config, policy=STUDENT_RELEASE_POLICY)],
+            interceptors=[server_auth(pki, "student", config, STUDENT_RELEASE_POLICY)],
             max_workers=8,
             max_receive_bytes=release_message_bytes(length),
             max_send_bytes=release_message_bytes(length),
@@ -162,14 +161,14 @@ class Channels:
     """One mutual-TLS channel to a server per calling party's certificate, opened on first use."""
 
     def __init__(self, pki: Path, config: FederationConfig, *, port: int, peer: str) -> None:
-        self._pki, self._address, self._peer = pki, f"127.0.0.1:{port}", peer
-        self._interceptor = ConfigHashClientInterceptor(config.config_hash(), peer=peer)
+        self._pki, self._address, self._peer, self._config = pki, f"127.0.0.1:{port}", peer, config
         self._open: dict[str, grpc.Channel] = {}
 
     def get(self, party: str) -> grpc.Channel:
         if party not in self._open:
+            interceptor = client_auth(self._pki, party, self._config, peer=self._peer)
             self._open[party] = tls_files(self._pki, party).channel(
-                self._address, peer=self._peer, interceptors=(self._interceptor,)
+                self._address, peer=self._peer, interceptors=(interceptor,)
             )
         return self._open[party]
 

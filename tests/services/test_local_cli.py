@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from capc_common.errors import InputError
-from capc_common.federation import FederationConfig, cap_cover
+from capc_common.errors import InputError, PreconditionError
+from capc_common.federation import FederationConfig, cap_cover, cap_order, exposure_of
 from capc_common.privacy import BudgetLedger
 from capc_services.local.federation import check_resume, ensure_provisioned, summary
 from capc_services.local.layout import Layout
 from capc_services.local.processes import PartyProcess, federation_of, write_state
-from capc_services.local.provision import Endpoints, LocalOptions, free_port, provision
+from capc_services.local.provision import Endpoints, LocalOptions, federation_dict, free_port, provision
 from capc_services.teacher.settings import TeacherSettings
 
 
@@ -313,26 +313,67 @@ def test_budget_show_of_a_missing_ledger_names_where_it_is(capc, provisioned: La
         ledger.unlink()
 
 
-def test_the_default_cap_covers_the_federation_as_preflight_checks_it(provisioned: Layout) -> None:
+def test_the_default_cap_covers_the_federation_as_preflight_checks_it(
+    provisioned: Layout, tmp_path: Path
+) -> None:
     """`local up`'s default cap was 3 × ε = 30, and preflight warned that it covers only 7 of the 8 batches
-    (suggesting 32.2) beside a federation limit of 10: both now use the same cover, and say why it is
-    above the federation's ε."""
-    from capc_services.teacher.preflight.peers import cap_check
+    (suggesting 32.2) beside a federation limit of 10: both now use the same cover, at the order the cap
+    record charges at, and say why it is above the federation's ε."""
+    from capc_services.teacher.cap import LocalCap
+    from capc_services.teacher.preflight.budget import cap_check
 
     config = federation_of(provisioned)
     settings = TeacherSettings.load(provisioned.site("hospital-1"))
-    cover = cap_cover(config)
-    assert settings.cap.epsilon == cover.cap > 3 * SMALL.epsilon
-    check = cap_check(settings, config)
-    assert check.status == "ok" and check.detail.endswith(": fits"), check.detail
+    exposure = exposure_of(config)
+    cover = cap_cover(exposure, delta=config.budget.delta)
+    record = LocalCap(settings.cap.record, config=config, epsilon_cap=cover.cap, exclusive=False)
+    assert record.order == cover.order == cap_order(exposure, delta=config.budget.delta) < config.budget.order
+    assert settings.cap.epsilon == cover.cap > SMALL.epsilon
+    check = cap_check(settings, config, exposure)
+    assert check.status == "ok" and ": fits; covering this federation takes a cap of" in check.detail
     assert "the federation's 8 planned batches all fit its limit ε 10" in check.detail
-    old_default = settings.model_copy(update={"cap": settings.cap.model_copy(update={"epsilon": 30.0})})
-    warned = cap_check(old_default, config)
-    assert warned.status == "warn" and "stops this party after 7 of those 8 batches" in warned.detail
+    assert {t.cap for t in config.teachers} == {cover.cap}  # declared in federation.yaml, as the site sets it
+    short = settings.model_copy(update={"cap": settings.cap.model_copy(update={"epsilon": cover.cap - 1})})
+    below = cap_check(short, config, exposure, force="the teacher would refuse to start: not accepted")
+    assert below.status == "fail" and f"declares hospital-1's cap as ε {cover.cap:g}" in below.fix
+    data = config.model_dump(mode="json")
+    undeclared = FederationConfig.from_dict(
+        {**data, "teachers": [{**t, "cap": None} for t in data["teachers"]]}
+    )
+    record = LocalCap.init(tmp_path / "cap.jsonl", config=undeclared, order=cover.order)
+    short = short.model_copy(update={"cap": short.cap.model_copy(update={"record": record})})
+    failed = cap_check(short, undeclared, exposure)
+    assert failed.status == "fail" and "stops this party after 7 of those 8 batches" in failed.detail
     assert (
-        f"covering this federation takes a cap of ε {cover.cap:g}, above its limit ε 10: this cap counts "
-        "every query the party votes on as answered"
-    ) in warned.detail
+        f"covering this federation takes a cap of ε {cover.cap:g} (at the cap record's order "
+        f"{cover.order:g}), above its limit ε 10: the cap charges every query this hospital votes on as if "
+        "it were answered"
+    ) in failed.detail
+    assert '--force "REASON"' in failed.fix
+    forced = cap_check(short, undeclared, exposure, force="we leave after the pilot")
+    assert forced.status == "warn" and forced.detail.endswith("Accepted: we leave after the pilot")
+
+
+def test_up_refuses_a_teacher_cap_that_cannot_cover_the_plan(tmp_path: Path) -> None:
+    """A --teacher-cap below the plan's worst case stopped every hospital part-way (the shipped Kubernetes
+    sites: after 6 of 21 batches) while the federation spent: refused before anything is created, naming the
+    flag and the figure, unless --force says why."""
+    root = tmp_path / "state"
+    config = FederationConfig.from_dict(federation_dict(SMALL), source="test")
+    cover = cap_cover(exposure_of(config), delta=config.budget.delta)
+    with pytest.raises(PreconditionError) as refused:
+        provision(root, replace(SMALL, teacher_cap=cover.cap - 1))
+    message = str(refused.value)
+    assert (
+        f"[caps-short] hospital-1, hospital-2 declare a cap of ε {cover.cap - 1:g}, which covers 7 of the 8 "
+        "batches the federation's ε 10 can admit; 0 of its 2 parties can then answer the whole plan"
+        in message
+    )
+    assert f"to fix it, raise --teacher-cap to {cover.cap:g}" in message and '--force "REASON"' in message
+    assert "cap.epsilon" not in message and not root.exists()
+    layout, forced, _ = provision(root, replace(SMALL, teacher_cap=cover.cap - 1, force="a refusal demo"))
+    assert {t.cap for t in forced.teachers} == {cover.cap - 1}  # declared: the guardian checks it too
+    assert "a refusal demo" in layout.site(forced.guardian).read_text()
 
 
 def test_down_text_lists_each_party() -> None:

@@ -16,7 +16,7 @@ from capc_common.errors import InputError
 from capc_common.federation import FederationConfig
 from capc_services.local.federation import ensure_provisioned, status
 from capc_services.local.layout import Layout
-from capc_services.local.membership import free_slice
+from capc_services.local.membership import free_slice, own_data
 from capc_services.local.processes import failure_reason
 from capc_services.local.provision import LocalOptions
 
@@ -82,12 +82,30 @@ def test_no_data_left_for_a_new_hospital_is_said_with_the_way_out(
         free_slice(layout, config)
 
 
+def test_a_new_hospital_with_its_own_data_holds_none_of_the_others(
+    provisioned: Layout, tmp_path: Path
+) -> None:
+    """`--dataset fashion-mnist`, the data the other sites select parts of, gave the new hospital all of it
+    (every example in two hospitals' data); a file of its own is written with its absolute path (the parties
+    run in the state directory)."""
+    with pytest.raises(InputError, match=r"hospital-1, hospital-2, hospital-3 of .* hold examples of"):
+        own_data(provisioned, "fashion-mnist")
+    assert own_data(provisioned, "npz:site.npz") == {"dataset": f"npz:{Path.cwd() / 'site.npz'}"}
+    site = tmp_path / "site.npz"
+    layout = Layout(tmp_path / "other")
+    layout.sites.mkdir(parents=True)
+    layout.site("hospital-1").write_text(yaml.safe_dump({"data": {"dataset": str(site)}}))
+    with pytest.raises(InputError, match=r"hospital-1 of .* already hold examples of npz:"):
+        own_data(layout, f"npz:{site}")
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
         (["add-party", "hospital-2"], "'hospital-2' is already a party of federation 'capc-local'"),
         (["add-party", "Hospital_4"], "party name 'Hospital_4' must be a DNS label"),
         (["add-party", "hospital-4", "--min-parties", "9"], "quorum.min_parties 9 exceeds the 4 teacher"),
+        (["add-party", "hospital-4", "--dataset", "fashion-mnist"], "already hold examples of fashion-mnist"),
         (["retire-party", "student"], "'student' is not a teacher party of federation 'capc-local'"),
         (["retire-party", "hospital-1", "--min-parties", "3"], "only 2 teacher parties remain"),
         (["restart", "hospital-9"], "'hospital-9' is not a party of the federation in"),
@@ -145,29 +163,39 @@ def test_the_reason_a_process_stopped_is_read_from_its_log(tmp_path: Path) -> No
 
 
 def test_a_retired_hospitals_name_is_not_given_again(
-    capsys: pytest.CaptureFixture[str], provisioned: Layout
+    capsys: pytest.CaptureFixture[str], provisioned: Layout, tmp_path: Path
 ) -> None:
     """A retired hospital's site file and cap record stay (its own account of what it released): adding a
-    party of that name would overwrite them, or, on failure, delete them."""
-    from capc_cli.main import main
+    party of that name would overwrite them, or, on failure, delete them. Files of a name no change ever added
+    were left by an interrupted add-party, which was named the same way (a retired hospital's)."""
+    import shutil
 
-    record = provisioned.party_dir("hospital-7") / "cap.jsonl"
-    record.parent.mkdir()
-    record.write_text("a retired hospital's record\n")
-    try:
+    from capc_cli.main import main
+    from capc_common.federation import retire_party
+    from capc_services.tls import certificate_info
+
+    root = tmp_path / "copy"
+    shutil.copytree(provisioned.root, root)
+    layout = Layout(root)
+    config = FederationConfig.load(layout.federation)
+    serial = certificate_info(layout.certs / "hospital-3.crt").serial
+    retire_party(config, name="hospital-3", serial=serial, min_parties=2).save(layout.federation)
+    record = layout.party_dir("hospital-3") / "cap.jsonl"
+    kept = record.read_text()
+    layout.site("hospital-8").write_text("left by an interrupted add-party\n")
+    for name, says in (
+        ("hospital-3", "hospital-3 was a party of the federation in"),
+        ("hospital-8", "hospital-8 has files in"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
-            main(["local", "add-party", "hospital-7", "--state-dir", str(provisioned.root)])
-        err = capsys.readouterr().err
-        assert exit_info.value.code == 2 and "hospital-7 was a party of the federation in" in err, err
-        assert "give the new hospital another name" in err
-        assert record.read_text() == "a retired hospital's record\n"
-        assert (
-            not provisioned.site("hospital-7").exists()
-            and not (provisioned.root / "federation-next.yaml").exists()
-        )
-    finally:
-        record.unlink()
-        record.parent.rmdir()
+            main(["local", "add-party", name, "--state-dir", str(root)])
+        err = " ".join(capsys.readouterr().err.split())
+        assert exit_info.value.code == 2 and says in err, err
+        if name == "hospital-3":
+            assert "give the new hospital another name" in err
+    assert "no membership change of its federation.yaml added it: an interrupted" in err
+    assert f"`capc local add-party --state-dir {root} hospital-8` left them" in err
+    assert record.read_text() == kept and not (root / "federation-next.yaml").exists()
 
 
 def test_a_party_added_to_federation_yaml_by_hand_is_named_with_the_command_to_use(

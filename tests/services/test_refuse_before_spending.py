@@ -19,7 +19,7 @@ import yaml
 from guardian_harness import GUARDIAN_TEST_FEDERATION, Setup, digest
 
 from capc_common.errors import PreconditionError
-from capc_common.federation import FederationConfig, cap_cover, check_runnable
+from capc_common.federation import FederationConfig, cap_cover, check_runnable, exposure_of
 from capc_common.federation.refusals import SpendPlan, pre_spend_refusals
 from capc_common.wire import messages as pb
 from capc_services.local.federation import ensure_provisioned
@@ -99,7 +99,7 @@ def test_two_parties_work_at_the_defaults_of_capc_local_up(tmp_path: Path) -> No
     assert layout.federation.exists() and config.quorum.min_parties == 1
     assert config.budget.order < 10  # planned
     assert pre_spend_refusals(SpendPlan.declared(config)) == []
-    cover = cap_cover(config)
+    cover = cap_cover(exposure_of(config), delta=config.budget.delta)
     assert cover.admissible_batches == cover.plan_batches == 32
 
 

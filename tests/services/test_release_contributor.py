@@ -14,7 +14,7 @@ from release_harness import ReleaseGuardianServer, ReleaseStudentServer
 from sites_harness import federation_dict
 
 from capc_common.errors import BudgetExhaustedError, UnavailableError
-from capc_common.federation import FederationConfig
+from capc_common.federation import FederationConfig, exposure_of
 from capc_common.federation.releases import protocol_for
 from capc_common.privacy import SystemNoise
 from capc_common.wire import messages as pb
@@ -41,10 +41,7 @@ def _contributor(
     protocol = protocol_for(config, dim=DIM)
     record = LocalCap.init(tmp_path / "cap.jsonl", config=config)
     cap = LocalCap(
-        record,
-        config=config,
-        epsilon_cap=epsilon_cap,
-        worst_case=lambda _: protocol.release_rdp(config.budget.order),
+        record, config=config, epsilon_cap=epsilon_cap, exposure=exposure_of(config, protocol=protocol)
     )
     rng = np.random.default_rng(0)
     return ReleaseContributor(

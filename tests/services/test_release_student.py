@@ -66,7 +66,7 @@ def test_an_os_error_while_precomputing_the_basis_fails_the_student(
                 continue
             admin = f"http://127.0.0.1:{party.admin_port}"
             progress = httpx.get(f"{admin}/api/v1/progress", headers=headers, timeout=5).json()
-        ready = httpx.get(f"{admin}/readyz", timeout=5)
+        ready = httpx.get(f"{admin}/readyz", headers=headers, timeout=5)  # the token shows why
     finally:
         stop.set()
         student.join(timeout=30)

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc_common.errors import InputError, UnavailableError
+from capc_services.common.admission import StreamLimits
 from capc_services.common.settings import parse_bind
 from capc_services.tls import DEFAULT_MESSAGE_BYTES, TlsFiles, grpc_options
 
@@ -56,8 +57,12 @@ def start_grpc_server(
     max_workers: int = 32,
     max_receive_bytes: int = DEFAULT_MESSAGE_BYTES,
     max_send_bytes: int = DEFAULT_MESSAGE_BYTES,
+    limits: StreamLimits | None = None,
 ) -> GrpcServer:
     """Start a mutual-TLS gRPC server with the standard health service reporting SERVING.
+
+    ``limits`` sets the connection limits (idle connections, handshakes); the per-peer limits are the
+    interceptor's (:class:`~capc_services.common.interceptors.AuthInterceptor`).
 
     ``max_receive_bytes`` is the largest message a caller may send (size it to what the server's callers
     legitimately send): gRPC reads a call's request before the identity check of the interceptor runs, so
@@ -69,7 +74,10 @@ def start_grpc_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         interceptors=list(interceptors),
-        options=list(grpc_options(receive=max_receive_bytes, send=max_send_bytes, server=True)),
+        options=[
+            *grpc_options(receive=max_receive_bytes, send=max_send_bytes, server=True),
+            *(limits or StreamLimits()).server_options(),
+        ],
         maximum_concurrent_rpcs=max_workers * 4,
     )
     for add in register:
@@ -91,13 +99,25 @@ def start_grpc_server(
 
 
 class AdminServer:
-    """Uvicorn serving the admin app from a daemon thread (the main thread runs the party itself)."""
+    """Uvicorn serving the admin app from a daemon thread (the main thread runs the party itself).
 
-    def __init__(self, app: FastAPI, *, bind: str) -> None:
+    Args:
+        app: the admin app.
+        bind: ``host:port``.
+        tls: serve HTTPS with these files' certificate and key (the party's federation identity, which
+            admin clients verify against the federation CA); None: plain HTTP (loopback only, see
+            :class:`~capc_services.common.settings.AdminSettings`).
+    """
+
+    def __init__(self, app: FastAPI, *, bind: str, tls: TlsFiles | None = None) -> None:
         host, port = parse_bind(bind)
+        ssl: dict[str, Any] = {}
+        if tls is not None:
+            tls.check_key()
+            ssl = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
         # No websocket routes: ws="none" spares every party importing a websocket implementation at start.
         config = uvicorn.Config(
-            app, host=host, port=port, log_config=None, access_log=False, lifespan="off", ws="none"
+            app, host=host, port=port, log_config=None, access_log=False, lifespan="off", ws="none", **ssl
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="admin-http", daemon=True)

@@ -83,13 +83,16 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
     ledger = open_ledger(settings)
     guardian, servicer, policy = _core(party, ledger, noise, force=settings.force)
     limit = MessageLimits.of(party.config).compute
+    limits = settings.grpc.limits()
+    interceptor = party.interceptor(policy, limits=limits, superseded=superseded_hashes(ledger))
     server = start_grpc_server(
         bind=settings.grpc.bind,
         tls=party.tls,
         register=[add_to_server(servicer)],
         services=[rpc.GUARDIAN_SERVICE],
-        interceptors=[party.interceptor(policy, superseded=superseded_hashes(ledger))],
+        interceptors=[interceptor],
         max_workers=settings.grpc.max_workers,
+        limits=limits,
         # Only the student's Compute frames are large; a teacher's call is read whole before its role is
         # checked, so this bounds what any certified party can make the guardian buffer.
         max_receive_bytes=limit,
@@ -104,8 +107,15 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
         party.start_admin(
             readiness=lambda: {"grpc": (True, {"port": server.port}), "ledger": (True, str(settings.ledger))},
             routers=[
-                router(guardian, student=StudentView(settings.student_admin)),
-                membership_router(config=party.config, ledger=ledger, on_change=changed),
+                router(
+                    guardian,
+                    student=StudentView(
+                        settings.student_admin, ca=settings.tls.ca, party=party.config.student
+                    ),
+                ),
+                membership_router(
+                    config=party.config, ledger=ledger, on_change=changed, serials=interceptor.serials
+                ),
                 dashboard_router(),
             ],
         )

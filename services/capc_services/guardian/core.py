@@ -58,6 +58,10 @@ from capc_services.guardian.metrics import BudgetCollector, pinned_head
 
 _log = logging.getLogger(__name__)
 SEED_BYTES = 16
+ATTEMPTS_HELD = 8
+"""Attempts of one batch for which the guardian holds one party's seed: attempt numbers are the caller's, so
+a party sending seeds for ever new attempts replaces its own oldest, never grows the guardian's memory (an
+honest party sends one seed per attempt the student makes, and the student makes a few)."""
 
 
 def pre_spend_refusal(config: FederationConfig, *, force: str | None) -> str | None:
@@ -98,6 +102,15 @@ class _OpenBatch:
     seeds: dict[int, dict[str, bytes]] = field(default_factory=dict)
     computing: bool = False  # agreed: no more seeds, no second agreement
     started: bool = False  # a computation took it: no second computation
+
+
+def _forget_oldest(seeds: dict[int, dict[str, bytes]], party: str, *, keep: int, besides: int) -> None:
+    """Drop ``party``'s seeds of its oldest attempts (not ``besides``) until at most ``keep`` remain."""
+    held = sorted(a for a, by_party in seeds.items() if party in by_party and a != besides)
+    for attempt in held[: max(0, len(held) - keep)]:
+        del seeds[attempt][party]
+        if not seeds[attempt]:
+            del seeds[attempt]
 
 
 @dataclass(frozen=True)
@@ -336,6 +349,7 @@ class Guardian:
                 )
             if batch.computing:
                 raise InputError(f"batch {batch_id} is already being computed; {party}'s seed came too late")
+            _forget_oldest(batch.seeds, party, keep=ATTEMPTS_HELD - 1, besides=attempt)
             seeds = batch.seeds.setdefault(attempt, {})
             seeds[party] = bytes(seed)
             self._lock.notify_all()

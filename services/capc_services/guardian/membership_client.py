@@ -3,33 +3,41 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from capc_common.errors import InputError, ProtocolError, UnavailableError
 from capc_common.federation import FederationConfig
+from capc_services.common.admin_client import admin_client
 
 
-def record_membership(url: str, *, token: str, config: FederationConfig) -> dict[str, Any]:
+def record_membership(
+    url: str, *, token: str, config: FederationConfig, ca: Path | None = None, party: str | None = None
+) -> dict[str, Any]:
     """Ask the guardian at ``url`` to record the change to ``config`` on its ledger (it stops afterwards).
+
+    Args:
+        url: the guardian's admin API: ``https://`` (verified against ``ca``), ``http://`` on this machine.
+        token: the guardian's admin token (it authorises the change and keys the entry's HMAC).
+        config: the new federation config.
+        ca: the federation CA of an ``https://`` guardian.
+        party: the guardian's party name, to check its certificate under (default: the URL's host name).
 
     Returns:
         The guardian's reply: ``entry``, ``added``, ``retired``, both config hashes, ``head``, ``next``, …
 
     Raises:
         UnavailableError: nothing answers at ``url``.
-        InputError: the token was refused (401), or the change was (409/422, with the guardian's reason).
+        InputError: ``url`` would carry the token in cleartext over a network; the token was refused (401),
+            or the change was (409/422, with the guardian's reason).
         ProtocolError: any other answer.
     """
     endpoint = url.rstrip("/") + "/api/v1/membership"
     try:
-        response = httpx.post(
-            endpoint,
-            json=config.model_dump(mode="json"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=60,
-        )
+        with admin_client(url, token=token, ca=ca, party=party, timeout=60) as client:
+            response = client.post("/api/v1/membership", json=config.model_dump(mode="json"))
     except httpx.HTTPError as exc:
         raise UnavailableError(f"the guardian's admin API at {url} does not answer ({exc})") from None
     try:

@@ -56,6 +56,12 @@ from capc_services.guardian.metrics import BudgetCollector, pinned_head
 _log = logging.getLogger(__name__)
 
 
+PENDING_RELEASES = 8
+"""Releases for which the guardian holds one party's seed before the student asks for them: release ids are
+the caller's, so a party's seed for yet another one replaces its own oldest pending seed, never grows the
+guardian's memory (an honest party has one or two pending: the release in hand, one a restart abandoned)."""
+
+
 class ReleaseReplayError(InputError):
     """A release id that was charged already, or a party's second seed for one release (ALREADY_EXISTS)."""
 
@@ -230,11 +236,22 @@ class ReleaseGuardian:
                 raise ReleaseReplayError(
                     f"{party} already sent another seed for release {release_id}; a party contributes once"
                 )
+            self._forget_oldest(party)
             held[party] = bytes(seed)
             received = len(held)
             self._lock.notify_all()
         self._seen(party)
         return received
+
+    def _forget_oldest(self, party: str) -> None:
+        """Keep at most :data:`PENDING_RELEASES` ``- 1`` pending seeds of ``party`` (under ``_lock``)."""
+        pending = [rid for rid, held in self._seeds.items() if party in held]
+        for rid in pending[: max(0, len(pending) - (PENDING_RELEASES - 1))]:
+            held = self._seeds[rid]
+            del held[party]
+            if not held:
+                del self._seeds[rid]
+            _log.info("pending seed dropped", extra={"party": party, "release_id": rid})
 
     def release(self, *, release_id: str, round: int, parties: Sequence[str], actor: str) -> Released:
         """Round ``round``: its receipt if it was charged before, else charge it durably and return

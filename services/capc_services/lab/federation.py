@@ -70,7 +70,6 @@ class LabFederation:
         except BaseException:
             self.close()
             raise
-        self.token = token(self.layout)
 
     @property
     def ledger(self) -> Path:
@@ -94,7 +93,9 @@ class LabFederation:
             env["CAPC_LEDGER"] = str(self.ledger)
         if role == "student" and "store" in self.volumes:
             env["CAPC_STORE"] = str(self.store)
-        return Launch(wrap=launch.wrap, env=env, admin_host=launch.admin_host)
+        return Launch(
+            wrap=launch.wrap, env=env, admin_host=launch.admin_host, admin_scheme=launch.admin_scheme
+        )
 
     def admin(self, party: str) -> str:
         """``party``'s admin URL as this process reaches it."""
@@ -108,7 +109,13 @@ class LabFederation:
     def get(self, party: str, path: str, *, timeout: float = 5.0) -> Any:
         """``GET`` one of ``party``'s admin routes with the admin token: its JSON (or text) body, or None when
         it does not answer (down, or starting)."""
-        code, body = probe(f"{self.admin(party)}{path}", token=self.token, timeout=timeout)
+        code, body = probe(
+            f"{self.admin(party)}{path}",
+            token=token(self.layout, party),  # its role's token
+            timeout=timeout,
+            ca=self.layout.certs / "ca.crt",
+            party=party,
+        )
         return body if code == 200 else None
 
     def round_trips(self, party: str) -> dict[tuple[str, str], float]:

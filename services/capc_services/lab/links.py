@@ -114,7 +114,13 @@ class LinkLab:
         if self.net is None:
             return Launch(env=env)
         admin = self._endpoints.admin[party]
-        env |= {"CAPC_ADMIN__BIND": f"0.0.0.0:{admin}", "CAPC_ADMIN__ALLOW_REMOTE": "true"}
+        # off loopback, so over HTTPS (the party's certificate, checked under its name: it has no SAN for the
+        # namespace's address)
+        env |= {
+            "CAPC_ADMIN__BIND": f"0.0.0.0:{admin}",
+            "CAPC_ADMIN__ALLOW_REMOTE": "true",
+            "CAPC_ADMIN__TLS": "true",
+        }
         if role == "guardian":
             env["CAPC_GRPC__BIND"] = f"0.0.0.0:{self._endpoints.guardian_grpc}"
         elif role == "student":
@@ -123,7 +129,7 @@ class LinkLab:
         # namespace of its own, where a volume remounted here keeps the flags it had when the party started:
         # a volume made read-write again would stay read-only to it).
         wrap = ("nsenter", f"--net={self.net.path(party)}", "--")
-        return Launch(wrap=wrap, env=env, admin_host=self.net.party_ip(party))
+        return Launch(wrap=wrap, env=env, admin_host=self.net.party_ip(party), admin_scheme="https")
 
     # ------------------------------------------------------------------ shaping every link
     def shape(self, *, rtt_ms: float, jitter_ms: float = 0.0, mbit: float | None = None) -> None:

@@ -15,7 +15,7 @@ from capc_common.errors import InputError, ProtocolError, UnavailableError
 from capc_common.threads import threads_limited
 from capc_services.local.federation import down, prepare, token, up
 from capc_services.local.layout import Layout
-from capc_services.local.processes import probe
+from capc_services.local.processes import federation_of, probe
 from capc_services.local.provision import LocalOptions
 
 # Three hospitals sharing Fashion-MNIST's 60,000 training images, 189 teachers each (about 106 images per
@@ -76,6 +76,7 @@ class DemoRun:
     started: float = field(default_factory=time.monotonic)
     endpoints: dict[str, Any] = field(default_factory=dict)
     secret: str = ""
+    student_secret: str = ""
     progress: dict[str, Any] = field(default_factory=dict)
     budget: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
@@ -101,6 +102,7 @@ def start_parties(run: DemoRun) -> None:
     """Start the guardian, the student and the hospitals as processes and wait until all are ready."""
     run.endpoints = up(run.layout.root, run.options, say=run.say)
     run.secret = token(run.layout)
+    run.student_secret = token(run.layout, federation_of(run.layout).student)
 
 
 def label(run: DemoRun) -> None:
@@ -111,7 +113,7 @@ def label(run: DemoRun) -> None:
         UnavailableError: the run exceeded the demo's timeout.
     """
     run.progress = _follow(
-        run, run.endpoints, run.secret, run.layout, until=_LABELLED, line_of=_budget_line(run)
+        run, run.endpoints, run.student_secret, run.layout, until=_LABELLED, line_of=_budget_line(run)
     )
 
 
@@ -147,7 +149,7 @@ def publish(run: DemoRun) -> None:
         ProtocolError: the student failed.
         UnavailableError: the run exceeded the demo's timeout.
     """
-    run.progress = _follow(run, run.endpoints, run.secret, run.layout, line_of=_budget_line(run))
+    run.progress = _follow(run, run.endpoints, run.student_secret, run.layout, line_of=_budget_line(run))
 
 
 def read_budget(run: DemoRun) -> None:
@@ -160,7 +162,7 @@ def read_budget(run: DemoRun) -> None:
     code, budget = probe(url, token=run.secret)
     if code != 200:
         raise UnavailableError(f"GET {url} answered {code}: {budget}")
-    run.say(f"GET {url} (bearer token from {run.layout.token}):")
+    run.say(f"GET {url} (bearer token from {run.layout.admin_token('guardian')}):")
     run.say("  " + ", ".join(f"{k}={budget[k]}" for k in (*_EPSILONS, "epsilon_limit", "delta", "order")))
     run.budget = budget
 
@@ -225,7 +227,7 @@ def _follow(
     line_of: Callable[[dict[str, Any]], str | None] = lambda progress: str(progress["state"]),
 ) -> dict[str, Any]:
     """Follow a student's progress until its state is one of ``until`` (or it failed), saying each new
-    ``line_of`` it (None: not readable yet); its last progress.
+    ``line_of`` it (None: not readable yet); its last progress. ``secret`` is the student's admin token.
 
     Raises:
         ProtocolError: the student failed.
@@ -263,7 +265,7 @@ def second_published(run: DemoRun) -> None:
         UnavailableError: the run exceeded the demo's timeout.
     """
     layout = run.second
-    progress = _follow(run, run.second_endpoints, token(layout), layout)
+    progress = _follow(run, run.second_endpoints, token(layout, federation_of(layout).student), layout)
     if not run.keep:
         down(layout.root)
     published = progress["published"]

@@ -28,11 +28,13 @@ from capc_services.local.processes import (
     read_state,
     start_party,
     stop_processes,
+    token,
     train_parties,
     wait_ready,
     write_state,
 )
 from capc_services.local.provision import (
+    ROLES,
     Endpoints,
     LocalOptions,
     options_record,
@@ -257,7 +259,7 @@ def summary(layout: Layout) -> dict[str, Any]:
         "state_dir": str(layout.root),
         "federation": config.name,
         "config_hash": config.config_hash(),
-        "admin_token_file": str(layout.token),
+        "admin_tokens": {role: str(layout.admin_token(role)) for role in ROLES},
         "guardian": {
             "grpc": f"127.0.0.1:{endpoints['guardian_grpc']}",
             "admin": by_party[config.guardian].admin_url if config.guardian in by_party else None,
@@ -285,19 +287,16 @@ def summary(layout: Layout) -> dict[str, Any]:
     }
 
 
-def token(layout: Layout) -> str:
-    """The local federation's admin token."""
-    return layout.token.read_text().strip()
-
-
-def party_state(proc: PartyProcess) -> dict[str, Any]:
+def party_state(proc: PartyProcess, secret: str, *, ca: Path | None = None) -> dict[str, Any]:
     """One party's ``status`` entry: ``state`` is ``running`` only when its process lives *and* it reports
     ready; ``failed`` when it lives but a readiness check says it failed for good (e.g. the student's
-    labelling loop); ``not ready`` while it starts or reconnects; ``not running`` when the process is gone."""
+    labelling loop); ``not ready`` while it starts or reconnects; ``not running`` when the process is gone.
+    ``secret`` is the party's admin token: with it ``/readyz`` says why a check fails; ``ca`` verifies an
+    ``https://`` party."""
     entry: dict[str, Any] = {"role": proc.role, "pid": proc.pid, "process": "alive", "ready": False}
     if not is_ours(proc):
         return {**entry, "process": "not running", "state": "not running", "running": False}
-    code, body = probe(f"{proc.admin_url}/readyz")
+    code, body = probe(f"{proc.admin_url}/readyz", token=secret, ca=ca, party=proc.party)
     failing = {}
     if isinstance(body, dict):
         failing = {name: c.get("detail") for name, c in body.get("checks", {}).items() if not c.get("ok")}
@@ -317,18 +316,26 @@ def status(root: str | Path) -> dict[str, Any]:
     layout = Layout(Path(root).resolve())
     state = read_state(layout)
     config = federation_of(layout)
-    secret = token(layout)
     recorded = {proc.party: proc for proc in processes_of(state)}
+    ca = layout.certs / "ca.crt"
     parties = {
-        name: party_state(recorded[name]) if name in recorded else _never_started(config, name)
+        name: party_state(recorded[name], token(layout, name), ca=ca)
+        if name in recorded
+        else _never_started(config, name)
         for name in config.party_names
     }
     admin = {p.party: p.admin_url for p in processes_of(state)}
     result: dict[str, Any] = {"state_dir": str(layout.root), "parties": parties}
     if parties.get(config.guardian, {}).get("process") == "alive":
-        result["budget"] = probe(f"{admin[config.guardian]}/api/v1/budget", token=secret)[1]
+        guardian = token(layout, config.guardian)
+        result["budget"] = probe(
+            f"{admin[config.guardian]}/api/v1/budget", token=guardian, ca=ca, party=config.guardian
+        )[1]
     if parties.get(config.student, {}).get("process") == "alive":
-        result["progress"] = probe(f"{admin[config.student]}/api/v1/progress", token=secret)[1]
+        student = token(layout, config.student)
+        result["progress"] = probe(
+            f"{admin[config.student]}/api/v1/progress", token=student, ca=ca, party=config.student
+        )[1]
     return result
 
 

@@ -25,6 +25,7 @@ _FLAGS: Mapping[str, str] = {
     "teachers.heads": "--teachers-per-party",
     "teachers[].heads": "--teachers-per-party",
     "teachers.examples": "--train-limit",
+    "teachers.cap": "--teacher-cap",
     "mechanism.name": "--mechanism",
     "mechanism.threshold": "--threshold",
     "mechanism.sigma1": "--sigma1",

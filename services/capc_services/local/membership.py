@@ -38,6 +38,7 @@ from capc_services.local.processes import (
     read_state,
     start_party,
     stop_processes,
+    token,
     train_parties,
     wait_ready,
     write_state,
@@ -102,15 +103,8 @@ def add(
     old = federation_of(layout)
     options = _options(layout)
     new = add_party(old, name=name, heads=heads or _peer_heads(old), min_parties=min_parties)
-    earlier = [
-        p for p in (layout.site(name), layout.party_dir(name), layout.certs / f"{name}.crt") if p.exists()
-    ]
-    if earlier:  # a retired hospital's records: its cap record is its own account of what it released
-        raise InputError(
-            f"{name} was a party of the federation in {layout.root} before, and its files stay there "
-            f"({', '.join(map(str, earlier))}): give the new hospital another name"
-        )
-    data = {"dataset": dataset} if dataset is not None else free_slice(layout, old)
+    _check_unused(layout, old, name)
+    data = own_data(layout, dataset) if dataset is not None else free_slice(layout, old)
     staged = _staged(layout, new)
     try:
         say(f"{name}: certificate, site file and cap record under config {new.config_hash()[:16]}…")
@@ -119,7 +113,7 @@ def add(
         endpoints.admin[name] = free_port()
         cap = site_cap(new, options)
         write_teacher_site(layout, new, options, name=name, endpoints=endpoints, data=data, cap=cap)
-        if mechanism_of(new).trains_heads and not (layout.party_dir(name) / "heads.safetensors").exists():
+        if mechanism_of(new).trains_heads:  # its folder is new (a name with files is refused above)
             say(f"{name}: training its {new.teacher(name).heads} teacher heads on its own data")
             train_parties(layout, [name], env={"CAPC_FEDERATION": str(staged)})
         result = _switch(layout, old, new, say=say, ready_timeout=ready_timeout, admin=endpoints.admin)
@@ -130,6 +124,30 @@ def add(
     finally:
         staged.unlink(missing_ok=True)
     return result
+
+
+def _check_unused(layout: Layout, config: FederationConfig, name: str) -> None:
+    """Refuse a name whose files are in ``layout``: a retired hospital's (its cap record is its own account
+    of what it released, never overwritten), or those an interrupted ``add-party`` left.
+
+    Raises:
+        InputError: saying which of the two, and what to do.
+    """
+    places = (layout.site(name), layout.party_dir(name), layout.certs / f"{name}.crt")
+    files = [p for p in places if p.exists()]
+    if not files:
+        return
+    listed = ", ".join(map(str, files))
+    if any(name in change.retired for change in config.history):
+        raise InputError(
+            f"{name} was a party of the federation in {layout.root} before, and its files stay there "
+            f"({listed}): give the new hospital another name"
+        )
+    raise InputError(
+        f"{name} has files in {layout.root} ({listed}), but no membership change of its federation.yaml "
+        f"added it: an interrupted `{layout.command('add-party')} {name}` left them (the hospital never "
+        "answered a batch, so its cap record holds no charge); remove them and add it again"
+    )
 
 
 def retire(
@@ -196,7 +214,13 @@ def _switch(
                 layout, party=old.guardian, role="guardian", admin_port=admin[old.guardian]
             )
             wait_ready(layout, [guardian], timeout=ready_timeout)
-        reply = record_membership(guardian.admin_url, token=layout.token.read_text().strip(), config=new)
+        reply = record_membership(
+            guardian.admin_url,
+            token=token(layout, old.guardian),
+            config=new,
+            ca=layout.certs / "ca.crt",
+            party=old.guardian,
+        )
     except Exception:  # not recorded: the federation carries on as it was
         if started and guardian is not None:
             stop_processes([guardian], grace=5)
@@ -295,6 +319,40 @@ def _interval(data: Mapping[str, Any]) -> tuple[float, float]:
     shards = int(data.get("shards", 1))
     shard, fraction = int(data.get("shard", 0)), float(data.get("fraction", 1.0))
     return shard / shards, (shard + fraction) / shards
+
+
+def _same_data(spec: str) -> str:
+    """``spec`` with its file or folder made absolute (relative to the working directory), so two spellings
+    of one file compare equal and a site file stays valid whatever directory its party runs in."""
+    kind, sep, location = spec.partition(":")
+    if sep and location and kind in ("idx", "npz", "folder"):
+        return f"{kind}:{Path(location).resolve()}"
+    return f"npz:{Path(spec).resolve()}" if spec.endswith(".npz") else spec
+
+
+def own_data(layout: Layout, dataset: str) -> dict[str, Any]:
+    """The ``data:`` of a hospital that brings its own ``dataset`` (``--dataset``): all of it.
+
+    Raises:
+        InputError: a site file of this directory (a retired hospital's included) already selects examples
+            from ``dataset``: the new hospital would hold them too, and an example in two hospitals' data
+            moves two votes where the accounting allows one.
+    """
+    spec = _same_data(dataset)
+    sites = sorted(layout.sites.glob("*.yaml"))
+    holders = [
+        path.stem
+        for path in sites
+        if (data := yaml.safe_load(path.read_text()).get("data")) and _same_data(str(data["dataset"])) == spec
+    ]
+    if holders:
+        raise InputError(
+            f"{', '.join(holders)} of {layout.root} already hold examples of {dataset}; a new hospital with "
+            "all of it would hold theirs too, and an example in two hospitals' data moves two votes where "
+            "the privacy accounting allows one: leave --dataset out (the new hospital gets a part of it that "
+            "no site holds), or give it its own data (npz:/path/site.npz from `capc data import`)"
+        )
+    return {"dataset": spec}
 
 
 def free_slice(layout: Layout, config: FederationConfig) -> dict[str, Any]:

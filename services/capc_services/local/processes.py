@@ -25,9 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from capc_common.errors import CapcError, InputError, UnavailableError
 from capc_common.federation import FederationConfig
+from capc_services.common.admin_client import tls_client
+from capc_services.common.settings import check_admin_url, load_admin_token
 from capc_services.local.layout import Layout
 from capc_services.local.provision import Endpoints
 
@@ -41,11 +44,13 @@ class Launch:
             command, so the recorded process id is the party's.
         env: environment overrides (site-file values such as ``CAPC_GUARDIAN_ADDRESS``).
         admin_host: the host its admin API answers on, from here.
+        admin_scheme: ``https`` where that host is not this machine's loopback (the party sets ``admin.tls``).
     """
 
     wrap: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     admin_host: str = "127.0.0.1"
+    admin_scheme: str = "http"
 
 
 Placement = Callable[[str, str], Launch]
@@ -77,8 +82,9 @@ class PartyProcess:
 
     def launch(self) -> Launch:
         """Where it runs, to start it again in the same place."""
-        host = self.admin_url.removeprefix("http://").rsplit(":", 1)[0]
-        return Launch(wrap=self.wrap, env=dict(self.env), admin_host=host)
+        scheme, _, rest = self.admin_url.partition("://")
+        host = rest.rsplit(":", 1)[0]
+        return Launch(wrap=self.wrap, env=dict(self.env), admin_host=host, admin_scheme=scheme)
 
 
 def _command(role: str, site: Path) -> list[str]:
@@ -153,7 +159,7 @@ def start_party(
         party=party,
         role=role,
         pid=proc.pid,
-        admin_url=f"http://{launch.admin_host}:{admin_port}",
+        admin_url=f"{launch.admin_scheme}://{launch.admin_host}:{admin_port}",
         wrap=launch.wrap,
         env=dict(launch.env),
     )
@@ -210,7 +216,6 @@ def write_state(layout: Layout, *, endpoints: Endpoints, processes: list[PartyPr
         "root": str(layout.root),
         "endpoints": endpoints.to_dict(),
         "processes": [p.to_dict() for p in processes],
-        "token_file": str(layout.token),
         "started": time.time(),
     }
     tmp = layout.state.with_name("state.json.tmp")
@@ -249,23 +254,51 @@ def processes_of(state: dict[str, Any]) -> list[PartyProcess]:
 
 
 @cache
-def _client() -> httpx.Client:
-    """The one HTTP client of this process's probes: ``httpx.get`` builds a client, TLS context included, per
-    call (50 ms of CPU each, measured), and ``wait_ready`` and the demo probe several parties every second."""
-    return httpx.Client()
+def _client(ca: Path | None, party: str | None) -> httpx.Client:
+    """One HTTP client per CA and party for this process's probes: ``httpx.get`` builds a client, TLS context
+    included, per call (50 ms of CPU each, measured), and ``wait_ready`` and the demo probe several parties
+    every second."""
+    return tls_client(ca=ca, party=party)
 
 
-def probe(url: str, *, token: str | None = None, timeout: float = 2.0) -> tuple[int, Any]:
-    """GET ``url``; returns ``(status, json body)`` or ``(0, error text)`` when nothing answers."""
+def probe(
+    url: str,
+    *,
+    token: str | None = None,
+    timeout: float = 2.0,
+    ca: Path | None = None,
+    party: str | None = None,
+) -> tuple[int, Any]:
+    """GET ``url``; returns ``(status, json body)`` or ``(0, error text)`` when nothing answers.
+
+    An ``https://`` party (off loopback) is verified against ``ca`` under ``party``'s name.
+
+    Raises:
+        InputError: a token would go over plain HTTP to another machine.
+    """
+    if token:
+        check_admin_url(url)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        response = _client().get(url, headers=headers, timeout=timeout)
+        response = _client(ca, party).get(url, headers=headers, timeout=timeout)
     except httpx.HTTPError as exc:
         return 0, str(exc)
     try:
         return response.status_code, response.json()
     except ValueError:
         return response.status_code, response.text
+
+
+def token(layout: Layout, party: str | None = None) -> str:
+    """The admin token of ``party``'s role (default: the guardian), read from the file its site file names.
+
+    Raises:
+        InputError: the token file is missing or unusable.
+    """
+    party = party or federation_of(layout).guardian
+    site = layout.site(party)
+    named = yaml.safe_load(site.read_text())["admin"]["token_file"]
+    return load_admin_token((site.parent / named).resolve())
 
 
 def wait_ready(
@@ -282,6 +315,7 @@ def wait_ready(
             names them and the last lines of their logs).
     """
     pending = {p.party: p for p in processes}
+    secrets = {p.party: token(layout, p.party) for p in processes}  # with it, /readyz says what fails
     deadline = time.monotonic() + timeout
     last: dict[str, Any] = {}
     while pending:
@@ -291,7 +325,9 @@ def wait_ready(
                     f"{party} (pid {proc.pid}) exited during start-up: {failure_reason(layout.log(party))} "
                     f"(log: {layout.log(party)})"
                 )
-            code, body = probe(f"{proc.admin_url}/readyz")
+            code, body = probe(
+                f"{proc.admin_url}/readyz", token=secrets[party], ca=layout.certs / "ca.crt", party=party
+            )
             last[party] = body
             if code == 200:
                 del pending[party]

@@ -1,8 +1,9 @@
 """Provision a complete local federation in one state directory: CA and certificates, federation.yaml,
-one site file per party, free loopback ports and an admin token.
+one site file per party, free loopback ports and one admin token per role.
 
 The files are the same a real deployment uses (see deploy/ and docs/operations.md); only the addresses
-(loopback) and the single shared admin token are local conveniences.
+(loopback, so the admin APIs speak plain HTTP) and the teacher parties' one shared token are local
+conveniences.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ from capc_common.federation import (
     FederationConfig,
     ReleaseMember,
     cap_cover,
+    cap_order,
     check_runnable,
+    exposure_of,
     mechanism_of,
     scaled_mechanism,
 )
 from capc_common.federation.refusals import Change, SpendPlan, enforce, pre_spend_refusals
+from capc_common.federation.releases import ReleaseProtocol
 from capc_common.federation.sizing import ANSWER_RATE, DPSGD_ROUNDS
 from capc_services.local.flags import flag_names, speaking_flags
 from capc_services.local.layout import Layout
@@ -328,7 +332,7 @@ def default_cap(config: FederationConfig, options: LocalOptions) -> float:
     are fixed in advance and add up to at most the limit, 3 × ε of headroom."""
     if isinstance(config.mechanism, ReleaseMember):
         return 3 * options.epsilon
-    return cap_cover(config).cap
+    return cap_cover(exposure_of(config), delta=config.budget.delta).cap
 
 
 def site_cap(config: FederationConfig, options: LocalOptions) -> float:
@@ -362,6 +366,8 @@ def free_port() -> int:
         return chosen
 
 
+ROLES = ("guardian", "student", "teacher")
+"""The roles of a federation, one admin token each."""
 _PORTS_FROM = 10_000  # above the well-known and most registered service ports
 _PORT_TRIES = 50
 
@@ -474,6 +480,7 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
 
     Raises:
         InputError: ``root`` already holds a federation, or an option is invalid.
+        PreconditionError: the federation would spend privacy for nothing (:func:`refuse_before_spending`).
     """
     layout = Layout(Path(root).resolve())
     if layout.federation.exists():
@@ -485,12 +492,15 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
         # The backbone's file against its pinned hash, without torch (as the guardian checks it): the
         # parties that run the model load it when they start, and a federation's first step, its hospitals'
         # training, no longer waits for torch here (a release mechanism's protocol still builds it).
-        check_runnable(config, model=False)
+        runnable = check_runnable(config, model=False)
+    cap = site_cap(config, options)
+    if cap > 0:  # a cap ≤ 0 is refused when the teachers' site files are read back, naming cap.epsilon
+        config = with_declared_caps(config, cap=cap)
     refuse_before_spending(config, options)
     existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
     try:
         config = pin_basis(config, layout.root / "feature-cache")
-        endpoints = _write_federation(layout, config, options)
+        endpoints = _write_federation(layout, config, options, runnable.protocol)
         _load_sites(layout, config)
         layout.options.write_text(json.dumps(options_record(options), indent=2))
     except BaseException:
@@ -509,9 +519,9 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
 
 def refuse_before_spending(config: FederationConfig, options: LocalOptions) -> None:
     """Refuse, before anything is written, a federation that would spend privacy for nothing (the pre-spend
-    checks on its planned figures, :mod:`capc_common.federation.refusals`), naming the flags to change;
-    ``options.force`` overrides a judgement (the guardian's site file then carries the reason, and the
-    guardian logs it with what it overrode).
+    checks on its planned figures and the caps it declares, :mod:`capc_common.federation.refusals`), naming
+    the flags to change; ``options.force`` overrides a judgement (the guardian's site file then carries the
+    reason, and the guardian logs it with what it overrode).
 
     Raises:
         PreconditionError: a refusal stands.
@@ -523,6 +533,14 @@ def refuse_before_spending(config: FederationConfig, options: LocalOptions) -> N
         names=flag_names(options.mechanism),
         force_with='--force "REASON"',
     )
+
+
+def with_declared_caps(config: FederationConfig, *, cap: float) -> FederationConfig:
+    """``config`` with every simulated hospital declaring ``cap`` (``teachers[].cap``), the cap its site
+    file sets: the guardian checks before the first charge that the declared caps cover the plan."""
+    data = config.model_dump(mode="json")
+    data["teachers"] = [{**party, "cap": cap} for party in data["teachers"]]
+    return FederationConfig.from_dict(data, source="local federation options")
 
 
 def _gets_past(options: LocalOptions, change: Change) -> bool:
@@ -579,7 +597,9 @@ def _load_sites(layout: Layout, config: FederationConfig) -> None:
         TeacherSettings.load(layout.site(name))
 
 
-def _write_federation(layout: Layout, config: FederationConfig, options: LocalOptions) -> Endpoints:
+def _write_federation(
+    layout: Layout, config: FederationConfig, options: LocalOptions, protocol: ReleaseProtocol | None
+) -> Endpoints:
     """Write the CA, certificates, token, federation.yaml and site files; returns the chosen ports."""
     layout.root.mkdir(parents=True, exist_ok=True)
     config.save(layout.federation)
@@ -587,14 +607,15 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     parties = [config.guardian, config.student, *config.teacher_names]
     for party in parties:
         issue_certificate(layout.certs, party, out_dir=layout.certs)
-    write_admin_token(layout.token)
+    for role in ROLES:
+        write_admin_token(layout.admin_token(role))
     endpoints = Endpoints(
         guardian_grpc=free_port(), student_grpc=free_port(), admin={p: free_port() for p in parties}
     )
     guardian_address, student_address = endpoints.guardian_address, endpoints.student_address
 
     def common(party: str) -> dict[str, Any]:
-        return _common_site(party, admin_port=endpoints.admin[party])
+        return _common_site(party, role=str(config.role_of(party)), admin_port=endpoints.admin[party])
 
     guardian_site = {
         **common(config.guardian),
@@ -602,10 +623,11 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         "ledger": f"../parties/{config.guardian}/ledger.sqlite",
         # the operator's reason to run what the pre-spend checks refuse as a judgement (the guardian logs it)
         **({"force": options.force} if options.force is not None else {}),
-        # the dashboard and `capc budget watch` relay the student's progress from its admin API
+        # the dashboard and `capc budget watch` relay the student's progress from its admin API, with the
+        # student's token (over loopback here; across machines over HTTPS)
         "student_admin": {
             "url": f"http://127.0.0.1:{endpoints.admin[config.student]}",
-            "token_file": "../admin.token",
+            "token_file": "../tokens/student.token",
         },
     }
     _write_yaml(layout.site(config.guardian), guardian_site)
@@ -630,20 +652,23 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     for index, name in enumerate(config.teacher_names):
         data = {"dataset": options.dataset, "shard": index, "shards": options.parties, "seed": options.seed,
                 "fraction": fraction}  # fmt: skip
-        write_teacher_site(layout, config, options, name=name, endpoints=endpoints, data=data, cap=cap)
+        write_teacher_site(
+            layout, config, options, name=name, endpoints=endpoints, data=data, cap=cap, protocol=protocol
+        )
     for party in parties:
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
     layout.logs.mkdir(parents=True, exist_ok=True)
     return endpoints
 
 
-def _common_site(party: str, *, admin_port: int) -> dict[str, Any]:
-    """The site-file fields every party of a local federation has (paths relative to ``sites/``)."""
+def _common_site(party: str, *, role: str, admin_port: int) -> dict[str, Any]:
+    """The site-file fields every party of a local federation has (paths relative to ``sites/``; the admin
+    token is its role's)."""
     return {
         "party": party,
         "federation": "../federation.yaml",
         "tls": {"ca": "../certs/ca.crt", "cert": f"../certs/{party}.crt", "key": f"../certs/{party}.key"},
-        "admin": {"bind": f"127.0.0.1:{admin_port}", "token_file": "../admin.token"},
+        "admin": {"bind": f"127.0.0.1:{admin_port}", "token_file": f"../tokens/{role}.token"},
     }
 
 
@@ -656,9 +681,11 @@ def write_teacher_site(
     endpoints: Endpoints,
     data: Mapping[str, Any],
     cap: float,
+    protocol: ReleaseProtocol | None = None,
 ) -> None:
     """Write simulated hospital ``name``'s site file and create its cap record under ``config`` (the
-    explicit init a real site makes with ``capc teacher init-cap``).
+    explicit init a real site makes with ``capc teacher init-cap``), at the order a new record charges at
+    (:func:`~capc_common.federation.cap_order`).
 
     Args:
         layout: the state directory.
@@ -668,12 +695,13 @@ def write_teacher_site(
         endpoints: the federation's ports (its own admin port included).
         data: its ``data:`` section.
         cap: its local ε cap (:func:`site_cap`).
+        protocol: the federation's release protocol, under a release mechanism (what a release costs).
     """
     records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
     _write_yaml(
         layout.site(name),
         {
-            **_common_site(name, admin_port=endpoints.admin[name]),
+            **_common_site(name, role="teacher", admin_port=endpoints.admin[name]),
             "student_address": endpoints.student_address,
             "guardian_address": endpoints.guardian_address,
             "heads": f"../parties/{name}/heads.safetensors",
@@ -687,4 +715,5 @@ def write_teacher_site(
         },
     )
     layout.party_dir(name).mkdir(parents=True, exist_ok=True)
-    LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config)
+    order = cap_order(exposure_of(config, protocol=protocol), delta=config.budget.delta)
+    LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config, order=order)

@@ -141,8 +141,9 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> Failure | None:
         tls=party.tls,
         register=[add_to_server(StudentServicer(config=party.config, registry=registry))],
         services=[rpc.STUDENT_SERVICE],
-        interceptors=[party.interceptor(POLICY)],
+        interceptors=[party.interceptor(POLICY, limits=settings.grpc.limits())],
         max_workers=max(settings.grpc.max_workers, 2 * len(party.config.teachers) + 8),
+        limits=settings.grpc.limits(),
         max_receive_bytes=limits.share,
         max_send_bytes=limits.work,
     )

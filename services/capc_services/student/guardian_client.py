@@ -15,7 +15,7 @@ from capc_common.privacy import NoiseSource
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor, check_peer_hash
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import MessageLimits
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.roundtrips import counted
@@ -71,13 +71,12 @@ class GuardianClient:
     ) -> None:
         self._config = config
         self._peer = config.guardian
-        self._hash = config.config_hash()
         limit = MessageLimits.of(config).compute
         self._channel = tls.channel(
             address,
             peer=self._peer,
             interceptors=(
-                ConfigHashClientInterceptor(self._hash, peer=self._peer),
+                FederationClientInterceptor.dialling(config, tls=tls, peer=self._peer),
                 *counted(metrics, peer="guardian"),
             ),
             receive=limit,
@@ -201,7 +200,7 @@ class GuardianClient:
                 nothing); the stream stays open.
             ProtocolError: the computation failed (the stream is dropped; the next batch opens a new one).
         """
-        channel, session, call = self._session()
+        channel, session, _ = self._session()
         before, turns = channel.bytes_sent + channel.bytes_received, channel.turns
         try:
             channel.send_message(
@@ -210,7 +209,6 @@ class GuardianClient:
                 )
             )
             reply = channel.recv_message()
-            check_peer_hash(call.initial_metadata(), expected=self._hash, peer=self._peer)  # type: ignore[attr-defined]
             kind = reply.WhichOneof("kind")
             if kind == "refused":
                 raise BatchRefused(f"guardian refused batch {batch_id}: {reply.refused.reason}")

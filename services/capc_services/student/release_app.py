@@ -161,8 +161,9 @@ def run_release_student(
         tls=party.tls,
         register=[add_to_server(ReleaseStudentServicer(rounds))],
         services=[rpc.STUDENT_SERVICE],
-        interceptors=[party.interceptor(RELEASE_POLICY)],
+        interceptors=[party.interceptor(RELEASE_POLICY, limits=settings.grpc.limits())],
         max_workers=max(settings.grpc.max_workers, 2 * len(config.teachers) + 8),
+        limits=settings.grpc.limits(),
         max_receive_bytes=message,
         max_send_bytes=message,
     )

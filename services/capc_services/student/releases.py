@@ -70,7 +70,7 @@ from capc_common.wire import (
 )
 from capc_services.common.background import Background
 from capc_services.common.errors import MISSING_SEEDS_KEY, error_from_rpc, trailing
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import HEADROOM
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.retry import Backoff
@@ -384,7 +384,6 @@ class ReleaseClient:
         length: int,
         metrics: PartyMetrics | None = None,
     ) -> None:
-        self._hash = config.config_hash()
         self._peer = config.guardian
         self._length = length
         limit = length * 8 + HEADROOM
@@ -392,7 +391,7 @@ class ReleaseClient:
             address,
             peer=self._peer,
             interceptors=(
-                ConfigHashClientInterceptor(self._hash, peer=self._peer),
+                FederationClientInterceptor.dialling(config, tls=tls, peer=self._peer),
                 *counted(metrics, peer="guardian"),
             ),
             receive=limit,

@@ -27,7 +27,7 @@ from capc_common.federation import FederationConfig
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import MessageLimits
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.process import INSTANCE, describe
@@ -84,7 +84,7 @@ class TeacherLinks:
             student_address,
             peer=config.student,
             interceptors=(
-                ConfigHashClientInterceptor(self._hash, peer=config.student),
+                FederationClientInterceptor.dialling(config, tls=tls, peer=config.student),
                 *counted(metrics, peer="student"),
             ),
             receive=limits.work,
@@ -94,7 +94,7 @@ class TeacherLinks:
             guardian_address,
             peer=config.guardian,
             interceptors=(
-                ConfigHashClientInterceptor(self._hash, peer=config.guardian),
+                FederationClientInterceptor.dialling(config, tls=tls, peer=config.guardian),
                 *counted(metrics, peer="guardian"),
             ),
             receive=limits.control,

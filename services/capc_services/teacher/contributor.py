@@ -31,7 +31,7 @@ from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, ndarray_to_proto, rpc
 from capc_services.common.background import Background
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import HEADROOM
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.retry import Backoff
@@ -85,13 +85,12 @@ class ReleaseContributor:
         self.config, self.party, self.protocol, self.cap = config, party, protocol, cap
         # The protocol's per-record map (secagg-dpsgd: the public basis) runs once, not every release.
         self._features, self._labels, self._source = protocol.prepare(features), labels, source
-        config_hash = config.config_hash()
         message = protocol.length * 8 + HEADROOM
         self._student_channel = tls.channel(
             student_address,
             peer=config.student,
             interceptors=(
-                ConfigHashClientInterceptor(config_hash, peer=config.student),
+                FederationClientInterceptor.dialling(config, tls=tls, peer=config.student),
                 *counted(metrics, peer="student"),
             ),
             receive=message,
@@ -101,7 +100,7 @@ class ReleaseContributor:
             guardian_address,
             peer=config.guardian,
             interceptors=(
-                ConfigHashClientInterceptor(config_hash, peer=config.guardian),
+                FederationClientInterceptor.dialling(config, tls=tls, peer=config.guardian),
                 *counted(metrics, peer="guardian"),
             ),
             receive=HEADROOM,

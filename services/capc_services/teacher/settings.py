@@ -18,6 +18,27 @@ class CapSettings(BaseModel):
     record: Path
 
 
+class LifetimeSettings(BaseModel):
+    """The hospital's lifetime budget across federations and where its site ledger is kept.
+
+    Every site file of the hospital (one per federation) names the same ledger, on the hospital's own volume
+    (:mod:`capc_services.teacher.site_ledger`).
+
+    Attributes:
+        epsilon: the most ε every federation together may charge on the hospital's records.
+        ledger: the site ledger (JSON lines).
+        delta: the lifetime δ; fixed when the ledger is created (None: the first federation's δ).
+        order: the Rényi order the ledger sums at; fixed when it is created (None: the order at which the
+            limit holds the most federations like the first one it joins).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    epsilon: float = Field(gt=0)
+    ledger: Path
+    delta: float | None = Field(default=None, gt=0, lt=1)
+    order: float | None = Field(default=None, gt=1)
+
+
 class DataSettings(BaseModel):
     """The site's own labelled data, for ``capc teacher train``.
 
@@ -59,7 +80,8 @@ class TeacherSettings(SiteSettings):
     Attributes:
         student_address / guardian_address: ``host:port`` the party dials (it listens on no gRPC port).
         heads: the party's teacher heads (written by ``capc teacher train``).
-        cap: the local ε cap.
+        cap: the local ε cap (this federation).
+        lifetime: the hospital's lifetime budget across federations (None: no site ledger).
         allow_raw_queries: answer queries shipped as raw images (default: synthetic queries only).
         allow_insecure_noise: take part in a federation whose ``federation.yaml`` seeds the noise
             (``mechanism.insecure_noise_seed``: reproducible, NOT private; tests only). Refused by default.
@@ -79,6 +101,7 @@ class TeacherSettings(SiteSettings):
     guardian_address: str
     heads: Path
     cap: CapSettings
+    lifetime: LifetimeSettings | None = None
     allow_raw_queries: bool = False
     allow_insecure_noise: bool = False
     torch_threads: int | None = Field(default=None, ge=1)

@@ -19,12 +19,15 @@ from capc_services.tls.pki import (
     issue_certificate,
     write_admin_token,
 )
+from capc_services.tls.proof import ServerCheck, ServerIdentity
 
 __all__ = [
     "DEFAULT_MESSAGE_BYTES",
     "CertificateInfo",
     "CertificateRequest",
     "IssuedCertificate",
+    "ServerCheck",
+    "ServerIdentity",
     "SignedCertificate",
     "TlsFiles",
     "bootstrap",

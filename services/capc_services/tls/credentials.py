@@ -62,7 +62,12 @@ class TlsFiles:
     cert: Path
     key: Path
 
-    def _read(self) -> tuple[bytes, bytes, bytes]:
+    def check_key(self) -> None:
+        """Refuse missing files and a private key readable by others.
+
+        Raises:
+            InputError: says which file and the fix.
+        """
         for path in (self.ca, self.cert, self.key):
             if not path.is_file():
                 raise InputError(f"TLS file {path} does not exist; issue certificates with `capc cert issue`")
@@ -71,6 +76,9 @@ class TlsFiles:
             raise InputError(
                 f"private key {self.key} is readable by others (mode {mode:o}); run `chmod 600 {self.key}`"
             )
+
+    def _read(self) -> tuple[bytes, bytes, bytes]:
+        self.check_key()
         return self.ca.read_bytes(), self.cert.read_bytes(), self.key.read_bytes()
 
     def server_credentials(self) -> grpc.ServerCredentials:
@@ -118,7 +126,8 @@ def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
     thread has just closed).
 
     Raises:
-        ProtocolError: the peer answered under another federation config (the client interceptor's check).
+        ProtocolError: the peer answered, but the channel's client interceptor refused it (another
+            federation config or revocation list, or a certificate it may not present).
     """
     try:
         health_pb2_grpc.HealthStub(channel).Check(
@@ -140,10 +149,11 @@ def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
 def peer_problem(channel: grpc.Channel, *, timeout: float) -> str:
     """Why the peer at the other end of ``channel`` is not usable ('' when it answers within ``timeout``
     seconds under this party's federation config): for a readiness probe, which must say why and never
-    raise. A peer that answers under another config hash (the federation changed and one side has not
-    restarted yet) is up but not usable: the reason names both hashes."""
+    raise. A peer that answers but is refused — under another config hash (the federation changed and one
+    side has not restarted yet), another revocation list, a revoked certificate — is up but not usable: the
+    reason says which."""
     try:
         ready = channel_ready(channel, timeout=timeout)
     except ProtocolError as exc:
-        return f"answers under another federation config ({exc})"
+        return f"answers, but this party refuses it ({exc})"
     return "" if ready else f"did not accept a TLS connection within {timeout:g} s"

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from capc_cli.output import emit, file_option, format_option
+from capc_cli.output import ca_option, emit, file_option, format_option
 
 _SITE = click.option(
     "--site",
@@ -61,7 +61,9 @@ def _membership_text(r: dict[str, Any]) -> str:
 
 
 @command.command("membership")
-@click.option("--url", required=True, help="The guardian's admin API, e.g. http://127.0.0.1:8080.")
+@click.option(
+    "--url", required=True, help="The guardian's admin API: https://GUARDIAN:8080 (http:// on this machine)."
+)
 @file_option(
     "--token-file",
     help="The guardian's admin token file (it authorises the change and signs the ledger entry).",
@@ -69,8 +71,9 @@ def _membership_text(r: dict[str, Any]) -> str:
 @file_option(
     "--federation", help="The new federation.yaml (from `capc federation add-party` or `retire-party`)."
 )
+@ca_option()
 @format_option
-def membership(url: str, token_file: Path, federation: Path, fmt: str) -> None:
+def membership(url: str, token_file: Path, federation: Path, ca: Path | None, fmt: str) -> None:
     """Record a membership change on the running guardian's ledger (POST /api/v1/membership).
 
     The guardian checks that only teacher parties (and the quorum) change, releases the batches reserved
@@ -81,6 +84,6 @@ def membership(url: str, token_file: Path, federation: Path, fmt: str) -> None:
     from capc_services.guardian.membership_client import record_membership
 
     reply = record_membership(
-        url, token=load_admin_token(token_file), config=FederationConfig.load(federation)
+        url, token=load_admin_token(token_file), config=FederationConfig.load(federation), ca=ca
     )
     emit(reply, fmt, _membership_text)

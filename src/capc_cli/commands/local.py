@@ -30,14 +30,15 @@ def _up_text(result: dict[str, Any]) -> str:
         f"            budget {result['guardian']['budget']}",
         f"            ledger {result['guardian']['ledger']}",
         f"            in a terminal: capc budget show --ledger {result['guardian']['ledger']}",
-        f"            dashboard {result['guardian']['dashboard']}#token=<admin token>",
+        f"            dashboard {result['guardian']['dashboard']}#token=<guardian admin token>",
         f"            live: capc budget watch --local {result['state_dir']}",
         f"  student   grpc {result['student']['grpc']}  admin {result['student']['admin']}",
         f"            progress {result['student']['progress']}",
     ]
     lines += [f"  {name:<9} admin {t['admin']}" for name, t in result["teachers"].items()]
     lines += [
-        f'  admin token: {result["admin_token_file"]}  (curl -H "Authorization: Bearer $(cat FILE)" URL)',
+        *(f"  {role} admin token: {path}" for role, path in result["admin_tokens"].items()),
+        '  (one per role: curl -H "Authorization: Bearer $(cat FILE)" URL)',
         f"  logs: {result['logs']}",
         f"stop it with `capc local down --state-dir {result['state_dir']}`",
     ]
@@ -128,15 +129,16 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
     type=click.FloatRange(min=0, min_open=True),
     default=None,
     help="Each party's local ε cap [default: the worst case of every batch the federation's ε can admit, "
-    "so the cap never stops a party before the federation's own limit; see docs/operations.md].",
+    "so the cap never stops a party before the federation's own limit; a cap below it is refused without "
+    "--force; see docs/operations.md].",
 )
 @click.option(
     "--force",
     metavar="REASON",
     default=None,
     help="Run a federation that the checks before spending refuse as a judgement (e.g. a party whose heads "
-    "would all abstain), stating why; the guardian logs the reason with what it overrode. A certain refusal "
-    "(nothing can be learned whatever the data) cannot be forced.",
+    "would all abstain, or a --teacher-cap below the plan), stating why; the guardian logs the reason with "
+    "what it overrode. A certain refusal (nothing can be learned whatever the data) cannot be forced.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(

@@ -14,17 +14,24 @@ they are pinned to; a hospital's files come in every depth and mode. How each is
   clipped. ``bit_depth`` fixes ``b`` instead (e.g. a consortium agreeing on 12), and a value above it is
   refused, not clipped. The 8 bits are kept, not 16: the queries and the pinned backbone are 8-bit.
 * **32-bit float TIFF**: values in [0, 1] are scaled by 255; others are refused (their range is unknown).
-* **DICOM** (``.dcm``, read with pydicom, the optional extra ``diet-capc[dicom]``): the stored values
-  (signed ones shifted to start at 0, MONOCHROME1 inverted so that higher is brighter), then as a deeper grey
-  image. The modality rescale is linear and changes nothing here; the VOI window is not applied (it clips).
+* **DICOM** (``.dcm``, read with pydicom, the optional extra ``diet-capc[dicom]``): the stored values, as a
+  deeper grey image. Signed values (CT) are shifted up by one amount for the whole import, so that its lowest
+  value becomes 0 (by ``2^(b − 1)`` under a fixed ``bit_depth``), and MONOCHROME1 (0 is white) is inverted
+  within ``b`` once it is known, so that higher is brighter — ``BitsStored`` is a container, like a 16-bit
+  PNG's 16: a CT's -1000..1700 or a 12-bit MONOCHROME1 image stored in 16 bits still spans the range instead
+  of a dozen grey levels. The modality rescale is linear and changes nothing here; the VOI window is not
+  applied (it clips).
 
 Resizing (``size``) keeps the aspect ratio: ``pad`` fits the image inside the target and fills the rest
-with black, ``crop`` fills the target and cuts the centre out; ``stretch`` ignores the ratio. The report
-counts what was changed. Every file that cannot be read is listed in one error, not only the first.
+with black, ``crop`` fills the target and cuts the centre out; ``stretch`` ignores the ratio. Each image is
+resized as soon as it is read, a deeper one at its own depth (scaled to 8 bits once the import's depth is
+known), so an import holds one full-size image at a time, not a site's worth of X-rays. The report counts
+what was changed. Every file that cannot be read is listed in one error, not only the first.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -57,11 +64,18 @@ class _Unreadable(Exception):
 @dataclass(frozen=True)
 class _Decoded:
     """One file at its own depth: ``pixels`` is ``(H, W)`` grey or ``(H, W, 3)`` RGB, uint8, or for a deep
-    grey image an unsigned integer array scaled later by the import's depth."""
+    grey image an integer array (float once resized, NaN where padded) scaled later by the import's depth,
+    whose smallest and largest value as read are ``low`` and ``high``."""
 
     pixels: npt.NDArray[Any]
     kind: str
     deep: bool = False
+    low: int = 0
+    high: int = 0
+    #: deep values that may be negative (signed DICOM): shifted by the import's offset
+    signed: bool = False
+    #: MONOCHROME1 (0 is white): inverted within the import's bits once they are known
+    inverted: bool = False
 
     @property
     def colour(self) -> bool:
@@ -75,7 +89,8 @@ class PixelReport:
     Attributes:
         kinds: files per kind read (``8-bit grey``, ``16-bit grey``, ``RGBA (alpha over black)``, …).
         bit_depth: the bits deep grey images were scaled by (None: there were none).
-        max_value: the largest value of those images.
+        max_value: the largest value of those images (after ``shift``).
+        shift: what signed values were shifted up by (0: none were negative).
         resized: images whose height or width was changed.
         reshaped: of those, images of another aspect ratio (padded, cropped or stretched, per ``fit``).
         fit: how a different aspect ratio was handled.
@@ -85,6 +100,7 @@ class PixelReport:
     kinds: dict[str, int] = field(default_factory=dict)
     bit_depth: int | None = None
     max_value: int | None = None
+    shift: int = 0
     resized: int = 0
     reshaped: int = 0
     fit: Fit = "pad"
@@ -94,6 +110,8 @@ class PixelReport:
         """One sentence per thing done, for the import's output."""
         read = ", ".join(f"{n} {kind}" for kind, n in sorted(self.kinds.items()))
         out = [f"read {read}"]
+        if self.shift:
+            out.append(f"signed values shifted up by {self.shift}, one shift for every image")
         if self.bit_depth is not None:
             out.append(
                 f"deeper grey images scaled from {self.bit_depth} bits (largest value {self.max_value}) to "
@@ -134,43 +152,84 @@ def read_images(
         raise InputError(f"fit must be one of {', '.join(FITS)}, got {fit!r}")
     if bit_depth is not None and not 8 <= bit_depth <= 32:
         raise InputError(f"bit depth must be 8..32, got {bit_depth}")
-    decoded: list[_Decoded] = []
+    decoded: list[_Decoded] = []  # each at its final size once read: one full-size image at a time
     bad: list[str] = []
+    changes: Counter[str] = Counter()
     for path in paths:
         try:
-            decoded.append(_decode(path))
+            image = _decode(path)
         except _Unreadable as exc:
             bad.append(f"{path}: {exc}")
+            continue
+        if size is not None:
+            image, changed = _brought_to(image, size, fit=fit)
+            changes.update(changed)
+        decoded.append(image)
     if bad:
         raise InputError(_listed(f"{len(bad)} of {len(paths)} image file(s) cannot be read", bad))
     deep = [(p, d) for p, d in zip(paths, decoded, strict=True) if d.deep]
-    top = max((int(d.pixels.max(initial=0)) for _, d in deep), default=None)
+    shift = _shift([d for _, d in deep], bit_depth)
+    ranges = [(p, d, *_range(d, shift)) for p, d in deep]
+    top = max((high for *_, high in ranges), default=None)
     bits = None if top is None else (bit_depth or max(8, top.bit_length()))
     if bits is not None and bit_depth is not None:
-        over = [f"{p}: values up to {int(d.pixels.max())}" for p, d in deep if d.pixels.max() >= 2**bits]
+        over = [f"{p}: values {low}..{high}" for p, _, low, high in ranges if low < 0 or high >= 2**bits]
         if over:
-            raise InputError(
-                _listed(f"{len(over)} image(s) hold values above --bit-depth {bits} ({2**bits - 1})", over)
-                + "\nraise --bit-depth, or leave it out to scale by the bits the images use"
-            )
-    eight = [_to_eight(d, bits) for d in decoded]
-    report = PixelReport(kinds=dict(Counter(d.kind for d in decoded)), bit_depth=bits, max_value=top, fit=fit)
-    if size is not None:
-        return _sized(eight, size, fit=fit, report=report)
-    return _same_size(paths, eight), report
+            shifted = f", signed values shifted up by {shift}" if shift else ""
+            head = f"{len(over)} image(s) hold values outside --bit-depth {bits} (0..{2**bits - 1}{shifted})"
+            fix = "raise --bit-depth, or leave it out to scale by the bits the images use"
+            raise InputError(f"{_listed(head, over)}\n{fix}")
+    report = PixelReport(
+        kinds=dict(Counter(d.kind for d in decoded)),
+        bit_depth=bits,
+        max_value=top,
+        shift=shift,
+        fit=fit,
+        resized=changes["resized"],
+        reshaped=changes["reshaped"],
+        recoloured=changes["recoloured"],
+    )
+    if size is None:
+        return _same_size(paths, [_to_eight(d, bits, shift=shift) for d in decoded]), report
+    out = np.empty((len(decoded), *size), dtype=np.uint8)
+    for i, image in enumerate(decoded):
+        out[i] = _to_eight(image, bits, shift=shift)  # a deep grey image into RGB: replicated by broadcasting
+    return out, report
 
 
 def _listed(head: str, items: Sequence[str]) -> str:
     return head + ":\n" + "\n".join(f"  {item}" for item in items)
 
 
-def _to_eight(decoded: _Decoded, bits: int | None) -> npt.NDArray[np.uint8]:
-    """``(H, W, C)`` uint8 pixels of one image (a deep one scaled by ``bits``)."""
+def _shift(deep: Sequence[_Decoded], bit_depth: int | None) -> int:
+    """What every signed image of the import is shifted up by: ``2^(bit_depth − 1)`` under a fixed depth (a
+    consortium's agreed signed range), else what brings the lowest value of any of them to 0."""
+    signed = [d for d in deep if d.signed]
+    if not signed:
+        return 0
+    if bit_depth is not None:
+        return int(2 ** (bit_depth - 1))
+    return max(0, -min(int(d.pixels.min(initial=0)) for d in signed))
+
+
+def _range(decoded: _Decoded, shift: int) -> tuple[int, int]:
+    """The smallest and largest value of a deep image as read, signed ones shifted by ``shift``."""
+    offset = shift if decoded.signed else 0
+    return decoded.low + offset, decoded.high + offset
+
+
+def _to_eight(decoded: _Decoded, bits: int | None, *, shift: int) -> npt.NDArray[np.uint8]:
+    """``(H, W, C)`` uint8 pixels of one image (a deep one shifted, inverted and scaled by ``bits``)."""
     pixels = decoded.pixels
     if decoded.deep:
         assert bits is not None
-        scaled = np.rint(pixels.astype(np.float64) * (255.0 / (2**bits - 1)))
-        pixels = scaled.astype(np.uint8)
+        values = pixels.astype(np.float64) + (shift if decoded.signed else 0)
+        if decoded.inverted:
+            values = (2**bits - 1) - values
+        scaled = np.rint(values * (255.0 / (2**bits - 1)))
+        # Values as read lie in 0..2^b - 1 (b covers the largest), so the clip only removes the overshoot of
+        # resampling at the image's own depth (Lanczos rings), as an 8-bit resize does; padding (NaN): black.
+        pixels = np.nan_to_num(np.clip(scaled, 0.0, 255.0), nan=0.0).astype(np.uint8)
     return pixels if pixels.ndim == 3 else pixels[..., np.newaxis]
 
 
@@ -197,28 +256,29 @@ def _same_size(paths: Sequence[Path], images: list[npt.NDArray[np.uint8]]) -> np
     return np.stack(images)
 
 
-def _sized(
-    images: list[npt.NDArray[np.uint8]], size: tuple[int, int, int], *, fit: Fit, report: PixelReport
-) -> tuple[npt.NDArray[np.uint8], PixelReport]:
-    """Every image brought to ``size`` (``fit`` for another aspect ratio), with the counts of what changed."""
+def _brought_to(decoded: _Decoded, size: tuple[int, int, int], *, fit: Fit) -> tuple[_Decoded, list[str]]:
+    """``decoded`` at ``size`` (``fit`` for another aspect ratio; a deep image resampled at its own depth, as
+    floats, and padded with NaN so that its padding is black however it is mapped), and what was changed:
+    ``resized``, ``reshaped`` (another aspect ratio), ``recoloured``."""
     from PIL import Image
 
     height, width, channels = size
-    out = np.empty((len(images), height, width, channels), dtype=np.uint8)
-    resized = reshaped = recoloured = 0
-    for i, pixels in enumerate(images):
-        h, w, c = pixels.shape
-        picture = Image.fromarray(pixels[..., 0] if c == 1 else pixels, "L" if c == 1 else "RGB")
-        if c != channels:
+    h, w = decoded.pixels.shape[:2]
+    changed = []
+    if decoded.deep:
+        picture = Image.fromarray(decoded.pixels.astype(np.float32))
+        colour = False
+    else:
+        picture = Image.fromarray(decoded.pixels)
+        colour = decoded.colour
+    if colour != (channels == 3):
+        changed.append("recoloured")
+        if not decoded.deep:  # a deep grey image is replicated into RGB once mapped
             picture = picture.convert("L" if channels == 1 else "RGB")
-            recoloured += 1
-        if (h, w) != (height, width):
-            resized += 1
-            reshaped += h * width != w * height
-            picture = _fitted(picture, height=height, width=width, fit=fit)
-        array = np.asarray(picture, dtype=np.uint8)
-        out[i] = array.reshape(height, width, channels)
-    return out, replace(report, resized=resized, reshaped=reshaped, recoloured=recoloured)
+    if (h, w) != (height, width):
+        changed += ["resized", "reshaped"] if h * width != w * height else ["resized"]
+        picture = _fitted(picture, height=height, width=width, fit=fit)
+    return replace(decoded, pixels=np.asarray(picture)), changed
 
 
 def _fitted(picture: Image.Image, *, height: int, width: int, fit: Fit) -> Image.Image:
@@ -232,7 +292,7 @@ def _fitted(picture: Image.Image, *, height: int, width: int, fit: Fit) -> Image
     inner = (max(1, round(w * scale)), max(1, round(h * scale)))
     scaled = picture.resize(inner, Image.Resampling.LANCZOS)
     if fit == "pad":
-        canvas = Image.new(picture.mode, (width, height), 0)
+        canvas = Image.new(picture.mode, (width, height), math.nan if picture.mode == "F" else 0)
         canvas.paste(scaled, ((width - inner[0]) // 2, (height - inner[1]) // 2))
         return canvas
     left, top = (inner[0] - width) // 2, (inner[1] - height) // 2
@@ -268,7 +328,7 @@ def _from_pillow(picture: Image.Image, fmt: str) -> _Decoded:
         if values.size and int(values.min()) < 0:
             raise _Unreadable(f"holds negative values ({int(values.min())}); export unsigned pixel values")
         bits = 16 if mode.startswith("I;16") or fmt == "PNG" else 32  # a PNG holds at most 16
-        return _Decoded(values.astype(np.uint32), f"{bits}-bit grey {fmt}", deep=True)
+        return _deep(values, f"{bits}-bit grey {fmt}")
     if mode == "F":
         values = np.asarray(picture, dtype=np.float64)
         lo, hi = (float(values.min()), float(values.max())) if values.size else (0.0, 0.0)
@@ -295,12 +355,31 @@ def _from_pillow(picture: Image.Image, fmt: str) -> _Decoded:
         raise _Unreadable(f"has image mode {mode}, which cannot be converted to RGB ({exc})") from None
 
 
+def _deep(values: npt.NDArray[Any], kind: str, *, signed: bool = False, inverted: bool = False) -> _Decoded:
+    """A deeper grey image, kept in the integer type it was read in until the import's depth is known."""
+    low, high = (int(values.min()), int(values.max())) if values.size else (0, 0)
+    return _Decoded(values, kind, deep=True, signed=signed, inverted=inverted, low=low, high=high)
+
+
 def _over_black(picture: Image.Image) -> npt.NDArray[np.uint8]:
     """An ``LA`` or ``RGBA`` image composited over black: ``colour · alpha / 255`` (alpha dropped)."""
     values = np.asarray(picture, dtype=np.float64)
     colour, alpha = values[..., :-1], values[..., -1:] / 255.0
     out = np.rint(colour * alpha).astype(np.uint8)
     return out[..., 0] if out.shape[-1] == 1 else out
+
+
+def _check_pixel_count(rows: int, columns: int) -> None:
+    """Refuse a DICOM image larger than Pillow decodes of any file (``2 · Image.MAX_IMAGE_PIXELS``): its
+    header is all a compressed or deflated file needs to make the import allocate gigabytes."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and rows * columns > 2 * limit:
+        raise _Unreadable(
+            f"declares {columns}x{rows} pixels, more than the {2 * limit} of any image the import decodes (a "
+            "decompression bomb?); export it at a smaller size"
+        )
 
 
 def _decode_dicom(path: Path) -> _Decoded:
@@ -313,10 +392,11 @@ def _decode_dicom(path: Path) -> _Decoded:
             "is a DICOM file; reading DICOM needs pydicom: pip install 'diet-capc[dicom]'"
         ) from None
     try:
-        ds = pydicom.dcmread(path)
+        ds = pydicom.dcmread(path, defer_size="1 MB")  # the pixel data is read once its size is checked
         frames = int(ds.get("NumberOfFrames", 1) or 1)
         if frames > 1:
             raise _Unreadable(f"holds {frames} frames; export one image per file")
+        _check_pixel_count(int(ds.Rows), int(ds.Columns))
         pixels = np.asarray(ds.pixel_array)
         photometric = str(ds.PhotometricInterpretation)
         stored = int(ds.BitsStored)
@@ -330,20 +410,20 @@ def _decode_dicom(path: Path) -> _Decoded:
             f"cannot be decoded ({exc}); compressed DICOM needs its decoder plug-in (see pydicom's docs)"
         ) from None
     if photometric in ("MONOCHROME1", "MONOCHROME2") and pixels.ndim == 2:
-        values = pixels.astype(np.int64)
-        if signed:
-            values = values + 2 ** (stored - 1)
-        if values.size and not 0 <= int(values.min()) <= int(values.max()) < 2**stored:
+        low, high = (-(2 ** (stored - 1)), 2 ** (stored - 1)) if signed else (0, 2**stored)
+        least, most = (int(pixels.min()), int(pixels.max())) if pixels.size else (0, 0)
+        if not low <= least <= most < high:
             raise _Unreadable(
-                f"holds values in [{int(values.min())}, {int(values.max())}], outside the {stored} bits its "
-                "BitsStored declares (overlay bits?); export the image again"
+                f"holds values in [{least}, {most}], outside the {stored} bits its BitsStored declares "
+                "(overlay bits?); export the image again"
             )
-        if photometric == "MONOCHROME1":  # 0 is white: invert so that higher is brighter
-            values = (2**stored - 1) - values
-        if stored <= 8:
-            scaled = np.rint(values * (255.0 / (2**stored - 1))).astype(np.uint8)
-            return _Decoded(scaled, f"{stored}-bit grey DICOM")
-        return _Decoded(values.astype(np.uint32), f"{stored}-bit grey DICOM", deep=True)
+        inverted = photometric == "MONOCHROME1"  # 0 is white: inverted so that higher is brighter
+        kind = f"{stored}-bit {'signed ' * signed}grey DICOM" + " (MONOCHROME1)" * inverted
+        if stored <= 8:  # as an 8-bit image: its own container's range
+            values = pixels.astype(np.int16) - low
+            values = (2**stored - 1) - values if inverted else values
+            return _Decoded(np.rint(values * (255.0 / (2**stored - 1))).astype(np.uint8), kind)
+        return _deep(pixels, kind, signed=signed, inverted=inverted)
     if pixels.ndim == 3 and pixels.shape[-1] == 3 and pixels.dtype == np.uint8:
         return _Decoded(pixels, f"{photometric} DICOM")
     raise _Unreadable(

@@ -82,13 +82,18 @@ class TeacherParty(_OmitsUnset):
             tell before the first charge whether the party's heads can vote at all — a head abstains when its
             shard is shorter than one BatchNorm chunk (:mod:`capc_common.federation.refusals`). Left out of
             the canonical form when unset.
+        cap: the local ε cap the party declared (its site file's ``cap.epsilon``, which its teacher refuses
+            to start below), or None when undeclared: with it, the guardian can tell before the first charge
+            whether enough parties' caps cover the plan (:func:`~capc_common.federation.refusals.
+            uncovered_caps`). Left out of the canonical form when unset.
     """
 
-    _omitted_when_unset: ClassVar[tuple[str, ...]] = ("examples",)
+    _omitted_when_unset: ClassVar[tuple[str, ...]] = ("examples", "cap")
 
     name: str
     heads: int = Field(ge=1, le=10_000)
     examples: int | None = Field(default=None, ge=0)
+    cap: float | None = Field(default=None, gt=0)
 
     _name = field_validator("name")(check_party_name)
 
@@ -494,7 +499,7 @@ class Quorum(_Frozen):
 
 
 class Revocation(_Frozen):
-    """One revoked party certificate: guardian and student refuse it at the TLS-authenticated call.
+    """One revoked party certificate: every party refuses it, as a caller and as a server it dials.
 
     Attributes:
         serial: the certificate's serial number in hex (``capc cert show`` prints it; colons, a ``0x``
@@ -560,9 +565,10 @@ def serial_hex(serial: int) -> str:
 class FederationConfig(_Frozen):
     """The parsed, validated ``federation.yaml``.
 
-    ``revoked`` lists certificates the guardian and the student refuse. It is *not* part of
-    :meth:`config_hash`: revoking a certificate changes who may connect, not what the federation computes,
-    so the ledger, the label store and every party's cap record carry on under the same hash. Nor is
+    ``revoked`` lists certificates every party refuses. It is *not* part of :meth:`config_hash`: revoking a
+    certificate changes who may connect, not what the federation computes, so the ledger, the label store and
+    every party's cap record carry on under the same hash. The list has its own hash
+    (:meth:`revocation_hash`), which the parties compare on every call like the config hash. Nor is
     ``history`` (the membership changes this config continues from, :class:`MembershipChange`): it says
     which earlier hashes the parties' own records may carry, not what the federation computes.
 
@@ -699,6 +705,11 @@ class FederationConfig(_Frozen):
     def config_hash(self) -> str:
         """SHA-256 (hex) of :meth:`canonical_json`: equal exactly when every parameter is equal."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def revocation_hash(self) -> str:
+        """SHA-256 (hex) of the revoked serials, sorted: equal exactly when two configs revoke the same
+        certificates (the reasons and party names beside them are for the reader and do not count)."""
+        return hashlib.sha256(json.dumps(sorted(self.revoked_serials)).encode()).hexdigest()
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "federation config") -> FederationConfig:

@@ -26,6 +26,8 @@ from typing import Literal
 from capc_common.errors import InputError, PreconditionError
 from capc_common.federation.config import FederationConfig, ReleaseMember
 from capc_common.federation.costs import mechanism_of
+from capc_common.federation.cover import cap_cover, cap_order, why_above
+from capc_common.federation.exposure import exposure_of
 from capc_common.federation.sizing import examples_for, heads_for
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "enforce",
     "expected_voting_heads",
     "pre_spend_refusals",
+    "uncovered_caps",
     "unreachable_threshold",
 ]
 
@@ -56,6 +59,7 @@ MIN_PASS_PROBABILITY = 0.01
 FIELD_NAMES: Mapping[str, str] = {
     "teachers.heads": "teachers[].heads",
     "teachers.examples": "the party's examples (teachers[].examples, data.fraction at its site)",
+    "teachers.cap": "the party's cap (teachers[].cap, and cap.epsilon in its site file)",
     "queries.bn_batch": "queries.bn_batch",
     "mechanism.threshold": "mechanism.threshold",
 }
@@ -302,10 +306,51 @@ def unreachable_threshold(plan: SpendPlan) -> Refusal | None:
     )
 
 
+def uncovered_caps(plan: SpendPlan) -> Refusal | None:
+    """Refuse when the caps the parties declared stop so many of them before the end of the plan that fewer
+    than the quorum can answer all of it: the federation would spend privacy on a plan it cannot finish.
+
+    A declared cap is measured as a new cap record charges it, at :func:`~capc_common.federation.cap_order`
+    (a record created before records named their order charges at the federation's, and covers less: its
+    preflight says so); a party that declared none is counted as covering. A release federation's releases
+    all fit its ε by construction, and its parties' caps are checked by each party.
+    """
+    config = plan.config
+    declared = {t.name: t.cap for t in config.teachers if t.cap is not None}
+    if not declared or isinstance(config.mechanism, ReleaseMember):
+        return None
+    exposure, delta, epsilon = exposure_of(config), config.budget.delta, config.budget.epsilon
+    order, planned = cap_order(exposure, delta=delta), len(exposure.plan)
+    covered = {
+        name: exposure.admitted(epsilon=cap, delta=delta, order=order) for name, cap in declared.items()
+    }
+    short = {name: count for name, count in covered.items() if count < planned}
+    answering, quorum = len(config.teachers) - len(short), config.quorum.min_parties
+    if answering >= quorum:
+        return None
+    cover = cap_cover(exposure, delta=delta, order=order)
+    groups: dict[tuple[float, int], list[str]] = {}
+    for name, count in short.items():
+        groups.setdefault((declared[name], count), []).append(name)
+    said = "; ".join(
+        f"{', '.join(names)} declare{'s' if len(names) == 1 else ''} a cap of ε {cap:g}, which covers "
+        f"{count} of the {planned} {exposure.kind} the federation's ε {epsilon:g} can admit"
+        for (cap, count), names in groups.items()
+    )
+    return Refusal(
+        "caps-short",
+        f"{said}; {answering} of its {len(config.teachers)} parties can then answer the whole plan, where "
+        f"its quorum needs {quorum}: the federation would spend privacy on a plan it cannot finish "
+        f"({why_above(cover, federation_epsilon=epsilon)})",
+        (Change("teachers.cap", "raise", cover.cap),),
+    )
+
+
 #: Every check run before the first charge, in order; each returns a :class:`Refusal` or None.
 PRE_SPEND_CHECKS: tuple[Callable[[SpendPlan], Refusal | None], ...] = (
     abstaining_parties,
     unreachable_threshold,
+    uncovered_caps,
 )
 
 

@@ -221,16 +221,22 @@ class ReleaseProtocol(ABC):
         """What the noise tables' distance from the exact discrete Gaussian adds to δ: the released totals
         depend on ``rounds × length`` noise values of each party's part, each within its table's bound
         (:func:`~capc_common.privacy.analysis.delta_with_sampler_distance`)."""
-        from capc_common.mechanisms.release import NOISE_PARTS
         from capc_common.privacy.analysis import delta_with_sampler_distance
+
+        draws, eta = self.sampler_draws()
+        return delta_with_sampler_distance(epsilon=epsilon, draws=draws, distance=eta)
+
+    def sampler_draws(self) -> tuple[int, float]:
+        """The noise values the released totals depend on (``rounds × length`` of each party's part of the
+        noise) and each one's distance bound."""
+        from capc_common.mechanisms.release import NOISE_PARTS
         from capc_common.privacy.noise import discrete_gaussian_table
 
         eta = max(
             discrete_gaussian_table(sigma=float(s)).distance_bound
             for s in np.unique(self.mechanism.part_sigmas())
         )
-        draws = NOISE_PARTS * self.rounds * self.length
-        return delta_with_sampler_distance(epsilon=epsilon, draws=draws, distance=eta)
+        return NOISE_PARTS * self.rounds * self.length, eta
 
     def coalitions(self, *, epsilon: float, delta: float) -> list[Coalition]:
         """ε per coalition of the plan (DESIGN §2). The outsider's is the plan's guarantee ``epsilon`` (the

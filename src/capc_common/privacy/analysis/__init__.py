@@ -4,12 +4,14 @@ Every function here is pure and vectorised over an array of Rényi orders, cites
 state; accountants, the filter and the ledger build on them.
 """
 
+from capc_common.privacy.analysis.composition import lifetime_order, rdp_at_lower_order
 from capc_common.privacy.analysis.conversion import (
     delta_from_rdp,
     delta_with_sampler_distance,
     epsilon_at_order,
     epsilon_from_rdp,
     epsilon_from_zcdp,
+    epsilon_holding,
     rdp_budget_at_order,
     rdp_budget_curve,
 )
@@ -57,9 +59,12 @@ __all__ = [
     "epsilon_at_order",
     "epsilon_from_rdp",
     "epsilon_from_zcdp",
+    "epsilon_holding",
     "gaussian_delta",
+    "lifetime_order",
     "log_pass_probability",
     "log_q_gnmax",
+    "rdp_at_lower_order",
     "rdp_bernoulli",
     "rdp_budget_at_order",
     "rdp_budget_curve",
