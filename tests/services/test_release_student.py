@@ -105,7 +105,7 @@ def test_progress_publishes_the_guarantee_beside_the_spend() -> None:
     app = build_admin_app(
         title="student", token=token, readiness=dict, registry=CollectorRegistry(), routers=[router]
     )
-    client = TestClient(app)
+    client = TestClient(app, base_url="http://localhost")
 
     def read() -> dict:
         return client.get("/api/v1/progress", headers={"Authorization": f"Bearer {token}"}).json()
