@@ -19,13 +19,14 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from capc_common.errors import InputError
 from capc_common.federation.config import (
+    Budget,
     DPPLMechanism,
     DPPLPublicMechanism,
     FederationConfig,
@@ -43,6 +44,13 @@ from capc_common.mechanisms import (
 )
 from capc_common.mechanisms.central import PER_EXAMPLE_PASS
 from capc_common.mechanisms.training import DPSGDTrainer, Recipe
+from capc_common.privacy.claims import (
+    GUARDIAN_AND_TEACHER,
+    OUTSIDER,
+    STUDENT_AND_TEACHER,
+    Coalition,
+    coalition_epsilon,
+)
 
 if TYPE_CHECKING:
     from capc_common.models import Backbone
@@ -60,6 +68,7 @@ __all__ = [
     "ReleaseProtocol",
     "check_records",
     "federation_basis",
+    "planned_figures",
     "protocol_for",
     "prototype_head",
 ]
@@ -181,6 +190,29 @@ def protocol_for(
     return protocol
 
 
+def planned_figures(protocol: ReleaseProtocol, budget: Budget) -> dict[str, Any]:
+    """What a release plan promises before any release, at the ledger's order and δ: its size, each release's
+    RDP, the guarantee ``epsilon`` (every planned release's charge: the plan is fixed before any data is
+    touched, and :func:`protocol_for` checked that it fits the budget) and ε per coalition
+    (:meth:`ReleaseProtocol.coalitions`). The guardian adds what its ledger holds (releases made, RDP spent,
+    its chain head); the model card publishes that."""
+    from capc_common.privacy.analysis import epsilon_at_order
+
+    rdp = protocol.release_rdp(budget.order)
+    planned = protocol.rounds * rdp
+    epsilon = max(0.0, float(epsilon_at_order(budget.order, planned, delta=budget.delta)))
+    return {
+        "releases_planned": protocol.rounds,
+        "rdp_per_release": rdp,
+        "rdp_planned": planned,
+        "epsilon": epsilon,
+        "epsilon_limit": budget.epsilon,
+        "delta": budget.delta,
+        "order": budget.order,
+        "coalitions": [c.to_dict() for c in protocol.coalitions(epsilon=epsilon, delta=budget.delta)],
+    }
+
+
 def prototype_head(
     sums: npt.NDArray[np.float64], counts: npt.NDArray[np.float64], *, metric: str
 ) -> npt.NDArray[np.float64]:
@@ -217,7 +249,7 @@ class ReleaseProtocol(ABC):
 
     def sampler_delta(self, *, epsilon: float) -> float:
         """What the noise tables' distance from the exact discrete Gaussian adds to δ: the released totals
-        depend on ``rounds × length`` noise values, each within its table's bound
+        depend on ``rounds × length`` noise values of each party's part, each within its table's bound
         (:func:`~capc_common.privacy.analysis.delta_with_sampler_distance`)."""
         from capc_common.privacy.analysis import delta_with_sampler_distance
 
@@ -225,14 +257,39 @@ class ReleaseProtocol(ABC):
         return delta_with_sampler_distance(epsilon=epsilon, draws=draws, distance=eta)
 
     def sampler_draws(self) -> tuple[int, float]:
-        """The noise values the released totals depend on (``rounds × length``) and each one's distance
-        bound."""
+        """The noise values the released totals depend on (``rounds × length`` of each party's part of the
+        noise) and each one's distance bound."""
+        from capc_common.mechanisms.release import NOISE_PARTS
         from capc_common.privacy.noise import discrete_gaussian_table
 
         eta = max(
-            discrete_gaussian_table(sigma=float(s)).distance_bound for s in np.unique(self.mechanism.sigmas())
+            discrete_gaussian_table(sigma=float(s)).distance_bound
+            for s in np.unique(self.mechanism.part_sigmas())
         )
-        return self.rounds * self.length, eta
+        return NOISE_PARTS * self.rounds * self.length, eta
+
+    def coalitions(self, *, epsilon: float, delta: float) -> list[Coalition]:
+        """ε per coalition of the plan (DESIGN §2). The outsider's is the plan's guarantee ``epsilon`` (the
+        sum of both parts of the noise is at least the planned ``N_Z(0, σ²)``); a coalition of the guardian
+        or the student with a teacher party knows one part and sees every round's total through the other
+        alone: ``rounds ×`` :meth:`~capc_common.mechanisms.release.ReleaseMechanism.coalition_rdp`, at its
+        best order and never below the outsider's."""
+        mechanism, rounds = self.mechanism, self.rounds
+        known = coalition_epsilon(lambda lam: rounds * mechanism.coalition_rdp(lam), delta=delta)
+        part = ", ".join(f"{s:.6g}" for s in np.unique(mechanism.part_sigmas()))
+        return [
+            Coalition(OUTSIDER, epsilon, "both parts of the noise: their sum is at least the planned noise"),
+            Coalition(
+                GUARDIAN_AND_TEACHER,
+                max(known, epsilon),
+                f"the student's part of the noise alone (N_Z(0, s²), s = {part})",
+            ),
+            Coalition(
+                STUDENT_AND_TEACHER,
+                max(known, epsilon),
+                f"the guardian's part of the noise alone (N_Z(0, s²), s = {part})",
+            ),
+        ]
 
     def prepare(self, features: npt.ArrayLike) -> npt.ArrayLike:
         """A party's per-example features as its contributions use them, computed once (default: as is)."""
