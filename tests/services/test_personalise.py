@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from protocol_force import protocol_force
 from sites_harness import federation_dict
 
 from capc_common.data import holdout_fraction, load_dataset
@@ -119,7 +120,9 @@ def test_the_cli_exits_2_with_the_reason_and_no_traceback(capc, tmp_path: Path) 
 
 def test_local_up_plans_each_hospital_s_holdout_from_its_planned_size(tmp_path: Path) -> None:
     """The fraction is the planned size's (a public number), never the site's count of examples."""
-    small = LocalOptions(parties=3, train_limit=120, mechanism="dppl")  # no heads to refuse
+    small = LocalOptions(  # no heads to refuse; the plan judges them too small to join
+        parties=3, train_limit=120, mechanism="dppl", force=protocol_force("holdout planning")
+    )
     for name, options, planned in (
         ("small", small, 120),
         ("default", replace(small, train_limit=3000), 3000),

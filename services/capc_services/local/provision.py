@@ -563,6 +563,32 @@ def refuse_before_spending(config: FederationConfig, options: LocalOptions) -> N
     )
 
 
+#: Options that are the operator's word about the federation, not part of it: a resumed ``up`` restates them
+#: instead of comparing them with the recorded ones (:func:`restate_force`).
+RESTATED = frozenset({"force"})
+
+
+def restate_force(layout: Layout, config: FederationConfig, force: str) -> None:
+    """Make ``force`` the reason to run the federation in ``layout`` whatever the pre-spend checks judge.
+
+    The reason binds nothing the ledger, label store or cap records hold (a certain refusal stays refused,
+    and the judgements are re-made by the guardian each time it starts, from federation.yaml alone), so a
+    resumed ``up`` may state a new one — the way to go on with a federation a newer forecast judges below
+    its parties alone. It goes where the guardian reads it, its site file, and to ``options.json``.
+
+    Raises:
+        InputError: ``force`` is blank.
+    """
+    enforce((), force=force, force_with='--force "REASON"')  # a blank reason is refused, as at provisioning
+    site = layout.site(config.guardian)
+    document: dict[str, Any] = yaml.safe_load(site.read_text())
+    if document.get("force") != force:
+        _write_yaml(site, {**document, "force": force})
+    record = recorded_options(layout)
+    if record is not None and record.get("force") != force:
+        layout.options.write_text(json.dumps({**record, "force": force}, indent=2))
+
+
 def with_declared_caps(config: FederationConfig, *, cap: float) -> FederationConfig:
     """``config`` with every simulated hospital declaring ``cap`` (``teachers[].cap``), the cap its site
     file sets: the guardian checks before the first charge that the declared caps cover the plan."""
