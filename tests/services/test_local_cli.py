@@ -395,7 +395,7 @@ def test_up_refuses_a_teacher_cap_that_cannot_cover_the_plan(tmp_path: Path) -> 
     config = FederationConfig.from_dict(federation_dict(SMALL), source="test")
     cover = cap_cover(exposure_of(config), delta=config.budget.delta)
     with pytest.raises(PreconditionError) as refused:
-        provision(root, replace(SMALL, teacher_cap=cover.cap - 1))
+        provision(root, replace(SMALL, teacher_cap=cover.cap - 1, force=None))
     message = str(refused.value)
     assert (
         f"[caps-short] hospital-1, hospital-2 declare a cap of ε {cover.cap - 1:g}, which covers 7 of the 8 "
