@@ -26,14 +26,19 @@ from capc_common.federation.config import FederationConfig
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _sigmoid(z: float) -> float:
+    return 1 / (1 + math.exp(-z))
+
+
 def _law(records: float, size: float, epsilon: float, classes: int) -> tuple[float, float, float]:
-    """A made-up world of the model's own form (so the fit can recover it): alone improves with the party's
-    size, the federation with all records and ε; the best party is 3 points above the median; a little
-    noise, fixed per layout, so that leaving a layout out costs something."""
+    """A made-up world of the model's own form, linear in the descriptors on the logit scale (so the fit
+    can recover it): alone improves with the party's size, the federation with all records and ε; the best
+    party a little above the median; a little noise, fixed per layout, so that leaving a layout out costs
+    something."""
     wobble = 0.003 * math.sin(records + size)
-    alone = 0.55 + 0.08 * math.log10(size) - 0.01 * math.log2(classes)
-    fed = 0.43 + 0.08 * math.log10(records) + 0.06 * math.log10(epsilon) - 0.01 * math.log2(classes)
-    return fed + wobble, alone, alone + 0.03
+    alone = -0.6 + 0.45 * math.log10(size) - 0.05 * math.log2(classes)
+    fed = -1.3 + 0.45 * math.log10(records) + 0.35 * math.log10(epsilon) - 0.05 * math.log2(classes)
+    return _sigmoid(fed) + wobble, _sigmoid(alone), _sigmoid(alone + 0.15)
 
 
 def _layout(name: str, parties: int, size: int, classes: int = 10, dataset: str = "toy") -> dict[str, Any]:
@@ -89,7 +94,9 @@ def test_the_forecast_recovers_the_law_and_measures_its_own_error(table):
     assert {p.layout for p in model.points} == {lay["name"] for lay in TABLE["layouts"]} - {"1x60000"}
     for target in fc.TARGETS:
         err = model.errors[target]
-        assert 0 <= err["mean_absolute"] <= err["quantile_90"] <= err["largest"] < 0.03
+        assert 0 <= err["mean_absolute"] <= err["quantile_90"] <= err["largest"]
+        # the ridge's shrinkage costs most where a left-out layout is the extreme one (2 x 30,000)
+        assert err["quantile_90"] < 0.02 and err["largest"] < 0.04
         assert model.half_width[target] == err["quantile_90"]
     # A consortium between measured ones: the interval contains what the law gives.
     forecast, outside = model.predict(fc.Consortium((2000,) * 5, 10, 3.0))
@@ -106,10 +113,12 @@ def test_leaving_out_is_honest_about_layouts_unlike_the_rest(table):
     points = model.points
     x = fc._design([p.consortium.descriptors() for p in points])
     y = np.asarray([p.values["gain_median"] for p in points])
-    in_sample = np.abs(model.models["gain_median"].predict(x) - y).mean()
-    assert fc.leave_one_out(points, "gain_median").__abs__().mean() > in_sample
-    across = fc.leave_one_dataset_out(points, "federation", train="toy")
-    assert len(across) == 6  # two layouts of the other dataset, three ε each
+    in_sample = np.abs(fc._forecast(model.models, x)["gain_median"] - y).mean()
+    assert np.abs(fc.leave_one_out(points)["gain_median"]).mean() > in_sample
+    across = fc.leave_one_dataset_out(points, train="toy")
+    assert {len(errors) for errors in across.values()} == {
+        6
+    }  # two layouts of the other dataset, three ε each
 
 
 def test_outside_the_measured_ranges_it_says_so_and_widens(table):
