@@ -176,8 +176,8 @@ def _done_batches(fed: LabFederation) -> list[tuple[str, int, float]]:
 
 
 def _journal(fed: LabFederation) -> list[float]:
-    """The times the student journaled each release, in order."""
-    files = sorted(fed.store.parent.glob("releases-*/*.npy"))
+    """The times the student journaled each release's total, in order (not the halves it keeps before)."""
+    files = sorted(fed.store.parent.glob("releases-*/*.total.npy"))
     return sorted(path.stat().st_mtime for path in files)
 
 

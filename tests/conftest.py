@@ -14,12 +14,7 @@ from typing import Any
 
 import pytest
 
-from capc_common.memory import keep_freed_memory
-
 REPO = Path(__file__).resolve().parents[1]
-
-# Library objects built in the test processes run with a party's memory policy (what `capc` sets at start).
-keep_freed_memory()
 
 #: The longest modules, longest first (a worker's seconds in each, measured in `make test` on 2026-12-03:
 #: 223, 131, 106, 73, 62, 62, 61, 59, 39, 34, 34; alone with -n 0 on 2026-12-05, under load: test_restarts.py

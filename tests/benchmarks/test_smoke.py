@@ -281,6 +281,23 @@ def recipe_sweep(tmp: Path) -> None:
     assert all(_fraction(balance[k], 0.1) for k in ("plain", "inverse", "sqrt", "logit_adjusted"))
 
 
+def memory(tmp: Path) -> None:
+    out = run_json(
+        "memory.py", "--smoke", "--mechanism", "secagg-dpsgd", "--format", "json", "--work-dir", str(tmp)
+    )
+    assert set(out) == {"rows", "federations", "growth", "setup"} and out["setup"]["smoke"] is True
+    rows = {r["role"]: r for r in out["rows"]}
+    assert set(rows) == {"guardian", "student", "teacher"} and rows["teacher"]["processes"] == 2
+    for row in rows.values():
+        assert row["mechanism"] == "secagg-dpsgd" and row["records"] == 150
+        assert 30 < row["steady_rss_mb"] <= row["peak_rss_mb"] < 8000 and row["cpu_s"] > 0
+    # The guardian never featurises: it does not hold the backbone and torch that the parties do.
+    assert rows["guardian"]["peak_rss_mb"] < rows["teacher"]["peak_rss_mb"] - 100
+    (federation,) = out["federations"]
+    assert 100 < federation["held"] < 200 and federation["round_s"] > 0 and federation["up_s"] > 0
+    assert federation["command"].startswith("capc local up --state-dir ") and out["growth"] == []
+
+
 def student_memory(tmp: Path) -> None:
     out = run_json("student_memory.py", "--queries", "256", "--format", "json")
     assert set(out) == {"queries", "answered", "chunk_queries", "chunks", "peak_rss_mb", "train_s"}
@@ -333,6 +350,7 @@ SMOKE: dict[str, Callable[[Path], None]] = {
     "joining.py": joining,
     "linear_probe.py": linear_probe,
     "mechanisms.py": mechanisms,
+    "memory.py": memory,
     "mpc.py": mpc,
     "prompt_teachers.py": prompt_teachers,
     "recipe_sweep.py": recipe_sweep,
@@ -341,7 +359,7 @@ SMOKE: dict[str, Callable[[Path], None]] = {
     "utility.py": utility,
 }
 #: Smoke tests that take more than ~20 s on the 2-core machine.
-SLOW = {"federation.py", "joining.py", "mechanisms.py", "recipe_sweep.py", "startup.py"}
+SLOW = {"federation.py", "joining.py", "mechanisms.py", "memory.py", "recipe_sweep.py", "startup.py"}
 #: Script → the test elsewhere in the suite that runs it at toy size and checks its JSON.
 ELSEWHERE = {
     "chaos.py": "tests/e2e/test_restarts.py::test_the_chaos_campaigns_short_version",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 import yaml
 from safetensors.numpy import load_file
 
+from capc_cli.main import main
 from capc_common.data import load_dataset
 from capc_common.errors import InputError
 from capc_common.federation import FederationConfig
@@ -44,9 +47,10 @@ def site(tmp_path: Path) -> Path:
     return path
 
 
-def with_dataset(site: Path, dataset: str) -> Path:
+def with_data(site: Path, **fields: str) -> Path:
+    """The site file with these keys of its ``data:`` section set (``dataset``, ``sha256``)."""
     data = yaml.safe_load(site.read_text())
-    data["data"]["dataset"] = dataset
+    data["data"].update(fields)
     site.write_text(yaml.safe_dump(data))
     return site
 
@@ -63,10 +67,10 @@ def test_train_on_the_sites_npz_file(site: Path, capc_json) -> None:
 def test_missing_data_in_an_empty_mount_says_how_to_mount_it(site: Path, tmp_path: Path) -> None:
     empty = tmp_path / "mounted-empty"
     empty.mkdir()
-    settings = TeacherSettings.load(with_dataset(site, f"npz:{empty / 'hospital-a.npz'}"))
+    settings = TeacherSettings.load(with_data(site, dataset=f"npz:{empty / 'hospital-a.npz'}"))
     with pytest.raises(InputError, match=rf"The directory {empty} is empty: .*--mount type=bind"):
         party_examples(settings)
-    settings = TeacherSettings.load(with_dataset(site, str(tmp_path / "not-mounted" / "hospital-a.npz")))
+    settings = TeacherSettings.load(with_data(site, dataset=str(tmp_path / "not-mounted" / "hospital-a.npz")))
     with pytest.raises(InputError, match=r"not-mounted does not exist: in a container"):
         party_examples(settings)
 
@@ -75,7 +79,7 @@ def test_a_present_file_gets_no_mount_hint(site: Path, tmp_path: Path) -> None:
     corrupt = tmp_path / "data" / "corrupt.npz"
     corrupt.write_bytes(b"not a zip")
     with pytest.raises(InputError, match="cannot be read") as raised:
-        party_examples(TeacherSettings.load(with_dataset(site, str(corrupt))))
+        party_examples(TeacherSettings.load(with_data(site, dataset=str(corrupt))))
     assert "--mount" not in str(raised.value)
 
 
@@ -88,7 +92,7 @@ def test_images_of_another_size_are_refused_with_preflights_advice(site: Path, t
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(240, 32, 32, 3), dtype=np.uint8)
     np.savez(tmp_path / "data" / "rgb.npz", images=images, labels=np.arange(240) % 10)
-    settings = TeacherSettings.load(with_dataset(site, str(tmp_path / "data" / "rgb.npz")))
+    settings = TeacherSettings.load(with_data(site, dataset=str(tmp_path / "data" / "rgb.npz")))
     with pytest.raises(InputError) as raised:
         train_party_heads(settings)
     message = str(raised.value)
@@ -168,3 +172,56 @@ def test_training_with_a_records_cache_keeps_the_records_features_and_the_same_h
     fresh = extract_per_example(BackboneFeaturizer(backbone), images)
     np.testing.assert_array_equal(np.load(cached), fresh)
     np.testing.assert_array_equal(record_features(settings, backbone, images), fresh)
+
+
+# --------------------------------------------------------------- the data file pinned by its checksum
+def test_the_teacher_refuses_a_data_file_other_than_the_one_its_site_pins(site: Path, capc) -> None:
+    npz = Path(yaml.safe_load(site.read_text())["data"]["dataset"])
+    pinned = hashlib.sha256(npz.read_bytes()).hexdigest()
+    with_data(site, sha256=pinned.upper())  # as some tools print it
+    assert len(party_examples(TeacherSettings.load(site))[1]) == 240
+    # A copy cut short is still a readable .npz of fewer images: refused before anything is trained.
+    whole = npz.read_bytes()
+    np.savez(
+        npz,
+        images=np.load(io.BytesIO(whole))["images"][:100],
+        labels=np.load(io.BytesIO(whole))["labels"][:100],
+    )
+    proc = capc("teacher", "train", "--site", str(site))
+    assert proc.returncode == 5, proc.stderr
+    assert f"data file {npz} has SHA-256" in proc.stderr and f"data.sha256 is {pinned}" in proc.stderr
+    assert "the copy is incomplete or another file" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (site.parent / "state" / "heads.safetensors").exists()
+
+
+def test_a_checksum_pins_one_file_only(site: Path) -> None:
+    with_data(site, dataset="folder:/data/xrays", sha256="ab" * 32)
+    with pytest.raises(InputError, match=r"data.sha256 pins one file, but dataset 'folder:/data/xrays'"):
+        TeacherSettings.load(site)
+    with_data(site, dataset="/data/x.npz", sha256="not-a-digest")
+    with pytest.raises(InputError, match=r"data.sha256: String should match pattern"):
+        TeacherSettings.load(site)
+
+
+def _verify(site: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`capc data verify --site SITE ARGS` through the CLI's entry point: exit code, stdout, stderr."""
+    with pytest.raises(SystemExit) as exited:
+        main(["data", "verify", "--site", str(site), *args])
+    out = capsys.readouterr()
+    return int(exited.value.code or 0), out.out, out.err
+
+
+def test_data_verify_checks_the_file_against_the_site(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`capc data verify`, the Kubernetes teacher's init container: exit 0, 2, 4 or 5 with the reason."""
+    npz = Path(yaml.safe_load(site.read_text())["data"]["dataset"])
+    code, _, err = _verify(site, capsys)
+    assert code == 2 and "pins no data.sha256" in err and "sha256sum FILE" in err
+    with_data(site, sha256=hashlib.sha256(npz.read_bytes()).hexdigest())
+    code, out, err = _verify(site, capsys, "--wait")
+    assert code == 0 and out.startswith(f"ok: {npz} has the SHA-256"), err
+    npz.write_bytes(npz.read_bytes()[:-1])
+    code, _, err = _verify(site, capsys)
+    assert code == 5 and "the copy is incomplete" in err
+    npz.unlink()
+    code, _, err = _verify(site, capsys, "--wait", "--timeout", "0.2")
+    assert code == 4 and f"gave up after 0.2 s: waiting for {npz}" in err

@@ -24,7 +24,7 @@ import torch
 from federation_harness import NOISE_SEED, Running, federation_options
 from threadpoolctl import threadpool_limits
 
-from capc_common.aggregation import party_noise, sampling_noise
+from capc_common.aggregation import mechanism_noise, sampling_noise
 from capc_common.federation import FederationConfig, load_shared_backbone
 from capc_common.federation.releases import (
     DPSGDProtocol,
@@ -123,19 +123,19 @@ def _central_head_of(running: Running) -> np.ndarray:
     config = running.config
     parties = _parties(running.layout, config)
     protocol = _protocol(config, running.layout)
-    guardian = party_noise("guardian", seed=NOISE_SEED)
+    noise = mechanism_noise(seed=NOISE_SEED)  # the guardian's and the student's streams, as they draw them
     if isinstance(protocol, PrototypesProtocol):
-        sums, counts = run_prototypes(parties, mechanism=protocol.prototypes, guardian=guardian)
+        sums, counts = run_prototypes(parties, mechanism=protocol.prototypes, noise=noise)
         return prototype_head(sums, counts, metric=protocol.metric)
     if isinstance(protocol, PublicVotesProtocol):
-        total = run_public_prototype_votes(parties, mechanism=protocol.votes, guardian=guardian)
+        total = run_public_prototype_votes(parties, mechanism=protocol.votes, noise=noise)
         prototypes = protocol.votes.prototypes(total)
         return prototype_head(prototypes, np.ones(len(prototypes)), metric="cosine")
     assert isinstance(protocol, DPSGDProtocol)
     result = run_secure_dpsgd(
         parties,
         trainer=protocol.trainer,
-        guardian=guardian,
+        noise=noise,
         party_sources=lambda name: sampling_noise(name, seed=NOISE_SEED),
     )
     return result.weights

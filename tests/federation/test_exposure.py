@@ -18,6 +18,7 @@ from capc_common.federation import (
     exposure_of,
     mechanism_of,
 )
+from capc_common.federation.cover import why_above
 from capc_common.federation.exposure import Exposure
 from capc_common.federation.refusals import SpendPlan, uncovered_caps
 from capc_common.federation.releases import protocol_for
@@ -126,3 +127,30 @@ def test_declared_caps_that_leave_too_few_parties_for_the_plan_are_refused() -> 
     assert uncovered_caps(SpendPlan(config=_declaring((25.0, None), quorum=1))) is None  # undeclared: counted
     assert uncovered_caps(SpendPlan(config=_declaring((30.0, 28.21), quorum=2))) is None
     assert _declaring((None, None), quorum=2).config_hash() == K8S.config_hash()  # unset: same hash
+
+
+def test_a_declared_cap_no_rdp_can_meet_covers_nothing() -> None:
+    """A cap of ε 0.5 cannot be met at a new record's order 2.1 at all (even zero RDP converts to ε 9.1): it
+    covers none of the plan, and the refusal names the cap to declare (it once escaped as 'cannot be met
+    at order 2.1 … pick a larger order', naming neither the cap nor a flag)."""
+    refusal = uncovered_caps(SpendPlan(config=_declaring((0.5, 30.0), quorum=2)))
+    assert refusal is not None and refusal.check == "caps-short"
+    assert refusal.reason.startswith("hospital-a declares a cap of ε 0.5, which covers 0 of the 21 batches")
+    assert refusal.fix().endswith("to 28.21")
+
+
+def test_why_a_cap_within_the_federation_s_epsilon_says_what_the_plan_charges() -> None:
+    """A selection plan whose stream ends before its limit (4 batches of 64 at ε 10) is covered by ε 9.82;
+    the reason names batches, not releases."""
+    data = K8S.model_dump(mode="json")
+    data["queries"]["total"] = 256
+    short = FederationConfig.from_dict(data)
+    cover = cap_cover(exposure_of(short), delta=short.budget.delta)
+    assert cover.cap == 9.82
+    text = why_above(cover, federation_epsilon=10.0)
+    assert "release" not in text and "within its limit ε 10: its 4 planned batches" in text
+    release = FederationConfig.from_dict({**data, "mechanism": {"name": "dppl", "rho": 0.05}})
+    protocol = protocol_for(release, dim=4)
+    assert "every release it plans is charged alike" in why_above(
+        cap_cover(exposure_of(release, protocol=protocol), delta=1e-5), federation_epsilon=100.0
+    )

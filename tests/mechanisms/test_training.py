@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
+from capc_common.aggregation import mechanism_noise
 from capc_common.errors import InputError
 from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
 from capc_common.mechanisms import SecureDPSGD, training
@@ -139,7 +140,7 @@ def test_the_step_follows_the_noise(digits, basis: np.ndarray) -> None:
                 trainer.contribute(state, x, p.labels, SeededNoise("q = 1"))
                 for p, x in zip(parties, prepared, strict=True)
             ],
-            guardian=SeededNoise(f"g{z}"),
+            noise=mechanism_noise(seed=f"g{z}"),
         )
         trainer.absorb(total)
         sums, squares, count = m.statistics(total)
@@ -165,7 +166,7 @@ def test_one_record_moves_every_release_by_at_most_the_sensitivity(digits, basis
     full, other = _trainer(basis, rounds=4), _trainer(basis, rounds=4)
     prepared = [full.prepare(p.features) for p in small]
     prepared_n = [other.prepare(p.features) for p in neighbour]
-    guardian = SeededNoise("g")
+    noise = mechanism_noise(seed="g")
     for release in range(full.rounds):
         state = full.state()
         np.testing.assert_array_equal(state, other.state())
@@ -180,7 +181,7 @@ def test_one_record_moves_every_release_by_at_most_the_sensitivity(digits, basis
         contributions = [
             full.contribute(state, x, p.labels, sources()) for p, x in zip(small, prepared, strict=True)
         ]
-        total = release_once(full.mechanism, contributions, guardian=guardian)
+        total = release_once(full.mechanism, contributions, noise=noise)
         full.absorb(total)
         other.absorb(total)
 
@@ -218,7 +219,7 @@ def test_the_recipe_on_digits_beats_the_old_one_at_the_same_cost(digits, basis: 
         result = run_secure_dpsgd(
             parties,
             trainer=trainer,
-            guardian=SeededNoise("g"),
+            noise=mechanism_noise(seed="g"),
             party_sources=lambda name: SeededNoise(f"s:{name}"),
         )
         return float(np.mean(result.predict(test_x) == test_y))
@@ -317,8 +318,32 @@ def test_a_sampled_federation_normalises_by_the_expected_batch(digits, basis: np
         trainer.contribute(state, x, p.labels, SeededNoise(f"s:{p.name}"))
         for p, x in zip(parties, prepared, strict=True)
     ]
-    trainer.absorb(release_once(m, contributions, guardian=SeededNoise("g")))
+    trainer.absorb(release_once(m, contributions, noise=mechanism_noise(seed="g")))
     assert trainer.normaliser == pytest.approx(0.25 * records, rel=0.2)
+
+
+def test_two_parties_of_one_size_are_each_clipped_by_their_own_norms(basis: np.ndarray) -> None:
+    """One trainer serves every party in the central runner. A cache of the full batch's squared norms keyed
+    on anything but the array itself — its shape, say — would clip a second party of the same size by the
+    first party's norms (identity map, full batch) and move its contribution beyond what its own records
+    allow; each party's contribution must be the mechanism's from scratch, round after round."""
+    rng = np.random.default_rng(8)
+    trainer = _trainer(basis)
+    k, m = trainer.mechanism.dim, trainer.mechanism
+    parties = [
+        (trainer.prepare(rng.uniform(-1, 1, size=(30, basis.shape[0])) ** power), rng.integers(0, 10, 30))
+        for power in (1, 3)
+    ]
+    first, second = (x for x, _ in parties)
+    assert first.shape == second.shape and not np.allclose(np.sum(first**2, 1), np.sum(second**2, 1))
+    state = trainer.state()
+    state[0] = 1.0  # a gradient round on the identity map: the prepared records themselves, every one
+    source = SeededNoise("unused: q = 1")
+    for weight in (0.05, 0.5):
+        state[1 + 2 * k :] = weight
+        head = state[1 + 2 * k :].reshape(trainer.weights.shape)
+        for x, y in (*parties, *parties):
+            np.testing.assert_array_equal(trainer.contribute(state, x, y, source), m.contribution(head, x, y))
 
 
 def test_a_full_batchs_norms_are_computed_once_and_only_for_the_trainers_own_records(
@@ -338,14 +363,15 @@ def test_a_full_batchs_norms_are_computed_once_and_only_for_the_trainers_own_rec
     monkeypatch.setattr(training, "record_squares", lambda x: calls.append(x) or real(x))
     source = SeededNoise("unused: q = 1")
     state = trainer.state()
-    state[0] = 1.0  # a gradient round on the identity map: the prepared records themselves
+    state[0] = 1.0  # a gradient round on the identity map: the prepared records, widened once
     for weight in (0.01, 0.02, 0.03):
         state[1 + 2 * k :] = weight
         got = trainer.contribute(state, prepared, y, source)
         np.testing.assert_array_equal(
             got, m.contribution(state[1 + 2 * k :].reshape(trainer.weights.shape), prepared, y)
         )
-    assert len(calls) == 1 and calls[0] is prepared
+    (widened,) = calls  # float32 on the basis, widened to float64 once, exactly
+    assert prepared.dtype == np.float32 and widened.dtype == np.float64 and np.array_equal(widened, prepared)
     mine = prepared.copy()  # writeable: the caller may change it between rounds
     for _ in range(2):
         trainer.contribute(state, mine, y, source)

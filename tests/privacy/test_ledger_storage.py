@@ -85,6 +85,31 @@ def test_begin_is_refused_before_any_decode_when_the_settle_would_not_fit(volume
     ledger.close()
 
 
+def test_a_release_is_charged_only_with_room_for_it_and_its_deposit(volume: Volume) -> None:
+    """A release's charge is one transaction, so SQLite alone keeps it whole; checked before it like the
+    other commit points, it also leaves room for the deposit of the total it pays for — a receipt and a total
+    each as long as the released vector — so a volume that could take the charge but not the deposit refuses
+    the release before anything is written, instead of charging a round whose total it cannot keep."""
+    ledger = _ledger(volume)
+    receipt = b"m" * (200 << 10)
+
+    def charge() -> None:
+        ledger.charge(
+            "release-0", parties=["a", "b"], mechanism="m", params={"release": {"round": 0, "planned": 2}},
+            rdp=0.01, computation="c0", actor="g", receipt=receipt,
+        )  # fmt: skip
+
+    volume.fill(leave=320 << 10)  # room for the charge alone, not for the charge and its deposit
+    with pytest.raises(StorageError, match="KiB needed") as refused:
+        charge()
+    assert "backup" not in str(refused.value)
+    assert ledger.batch("release-0") is None and ledger.summary()["entries"] == 0
+    volume.drain()
+    charge()
+    assert ledger.deposit("release-0", data=receipt, actor="s") and ledger.verify().ok
+    ledger.close()
+
+
 def test_a_read_only_volume_serves_reads_and_writes_again_once_read_write(volume: Volume) -> None:
     ledger = _ledger(volume)
     _reserve(ledger, "b0")

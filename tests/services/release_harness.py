@@ -17,7 +17,7 @@ from capc_common.mechanisms import share_contribution
 from capc_common.privacy import BudgetLedger
 from capc_common.privacy.analysis import rdp_budget_at_order
 from capc_common.wire import messages as pb
-from capc_common.wire import rpc
+from capc_common.wire import ndarray_to_proto, rpc
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import start_grpc_server
 from capc_services.guardian.release_servicer import RELEASE_POLICY, ReleaseGuardianServicer
@@ -34,17 +34,39 @@ DIM = 6
 BUDGET = {"epsilon": 4.0, "delta": 1e-5, "order": 10}
 # One release costs 60 % of the budget: the first fits, a second (a restarted student's) does not.
 RHO = 0.6 * rdp_budget_at_order(**BUDGET) / BUDGET["order"]
+QUORUM = {"min_parties": 2, "vote_deadline_s": 5, "share_deadline_s": 0.5}
 
 
 class ReleaseGuardianServer:
-    """A release guardian served over mTLS, and stubs with each party's certificate."""
+    """A release guardian served over mTLS on the ledger file in ``tmp_path`` (a second server on the same
+    directory is a restarted guardian), and stubs with each party's certificate.
 
-    def __init__(self, pki: Path, tmp_path: Path) -> None:
+    Args:
+        mechanism: federation.yaml's ``mechanism`` (default: one DP-prototypes release costing 60 % of the
+            budget).
+        dim: the features' dimension (the length of a contribution grows with it).
+        federation: other federation.yaml fields (``teachers``, ``quorum``: by default a share deadline of
+            half a second, how long the guardian waits for the seeds a release names).
+    """
+
+    def __init__(
+        self,
+        pki: Path,
+        tmp_path: Path,
+        *,
+        mechanism: dict[str, object] | None = None,
+        dim: int = DIM,
+        **federation: object,
+    ) -> None:
         self.pki = pki
         self.config = FederationConfig.from_dict(
-            federation_dict(mechanism={"name": "dppl", "rho": RHO}, budget=BUDGET)
+            federation_dict(
+                mechanism=mechanism or {"name": "dppl", "rho": RHO},
+                budget=BUDGET,
+                **{"quorum": QUORUM, **federation},
+            )
         )
-        self.protocol: ReleaseProtocol = protocol_for(self.config, dim=DIM)
+        self.protocol: ReleaseProtocol = protocol_for(self.config, dim=dim)
         self.ledger = BudgetLedger.open_or_create(
             tmp_path / "ledger.sqlite",
             epsilon_limit=BUDGET["epsilon"],
@@ -86,10 +108,17 @@ class ReleaseGuardianServer:
         self.stub(party).SubmitContribution(request, timeout=10)
         return share
 
-    def release(self, release_id: str, parties: list[str]) -> pb.ReleaseReply:
+    def release(self, release_id: str, parties: list[str], *, round: int = 0) -> pb.ReleaseReply:
         return self.stub("student").Release(
-            pb.ReleaseRequest(release_id=release_id, parties=parties), timeout=10
+            pb.ReleaseRequest(release_id=release_id, parties=parties, round=round), timeout=10
         )
+
+    def deposit(self, round: int, release_id: str, total: np.ndarray) -> pb.ReleaseLedger:
+        request = pb.DepositReleaseRequest(round=round, release_id=release_id, total=ndarray_to_proto(total))
+        return self.stub("student").DepositRelease(request, timeout=10)
+
+    def record(self, round: int) -> pb.ReleaseRecordReply:
+        return self.stub("student").ReleaseRecord(pb.ReleaseRecordRequest(round=round), timeout=10)
 
     def entries(self) -> int:
         return int(self.ledger.summary()["entries"])

@@ -128,17 +128,41 @@ def test_another_optimizer_for_secagg_dpsgd_takes_its_own_step(tmp_path: Path) -
     planner's recipe."""
     from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
 
-    options = LocalOptions(mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1")
+    raw = {"projection": None}  # no public basis to compute and pin (test_the_public_basis_is_pinned)
+    options = LocalOptions(
+        mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1", mechanism_params=raw
+    )
     _, planned, _ = provision(tmp_path / "planned", options)
     assert {k: getattr(planned.mechanism, k) for k in DPSGD_RECIPE} == DPSGD_RECIPE
     assert planned.mechanism.rounds == DPSGD_ROUNDS
     for i, params in enumerate(({"optimizer": "adam"}, {"optimizer": "adam", "learning_rate": 0.1})):
-        _, config, _ = provision(tmp_path / str(i), replace(options, mechanism_params=params))
+        _, config, _ = provision(tmp_path / str(i), replace(options, mechanism_params={**raw, **params}))
         m = config.mechanism
         assert m.optimizer == "adam" and m.step_noise is None and not m.unit_variance, m
         assert m.clip == 1.0 and m.learning_rate == params.get("learning_rate", 0.3)
         assert m.rounds == planned.mechanism.rounds
         assert m.noise_multiplier == planned.mechanism.noise_multiplier
+
+
+def test_the_public_basis_is_pinned(tmp_path: Path) -> None:
+    """A secure-aggregation DP-SGD federation's public basis is computed into the parties' shared feature
+    cache while it is provisioned, and federation.yaml pins its digest — the one a party computing it afresh
+    gets (so no party trains in other coordinates)."""
+    from capc_common.federation import load_shared_backbone
+    from capc_common.federation.releases import Featuriser, federation_basis
+    from capc_common.mechanisms.basis import basis_digest
+
+    small = {"projection": {"dim": 8, "images": 20}}
+    options = LocalOptions(
+        mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1", mechanism_params=small
+    )
+    layout, config, _ = provision(tmp_path / "state", options)
+    projection = config.mechanism.projection
+    assert projection is not None and projection.sha256 is not None
+    assert FederationConfig.load(layout.federation).mechanism.projection.sha256 == projection.sha256
+    unpinned = projection.model_copy(update={"sha256": None})
+    fresh = federation_basis(unpinned, featuriser=Featuriser(load_shared_backbone(config), (28, 28, 1)))
+    assert basis_digest(fresh) == projection.sha256
 
 
 def test_mechanism_params_are_key_value_pairs_read_as_yaml() -> None:

@@ -244,6 +244,12 @@ CASES: dict[str, tuple[Callable[[Broken], None], str, str, str]] = {
         "fail",
         "nowhere.npz does not exist",
     ),
+    "data file other than the one `data.sha256` pins": (
+        lambda b: b.data["data"].update(sha256="0" * 64),
+        "dataset",
+        "fail",
+        "the copy is incomplete or another file",
+    ),
     "images of another size": (
         lambda b: b.npz(np.zeros((200, 32, 32, 3), np.uint8), _labels),
         "dataset",

@@ -1,12 +1,16 @@
-"""A release federation's teacher party charges its own ε cap before its seed or share leaves."""
+"""A release federation's teacher party charges its own ε cap before its seed or share leaves, and sends its
+seed and its share at once (the guardian waits for the seeds a release names)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from guardian_harness import tls_files
+from release_harness import ReleaseGuardianServer, ReleaseStudentServer
 from sites_harness import federation_dict
 
 from capc_common.errors import BudgetExhaustedError, UnavailableError
@@ -15,14 +19,25 @@ from capc_common.federation.releases import protocol_for
 from capc_common.privacy import SystemNoise
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_to_proto
+from capc_services.common.metrics import PartyMetrics
 from capc_services.teacher.cap import LocalCap
 from capc_services.teacher.contributor import ReleaseContributor
+from capc_services.tls import certificate_info
 
 DIM = 4
 
 
-def _contributor(pki: Path, tmp_path: Path, *, epsilon_cap: float) -> ReleaseContributor:
-    config = FederationConfig.from_dict(federation_dict(mechanism={"name": "dppl", "rho": 0.05}))
+def _contributor(
+    pki: Path,
+    tmp_path: Path,
+    *,
+    epsilon_cap: float,
+    config: FederationConfig | None = None,
+    student_address: str = "127.0.0.1:9",  # nothing listens: a call fails at once
+    guardian_address: str = "127.0.0.1:9",
+    metrics: PartyMetrics | None = None,
+) -> ReleaseContributor:
+    config = config or FederationConfig.from_dict(federation_dict(mechanism={"name": "dppl", "rho": 0.05}))
     protocol = protocol_for(config, dim=DIM)
     record = LocalCap.init(tmp_path / "cap.jsonl", config=config)
     cap = LocalCap(
@@ -33,13 +48,14 @@ def _contributor(pki: Path, tmp_path: Path, *, epsilon_cap: float) -> ReleaseCon
         config=config,
         party="hospital-a",
         tls=tls_files(pki, "hospital-a"),
-        student_address="127.0.0.1:9",  # nothing listens: a call fails at once
-        guardian_address="127.0.0.1:9",
+        student_address=student_address,
+        guardian_address=guardian_address,
         protocol=protocol,
         features=rng.normal(size=(20, DIM)).astype(np.float32),
         labels=rng.integers(0, 10, size=20),
         source=SystemNoise(),
         cap=cap,
+        metrics=metrics,
     )
 
 
@@ -89,3 +105,69 @@ def test_a_malformed_offer_costs_nothing(pki: Path, tmp_path: Path) -> None:
             contributor.contribute(item)
     assert contributor.cap.batches == 0
     contributor.close()
+
+
+def test_the_share_leaves_beside_the_seed_not_after_its_acknowledgement(pki: Path, tmp_path: Path) -> None:
+    """The guardian here takes a seed only once the party's share has reached the student: a party that
+    waited for its seed's acknowledgement before sending the share would wait for ever (the round trip
+    this saves on every release); this one sends both at once, and both arrive."""
+    (tmp_path / "guardian").mkdir()
+    guardian = ReleaseGuardianServer(pki, tmp_path / "guardian", dim=DIM)
+    student = ReleaseStudentServer(pki, guardian.config, length=guardian.protocol.length)
+    share_first: list[bool] = []
+    take = guardian.core.submit_contribution
+
+    def once_the_share_is_in(**call: Any) -> int:
+        deadline = time.monotonic() + 3
+        while not student.rounds.next_for("hospital-a", timeout=0).pending and time.monotonic() < deadline:
+            time.sleep(0.01)
+        share_first.append(student.rounds.next_for("hospital-a", timeout=0).pending)
+        return take(**call)
+
+    guardian.core.submit_contribution = once_the_share_is_in  # type: ignore[method-assign]
+    contributor = _contributor(
+        pki, tmp_path, epsilon_cap=1000.0, config=guardian.config,
+        student_address=f"127.0.0.1:{student.server.port}",
+        guardian_address=f"127.0.0.1:{guardian.server.port}",
+    )  # fmt: skip
+    try:
+        contributor.contribute(student.rounds.next_for("hospital-a", timeout=1))
+        assert share_first == [True] and contributor.contributed == 1
+    finally:
+        contributor.close()
+        student.close()
+        guardian.close()
+
+
+def test_a_seed_the_guardian_did_not_take_is_sent_again_until_the_share_deadline(
+    pki: Path, tmp_path: Path
+) -> None:
+    """The share went through, the seed did not (the guardian is unreachable): the student will not offer
+    the release again, so the party sends the same seed again until the share deadline has passed — then it
+    says so (UNAVAILABLE) and the student leaves it out."""
+    config = FederationConfig.from_dict(
+        federation_dict(
+            mechanism={"name": "dppl", "rho": 0.05},
+            quorum={"min_parties": 2, "vote_deadline_s": 5, "share_deadline_s": 1.5},
+        )
+    )
+    student = ReleaseStudentServer(pki, config, length=protocol_for(config, dim=DIM).length)
+    metrics = PartyMetrics(
+        party="hospital-a", role="teacher", config_hash=config.config_hash(),
+        certificate=certificate_info(pki / "hospital-a.crt"),
+    )  # fmt: skip
+    contributor = _contributor(
+        pki, tmp_path, epsilon_cap=5.0, config=config, student_address=f"127.0.0.1:{student.server.port}",
+        metrics=metrics,
+    )  # fmt: skip
+    try:
+        with pytest.raises(UnavailableError):
+            contributor.contribute(student.rounds.next_for("hospital-a", timeout=1))
+        assert student.rounds.next_for("hospital-a", timeout=0).pending  # the student holds the share
+        seeds = metrics.registry.get_sample_value(
+            "capc_round_trips_total", {"peer": "guardian", "call": "SubmitContribution"}
+        )
+        assert seeds is not None and seeds >= 2
+    finally:
+        contributor.close()
+        student.close()

@@ -54,6 +54,18 @@ def _site(pki: Path, tmp: Path, federation: Path, *, cap: float, lifetime: float
     return path
 
 
+def _grown(tmp: Path) -> tuple[Path, FederationConfig, FederationConfig]:
+    """Federation one (at order 10), and its config after a membership change added hospital-c."""
+    path = _federation(tmp, "one", order=10.0)
+    old = FederationConfig.load(path)
+    data = old.model_dump(mode="json")
+    data["teachers"].append({"name": "hospital-c", "heads": 2})
+    grown = FederationConfig.from_dict(
+        {**data, "history": [{"previous": old.config_hash(), "added": ["hospital-c"]}]}
+    )
+    return path, old, grown
+
+
 def _entries(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -164,13 +176,7 @@ def test_cap_records_are_counted_in_once_and_a_crash_only_over_counts(pki: Path,
 def test_a_membership_change_carries_on_and_earlier_lines_move_only_to_lower_orders(
     pki: Path, tmp_path: Path
 ) -> None:
-    path = _federation(tmp_path, "one", order=10.0)
-    old = FederationConfig.load(path)
-    data = old.model_dump(mode="json")
-    data["teachers"].append({"name": "hospital-c", "heads": 2})
-    grown = FederationConfig.from_dict(
-        {**data, "history": [{"previous": old.config_hash(), "added": ["hospital-c"]}]}
-    )
+    _, old, grown = _grown(tmp_path)
     LocalCap.init(tmp_path / "one-cap.jsonl", config=old, order=10.0)
     with LocalCap(tmp_path / "one-cap.jsonl", config=old, epsilon_cap=60.0) as cap:
         cap.charge(batch_id="q0", attempt=1, count=32)
@@ -306,3 +312,45 @@ def test_a_charge_waits_while_another_process_holds_the_ledger(pki: Path, tmp_pa
     charging.join(timeout=30)
     assert not charging.is_alive() and _entries(ledger)[-1]["batch_id"] == "q0"
     cap.close()
+
+
+def test_lines_counted_in_after_a_membership_change_are_counted_once(pki: Path, tmp_path: Path) -> None:
+    """The ledger joined a federation under its first config; a line its cap record wrote while the site file
+    had no ``lifetime:`` is counted in at the first start after a membership change. That count belongs to
+    the federation already joined (by any of its hashes), so a second start counts nothing again."""
+    _, old, grown = _grown(tmp_path)
+    record = LocalCap.init(tmp_path / "one-cap.jsonl", config=old, order=10.0)
+    ledger = SiteLedger.init(tmp_path / "ledger.jsonl", epsilon=200.0, delta=1e-5, order=5.0)
+    with LocalCap(record, config=old, epsilon_cap=60.0) as cap:
+        cap.lifetime = SiteLedger(ledger, epsilon=200.0).join(config=old, cap=cap)
+        cap.charge(batch_id="q0", attempt=1, count=32)
+    with LocalCap(record, config=old, epsilon_cap=60.0) as bare:  # the ledger never sees this one
+        bare.charge(batch_id="q32", attempt=1, count=32)
+        per_line = bare.lines[-1].rdp  # recorded at order 10: carried over to 5 as it is
+    for _ in range(2):  # two starts under the new config, nothing charged in between
+        with LocalCap(record, config=grown, epsilon_cap=60.0) as cap:
+            SiteLedger(ledger, epsilon=200.0).join(config=grown, cap=cap)
+    kinds = [e["kind"] for e in _entries(ledger)]
+    assert kinds.count("adopt") == 1, kinds
+    report = SiteLedger(ledger, epsilon=200.0, writable=False).report()
+    assert [f["name"] for f in report["federations"]] == ["one"]
+    expected = exposure_of(old).rdp(32, 5.0) + per_line
+    assert report["total"]["spent_rdp"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_preflight_reports_earlier_lines_the_ledger_order_cannot_take(pki: Path, tmp_path: Path) -> None:
+    """Lines of an earlier membership config recorded at order 10 cannot be carried to a ledger at order 12:
+    the teacher refuses to join, and preflight's lifetime check fails saying why (it once raised out of
+    the whole preflight, so none of the other checks was reported)."""
+    from capc_services.teacher.preflight.budget import lifetime_check
+
+    path, old, grown = _grown(tmp_path)
+    LocalCap.init(tmp_path / "one-cap.jsonl", config=old, order=10.0)
+    with LocalCap(tmp_path / "one-cap.jsonl", config=old, epsilon_cap=60.0) as cap:
+        cap.charge(batch_id="q0", attempt=1, count=32)
+    grown.save(path)
+    SiteLedger.init(tmp_path / "site-ledger.jsonl", epsilon=200.0, delta=1e-5, order=12.0)
+    settings = TeacherSettings.load(_site(pki, tmp_path, path, cap=60.0, lifetime=200.0))
+    check = lifetime_check(settings, grown, exposure_of(grown))
+    assert check.status == "fail" and "bounds nothing at the higher order 12" in check.detail
+    assert "lifetime.order" in check.fix

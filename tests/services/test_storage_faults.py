@@ -92,7 +92,7 @@ def test_the_release_student_waits_out_a_full_ledger_volume(pki: Path, volume: V
         config=guardian.config,
         tls=tls_files(pki, "student"),
         address=f"127.0.0.1:{guardian.server.port}",
-        length=6,
+        length=guardian.protocol.length,
     )
     try:
         rng = np.random.default_rng(0)
@@ -104,7 +104,7 @@ def test_the_release_student_waits_out_a_full_ledger_volume(pki: Path, volume: V
             guardian.stub(party).SubmitContribution(request, timeout=10)
         volume.fill()
         progress, stop, got = ReleaseProgress(state="releasing"), threading.Event(), []
-        attempt = partial(client.release, "r0", ["hospital-a", "hospital-b"])
+        attempt = partial(client.release, "r0", 0, ["hospital-a", "hospital-b"])
         waiter = threading.Thread(
             target=lambda: got.append(_waiting_out(attempt, what="release 1", progress=progress, stop=stop))
         )
@@ -112,15 +112,18 @@ def test_the_release_student_waits_out_a_full_ledger_volume(pki: Path, volume: V
         deadline = time.monotonic() + 30
         while not progress.error and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert progress.state == "waiting: release 1" and str(volume.path) in progress.error, progress
+        assert progress.state == "waiting for storage" and str(volume.path) in progress.error, progress
+        assert progress.error.startswith("release 1: ")
         assert (
             guardian.entries() == 0 and guardian.core.budget()["entries"] == 0
         )  # nothing charged, reads go on
         volume.drain()
         waiter.join(timeout=60)
-        assert got and got[0][0].shape == (guardian.protocol.length,)
+        assert got and got[0].masked.shape == (guardian.protocol.length,) and not got[0].replayed
         assert progress.state == "releasing" and progress.error == ""
         assert guardian.entries() == 3 and guardian.ledger.verify().ok  # reserve, compute, settle: once
+        assert client.release("r0", 0, ["hospital-a", "hospital-b"]).replayed  # and never again
+        assert guardian.entries() == 3
     finally:
         stop.set()
         client.close()

@@ -10,6 +10,7 @@ from typing import Any
 from capc_common.aggregation import party_noise
 from capc_common.errors import IntegrityError
 from capc_common.federation import ReleaseMember
+from capc_common.memory import keep_freed_memory
 from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_common.wire import rpc
 from capc_services.common.limits import MessageLimits
@@ -70,6 +71,7 @@ def _core(
             config=config, ledger=ledger, noise=noise, protocol=protocol, metrics=party.metrics
         )
         return core, ReleaseGuardianServicer(core), RELEASE_POLICY
+    keep_freed_memory()  # the garbler's label arrays, every batch (before the gRPC threads start)
     guardian = Guardian(config=config, ledger=ledger, noise=noise, metrics=party.metrics, force=force)
     return guardian, GuardianServicer(guardian), POLICY
 

@@ -499,6 +499,7 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
     refuse_before_spending(config, options)
     existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
     try:
+        config = pin_basis(config, layout.root / "feature-cache")
         endpoints = _write_federation(layout, config, options, runnable.protocol)
         _load_sites(layout, config)
         layout.options.write_text(json.dumps(options_record(options), indent=2))
@@ -558,6 +559,30 @@ def _gets_past(options: LocalOptions, change: Change) -> bool:
     except InputError:
         return False
     return not pre_spend_refusals(SpendPlan.declared(config))
+
+
+def pin_basis(config: FederationConfig, cache: Path) -> FederationConfig:
+    """``config`` with its public basis pinned by digest (secure-aggregation DP-SGD with a projection that
+    pins none; any other config as it is): the basis is computed here into the parties' shared feature
+    ``cache``, where every party then reads it, and a party that computes another one refuses to train in
+    other coordinates."""
+    from capc_common.federation import SecAggDPSGDMechanism, load_shared_backbone
+    from capc_common.federation.releases import Featuriser, federation_basis
+    from capc_common.mechanisms.basis import basis_digest
+    from capc_common.models.cache import FeatureCache
+
+    mechanism = config.mechanism
+    if not isinstance(mechanism, SecAggDPSGDMechanism) or mechanism.projection is None:
+        return config
+    if mechanism.projection.sha256 is not None:
+        return config
+    q = config.queries
+    shape = (q.height, q.width, q.channels)
+    featuriser = Featuriser(load_shared_backbone(config), shape, FeatureCache(cache))
+    digest = basis_digest(federation_basis(mechanism.projection, featuriser=featuriser))
+    data = config.model_dump(mode="json", exclude_unset=True)
+    data["mechanism"]["projection"] = {**mechanism.projection.model_dump(mode="json"), "sha256": digest}
+    return FederationConfig.from_dict(data, source="local federation options")
 
 
 def _load_sites(layout: Layout, config: FederationConfig) -> None:

@@ -13,6 +13,7 @@ from fastapi import APIRouter, HTTPException
 from capc_common.aggregation import party_noise
 from capc_common.errors import CapcError
 from capc_common.federation import ReleaseMember
+from capc_common.memory import keep_freed_memory
 from capc_common.wire import rpc
 from capc_services.common.admin import api_router, problem_response
 from capc_services.common.limits import MessageLimits
@@ -115,6 +116,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> Failure | None:
     party = PartyRuntime(settings, role="student")
     if releases:
         return run_release_student(settings, party, stop=stop, noise=noise_label(party.config))
+    keep_freed_memory()  # the evaluator's label arrays, every batch (before the gRPC threads start)
     store = LabelStore(
         settings.store, config_hash=party.config_hash, continues=party.config.previous_hashes.keys()
     )

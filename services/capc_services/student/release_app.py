@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 from fastapi import APIRouter
 
+from capc_common.aggregation import party_noise
 from capc_common.errors import CapcError
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, rpc
@@ -177,7 +178,8 @@ def run_release_student(
                 journal=ReleaseJournal(
                     settings.store.parent, config_hash=party.config_hash, length=protocol.length
                 ),
-                order=config.budget.order,
+                # the student's part of every release's noise, from its own CSPRNG
+                noise=party_noise("student", seed=config.mechanism.insecure_noise_seed),
                 progress=progress,
                 stop=stop,
             )

@@ -175,7 +175,13 @@ def serve_releases(
     images, labels, name = party_examples(settings)
     check_labels(np.asarray(labels), classes=config.classes, name=name)
     check_records(config, len(labels))
+    if settings.feature_cache is None:
+        # Alone on its machine (a hospital's container) the party computes the public basis itself: before
+        # its records' features are held, not beside them (secure-aggregation DP-SGD: 1.4 GB peak against
+        # 1.1 GB, 20,000 records). Parties sharing a cache read it when they first need it.
+        protocol.precompute()
     features = record_features(settings, party.backbone, images)
+    del images
     _log.info("features ready", extra={"records": len(labels), "data": name})
     contributor = ReleaseContributor(
         config=config,
@@ -190,6 +196,9 @@ def serve_releases(
         cap=cap,
         metrics=party.metrics,
     )
+    # The contributor keeps the records on the public basis (a quarter of their raw features' memory, for
+    # secure-aggregation DP-SGD); the raw features are not used again.
+    del features
     api = api_router()
     api.get("/status", tags=["teacher"])(contributor.status)
     party.start_admin(

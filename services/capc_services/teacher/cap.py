@@ -55,11 +55,13 @@ class ChargedElsewhere(Protocol):
 
 @dataclass(frozen=True)
 class CapLine:
-    """One charge line of the record: the config it was written under, its queries and its RDP."""
+    """One charge line of the record: the config it was written under, its queries, its RDP and the batch (or
+    release) it charged."""
 
     config_hash: str
     count: int
     rdp: float
+    batch_id: str = ""
 
 
 class LocalCap:
@@ -182,7 +184,12 @@ class LocalCap:
                     )
                 if entry.get("kind") == "init":
                     continue
-                charged = CapLine(str(entry["config_hash"]), int(entry["count"]), float(entry["rdp"]))
+                charged = CapLine(
+                    str(entry["config_hash"]),
+                    int(entry["count"]),
+                    float(entry["rdp"]),
+                    str(entry.get("batch_id", "")),
+                )
                 self._filter.charges.append(charged.rdp)  # admitted when it was written
                 self.lines.append(charged)
                 self.queries += charged.count
@@ -196,6 +203,13 @@ class LocalCap:
     def epsilon(self) -> float:
         """Worst-case ε spent so far (0 before any batch)."""
         return self._filter.epsilon_spent if self._filter.charges else 0.0
+
+    @property
+    def answered(self) -> int:
+        """How many distinct batches (or releases) of the federation's stream this record charged: a batch
+        collected again after a quorum abort is charged again but answered once. The stream is handed out
+        in order, so what is left of the plan is at most its charges after this many."""
+        return len({line.batch_id for line in self.lines})
 
     @property
     def rdp(self) -> float:
@@ -249,7 +263,7 @@ class LocalCap:
             self._lines += 1
             self.batches += 1
             self.queries += count
-            self.lines.append(CapLine(self._hash, count, rdp))
+            self.lines.append(CapLine(self._hash, count, rdp, batch_id))
             return self.epsilon
 
 

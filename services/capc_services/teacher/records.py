@@ -4,9 +4,11 @@ site ledger across federations (:class:`~capc_services.teacher.site_ledger.SiteL
 
 from __future__ import annotations
 
+import math
+
 from capc_common.errors import InputError
 from capc_common.federation import Exposure, FederationConfig, cap_order
-from capc_common.privacy.analysis import DEFAULT_ORDERS, lifetime_order
+from capc_common.privacy.analysis import DEFAULT_ORDERS, epsilon_holding, lifetime_order
 from capc_services.teacher.cap import LocalCap
 from capc_services.teacher.settings import LifetimeSettings, TeacherSettings
 from capc_services.teacher.site_ledger import SiteLedger
@@ -61,19 +63,52 @@ def new_ledger_order(
     return lifetime_order(plan, orders=DEFAULT_ORDERS, epsilon=life.epsilon, delta=delta), delta
 
 
-def declared_cap_refusal(settings: TeacherSettings, config: FederationConfig) -> str | None:
+def declared_cap_refusal(
+    settings: TeacherSettings,
+    config: FederationConfig,
+    *,
+    exposure: Exposure | None = None,
+    order: float | None = None,
+) -> str | None:
     """Why this site's cap contradicts the cap ``federation.yaml`` declares for it (None: it does not).
 
-    The guardian refuses a federation whose declared caps cannot cover its plan before the first charge;
-    that check holds only if each party's cap is at least what it declared.
+    The guardian refuses a federation whose declared caps cannot cover its plan before the first charge,
+    measuring each declared cap as a new cap record charges it (:func:`~capc_common.federation.cap_order`);
+    that check holds only if each party's cap is at least what it declared and, given ``exposure`` and the
+    ``order`` its cap record charges at, covers at least as much of the plan there (a record created before
+    records named their order charges at the federation's, where the same ε covers less).
     """
     declared = config.teacher(settings.party).cap
-    if declared is None or settings.cap.epsilon >= declared:
+    own = settings.cap.epsilon
+    if declared is None:
         return None
+    if own < declared:
+        return (
+            f"federation.yaml declares {settings.party}'s cap as ε {declared:g} (the guardian counts on it "
+            f"to cover the plan), but this site file's cap.epsilon is {own:g}; raise cap.epsilon to "
+            f"{declared:g}, or ask the coordinator to declare {own:g} (teachers[].cap)"
+        )
+    if exposure is None or order is None:
+        return None
+    delta, planned = config.budget.delta, len(exposure.plan)
+    new_order = cap_order(exposure, delta=delta)
+    try:
+        promised = exposure.admitted(epsilon=declared, delta=delta, order=new_order)
+    except InputError:  # no RDP at that order meets the declaration: it promises no charge
+        return None
+    covers = exposure.admitted(epsilon=own, delta=delta, order=order)
+    if covers >= promised:
+        return None
+    needed = epsilon_holding(
+        math.fsum(exposure.rdp(count, order) for count in exposure.plan[:promised]), delta=delta, order=order
+    )
     return (
-        f"federation.yaml declares {settings.party}'s cap as ε {declared:g} (the guardian counts on it to "
-        f"cover the plan), but this site file's cap.epsilon is {settings.cap.epsilon:g}; raise cap.epsilon "
-        f"to {declared:g}, or ask the coordinator to declare {settings.cap.epsilon:g} (teachers[].cap)"
+        f"federation.yaml declares {settings.party}'s cap as ε {declared:g}, which covers {promised} of the "
+        f"{planned} {exposure.kind} at the order a new cap record charges at ({new_order:g}), and the "
+        f"guardian counts on it; this site's cap record charges at order {order:g} (fixed when it was "
+        f"created), where cap.epsilon {own:g} covers {covers} of the {planned} {exposure.kind}: raise "
+        f"cap.epsilon to {needed:g}, or ask the coordinator to lower {settings.party}'s teachers[].cap (the "
+        "guardian then counts this party as stopping part-way)"
     )
 
 
@@ -82,7 +117,8 @@ def open_records(settings: TeacherSettings, config: FederationConfig, exposure: 
     lifetime budget: the cap's charges are charged there too (:attr:`LocalCap.lifetime`).
 
     Raises:
-        InputError: the site's cap is below the one ``federation.yaml`` declares for it.
+        InputError: the site's cap is below the one ``federation.yaml`` declares for it, or covers less of
+            the plan at its record's order (:func:`declared_cap_refusal`).
         IntegrityError: a record is missing or corrupt.
         UnavailableError: another process holds the cap record.
         BudgetExhaustedError: the federation's plan does not fit the hospital's lifetime budget.
@@ -92,6 +128,9 @@ def open_records(settings: TeacherSettings, config: FederationConfig, exposure: 
         raise InputError(contradiction)
     cap = LocalCap(settings.cap.record, config=config, epsilon_cap=settings.cap.epsilon, exposure=exposure)
     try:
+        contradiction = declared_cap_refusal(settings, config, exposure=exposure, order=cap.order)
+        if contradiction is not None:
+            raise InputError(contradiction)
         life = settings.lifetime
         if life is not None:
             ledger = SiteLedger(life.ledger, epsilon=life.epsilon, delta=life.delta, order=life.order)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capc_services.common.settings import SiteSettings
 
@@ -52,6 +52,9 @@ class DataSettings(BaseModel):
             (a real site uses ``shards: 1``).
         seed: seed of the split's hash.
         fraction: keep about this share of the site's examples (each kept or not by its own hash).
+        sha256: the SHA-256 of the dataset's file (``sha256sum FILE`` where it was made): the party refuses
+            any other file, e.g. a copy cut short (:mod:`capc_common.data.checksum`). Only for a dataset that
+            is one ``.npz`` file.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -60,6 +63,25 @@ class DataSettings(BaseModel):
     shards: int = Field(default=1, ge=1)
     seed: int = Field(default=0, ge=0, lt=2**64)
     fraction: float = Field(default=1.0, gt=0, le=1)
+    sha256: str | None = Field(default=None, pattern="^[0-9a-f]{64}$")
+
+    @field_validator("sha256", mode="before")
+    @classmethod
+    def _lower_case(cls, value: Any) -> Any:
+        """``sha256sum`` prints lower case; other tools print upper case: the same digest."""
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_file(self) -> DataSettings:
+        """A checksum pins one file: refuse it for a dataset that is not one."""
+        from capc_common.data.checksum import dataset_file
+
+        if self.sha256 is not None and dataset_file(self.dataset) is None:
+            raise ValueError(
+                f"data.sha256 pins one file, but dataset {self.dataset!r} is not a .npz file (npz:PATH or "
+                "PATH.npz); turn an image folder into one with `capc data import`, or drop data.sha256"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

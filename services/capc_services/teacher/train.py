@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from capc_common.data import load_dataset, partition, site_part
+from capc_common.data.checksum import dataset_file, verify_file
 from capc_common.errors import InputError
 from capc_common.federation import load_shared_backbone, mechanism_of
 from capc_common.federation.site_data import class_name_problem, dataset_findings, label_problem, refuse
@@ -60,6 +61,7 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
     Raises:
         InputError: no ``data:`` section, a shard outside ``[0, shards)``, or class names other than the
             federation's (:func:`~capc_common.federation.site_data.class_name_problem`).
+        IntegrityError: the dataset's file is not the one ``data.sha256`` pins.
     """
     data = settings.data
     if data is None:
@@ -70,6 +72,9 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
     if not 0 <= data.shard < data.shards:
         raise InputError(f"data.shard {data.shard} is outside [0, {data.shards})")
     try:
+        file = dataset_file(data.dataset)
+        if data.sha256 is not None and file is not None:  # DataSettings pins a checksum to one file only
+            verify_file(file, data.sha256)
         dataset = load_dataset(data.dataset, split="train")
     except InputError as exc:
         raise InputError(f"{exc}{_mount_hint(data.dataset)}") from None

@@ -299,6 +299,10 @@ def _verify_text(r: dict[str, Any]) -> str:
             f"{t['reserved_rdp']:.6g}, {t['batches']} batches, {t['queries']} queries, {t['answered']} "
             "answered"
         )
+    if "releases_planned" in t:
+        lines.append(
+            f"  releases: {t['releases']} of the plan's {t['releases_planned']}, each round charged once"
+        )
     said = {None: "authorisation not checked: give --admin-token-file", True: "authorised by the admin token",
             False: "NOT authorised by this admin token"}  # fmt: skip
     lines += [

@@ -260,3 +260,52 @@ def import_command(
         fmt,
         _import_text,
     )
+
+
+@command.command("verify")
+@click.option(
+    "--site",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The teacher's site file: its data.dataset (one .npz) and data.sha256.",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Wait until the file is there and its SHA-256 matches (while it is copied in, e.g. by `kubectl cp` "
+    "into a volume) instead of checking once.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="With --wait: give up after this many seconds (exit 4) [default: wait on].",
+)
+def verify(site: Path, wait: bool, timeout: float | None) -> None:
+    """Check a site's data file against the SHA-256 its site file pins (data.sha256).
+
+    Exit 0 when it matches, 2 when the site pins no checksum or the file is missing, 5 when the file differs
+    (a copy cut short, another file). The Kubernetes teacher runs it with --wait before it starts, so its
+    volume is loaded by copying the file in (docs/operations.md, "Load a hospital's data").
+    """
+    from capc_common.data.checksum import await_file, dataset_file, verify_file
+    from capc_common.errors import InputError
+    from capc_services.teacher.settings import TeacherSettings
+
+    settings = TeacherSettings.load(site)
+    data = settings.data
+    if data is None or data.sha256 is None:
+        dataset = "/data/site.npz" if data is None else data.dataset
+        raise InputError(
+            f"site file {site} pins no data.sha256, so a copy of the site's data cannot be checked; add "
+            f"it to the data section (`data: {{dataset: {dataset}, sha256: …}}`, the SHA-256 that "
+            "`sha256sum FILE` prints where the file was made)"
+        )
+    path = dataset_file(data.dataset)
+    if path is None:  # the site settings allow a checksum only for one file
+        raise InputError(f"site file {site}: data.dataset {data.dataset!r} is not one file")
+    if wait:
+        await_file(path, data.sha256, timeout=timeout, say=lambda line: click.echo(line, err=True))
+    else:
+        verify_file(path, data.sha256)
+    click.echo(f"ok: {path} has the SHA-256 the site file pins ({data.sha256})")

@@ -41,6 +41,7 @@ class CapCover:
         epsilon: that at the federation's δ (improved conversion).
         cap: ``epsilon`` rounded up to a plain figure whose budget still holds ``rdp``: a site's
             ``cap.epsilon`` at least this covers the federation.
+        kind: what the charges are (``batches`` or ``releases``), for messages.
     """
 
     plan_batches: int
@@ -49,6 +50,7 @@ class CapCover:
     rdp: float
     epsilon: float
     cap: float
+    kind: str
 
 
 def cap_order(exposure: Exposure, *, delta: float) -> float:
@@ -73,6 +75,7 @@ def cap_cover(exposure: Exposure, *, delta: float, order: float | None = None) -
         rdp=worst,
         epsilon=max(0.0, float(epsilon_at_order(lam, worst, delta=delta))),
         cap=epsilon_holding(worst, delta=delta, order=lam),
+        kind=exposure.kind,
     )
 
 
@@ -84,8 +87,13 @@ def why_above(cover: CapCover, *, federation_epsilon: float) -> str:
     head = (
         f"covering this federation takes a cap of ε {cover.cap:g} (at the cap record's order {cover.order:g})"
     )
-    if cover.cap <= federation_epsilon:
+    if cover.cap <= federation_epsilon and cover.kind == "releases":
         return f"{head}, within its limit ε {federation_epsilon:g}: every release it plans is charged alike"
+    if cover.cap <= federation_epsilon:
+        return (
+            f"{head}, within its limit ε {federation_epsilon:g}: its {cover.admissible_batches} planned "
+            f"{cover.kind} cost that much even if every query of them were answered"
+        )
     return (
         f"{head}, above its limit ε {federation_epsilon:g}: the cap charges every query this hospital votes "
         "on as if it were answered, since it never sees which were, while the federation's ledger charges "

@@ -70,9 +70,11 @@ class Exposure:
         lam = as_orders(orders).ravel()
         return np.sum([self.cost(c, lam) for c in self.plan[:charges]] or [np.zeros_like(lam)], axis=0)
 
-    def admitted(self, *, epsilon: float, delta: float, order: float, spent_rdp: float = 0.0) -> int:
-        """How many of the plan's charges a Rényi filter of (ε, δ) at ``order`` admits after ``spent_rdp``
-        (what a cap record admits: the same arithmetic, charge by charge).
+    def admitted(
+        self, *, epsilon: float, delta: float, order: float, spent_rdp: float = 0.0, answered: int = 0
+    ) -> int:
+        """How many of the plan's charges after its first ``answered`` a Rényi filter of (ε, δ) at ``order``
+        admits after ``spent_rdp`` (what a cap record admits: the same arithmetic, charge by charge).
 
         Raises:
             InputError: (ε, δ) cannot be met at ``order``.
@@ -83,13 +85,14 @@ class Exposure:
         # batches took 90 s per cap, and the guardian checks every declared cap before it serves).
         total = Fraction(spent_rdp) if spent_rdp > 0 else Fraction(0)
         cost: dict[int, Fraction] = {}  # a plan's charges come in a few sizes
-        for admitted, count in enumerate(self.plan):
+        rest = self.plan[answered:]
+        for admitted, count in enumerate(rest):
             if count not in cost:
                 cost[count] = Fraction(self.rdp(count, order))
             total += cost[count]
             if float(total) > budget:
                 return admitted
-        return len(self.plan)
+        return len(rest)
 
     def planned_rdp(self, *, cap_epsilon: float, cap_order: float, delta: float, order: float) -> float:
         """Worst-case RDP at ``order`` of every charge of the plan that a cap of ``cap_epsilon`` (at δ and

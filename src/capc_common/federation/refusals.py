@@ -311,8 +311,9 @@ def uncovered_caps(plan: SpendPlan) -> Refusal | None:
     than the quorum can answer all of it: the federation would spend privacy on a plan it cannot finish.
 
     A declared cap is measured as a new cap record charges it, at :func:`~capc_common.federation.cap_order`
-    (a record created before records named their order charges at the federation's, and covers less: its
-    preflight says so); a party that declared none is counted as covering. A release federation's releases
+    (a record created before records named their order charges at the federation's, where the same ε
+    covers less: its teacher refuses to start unless its cap covers there as much as its declaration does
+    here); a party that declared none is counted as covering. A release federation's releases
     all fit its ε by construction, and its parties' caps are checked by each party.
     """
     config = plan.config
@@ -321,9 +322,14 @@ def uncovered_caps(plan: SpendPlan) -> Refusal | None:
         return None
     exposure, delta, epsilon = exposure_of(config), config.budget.delta, config.budget.epsilon
     order, planned = cap_order(exposure, delta=delta), len(exposure.plan)
-    covered = {
-        name: exposure.admitted(epsilon=cap, delta=delta, order=order) for name, cap in declared.items()
-    }
+
+    def covers(cap: float) -> int:
+        try:
+            return exposure.admitted(epsilon=cap, delta=delta, order=order)
+        except InputError:  # no RDP at this order meets the cap: it admits no charge at all
+            return 0
+
+    covered = {name: covers(cap) for name, cap in declared.items()}
     short = {name: count for name, count in covered.items() if count < planned}
     answering, quorum = len(config.teachers) - len(short), config.quorum.min_parties
     if answering >= quorum:

@@ -243,11 +243,13 @@ class LifetimeAccount:
             own.closed = False
         elif kind in ("adopt", "charge"):
             spend = self.federation(str(entry["config_hash"]))
-            if spend is None and kind == "adopt":  # a cap record counted in before its federation joined
-                spend = FederationSpend(
-                    name=str(entry["federation"]), hashes={str(h) for h in entry["hashes"]}
-                )
-                self.federations.append(spend)
+            if kind == "adopt":  # counted in at a join: the federation it continues, by any of its hashes
+                hashes = {str(h) for h in entry["hashes"]}
+                spend = self.joined(hashes)
+                if spend is None:  # a cap record counted in before its federation joined
+                    spend = FederationSpend(name=str(entry["federation"]), hashes=hashes)
+                    self.federations.append(spend)
+                spend.hashes |= hashes
             if spend is None:
                 raise ValueError(f"a charge of config {str(entry['config_hash'])[:16]} before its join")
             spend.charges.append(non_negative("rdp", entry["rdp"]))

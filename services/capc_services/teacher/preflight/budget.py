@@ -3,6 +3,7 @@ lifetime budget across federations. Both are read, never written (a teacher may 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from capc_common.errors import CapcError, InputError
@@ -48,7 +49,6 @@ def cap_check(
     from capc_services.teacher.cap import LocalCap
 
     cap_eps = settings.cap.epsilon
-    contradiction = declared_cap_refusal(settings, config)
     try:
         # A read-only view: this check runs beside a serving teacher, which holds the record's lock.
         cap = LocalCap(
@@ -68,11 +68,19 @@ def cap_check(
             fix="create the record once with `capc teacher init-cap` (a new site), restore it from backup, "
             "or give this federation its own cap.record",
         )
+    contradiction = declared_cap_refusal(settings, config, exposure=exposure, order=cap.order)
     delta, federation_eps = config.budget.delta, config.budget.epsilon
     cover = cap_cover(exposure, delta=delta, order=cap.order)
-    fits = exposure.admitted(epsilon=cap_eps, delta=delta, order=cap.order, spent_rdp=cap.rdp)
     planned = len(exposure.plan)
-    needed = epsilon_holding(cap.rdp + cover.rdp, delta=delta, order=cap.order)
+    # What is left of the plan: its charges after as many as this record answered (spent covers those, and
+    # any batch charged again); not the whole plan again on top of what was spent.
+    answered = min(cap.answered, planned)
+    left = planned - answered
+    fits = exposure.admitted(
+        epsilon=cap_eps, delta=delta, order=cap.order, spent_rdp=cap.rdp, answered=answered
+    )
+    rest = math.fsum(exposure.rdp(count, cap.order) for count in exposure.plan[answered:])
+    needed = epsilon_holding(cap.rdp + rest, delta=delta, order=cap.order)
     what = exposure.kind
     data = {
         "epsilon_cap": cap_eps,
@@ -83,6 +91,7 @@ def cap_check(
         "epsilon_covering": cover.cap,
         "plan_epsilon_worst_case": needed,
         "batches_within_cap": fits,
+        "batches_answered": answered,
         "federation_epsilon": federation_eps,
     }
     plan = (
@@ -91,14 +100,19 @@ def cap_check(
         if planned < exposure.stream
         else f"the federation's {exposure.stream} planned {what} all fit its limit ε {federation_eps:g}"
     )
+    worst = (
+        f"the worst case of what it spent and of the {left} it has not answered costs"
+        if answered
+        else "their worst case costs"
+    )
     head = (
         f"cap ε {cap_eps:g} at order {cap.order:g} (spent {cap.epsilon:.3g} on {cap.batches} {what}); "
-        f"{plan}, and their worst case costs at most ε {needed:g} against this cap"
+        f"{plan}, and {worst} at most ε {needed:g} against this cap"
     )
     why = why_above(cover, federation_epsilon=federation_eps)
-    if fits == planned and contradiction is None:
+    if fits == left and contradiction is None:
         return Check.ok("local_cap", f"{head}: fits; {why}", **data)
-    if fits == planned:
+    if fits == left:
         return Check.fail("local_cap", f"{head}: fits, but {contradiction}", fix="raise cap.epsilon", **data)
     raise_it = f"raise cap.epsilon to {needed:g} if your organisation accepts it"
     if contradiction is not None:
@@ -112,7 +126,8 @@ def cap_check(
             **data,
         )
     stops = (
-        f"{head}: the cap stops this party after {fits} of those {planned} {what} (then it refuses; the "
+        f"{head}: the cap stops this party after {fits} of those {left if answered else planned} {what} "
+        f"{'it has not answered ' if answered else ''}(then it refuses; the "
         "federation goes on without it if its quorum allows, having spent privacy on a plan it cannot "
         f"finish with this hospital); {why}"
     )
@@ -158,7 +173,16 @@ def lifetime_check(settings: TeacherSettings, config: FederationConfig, exposure
             "restore them from backup, or fix lifetime: in the site file",
         )
     account, limit = ledger.account, ledger.site_limit
-    plan = ledger.assess(config=config, cap=cap)
+    try:
+        plan = ledger.assess(config=config, cap=cap)
+    except InputError as exc:  # lines of an earlier membership config the ledger's order cannot take
+        return Check.fail(
+            "lifetime",
+            str(exc),
+            fix="the site ledger's order is fixed when it is created, and a cap record's lines of an earlier "
+            "membership config move only to a lower order: a ledger that counts them in needs "
+            "lifetime.order at most the record's order, set before the ledger is created",
+        )
     sampler = delta_with_sampler_distance(
         epsilon=max(limit, account.guarantee), draws=1, distance=plan.sampler_tv
     )

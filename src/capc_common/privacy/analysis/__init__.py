@@ -29,6 +29,12 @@ from capc_common.privacy.analysis.discrete_gaussian import (
     discrete_gaussian_variance,
     gaussian_delta,
 )
+from capc_common.privacy.analysis.distributed import (
+    distributed_tau,
+    rdp_distributed_discrete_gaussian,
+    share_sigma,
+    zcdp_distributed,
+)
 from capc_common.privacy.analysis.orders import DEFAULT_ORDERS, as_orders
 from capc_common.privacy.analysis.pate import (
     log_pass_probability,
@@ -49,6 +55,7 @@ __all__ = [
     "discrete_gaussian_log_sf",
     "discrete_gaussian_log_sf_difference",
     "discrete_gaussian_variance",
+    "distributed_tau",
     "epsilon_at_order",
     "epsilon_from_rdp",
     "epsilon_from_zcdp",
@@ -61,6 +68,7 @@ __all__ = [
     "rdp_bernoulli",
     "rdp_budget_at_order",
     "rdp_budget_curve",
+    "rdp_distributed_discrete_gaussian",
     "rdp_gaussian",
     "rdp_gnmax_data_dependent",
     "rdp_gnmax_data_independent",
@@ -73,4 +81,6 @@ __all__ = [
     "rdp_threshold_data_dependent",
     "rdp_threshold_gaussian",
     "rdp_zcdp",
+    "share_sigma",
+    "zcdp_distributed",
 ]
