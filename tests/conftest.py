@@ -17,7 +17,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 #: The longest modules, longest first (a worker's seconds in each, measured in `make test` on 2026-12-03:
-#: 223, 131, 106, 73, 62, 62, 61, 59, 39, 34, 34; test_links.py about 110 alone, 2026-12-05), started first so
+#: 223, 131, 106, 73, 62, 62, 61, 59, 39, 34, 34; alone with -n 0 on 2026-12-05, under load: test_restarts.py
+#: 160, test_links.py 80, once a guardian's and a teacher's start no longer took minutes), started first so
 #: that the two workers finish together instead of one running a long module alone at the end
 #: (longest-processing-time-first scheduling).
 LONGEST = (

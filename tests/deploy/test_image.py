@@ -26,7 +26,9 @@ def host_site(root: Path, *, owner: int) -> Path:
     (capc / "federation.yaml").write_bytes(FEDERATION.read_bytes())
     site = yaml.safe_load((REPO / "deploy" / "compose" / "sites" / "hospital-a.yaml").read_text())
     site.update(federation="/etc/capc/federation.yaml", data={"dataset": "/data/hospital-a.npz"})
-    site["admin"]["allow_remote"] = True
+    # As docs/operations.md's site file: in a container the admin API listens on all interfaces, which a
+    # party accepts only over HTTPS with its own certificate (``allow_remote`` and ``tls`` together).
+    site["admin"].update(allow_remote=True, tls=True)
     (capc / "hospital-a.yaml").write_text(yaml.safe_dump(site))
     (capc / "certs" / "ca.crt").write_text("placeholder")
     for path in (capc, capc / "certs", *capc.rglob("*")):

@@ -10,6 +10,7 @@ Namespaces need root; where the lab cannot make them it runs the parties on loop
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -28,6 +29,9 @@ from _faults import VOLUME_BYTES, FaultCampaign
 from chaos import campaign_options  # the chaos benchmark's federation
 
 pytestmark = pytest.mark.slow
+#: Batches each row measures at least: few enough to be quick, enough that a batch cut off at either end of
+#: the window moves a per-batch figure by a third at most.
+BATCHES = 6
 Require = Callable[[bool, str], None]
 
 
@@ -53,27 +57,43 @@ def fed(tmp_path_factory: pytest.TempPathFactory, require: Require) -> Iterator[
 
 
 def test_the_wan_benchmarks_short_version(fed: LabFederation) -> None:
-    """Labels per second and the counted round trips of a batch, on loopback and at 80 ms / 100 Mbit/s."""
+    """Labels per second and the counted round trips of a batch, on loopback and at 80 ms / 100 Mbit/s: the
+    rows' figures well formed and consistent with what the parties counted (speed targets are the benchmark's
+    to report, not this test's to assert)."""
     assert fed.lab is not None and (fed.lab.mode == "namespaces" or fed.lab.note)
-    loopback = wan.measure_selection(fed, rtt_ms=0.0, mbit=None, window=2.0, min_batches=3)
-    far = wan.measure_selection(fed, rtt_ms=80.0, mbit=100.0, window=2.0, min_batches=3)
+    loopback = wan.measure_selection(fed, rtt_ms=0.0, mbit=None, window=1.0, min_batches=BATCHES)
+    far = wan.measure_selection(fed, rtt_ms=80.0, mbit=100.0, window=1.0, min_batches=BATCHES)
     for row in (loopback, far):
-        trips, one = row["round_trips"], pytest.approx(1.0, abs=0.34)  # a window of a few batches: ±1 batch
-        # OpenBatch, the 2PC's turns, a work item per teacher and its seed to the guardian, as counted.
-        assert trips["student_to_guardian"]["OpenBatch"] == one, trips
-        assert trips["student_to_guardian"]["ComputeTurn"] / trips["student_to_guardian"]["OpenBatch"] >= 3.0
-        assert trips["work_item_per_teacher"] == one and trips["teacher_to_guardian"] == one, trips
+        n, trips = row["batches"], row["round_trips"]
+        assert n >= BATCHES, row
+        guardian = trips["student_to_guardian"]
+        # The window's counts, back from the per-batch figures (rounded to 3 decimals: a ratio of two rounded
+        # figures is not the ratio of the counts — 84 turns over 28 batches opened read 2.897 / 0.966).
+        opened, turns = round(guardian["OpenBatch"] * n), round(guardian["ComputeTurn"] * n)
+        # The window cuts batches at both ends: the two-stage pipeline has at most two batches opened and not
+        # yet stored, and one computed and not yet stored, at either end.
+        assert abs(opened - n) <= 2, (n, trips)
+        assert turns >= 3 * (n - 1), (n, trips)  # the Compute stream's three turns per batch, as counted
+        assert round(trips["work_item_per_teacher"] * n) == pytest.approx(n, abs=2), (n, trips)
+        assert round(trips["teacher_to_guardian"] * n) == pytest.approx(n, abs=2), (n, trips)
+        # The critical path is the sum of its parts (each rounded to 3 decimals, the sum to 2).
+        parts = sum(guardian.values()) + trips["work_item_per_teacher"] + trips["teacher_to_guardian"]
+        assert trips["critical_path"] == pytest.approx(parts, abs=0.01), trips
         assert row["labels_per_s"] > 0 and row["bytes_per_label"] > 1000
     figures = wan.table(
         [(80.0, 100.0)],
         {(0.0, None): loopback, (80.0, 100.0): far},
-        {(0.0, None): _release(0.05, 3.0), (80.0, 100.0): _release(0.29, 3.0)},
+        {(0.0, None): _release(0.05, 3.0), (80.0, 100.0): _release(0.2, 3.0)},
     )
     (row,) = figures["rows"]
     assert set(row) >= {"rtt_ms", "mbit_s", "labels_per_s", "release_s", "round_trips_per_batch",
                         "round_trips_per_release", "bytes_per_label"}  # fmt: skip
+    assert row["round_trips_per_batch"] == far["round_trips"]["critical_path"]
+    assert figures["loopback"]["round_trips_per_batch"] == loopback["round_trips"]["critical_path"]
     assert figures["labels_ratio_80ms"] == pytest.approx(far["labels_per_s"] / loopback["labels_per_s"], 1e-2)
-    assert figures["release_target"] == {"80ms/100Mbit": True}
+    assert row["release_budget_s"] == pytest.approx(3 * 0.080 + 0.05)
+    assert figures["release_target"] == {"80ms/100Mbit": True}  # 0.2 s within 3 RTT + the loopback release
+    json.dumps(figures, allow_nan=False)  # what `--format json` prints: plain JSON, no NaN
 
 
 def _release(seconds: float, trips: float) -> dict[str, object]:

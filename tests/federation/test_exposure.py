@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from capc_common.errors import InputError
@@ -17,9 +19,10 @@ from capc_common.federation import (
     mechanism_of,
 )
 from capc_common.federation.cover import why_above
+from capc_common.federation.exposure import Exposure
 from capc_common.federation.refusals import SpendPlan, uncovered_caps
 from capc_common.federation.releases import protocol_for
-from capc_common.privacy.analysis import epsilon_at_order
+from capc_common.privacy.analysis import epsilon_at_order, rdp_budget_at_order
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = FederationConfig.load(REPO / "deploy" / "k8s" / "base" / "federation.yaml")
@@ -67,6 +70,37 @@ def test_a_release_federation_charges_each_release_alike() -> None:
     assert exposure.planned_rdp(cap_epsilon=100.0, cap_order=10.0, delta=1e-5, order=3.0) == pytest.approx(
         protocol.rounds * 0.15
     )
+
+
+def test_admitted_is_the_fsum_of_every_charge_so_far_against_the_budget() -> None:
+    """``admitted`` keeps an exact running sum instead of summing the growing list again per charge: the same
+    answer as ``math.fsum`` of every charge so far, on a plan of mixed sizes, with the RDP already spent put
+    so that the sum meets the budget right at a charge (where a rounded running sum tips either way)."""
+    rng = np.random.default_rng(0)
+    plan = tuple(int(c) for c in rng.choice([7, 16, 31, 64], size=300))
+
+    def cost(count: int, orders: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        return np.full_like(orders, count * (0.1 + 1e-9 / 3))  # not dyadic: the sums round
+
+    exposure = Exposure(
+        federation="f", kind="batches", stream=len(plan), plan=plan, cost=cost, sampler_tv=0.0
+    )
+    order, delta, epsilon = 4.0, 1e-5, 2000.0
+    budget = rdp_budget_at_order(epsilon=epsilon, delta=delta, order=order)
+    charges = [exposure.rdp(count, order) for count in plan]
+
+    def by_fsum(spent: float) -> int:
+        return next(
+            (k for k in range(len(plan)) if math.fsum([spent, *charges[: k + 1]]) > budget), len(plan)
+        )
+
+    stops = set()
+    for k in range(1, len(plan)):
+        for spent in (budget - math.fsum(charges[:k]), np.nextafter(budget - math.fsum(charges[:k]), 0)):
+            got = exposure.admitted(epsilon=epsilon, delta=delta, order=order, spent_rdp=float(spent))
+            assert got == by_fsum(float(spent)), (k, spent)
+            stops.add(got)
+    assert len(stops) > 250, len(stops)  # the plan stopped almost everywhere, not only at its end
 
 
 def _declaring(caps: tuple[float | None, ...], *, quorum: int) -> FederationConfig:
