@@ -48,6 +48,7 @@ from typing import Any
 import click
 import httpx
 import numpy as np
+from _force import benchmark_force
 from _invariants import check_files, store_rows
 from _lab import NAMESPACES, namespaces_option
 
@@ -235,6 +236,7 @@ def campaign_options() -> LocalOptions:
         generator="dead_leaves",
         vote_deadline_s=15.0,
         share_deadline_s=10.0,
+        force=benchmark_force("recovery from crashes"),
     )
 
 

@@ -49,6 +49,7 @@ import click
 import httpx
 import numpy as np
 import psutil
+from _force import benchmark_force
 
 from capc_common.aggregation import draw_confident_noise, draw_student_noise, vote_histogram
 from capc_common.errors import InputError
@@ -301,6 +302,7 @@ def main(
         "torch_threads": threads,
         "evaluation_images": None,
         "min_parties": parties,
+        "force": benchmark_force("throughput, latency and memory"),
     }
     plan: dict[str, Any] = {}
     if teachers_per_party is None:

@@ -33,6 +33,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -48,6 +49,7 @@ from typing import Any
 import click
 import psutil
 import yaml
+from _force import benchmark_force
 
 from capc_services.local.federation import down, ensure_provisioned, status
 from capc_services.local.provision import LocalOptions
@@ -193,6 +195,7 @@ def measure(
         "parties": parties,
         "train_limit": records,
         **(_SMOKE[mechanism] if smoke else {}),
+        "force": benchmark_force("party memory"),
     }
     layout, _ = ensure_provisioned(root, LocalOptions(**given))
     if alone:
@@ -257,11 +260,8 @@ def _command_text(root: Path, given: dict[str, Any]) -> str:
         if name == "mechanism_params":
             flags += [f"--mechanism-param '{k}={json.dumps(v)}'" for k, v in value.items()]
         else:
-            flags.append(
-                f"--{name.replace('_', '-')} {value:g}"
-                if isinstance(value, float)
-                else f"--{name.replace('_', '-')} {value}"
-            )
+            shown = f"{value:g}" if isinstance(value, float) else shlex.quote(str(value))
+            flags.append(f"--{name.replace('_', '-')} {shown}")
     return " ".join(["capc local up --state-dir", str(root), *flags])
 
 

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from _force import benchmark_force
 from _lab import NAMESPACES, namespaces_option
 
 from capc_services.lab.federation import LabFederation
@@ -76,6 +77,7 @@ def selection_options(*, smoke: bool) -> LocalOptions:
         backbone="scatter-28x28x1" if smoke else None,
         generator="dead_leaves" if smoke else None,
         torch_threads=1,
+        force=benchmark_force("selection over a WAN"),
     )
 
 
@@ -90,6 +92,7 @@ def release_options(*, smoke: bool, rounds: int) -> LocalOptions:
         evaluation_images=None,
         backbone="scatter-28x28x1" if smoke else None,
         torch_threads=1,
+        force=benchmark_force("releases over a WAN"),
         mechanism_params={
             "rounds": rounds,
             "noise_multiplier": 1.5,

@@ -55,7 +55,13 @@ def public_basis_for(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def recipe_trainer(
-    dim: int, basis: np.ndarray | None, *, epsilon: float, group: str = "secagg", noiseless: bool = False
+    dim: int,
+    basis: np.ndarray | None,
+    *,
+    epsilon: float,
+    group: str = "secagg",
+    noiseless: bool = False,
+    classes: int = 10,
 ) -> tuple[DPSGDTrainer, float]:
     """The recipe of ``HYPER[group]`` over ``dim``-dimensional features, its noise calibrated so all its
     releases (statistics and gradient rounds, full batch) cost ``epsilon``; and the ε they cost.
@@ -81,7 +87,7 @@ def recipe_trainer(
 
     z = calibrate(eps_of, target=epsilon)
     k = dim if basis is None else basis.shape[1]
-    mechanism = SecureDPSGD(classes=10, dim=k, clip=h["clip"], noise_multiplier=z, sampling_rate=q)
+    mechanism = SecureDPSGD(classes=classes, dim=k, clip=h["clip"], noise_multiplier=z, sampling_rate=q)
     return DPSGDTrainer(mechanism, recipe, basis=basis), eps_of(z)
 
 
@@ -93,13 +99,16 @@ def secagg_dpsgd(
     epsilon: float,
     seed: int,
     basis: np.ndarray | None = None,
+    classes: int = 10,
 ) -> dict[str, Any]:
-    """The engine's secure-aggregation DP-SGD by its recipe, noise calibrated with its own accountant."""
+    """The engine's secure-aggregation DP-SGD by its recipe, noise calibrated with its own accountant; the
+    published head is returned too (``head``: ``(classes, dim + 1)`` over normalised features)."""
     use = basis if HYPER["secagg"]["projection"] else None
-    trainer, spent = recipe_trainer(parties[0].features.shape[1], use, epsilon=epsilon)
+    trainer, spent = recipe_trainer(parties[0].features.shape[1], use, epsilon=epsilon, classes=classes)
     result = run_secure_dpsgd(parties, trainer=trainer)
     m = trainer.mechanism
     return {
+        "head": result.weights,
         "accuracy": accuracy(result.predict(ex), ey),
         "epsilon": spent,
         "released": result.rounds,

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from protocol_force import protocol_force
 
 from capc_common.federation import FederationConfig
 from capc_common.learn.heads import HeadEnsemble
@@ -60,6 +61,7 @@ def federation_options(**overrides: Any) -> LocalOptions:
         evaluation_images=None,
         vote_deadline_s=30,
         share_deadline_s=15,
+        force=protocol_force("mechanics end to end"),
     )
     return LocalOptions(**{**base.__dict__, **overrides})
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from protocol_force import protocol_force
 
 from capc_common.federation import FederationConfig, retire_party
 from capc_common.privacy import BudgetLedger
@@ -39,6 +40,7 @@ OPTIONS = LocalOptions(
     epsilon=300.0,
     train_limit=128,
     evaluation_images=None,
+    force=protocol_force("doors against hostile peers"),
 )
 FIRST_MESSAGE_S = 2.0
 CALLS_PER_PEER = 8

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from protocol_force import protocol_force
 
 from capc_services.local.federation import token as admin_token
 from capc_services.local.layout import Layout
@@ -77,6 +78,7 @@ OPTIONS = LocalOptions(
     train_limit=400,
     evaluation_images=256,
     pipeline_depth=0,
+    force=protocol_force("dashboard"),
 )
 FLAGS = (
     "--headless",

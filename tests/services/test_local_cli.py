@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from protocol_force import protocol_force
 
 from capc_common.errors import InputError, PreconditionError
 from capc_common.federation import FederationConfig, cap_cover, cap_order, exposure_of
@@ -17,8 +18,18 @@ from capc_common.privacy import BudgetLedger
 from capc_services.local.federation import check_resume, ensure_provisioned, summary
 from capc_services.local.layout import Layout
 from capc_services.local.processes import PartyProcess, federation_of, write_state
-from capc_services.local.provision import Endpoints, LocalOptions, federation_dict, free_port, provision
+from capc_services.local.provision import (
+    Endpoints,
+    LocalOptions,
+    federation_dict,
+    free_port,
+    provision,
+    recorded_options,
+)
 from capc_services.teacher.settings import TeacherSettings
+
+#: These tests are of provisioning, not of whether their small federations are worth joining.
+FORCE = protocol_force("provisioning")
 
 
 def test_status_and_down_of_a_directory_without_a_federation(capc, tmp_path: Path) -> None:
@@ -89,17 +100,17 @@ def test_provisioning_that_fails_leaves_the_directory_as_it_was(tmp_path: Path) 
     (existing / "precious.txt").write_text("keep me")
     for root in (fresh, existing):
         with pytest.raises(InputError, match=r"cap\.epsilon"):
-            provision(root, LocalOptions(teacher_cap=-1.0))
+            provision(root, LocalOptions(teacher_cap=-1.0, force=FORCE))
     assert not fresh.exists()
     assert [p.name for p in existing.iterdir()] == ["precious.txt"]
-    layout, config, _ = provision(fresh, LocalOptions())
+    layout, config, _ = provision(fresh, LocalOptions(force=FORCE))
     assert layout.federation.exists()
     for name in config.teacher_names:  # capc local makes the explicit init a real site makes itself
         assert (layout.party_dir(name) / "cap.jsonl").is_file()
 
 
 def test_init_cap_creates_the_record_once(capc, tmp_path: Path) -> None:
-    layout, config, _ = provision(tmp_path / "fed", LocalOptions())
+    layout, config, _ = provision(tmp_path / "fed", LocalOptions(force=FORCE))
     name = config.teacher_names[0]
     record = layout.party_dir(name) / "cap.jsonl"
     record.unlink()
@@ -130,7 +141,7 @@ def test_another_optimizer_for_secagg_dpsgd_takes_its_own_step(tmp_path: Path) -
 
     raw = {"projection": None}  # no public basis to compute and pin (test_the_public_basis_is_pinned)
     options = LocalOptions(
-        mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1", mechanism_params=raw
+        mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1", mechanism_params=raw, force=FORCE
     )
     _, planned, _ = provision(tmp_path / "planned", options)
     assert {k: getattr(planned.mechanism, k) for k in DPSGD_RECIPE} == DPSGD_RECIPE
@@ -154,7 +165,7 @@ def test_the_public_basis_is_pinned(tmp_path: Path) -> None:
 
     small = {"projection": {"dim": 8, "images": 20}}
     options = LocalOptions(
-        mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1", mechanism_params=small
+        mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1", mechanism_params=small, force=FORCE
     )
     layout, config, _ = provision(tmp_path / "state", options)
     projection = config.mechanism.projection
@@ -221,6 +232,7 @@ SMALL = LocalOptions(
     generator="dead_leaves",
     train_limit=640,  # about 64 examples per head: each shard holds a bn_batch of 32
     evaluation_images=None,
+    force=FORCE,
 )
 
 
@@ -258,6 +270,27 @@ def test_up_refuses_other_options_for_an_existing_federation(
         InputError, match="--teachers-per-party 10; this `up` asked for --teachers-per-party 25"
     ):
         check_resume(provisioned, LocalOptions(), given={"teachers_per_party"})
+
+
+def test_up_resumes_with_a_new_force_reason_where_the_guardian_reads_it(tmp_path: Path) -> None:
+    """`capc local up --force "REASON"` on a federation provisioned with another reason (or none) was refused
+    as "options other than those it was provisioned with": yet the reason binds nothing its ledger or records
+    hold, and it is the way to go on with a federation a newer forecast judges below its parties alone."""
+    from capc_services.guardian.settings import GuardianSettings
+
+    root = tmp_path / "state"
+    layout, config = ensure_provisioned(root, SMALL)
+    site = layout.site(config.guardian)
+    assert GuardianSettings.load(site).force == FORCE
+    ensure_provisioned(root, replace(SMALL, force="the forecast changed; we go on"), given={"force"})
+    assert GuardianSettings.load(site).force == "the forecast changed; we go on"
+    assert recorded_options(layout)["force"] == "the forecast changed; we go on"
+    check_resume(layout, replace(SMALL, force="yet another reason"))  # all options compared, but the reason
+    before = site.read_bytes()
+    with pytest.raises(InputError, match="needs a reason"):
+        ensure_provisioned(root, replace(SMALL, force=" "), given={"force"})
+    ensure_provisioned(root, replace(SMALL, force=None), given=set())  # not given: the recorded one stands
+    assert site.read_bytes() == before
 
 
 def test_up_names_the_state_dir_of_a_running_federation(tmp_path: Path) -> None:
@@ -362,7 +395,7 @@ def test_up_refuses_a_teacher_cap_that_cannot_cover_the_plan(tmp_path: Path) -> 
     config = FederationConfig.from_dict(federation_dict(SMALL), source="test")
     cover = cap_cover(exposure_of(config), delta=config.budget.delta)
     with pytest.raises(PreconditionError) as refused:
-        provision(root, replace(SMALL, teacher_cap=cover.cap - 1))
+        provision(root, replace(SMALL, teacher_cap=cover.cap - 1, force=None))
     message = str(refused.value)
     assert (
         f"[caps-short] hospital-1, hospital-2 declare a cap of ε {cover.cap - 1:g}, which covers 7 of the 8 "

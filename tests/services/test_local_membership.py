@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from protocol_force import protocol_force
 
 from capc_common.data import site_part
 from capc_common.data.catalog import load_dataset
@@ -33,6 +34,7 @@ SMALL = LocalOptions(
     generator="dead_leaves",
     train_limit=128,
     evaluation_images=None,
+    force=protocol_force("membership changes"),
 )
 
 

@@ -30,7 +30,8 @@ from capc_services.teacher.preflight.spending import spending_check
 pytestmark = pytest.mark.filterwarnings("ignore::capc_common.privacy.InsecureNoiseWarning")  # the harness's
 
 #: The federation a new user tried: 3 hospitals of about 1,000 images, 25 heads each (the defaults): about
-#: 40 images per head, below one BatchNorm chunk of 64 — every head abstained, ε 6.07 bought a 7 % student.
+#: 40 images per head (36 once each hospital holds its tenth out), below one BatchNorm chunk of 64 — every
+#: head abstained, ε 6.07 bought a 7 % student.
 USELESS = ["local", "up", "--parties", "3", "--train-limit", "1000"]
 
 
@@ -46,12 +47,13 @@ def test_local_up_refuses_the_useless_federation_before_anything_exists(
     assert exit_info.value.code == 2, err
     assert (
         "refusing before any privacy is spent: [heads-abstain] hospital-1, hospital-2, hospital-3: 25 heads"
-        in err
+        " over 900 examples each" in err  # the training part: each holds out a tenth of its 1,000
     )
-    assert "about 40 per head" in err and "they all abstain with probability ≥ 99.4 %" in err
-    # Fewer heads would fit the shards, but `capc local up` scales the noise to the heads, and 3 × 10 heads'
-    # noise cannot pay for one batch at ε 10: that way out is not offered.
-    assert "to fix it, raise --train-limit to 2,494, or lower --bn-batch to 16." in err
+    assert "about 36 per head" in err and "they all abstain with probability ≥ 99.9 %" in err
+    # 2,771 examples per hospital train on 2,494 after the holdout: what the heads need. Fewer heads would
+    # fit the shards, but `capc local up` scales the noise to the heads, and 3 × 9 heads' noise cannot pay
+    # for one batch at ε 10: that way out is not offered.
+    assert "to fix it, raise --train-limit to 2,771." in err
     assert 'pass --force "REASON"' in err and "Traceback" not in err
     assert not state.exists()  # no certificate, no federation.yaml, no ledger: nothing was charged
 
@@ -63,7 +65,9 @@ def test_each_way_out_capc_local_up_names_gets_past_every_check() -> None:
     with pytest.raises(PreconditionError) as refused:
         refuse_before_spending(FederationConfig.from_dict(federation_dict(useless)), useless)
     ways = re.findall(r"(?:lower|raise) (--[a-z-]+) to ([\d,]+)", str(refused.value))
-    assert [flag for flag, _ in ways] == ["--train-limit", "--bn-batch"]
+    # 900 examples each train once a tenth is held out: chunks of 16 no longer fill 25 shards; the limit
+    # named is the one whose training part holds what the heads need (it gets past, below)
+    assert [flag for flag, _ in ways] == ["--train-limit"]
     for flag, value in ways:
         options = replace(useless, **{flag[2:].replace("-", "_"): int(value.replace(",", ""))})
         config = FederationConfig.from_dict(federation_dict(options))
@@ -74,7 +78,8 @@ def test_each_way_out_capc_local_up_names_gets_past_every_check() -> None:
 def test_force_with_a_reason_provisions_it_and_hands_the_reason_to_the_guardian(tmp_path: Path) -> None:
     options = LocalOptions(parties=3, train_limit=1000, backbone="scatter-28x28x1", force="a dry run")
     layout, config, _ = provision(tmp_path / "state", options)
-    assert [t.examples for t in config.teachers] == [1000, 1000, 1000]  # planned, declared, public
+    # planned, declared, public: the training part, 1,000 less its holdout of 10 %
+    assert [t.examples for t in config.teachers] == [900, 900, 900]
     guardian_site = yaml.safe_load(layout.site(config.guardian).read_text())
     assert guardian_site["force"] == "a dry run"
     # What a hospital's preflight says with its own count (the full preflight is in test_preflight.py).
@@ -82,7 +87,9 @@ def test_force_with_a_reason_provisions_it_and_hands_the_reason_to_the_guardian(
     assert spending.status == "fail" and spending.data["refusals"] == ["heads-abstain"]
     assert not spending.data["certain"] and "hospital-1: 25 heads over 1,012 examples" in spending.detail
     assert "lower federation.yaml's teachers[].heads (ask the coordinator" in spending.fix
-    assert "(in a federation made by `capc local up`: lower --teachers-per-party to 10" in spending.fix
+    # the other hospitals declare 900 each; the local flags give the --train-limit of a training part
+    assert "(in a federation made by `capc local up`: lower --teachers-per-party to 9" in spending.fix
+    assert "raise --train-limit to 2,771)" in spending.fix
 
 
 def test_two_parties_work_at_the_defaults_of_capc_local_up(tmp_path: Path) -> None:

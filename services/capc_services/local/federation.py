@@ -34,12 +34,14 @@ from capc_services.local.processes import (
     write_state,
 )
 from capc_services.local.provision import (
+    RESTATED,
     ROLES,
     Endpoints,
     LocalOptions,
     options_record,
     provision,
     recorded_options,
+    restate_force,
 )
 
 Say = Callable[[str], None]
@@ -64,6 +66,7 @@ def check_resume(layout: Layout, options: LocalOptions, *, given: Collection[str
     Its federation.yaml, ledger, label store and every party's cap record are bound to those options, and
     none of them is safe to change in place: raising the ledger's limit, above all, would change the
     guarantee of what the federation already released. So a difference is refused, with the way to get it.
+    ``--force``'s reason is the operator's word, bound to none of them (:data:`RESTATED`): it is not compared.
 
     Args:
         layout: a provisioned state directory.
@@ -75,7 +78,7 @@ def check_resume(layout: Layout, options: LocalOptions, *, given: Collection[str
             provisioned before options were recorded.
     """
     wanted = options_record(options)
-    names = [name for name in wanted if given is None or name in given]
+    names = [name for name in wanted if name not in RESTATED and (given is None or name in given)]
     recorded = recorded_options(layout)
     if recorded is None:
         if names and given is not None:
@@ -119,7 +122,8 @@ def ensure_provisioned(
     Args:
         root: the state directory.
         options: the options to provision with; a federation already there must have been provisioned
-            with the same ones (:func:`check_resume`).
+            with the same ones (:func:`check_resume`), but for ``force``, which a resumed one takes as the
+            new reason to run it (:func:`~capc_services.local.provision.restate_force`).
         given: the options the user set explicitly (None: all of them count).
         say: receives one-line progress messages.
 
@@ -141,7 +145,10 @@ def ensure_provisioned(
     if layout.federation.exists():
         check_resume(layout, options, given=given)
         say(f"resuming the federation in {layout.root}")
-        return layout, federation_of(layout)
+        config = federation_of(layout)
+        if options.force is not None and (given is None or "force" in given):
+            restate_force(layout, config, options.force)
+        return layout, config
     say(f"provisioning a new federation in {layout.root}")
     layout, config, endpoints = provision(layout.root, options)
     write_state(layout, endpoints=endpoints, processes=[])

@@ -15,6 +15,7 @@ import shutil
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from capc_common.federation import (
 from capc_common.federation.refusals import Change, SpendPlan, enforce, pre_spend_refusals
 from capc_common.federation.releases import ReleaseProtocol
 from capc_common.federation.sizing import ANSWER_RATE, DPSGD_ROUNDS
-from capc_services.local.flags import flag_names, speaking_flags
+from capc_services.local.flags import flag_names, in_flag_units, speaking_flags, training_part
 from capc_services.local.layout import Layout
 from capc_services.teacher.cap import LocalCap
 from capc_services.tls import init_ca, issue_certificate, write_admin_token
@@ -60,9 +61,11 @@ class LocalOptions:
         sigma: σ of GNMax's and Private-kNN's argmax noise (None: σ2's ratio times the votes per query).
         neighbours / sampling_rate: Private-kNN's ``k`` per party and Poisson rate ``q``.
         min_parties: quorum (None: all but one party, at least one).
-        train_limit: about this many training examples per party (None: the party's whole part): each
-            site keeps the fraction ``train_limit · parties / N`` of its part's hash range, so the count
-            varies a little (binomial) but one example never changes another's selection (``data.fraction``).
+        train_limit: about this many examples per party (None: the party's whole part): each site keeps
+            the fraction ``train_limit · parties / N`` of its part's hash range, so the count varies a little
+            (binomial) but one example never changes another's selection (``data.fraction``). Each site holds
+            :func:`~capc_common.data.holdout_fraction` of them out of the federation (``holdout.fraction``,
+            from this planned size: :func:`site_holdout`); the federation sees the rest.
         teacher_cap: each party's local worst-case ε cap (None: :func:`default_cap`).
         force: the operator's reason to run a federation the pre-spend checks refuse as a judgement
             (:mod:`capc_common.federation.refusals`); it goes to the guardian's site file, which logs it.
@@ -236,9 +239,16 @@ DPSGD_DEFAULTS = {"rounds": DPSGD_ROUNDS, "sampling_rate": 1.0, "statistics": Tr
 
 def _dataset_size(options: LocalOptions) -> int:
     """Examples in the training split the simulated sites share."""
+    return _split_size(options.dataset)
+
+
+@cache
+def _split_size(dataset: str) -> int:
+    """Examples in ``dataset``'s training split, read once per process: the sites' fractions, their holdouts
+    and federation.yaml's planned counts all derive from it (a second or more per read of Fashion-MNIST)."""
     from capc_common.data import load_dataset
 
-    return len(load_dataset(options.dataset, split="train").labels)
+    return len(load_dataset(dataset, split="train").labels)
 
 
 def site_fraction(options: LocalOptions, *, total: int | None = None) -> float:
@@ -250,12 +260,28 @@ def site_fraction(options: LocalOptions, *, total: int | None = None) -> float:
 
 
 def planned_examples(options: LocalOptions) -> int:
-    """The examples each simulated site holds on average (its count is binomial around it): what its
-    ``federation.yaml`` entry declares, so every party can check before the first charge that its heads can
-    vote (:mod:`capc_common.federation.refusals`). A planned figure, from the options and the split's size
-    alone — never a count of the data a site selected."""
+    """The examples each simulated site holds on average (its count is binomial around it), its holdout
+    included. A planned figure, from the options and the split's size alone — never a count of the data a
+    site selected."""
     total = _dataset_size(options)
     return round(site_fraction(options, total=total) * total / options.parties)
+
+
+def site_holdout(options: LocalOptions) -> float:
+    """Each simulated site's ``holdout.fraction``: :func:`~capc_common.data.holdout_fraction` of its planned
+    size (:func:`planned_examples`) — a public, planned number, never the count of the site's data (which
+    would let one example move others between the training part and the holdout)."""
+    from capc_common.data import holdout_fraction
+
+    return holdout_fraction(max(1, planned_examples(options)))
+
+
+def planned_training(options: LocalOptions) -> int:
+    """The examples each simulated site's heads train on, on average: its planned size less its holdout.
+    What its ``federation.yaml`` entry declares, so every party can check before the first charge that its
+    heads can vote (:mod:`capc_common.federation.refusals`), with the count preflight sees at the site (its
+    training part)."""
+    return training_part(planned_examples(options))
 
 
 def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
@@ -398,7 +424,7 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
     mechanism, per_party = mechanism_dict(options)
     height, width, channels = image_shape_for(options.dataset)
     backbone = options.backbone or default_backbone(height, width, channels)
-    examples = planned_examples(options)
+    examples = planned_training(options)
     data: dict[str, Any] = {
         "name": "capc-local",
         "classes": 10,
@@ -526,13 +552,41 @@ def refuse_before_spending(config: FederationConfig, options: LocalOptions) -> N
     Raises:
         PreconditionError: a refusal stands.
     """
-    refusals = pre_spend_refusals(SpendPlan.declared(config))
+    # in the flags' units (a party's training part as the --train-limit that gives it), then only the ways
+    # out that get past every check
+    refusals = [in_flag_units(r) for r in pre_spend_refusals(SpendPlan.declared(config))]
     enforce(
         [replace(r, changes=tuple(c for c in r.changes if _gets_past(options, c))) for r in refusals],
         force=options.force,
         names=flag_names(options.mechanism),
         force_with='--force "REASON"',
     )
+
+
+#: Options that are the operator's word about the federation, not part of it: a resumed ``up`` restates them
+#: instead of comparing them with the recorded ones (:func:`restate_force`).
+RESTATED = frozenset({"force"})
+
+
+def restate_force(layout: Layout, config: FederationConfig, force: str) -> None:
+    """Make ``force`` the reason to run the federation in ``layout`` whatever the pre-spend checks judge.
+
+    The reason binds nothing the ledger, label store or cap records hold (a certain refusal stays refused,
+    and the judgements are re-made by the guardian each time it starts, from federation.yaml alone), so a
+    resumed ``up`` may state a new one — the way to go on with a federation a newer forecast judges below
+    its parties alone. It goes where the guardian reads it, its site file, and to ``options.json``.
+
+    Raises:
+        InputError: ``force`` is blank.
+    """
+    enforce((), force=force, force_with='--force "REASON"')  # a blank reason is refused, as at provisioning
+    site = layout.site(config.guardian)
+    document: dict[str, Any] = yaml.safe_load(site.read_text())
+    if document.get("force") != force:
+        _write_yaml(site, {**document, "force": force})
+    record = recorded_options(layout)
+    if record is not None and record.get("force") != force:
+        layout.options.write_text(json.dumps({**record, "force": force}, indent=2))
 
 
 def with_declared_caps(config: FederationConfig, *, cap: float) -> FederationConfig:
@@ -712,6 +766,8 @@ def write_teacher_site(
             "feature_cache": "../feature-cache",
             "records_cache": f"{records}/parties/{name}/records",
             "data": dict(data),
+            # compared on after the federation (`capc teacher personalise`); the federation never sees it
+            "holdout": {"fraction": site_holdout(options)},
         },
     )
     layout.party_dir(name).mkdir(parents=True, exist_ok=True)

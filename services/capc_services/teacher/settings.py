@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from capc_common.data import HOLDOUT_FRACTION
 from capc_services.common.settings import SiteSettings
 
 
@@ -96,6 +97,25 @@ class DataSettings(BaseModel):
         return data
 
 
+class HoldoutSettings(BaseModel):
+    """The share of the site's examples kept out of the federation, to compare models on afterwards
+    (``capc teacher personalise``).
+
+    An example is held out iff a keyed hash of its own content falls below ``fraction``
+    (:func:`capc_common.data.holdout_part`, keyed by ``data.seed``): nothing the federation sees — heads,
+    contributions, the records cache — is computed from a held-out example, and which examples are held out
+    never depends on how many there are. The fraction is a fixed public number for that reason: a site plans
+    it from the size it expects (:func:`capc_common.data.holdout_fraction`; ``capc local up`` does), never
+    from its data's count.
+
+    Attributes:
+        fraction: the share held out, in ``[0, 1)`` (0: none; the site then cannot personalise).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    fraction: float = Field(default=HOLDOUT_FRACTION, ge=0, lt=1)
+
+
 class TeacherSettings(SiteSettings):
     """``capc teacher serve|train --site FILE``.
 
@@ -108,7 +128,8 @@ class TeacherSettings(SiteSettings):
         allow_insecure_noise: take part in a federation whose ``federation.yaml`` seeds the noise
             (``mechanism.insecure_noise_seed``: reproducible, NOT private; tests only). Refused by default.
         torch_threads: CPU threads for inference, torch's and numpy's BLAS (None: their defaults).
-        data: the site's training data.
+        data: the site's labelled data (its training part and its holdout).
+        holdout: the share of ``data`` kept out of the federation (:class:`HoldoutSettings`).
         feature_cache: a directory of query features shared with the other parties of the same machine
             (:class:`~capc_common.models.cache.FeatureCache`; a local federation, one operator); unset on a
             hospital's own machine.
@@ -128,6 +149,7 @@ class TeacherSettings(SiteSettings):
     allow_insecure_noise: bool = False
     torch_threads: int | None = Field(default=None, ge=1)
     data: DataSettings | None = None
+    holdout: HoldoutSettings = Field(default_factory=HoldoutSettings)
     feature_cache: Path | None = None
     records_cache: Path | None = None
 

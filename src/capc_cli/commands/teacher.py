@@ -184,3 +184,50 @@ def preflight(site: Path, out_dir: Path | None, timeout: float, force: str | Non
     emit(report.to_dict(), fmt, lambda _: report.text())
     if not report.ok:
         raise InputError(f"preflight: {len(report.failed)} check(s) failed: {', '.join(report.failed)}")
+
+
+@command.command("personalise")
+@_SITE
+@click.option(
+    "--student",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The published student: student.safetensors (a selection mechanism's), head.npy with its "
+    "model_card.json beside it (a release mechanism's), or the directory holding it [default: the output of "
+    "the student whose site file lies beside this one, as in a `capc local` federation].",
+)
+@click.option(
+    "--evaluate",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A labelled .npz of the site's (test_images/test_labels, or images/labels) to score the three "
+    "models on as well.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the kept model and its card go [default: personal/ next to the heads file].",
+)
+@click.option(
+    "--no-cnn",
+    is_flag=True,
+    help="Leave the CNN from scratch out of the models alone (the linear heads only: faster).",
+)
+@format_option
+def personalise(
+    site: Path, student: Path | None, evaluate: Path | None, out: Path | None, no_cnn: bool, fmt: str
+) -> None:
+    """After the federation published: compare on the site's holdout its best model alone, the shared
+    student and the student fine-tuned on its own data, and keep the best (nothing leaves the site)."""
+    from capc_services.teacher.personal import personalise_site, report_text
+
+    report = personalise_site(
+        site,
+        student=student,
+        evaluate=evaluate,
+        out=out,
+        cnn=not no_cnn,
+        log=lambda line: click.echo(line, err=True),
+    )
+    emit(report, fmt, report_text)

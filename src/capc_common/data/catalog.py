@@ -1,7 +1,9 @@
 """``load_dataset(name)``: the named datasets and the prefixes that point at a site's own files.
 
 Names: ``fashion-mnist`` (IDX files; directory from ``root``, else ``$CAPC_FASHION_MNIST``, else the Debian
-package's ``/usr/share/datasets/fashion-mnist``), ``digits`` (scikit-learn's 8×8 digits), ``idx:<dir>`` (any
+package's ``/usr/share/datasets/fashion-mnist``), ``digits`` (scikit-learn's 8×8 digits), ``digits-28`` (the
+same digits in MNIST's layout: each 8×8 image enlarged to 20×20 and centred in a 28×28 frame, so the
+28×28 backbone reads them; the second real dataset the joining benchmark measures), ``idx:<dir>`` (any
 MNIST-style IDX directory), ``npz:<path>`` (or any path ending in ``.npz``) and ``folder:<path>`` (a
 hospital's own data).
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +37,15 @@ FASHION_MNIST_CLASSES = (
     "Bag",
     "Ankle boot",
 )
-DATASET_NAMES = ("fashion-mnist", "digits", "idx:<dir>", "npz:<path>", "<path>.npz", "folder:<path>")
+DATASET_NAMES = (
+    "fashion-mnist",
+    "digits",
+    "digits-28",
+    "idx:<dir>",
+    "npz:<path>",
+    "<path>.npz",
+    "folder:<path>",
+)
 _SPLITS = ("train", "test")
 _IDX_PREFIX = {"train": "train", "test": "t10k"}
 # scikit-learn's digits have no official split: a fixed, seeded 80/20 split keeps every run comparable.
@@ -106,11 +117,25 @@ def _load_digits(split: str) -> Dataset:
     )
 
 
+def _digits_28(split: str) -> Dataset:
+    """The digits enlarged to 20×20 (bilinear, Pillow) and centred in a 28×28 frame: MNIST's layout."""
+    from PIL import Image
+
+    small = _load_digits(split)
+    frames = np.zeros((len(small.labels), 28, 28, 1), dtype=np.uint8)
+    for i, image in enumerate(small.images[..., 0]):
+        frames[i, 4:24, 4:24, 0] = np.asarray(
+            Image.fromarray(image).resize((20, 20), Image.Resampling.BILINEAR)
+        )
+    return replace(small, images=frames, name=f"digits-28/{split}")
+
+
 def load_dataset(name: str, *, split: str = "train", root: str | Path | None = None) -> Dataset:
     """Load a dataset by name.
 
     Args:
-        name: ``fashion-mnist``, ``digits``, ``idx:<dir>``, ``npz:<path>`` or ``folder:<path>``.
+        name: ``fashion-mnist``, ``digits``, ``digits-28``, ``idx:<dir>``, ``npz:<path>`` or
+            ``folder:<path>``.
         split: ``train`` or ``test``.
         root: directory overriding the default location of ``fashion-mnist``.
 
@@ -130,6 +155,8 @@ def load_dataset(name: str, *, split: str = "train", root: str | Path | None = N
         )
     if name == "digits":
         return _load_digits(split)
+    if name == "digits-28":
+        return _digits_28(split)
     kind, sep, location = name.partition(":")
     if sep and location:
         if kind == "idx":

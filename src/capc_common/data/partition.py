@@ -45,7 +45,18 @@ import numpy.typing as npt
 
 from capc_common.errors import InputError
 
-__all__ = ["NEIGHBOURING", "PARTITION_SCHEMES", "partition", "site_part", "site_parts"]
+__all__ = [
+    "HOLDOUT_CEILING",
+    "HOLDOUT_FRACTION",
+    "HOLDOUT_MINIMUM",
+    "NEIGHBOURING",
+    "PARTITION_SCHEMES",
+    "holdout_fraction",
+    "holdout_part",
+    "partition",
+    "site_part",
+    "site_parts",
+]
 
 PARTITION_SCHEMES = ("hash", "iid", "imbalanced", "dirichlet")
 #: The neighbouring relation under which one example moves one shard, per scheme.
@@ -60,6 +71,8 @@ NEIGHBOURING = {
 _DIRICHLET_TRIES = 1000
 #: Domain of the site split's hash key (the teacher shards' key is the bare 8-byte seed).
 _SITE_DOMAIN = b"capc-site-part\x00"
+#: Domain of a site's holdout hash key (independent of its part and of its teachers' shards).
+_HOLDOUT_DOMAIN = b"capc-holdout\x00"
 _HASH_RANGE = 1 << 64
 #: Third word of the Dirichlet shares' generator seed ``(seed, class, stream)``: its own stream.
 _DIRICHLET_STREAM = 0xD1C1
@@ -148,6 +161,56 @@ def site_part(
     high = low + int(fraction * _HASH_RANGE)
     hashes = _content_hashes(np.asarray(images), y, key=key)
     return np.asarray([i for i, h in enumerate(hashes) if low <= h * parts < high], dtype=np.int64)
+
+
+def holdout_part(
+    images: npt.ArrayLike, labels: npt.ArrayLike, *, fraction: float, seed: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(training, holdout)`` indices (ascending) of a site's examples: an example is held out iff
+    ``SHA-256("capc-holdout\\0" ‖ seed ‖ label ‖ image) / 2^64 < fraction``.
+
+    The holdout is what a party scores its models on after the federation (:mod:`capc_common.learn.personal`),
+    so nothing of the federation may have seen it: the teachers and a release party train on the training
+    indices only. Each example's side depends on that example and the public ``fraction`` alone — never on how
+    many examples there are — so adding or removing one example changes the training part by at most that
+    example, and the federation's neighbouring relation (add/remove one example) is untouched. That is why
+    the fraction is a fixed public number of the site file rather than "at least 50 examples": a count-
+    dependent fraction would move other examples between the two sides when one is added.
+
+    Raises:
+        InputError: ``fraction`` outside ``[0, 1)``, a seed out of range, a negative label, or images and
+            labels of different lengths.
+    """
+    if not 0 <= fraction < 1:
+        raise InputError(f"the holdout fraction must be in [0, 1), got {fraction}")
+    y = np.asarray(labels).astype(np.int64)
+    if fraction == 0:
+        return np.arange(len(y), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if not 0 <= seed < 2**64:
+        raise InputError(f"the holdout's seed must be in [0, 2^64), got {seed}")
+    key = _HOLDOUT_DOMAIN + int(seed).to_bytes(8, "big", signed=False)
+    hashes = np.asarray(_content_hashes(np.asarray(images), y, key=key), dtype=np.uint64)
+    held = hashes < np.uint64(int(fraction * _HASH_RANGE))
+    return np.flatnonzero(~held).astype(np.int64), np.flatnonzero(held).astype(np.int64)
+
+
+#: A site's holdout: this share of its examples, raised towards :data:`HOLDOUT_MINIMUM` examples for a
+#: small site, but never above :data:`HOLDOUT_CEILING` (the rest must still be worth federating).
+HOLDOUT_FRACTION = 0.1
+HOLDOUT_MINIMUM = 50
+HOLDOUT_CEILING = 0.25
+
+
+def holdout_fraction(planned_examples: int) -> float:
+    """The share of its examples a site holds out, from the number it *plans* to have (a public figure: the
+    site file's, a layout's nominal size) — never from the data itself, whose exact count would make which
+    examples are held out depend on the others (:func:`capc_common.data.holdout_part`).
+
+    10 % by default; enough for about 50 examples at a small site, at most a quarter.
+    """
+    if planned_examples < 1:
+        raise InputError(f"a site plans at least one example, got {planned_examples}")
+    return min(HOLDOUT_CEILING, max(HOLDOUT_FRACTION, HOLDOUT_MINIMUM / planned_examples))
 
 
 def _site_key(seed: int) -> bytes:

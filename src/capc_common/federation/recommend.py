@@ -1,30 +1,45 @@
-"""Which mechanism to run, from measurements: the joining benchmark's table (``benchmarks/joining.py``).
+"""Whether to federate at all, and with what: the plan's answer, from measurements, with its uncertainty.
 
-A consortium asks one question before it starts: which student will be worth joining for at our budget? The
-answer here is a lookup, not a model: the measured layout nearest to the parties' sizes (examples per party,
-then the number of parties, on a log scale), every measured budget up to the requested ε (a smaller budget's
-figure is what the requested one can at least expect), and the mechanism that scored best there.
-It is labelled for what it is: a measurement on Fashion-MNIST with the shipped backbone, not a promise for
-another dataset.
+A consortium asks one question before it spends any privacy: will the shared student be worth it — for the
+median member, and for the best-placed one? The answer comes from :mod:`.forecast` (a model fitted to the
+joining benchmark's measurements on two real datasets, with an interval measured by leaving each layout out)
+and is one of:
 
-The table ships with the package (``joining_table.json``, written by ``benchmarks/joining.py --export``).
+* ``secagg-dpsgd`` — the federation's student beats even the best party alone, beyond the forecast's
+  uncertainty: run it;
+* ``join-and-personalise`` — it beats the median party beyond the uncertainty but not clearly the best one:
+  run it, and every party keeps the best of alone, shared and fine-tuned (``capc teacher personalise``), so
+  nobody ends worse off;
+* ``train-alone`` — the student is forecast below the median party alone, or the gain is within the
+  forecast's uncertainty: joining would spend privacy for a gain the measurements cannot promise;
+* ``nothing-to-join`` — a single party: there is no consortium.
+
+A mechanism is never headlined when its forecast gain is within its uncertainty or negative. Outside the
+measured ranges the answer says ``extrapolating`` and why. The mechanism forecast is secure-aggregation
+DP-SGD: in every layout the benchmark measured the other mechanisms (DIET-CaPC, DP prototypes,
+Private-kNN) scored below it (docs/results.md, "Worth joining").
+
+The measurements ship with the package (``joining_table.json``, written by ``benchmarks/joining.py
+--export``), with the code hash of the run that made them.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from capc_common.errors import InputError
+from capc_common.federation.forecast import MECHANISM, Consortium, Forecaster
 
-__all__ = ["TABLE", "recommend"]
+__all__ = ["CHOICES", "TABLE", "forecaster", "recommend", "refusal"]
 
 #: The measured table (the joining benchmark's ``layouts``, plus where they come from).
 TABLE = Path(__file__).with_name("joining_table.json")
+#: Every answer the plan can give.
+CHOICES = (MECHANISM, "join-and-personalise", "train-alone", "nothing-to-join")
 
 
 @cache
@@ -33,82 +48,118 @@ def _table() -> dict[str, Any]:
     return table
 
 
-def recommend(examples: Sequence[int], *, epsilon: float) -> dict[str, Any]:
-    """The mechanism the measurements favour for parties of ``examples`` images each at budget ``epsilon``.
+@cache
+def forecaster() -> Forecaster:
+    """The model fitted to the shipped table (once per process)."""
+    return Forecaster.from_table(_table())
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f} %"
+
+
+def _points(value: float) -> str:
+    return f"{100 * value:+.1f}"
+
+
+def recommend(
+    examples: Sequence[int], *, classes: int, epsilon: float, skewed: bool = False
+) -> dict[str, Any]:
+    """The plan's answer for parties of ``examples`` labelled images each, ``classes`` classes, budget
+    ``epsilon``.
 
     Returns:
-        ``{"mechanism"`` (its ``mechanism.name`` in federation.yaml), ``"measured_as"`` (its name in the
-        benchmark), ``"expected_accuracy", "expected_gain_over_best_party", "local_only",
-        "pooled", "why", "measured": {"layout", "epsilon", "dataset", "source"}}``.
+        ``{"choice"`` (one of :data:`CHOICES`), ``"mechanism"`` (federation.yaml's ``mechanism.name`` to run,
+        or None), ``"expected_accuracy"`` and ``"expected_interval"`` (the student's), ``"expected_alone"``
+        (``{"median", "best"}``, each ``{"estimate", "interval"}``), ``"expected_gain"`` (over the median and
+        the best party, likewise), ``"extrapolating"``, ``"extrapolating_why"``, ``"why"``, ``"measured"``
+        (``{"source", "code", "layouts", "datasets", "error"}``: where the forecast comes from and its
+        leave-one-layout-out error)}``.
 
     Raises:
-        InputError: no party, or no measurement at all (an empty table).
+        InputError: no party, fewer than two classes, a non-positive ε, or an empty table.
     """
-    if not examples or min(examples) < 1:
-        raise InputError("need the number of examples of at least one party (each at least 1)")
+    consortium = Consortium(tuple(examples), classes, epsilon, skewed)
+    model = forecaster()
     table = _table()
-    layouts = [lay for lay in table["layouts"] if lay["mechanisms"] and lay["local_only"]]
-    if not layouts:
-        raise InputError(f"{TABLE} holds no measurement; run benchmarks/joining.py --export")
-    size = sorted(examples)[len(examples) // 2]
-    layout = min(
-        layouts,
-        key=lambda lay: (
-            abs(math.log(lay["examples_per_party"] / size)),
-            abs(math.log(lay["parties"] / len(examples))),
-        ),
-    )
-    # Every measured budget up to the requested one counts (a larger budget can run a smaller one's
-    # settings): each mechanism at its best there; below every measurement, the smallest one measured.
-    below = [m for m in layout["mechanisms"] if m["epsilon"] <= epsilon * (1 + 1e-9)]
-    smallest = min(m["epsilon"] for m in layout["mechanisms"])
-    candidates = below or [m for m in layout["mechanisms"] if m["epsilon"] == smallest]
-    per_mechanism: dict[str, dict[str, Any]] = {}
-    for m in candidates:
-        if m["name"] not in per_mechanism or m["accuracy_mean"] > per_mechanism[m["name"]]["accuracy_mean"]:
-            per_mechanism[m["name"]] = m
-    rows = list(per_mechanism.values())
-    best = max(rows, key=lambda m: m["accuracy_mean"])
-    at = best["epsilon"]
-    local = layout["local_only"]
-    gain = best["accuracy_mean"] - local["max"]
-    runner_up = sorted(rows, key=lambda m: -m["accuracy_mean"])[1:2]
-    why = (
-        f"measured on {table['dataset']} in the layout {layout['name']!r} ({layout['parties']} parties of "
-        f"about {layout['examples_per_party']} examples, the nearest to yours) at ε {at:g}"
-        + ("" if below else f" (the smallest measured; you asked for {epsilon:g})")
-        + f": {best['name']} {100 * best['accuracy_mean']:.1f} %"
-        + (
-            f" against {runner_up[0]['name']} {100 * runner_up[0]['accuracy_mean']:.1f} %"
-            f" (at ε {runner_up[0]['epsilon']:g})"
-            if runner_up
-            else ""
+    forecast, outside = model.predict(consortium)
+    fed, median, best = forecast["federation"], forecast["alone_median"], forecast["alone_best"]
+    gain_median, gain_best = forecast["gain_median"], forecast["gain_best"]
+    parties = len(consortium.examples)
+    if parties < 2:
+        choice = "nothing-to-join"
+        why = (
+            "a single party is no consortium: a federation of one only adds noise to what the party trains "
+            "alone (train it alone, with its own tuning)"
         )
-        + f"; the best party alone {100 * local['max']:.1f} %"
-        + (
-            ""
-            if layout["pooled"] is None
-            else f", all data pooled without privacy {100 * layout['pooled']:.1f} %"
+    elif gain_best.low > 0:
+        choice = MECHANISM
+        why = (
+            f"the student is forecast at {_pct(fed.estimate)} ({_pct(fed.low)}–{_pct(fed.high)}), "
+            f"{_points(gain_best.estimate)} points over the best party alone even at the low end of the "
+            "forecast's uncertainty"
         )
-        + ". "
-        + (
-            "The federation's student beats every party alone there."
-            if gain > 0
-            else "There no private student beat the best party alone: joining buys less than that party has."
+    elif gain_median.low > 0:
+        choice = "join-and-personalise"
+        why = (
+            f"the student is forecast {_points(gain_median.estimate)} points over the median party alone "
+            f"(interval {_points(gain_median.low)} to {_points(gain_median.high)}) but not clearly over the "
+            f"best one ({_points(gain_best.low)} to {_points(gain_best.high)}): federate, and let every "
+            "party keep the best of alone, shared and fine-tuned (capc teacher personalise), so nobody ends "
+            "worse off"
         )
-    )
+    elif gain_median.high < 0:
+        choice = "train-alone"
+        why = (
+            f"the student is forecast below the median party alone ({_points(gain_median.estimate)} points, "
+            f"interval {_points(gain_median.low)} to {_points(gain_median.high)}): joining would spend "
+            "privacy for a worse model"
+        )
+    else:
+        choice = "train-alone"
+        why = (
+            f"the forecast gain over the median party ({_points(gain_median.estimate)} points, interval "
+            f"{_points(gain_median.low)} to {_points(gain_median.high)}) is within the forecast's "
+            "uncertainty: the measurements cannot promise that joining pays"
+        )
+    if outside:
+        why += "; extrapolating: " + "; ".join(outside)
     return {
-        "mechanism": table["engine"][best["name"]],
-        "measured_as": best["name"],
-        "expected_accuracy": best["accuracy_mean"],
-        "expected_gain_over_best_party": gain,
-        "local_only": local,
-        "pooled": layout["pooled"],
+        "choice": choice,
+        "mechanism": MECHANISM if choice in (MECHANISM, "join-and-personalise") else None,
+        "expected_accuracy": fed.estimate,
+        "expected_interval": [fed.low, fed.high],
+        "expected_alone": {"median": median.as_dict(), "best": best.as_dict()},
+        "expected_gain": {"median": gain_median.as_dict(), "best": gain_best.as_dict()},
+        "extrapolating": bool(outside),
+        "extrapolating_why": outside,
         "why": why,
         "measured": {
-            "layout": layout["name"],
-            "epsilon": at,
-            "dataset": table["dataset"],
-            "source": table["source"],
+            "source": table.get("source", ""),
+            "code": table.get("code", ""),
+            "layouts": len({p.layout for p in model.points}),
+            "datasets": sorted({p.dataset for p in model.points}),
+            "error": model.errors,
         },
     }
+
+
+def refusal(examples: Sequence[int], *, classes: int, epsilon: float, skewed: bool = False) -> str:
+    """Why a federation of these parties should not spend privacy ('' when it may): the plan forecasts its
+    student below the median party alone (:func:`recommend`'s ``gain.median`` estimate is negative), or
+    there is no consortium. What ``capc local up`` and preflight refuse on, unless forced. Where the plan
+    cannot forecast at all (no measured table), it does not refuse: a refusal must come from what was
+    measured."""
+    try:
+        answer = recommend(examples, classes=classes, epsilon=epsilon, skewed=skewed)
+    except InputError:
+        return ""
+    gain = answer["expected_gain"]["median"]["estimate"]
+    if answer["choice"] == "nothing-to-join":
+        return answer["why"]
+    if gain < 0:
+        return (
+            f"the plan forecasts the student {100 * -gain:.1f} points below the median party alone at ε "
+            f"{epsilon:g} ({answer['why']})"
+        )
+    return ""

@@ -37,6 +37,7 @@ __all__ = [
     "Refusal",
     "SpendPlan",
     "abstaining_parties",
+    "below_alone",
     "enforce",
     "expected_voting_heads",
     "pre_spend_refusals",
@@ -57,6 +58,7 @@ MIN_PASS_PROBABILITY = 0.01
 #: How the parameters a :class:`Change` names are spelled in ``federation.yaml`` (front ends that take
 #: flags pass their own spelling to :meth:`Refusal.text`).
 FIELD_NAMES: Mapping[str, str] = {
+    "budget.epsilon": "budget.epsilon",
     "teachers.heads": "teachers[].heads",
     "teachers.examples": "the party's examples (teachers[].examples, data.fraction at its site)",
     "teachers.cap": "the party's cap (teachers[].cap, and cap.epsilon in its site file)",
@@ -352,11 +354,47 @@ def uncovered_caps(plan: SpendPlan) -> Refusal | None:
     )
 
 
+def below_alone(plan: SpendPlan) -> Refusal | None:
+    """Refuse when the plan forecasts the student below the median party alone
+    (:func:`capc_common.federation.recommend.refusal`: ``capc federation plan``'s answer from the joining
+    benchmark's measurements) — its members would spend privacy for a model worse than most of them train
+    alone. A single party is no consortium and is refused the same way.
+
+    The forecast is secure-aggregation DP-SGD's, the best mechanism wherever others were measured, so for
+    any mechanism this refuses only what no measured mechanism could make worthwhile. A judgement, never
+    certain (the forecast has an interval; ``--force`` overrides). Judged only when every party's examples
+    are declared; the change offered is the smallest budget, up to the largest measured ε, at which the
+    forecast reaches the median party.
+    """
+    config = plan.config
+    counts = [plan.examples.get(t.name) for t in config.teachers]
+    if not counts or any(c is None for c in counts):
+        return None
+    from capc_common.federation.recommend import forecaster, refusal
+
+    examples = [int(c) for c in counts if c is not None]
+    why = refusal(examples, classes=config.classes, epsilon=config.budget.epsilon)
+    if not why:
+        return None
+    changes = []
+    largest = forecaster().ranges["epsilon"][1]
+    for epsilon in (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0, largest):
+        if (
+            config.budget.epsilon < epsilon <= largest
+            and len(examples) > 1
+            and not refusal(examples, classes=config.classes, epsilon=epsilon)
+        ):
+            changes.append(Change("budget.epsilon", "raise", epsilon))
+            break
+    return Refusal("below-alone", why, tuple(changes))
+
+
 #: Every check run before the first charge, in order; each returns a :class:`Refusal` or None.
 PRE_SPEND_CHECKS: tuple[Callable[[SpendPlan], Refusal | None], ...] = (
     abstaining_parties,
     unreachable_threshold,
     uncovered_caps,
+    below_alone,
 )
 
 
