@@ -10,9 +10,10 @@ from sklearn.datasets import load_digits
 from capc_common.aggregation import mechanism_noise
 from capc_common.errors import InputError
 from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
-from capc_common.mechanisms import SecureDPSGD, training
+from capc_common.mechanisms import SecureDPSGD, dpsgd, training
 from capc_common.mechanisms.basis import BasisSpec, basis_digest, public_basis
 from capc_common.mechanisms.central import PartyData, release_once, run_secure_dpsgd
+from capc_common.mechanisms.release import FixedPoint
 from capc_common.mechanisms.training import DPSGDTrainer, FeatureMap, Recipe, standardiser
 from capc_common.privacy import SeededNoise
 
@@ -55,6 +56,39 @@ def test_a_statistics_release_moves_by_at_most_the_sensitivity() -> None:
         m.statistics_contribution(np.zeros((2, 7)))
     with pytest.raises(InputError, match="inf or NaN"):
         m.statistics_contribution(np.full((2, 8), np.nan))
+
+
+def test_statistics_summed_a_block_at_a_time_are_the_one_shot_sum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past 1,024 records the statistics are summed a block at a time, each record rounded on its own and the
+    blocks added in int64: the sum is the one a single block gives, bit for bit, and removing a record on
+    either side of a block's edge moves it by at most Δ (a record's rounding cannot leak into a block sum)."""
+    rng = np.random.default_rng(5)
+    m = SecureDPSGD(classes=3, dim=4, clip=0.5, noise_multiplier=1.0, sampling_rate=1.0)
+    u = rng.normal(size=(2 * 1024 + 5, 4))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    u[1023] = u[1024] = 9.0  # records of norm 18 at both sides of the first edge: the clip binds
+    blocked = m.statistics_contribution(u)
+    for i in (0, 1023, 1024, 2047, 2048, len(u) - 1):
+        gap = blocked - m.statistics_contribution(np.delete(u, i, axis=0))
+        assert 0 < np.linalg.norm(gap.astype(np.float64)) <= m.sensitivity, i
+    monkeypatch.setattr(dpsgd, "_STATISTICS_ROWS", len(u))  # every record in one block
+    np.testing.assert_array_equal(m.statistics_contribution(u), blocked)
+
+
+def test_more_records_than_an_exact_sum_holds_are_refused() -> None:
+    """A party's exact int64 sum must not wrap: a clip of 1,024 at 40 fractional bits leaves room for 4,096
+    records (each record's product is just below 2^50), and one more is refused before anything is summed,
+    by the statistics and by the gradient alike."""
+    m = SecureDPSGD(
+        classes=3, dim=1, clip=1024.0, noise_multiplier=1.0, sampling_rate=1.0, fixed_point=FixedPoint(40)
+    )
+    fits = np.full((4096, 1), 0.5)
+    assert m.statistics_contribution(fits).any()
+    for records in (4097, 10**6):
+        with pytest.raises(InputError, match=f"{records} records cannot be summed exactly at 40 fractional"):
+            m.statistics_contribution(np.full((records, 1), 0.5))
+        with pytest.raises(InputError, match=f"{records} records cannot be summed exactly"):
+            m.contribution(np.zeros((3, 2)), np.full((records, 1), 0.5), np.zeros(records, dtype=np.int64))
 
 
 def test_the_statistics_are_read_back() -> None:

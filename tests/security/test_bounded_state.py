@@ -92,11 +92,13 @@ def test_seeds_for_ever_new_release_ids_are_bounded_per_party(tmp_path: Path) ->
     )
     length = protocol.length
     for party in ("hospital-2", "hospital-3"):
-        guardian.submit_contribution(release_id="r-honest", party=party, seed=b"\2" * 16, length=length)
+        guardian.submit_contribution(
+            release_id="r-honest", round=0, party=party, seed=b"\2" * 16, length=length
+        )
 
     def flood(i: int) -> object:
         return guardian.submit_contribution(
-            release_id=f"r{i:08d}", party="hospital-1", seed=b"\3" * 16, length=length
+            release_id=f"r{i:08d}", round=0, party="hospital-1", seed=b"\3" * 16, length=length
         )
 
     retained = _retained(flood)

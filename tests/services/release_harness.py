@@ -100,13 +100,20 @@ class ReleaseGuardianServer:
     def stub(self, party: str) -> rpc.GuardianServiceStub:
         return rpc.GuardianServiceStub(self.channels.get(party))
 
-    def contribute(self, release_id: str, party: str, vector: np.ndarray, *, length: int | None = None):
+    def contribute(
+        self, release_id: str, party: str, vector: np.ndarray, *, length: int | None = None, round: int = 0
+    ):
         seed, share = share_contribution(vector)
-        request = pb.SubmitContributionRequest(
-            release_id=release_id, party=party, seed=seed, length=length or len(vector)
-        )
-        self.stub(party).SubmitContribution(request, timeout=10)
+        self.send_seed(release_id, party, seed, length=length or len(vector), round=round)
         return share
+
+    def send_seed(
+        self, release_id: str, party: str, seed: bytes, *, length: int, round: int = 0
+    ) -> pb.SubmitContributionReply:
+        request = pb.SubmitContributionRequest(
+            release_id=release_id, party=party, seed=seed, length=length, round=round
+        )
+        return self.stub(party).SubmitContribution(request, timeout=10)
 
     def release(self, release_id: str, parties: list[str], *, round: int = 0) -> pb.ReleaseReply:
         return self.stub("student").Release(

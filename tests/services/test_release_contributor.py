@@ -13,7 +13,7 @@ from guardian_harness import tls_files
 from release_harness import ReleaseGuardianServer, ReleaseStudentServer
 from sites_harness import federation_dict
 
-from capc_common.errors import BudgetExhaustedError, UnavailableError
+from capc_common.errors import BudgetExhaustedError, CapcError, InputError, UnavailableError
 from capc_common.federation import FederationConfig, exposure_of
 from capc_common.federation.releases import protocol_for
 from capc_common.privacy import SystemNoise
@@ -90,8 +90,6 @@ def test_a_re_offered_release_is_charged_once_and_resends_the_same_share(pki: Pa
 
 
 def test_a_malformed_offer_costs_nothing(pki: Path, tmp_path: Path) -> None:
-    from capc_common.errors import InputError
-
     contributor = _contributor(pki, tmp_path, epsilon_cap=5.0)
     bad = pb.ReleaseItem(release_id="r1", round=0, state=_item(contributor).state, length=3)
     nan = pb.ReleaseItem(
@@ -171,3 +169,49 @@ def test_a_seed_the_guardian_did_not_take_is_sent_again_until_the_share_deadline
     finally:
         contributor.close()
         student.close()
+
+
+def test_a_release_re_offered_for_another_round_is_refused_sending_and_charging_nothing(
+    pki: Path, tmp_path: Path
+) -> None:
+    """The student re-offers a release this party contributed to, naming another round. Re-sending the kept
+    seed and share would let the guardian release one sample in two rounds for one charge here; a fresh
+    sample under the same id is no use to an honest student. The party refuses: nothing reaches the student
+    or the guardian, and its cap is charged once; the offer of the release's own round still goes through."""
+    (tmp_path / "guardian").mkdir()
+    guardian = ReleaseGuardianServer(pki, tmp_path / "guardian", dim=DIM)
+    student = ReleaseStudentServer(pki, guardian.config, length=guardian.protocol.length)
+    metrics = PartyMetrics(
+        party="hospital-a", role="teacher", config_hash=guardian.config.config_hash(),
+        certificate=certificate_info(pki / "hospital-a.crt"),
+    )  # fmt: skip
+    contributor = _contributor(
+        pki, tmp_path, epsilon_cap=1000.0, config=guardian.config, metrics=metrics,
+        student_address=f"127.0.0.1:{student.server.port}",
+        guardian_address=f"127.0.0.1:{guardian.server.port}",
+    )  # fmt: skip
+
+    def calls() -> list[float | None]:
+        return [
+            metrics.registry.get_sample_value("capc_round_trips_total", {"peer": peer, "call": call})
+            for peer, call in (("student", "SubmitContributionShare"), ("guardian", "SubmitContribution"))
+        ]
+
+    try:
+        offered = student.rounds.next_for("hospital-a", timeout=1)
+        contributor.contribute(offered)
+        sent = calls()
+        assert sent == [1.0, 1.0] and contributor.cap.batches == 1
+        again = pb.ReleaseItem()
+        again.CopyFrom(offered)
+        again.round = offered.round + 1
+        with pytest.raises(InputError, match="contributed to for round 0, as round 1: a release belongs to"):
+            contributor.contribute(again)
+        assert calls() == sent and contributor.cap.batches == 1 and contributor.contributed == 1
+        with pytest.raises(CapcError, match="already delivered"):  # its own round: the same bytes again
+            contributor.contribute(offered)
+        assert contributor.cap.batches == 1
+    finally:
+        contributor.close()
+        student.close()
+        guardian.close()

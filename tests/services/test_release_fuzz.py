@@ -89,12 +89,21 @@ def _guardian_call(
     party=CLAIMED,
     seed=st.one_of(st.binary(max_size=40), st.binary(min_size=SEED_BYTES, max_size=SEED_BYTES)),
     length=st.one_of(UINT64, st.none()),
+    round=ROUNDS,
 )
 def test_submit_contribution(
-    release: dict[str, Any], caller: str, release_id: str, party: str, seed: bytes, length: int | None
+    release: dict[str, Any],
+    caller: str,
+    release_id: str,
+    party: str,
+    seed: bytes,
+    length: int | None,
+    round: int,
 ) -> None:
     length = release["length"] if length is None else length  # the right length, too
-    request = pb.SubmitContributionRequest(release_id=release_id, party=party, seed=seed, length=length)
+    request = pb.SubmitContributionRequest(
+        release_id=release_id, party=party, seed=seed, length=length, round=round
+    )
     stub = release["guardian"].stub(caller)
     _guardian_call(release, caller, lambda: stub.SubmitContribution(request, timeout=10))
 

@@ -23,7 +23,7 @@ from release_harness import BUDGET, RHO, SEED, ReleaseGuardianServer
 from capc_common.aggregation import party_noise
 from capc_common.errors import InputError
 from capc_common.federation.releases import ReleaseProtocol
-from capc_common.mechanisms import reveal
+from capc_common.mechanisms import reveal, share_contribution
 from capc_common.mechanisms.release import student_half
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto
@@ -136,6 +136,59 @@ def test_a_round_beyond_the_plan_is_refused_across_restarts(pki: Path, tmp_path:
         assert _code(lambda: restarted.release("r9", list(vectors), round=1)) == grpc.StatusCode.OUT_OF_RANGE
         assert _code(lambda: restarted.record(1)) == grpc.StatusCode.OUT_OF_RANGE
         assert restarted.entries() == entries and restarted.ledger.verify().ok
+    finally:
+        restarted.close()
+
+
+DPSGD = {"name": "secagg-dpsgd", "rounds": 3, "noise_multiplier": 4.0, "sampling_rate": 1.0,
+         "projection": None, "optimizer": "momentum", "learning_rate": 0.5}  # fmt: skip
+
+
+def test_an_attempts_seeds_are_released_in_their_round_only_across_restarts(
+    pki: Path, tmp_path: Path
+) -> None:
+    """A student holding the shares of attempt X, charged for round 0, asks a restarted guardian to release X
+    again as round 1, and the teachers' kept seeds of X (the same bytes) reach it again. Charged, round 1
+    would be a second noisy total of round 0's sample — each teacher charged it once. The guardian refuses
+    the seeds and the release for any round but 0 (ALREADY_EXISTS), in the same process and after a restart
+    (from the ledger's receipts), and charges nothing; round 1 stays open to a fresh attempt."""
+    first = ReleaseGuardianServer(pki, tmp_path, mechanism=DPSGD)
+    length, vectors = first.protocol.length, _vectors(first.protocol)
+    seeds = {p: share_contribution(v)[0] for p, v in vectors.items()}
+    try:
+        for party, seed in seeds.items():
+            first.send_seed("X", party, seed, length=length, round=0)
+        # Seeds sent for round 0 are not released for round 1 (nothing charged), nor joined by one naming it.
+        assert _code(lambda: first.release("X", list(vectors), round=1)) == grpc.StatusCode.ALREADY_EXISTS
+        assert _code(lambda: first.contribute("X", "hospital-a", vectors["hospital-a"], round=1)) == (
+            grpc.StatusCode.ALREADY_EXISTS
+        )
+        assert first.entries() == 0
+        paid = first.release("X", list(vectors), round=0)
+        assert not paid.replayed and paid.charged_rdp > 0
+        assert _code(lambda: first.release("X", list(vectors), round=1)) == grpc.StatusCode.ALREADY_EXISTS
+        entries = first.entries()
+    finally:
+        first.close()
+    restarted = ReleaseGuardianServer(pki, tmp_path, mechanism=DPSGD)  # the same ledger file
+    try:
+        for party, seed in seeds.items():
+            with pytest.raises(grpc.RpcError) as refused:
+                restarted.send_seed("X", party, seed, length=length, round=1)
+            assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+            # for its own round a seed retried after the charge is taken and dropped, as before the restart
+            assert restarted.send_seed("X", party, seed, length=length, round=0).received == 0
+        with pytest.raises(grpc.RpcError) as info:
+            restarted.release("X", list(vectors), round=1)
+        assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        assert "attempt X was charged for round 0, not 1" in (info.value.details() or "")
+        assert restarted.entries() == entries and restarted.ledger.release_plan()[2] == 1
+        again = restarted.release("X", list(vectors), round=0)  # round 0 itself: its receipt
+        assert again.replayed and again.masked == paid.masked and restarted.entries() == entries
+        for party, vector in vectors.items():
+            restarted.contribute("Y", party, vector, round=1)
+        fresh = restarted.release("Y", list(vectors), round=1)
+        assert not fresh.replayed and restarted.ledger.release_plan()[2] == 2
     finally:
         restarted.close()
 

@@ -142,7 +142,7 @@ class Federation:
             if self.seedless(party, item.release_id):
                 _, share = share_contribution(vector)
             else:
-                share = self.guardian.contribute(item.release_id, party, vector)
+                share = self.guardian.contribute(item.release_id, party, vector, round=item.round)
             rounds.deliver(release_id=item.release_id, party=party, share=share)
 
     def entries(self) -> int:

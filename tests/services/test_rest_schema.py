@@ -133,7 +133,7 @@ def release_guardian_app(
         )  # fmt: skip
         for teacher, seed in zip(party.config.teacher_names, (b"\1", b"\2"), strict=True):
             guardian.submit_contribution(
-                release_id="r0", party=teacher, seed=seed * 16, length=protocol.length
+                release_id="r0", round=0, party=teacher, seed=seed * 16, length=protocol.length
             )
         guardian.release(release_id="r0", round=0, parties=party.config.teacher_names, actor="student")
         yield _authorised(party, party.admin_app(readiness=dict, routers=[guardian_router(guardian)]))

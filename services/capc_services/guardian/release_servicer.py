@@ -32,11 +32,11 @@ _STATES = {
 
 
 def _abort(context: grpc.ServicerContext, exc: CapcError) -> None:
-    """Abort with the most precise status: a second seed or total is ALREADY_EXISTS, a release whose seeds
-    did not all arrive (its trailing metadata naming the parties, :data:`MISSING_SEEDS_KEY`) or a total for a
-    round not charged FAILED_PRECONDITION, a round beyond the plan OUT_OF_RANGE, the rest as everywhere
-    (:func:`~capc_services.common.errors.abort`: a full or read-only volume is RESOURCE_EXHAUSTED with
-    ``capc-error: storage``)."""
+    """Abort with the most precise status: a second seed or total, or an attempt of another round, is
+    ALREADY_EXISTS, a release whose seeds did not all arrive (its trailing metadata naming the parties,
+    :data:`MISSING_SEEDS_KEY`) or a total for a round not charged FAILED_PRECONDITION, a round beyond the plan
+    OUT_OF_RANGE, the rest as everywhere (:func:`~capc_services.common.errors.abort`: a full or read-only
+    volume is RESOURCE_EXHAUSTED with ``capc-error: storage``)."""
     code: grpc.StatusCode | None = None
     metadata: tuple[tuple[str, str], ...] = ()
     if isinstance(exc, ReleaseReplayError):
@@ -61,7 +61,11 @@ class ReleaseGuardianServicer(rpc.GuardianServiceServicer):
         caller = acting_party(context, request.party, what="contribute")
         try:
             received = self._g.submit_contribution(
-                release_id=request.release_id, party=caller, seed=request.seed, length=request.length
+                release_id=request.release_id,
+                round=request.round,
+                party=caller,
+                seed=request.seed,
+                length=request.length,
             )
         except CapcError as exc:
             _abort(context, exc)

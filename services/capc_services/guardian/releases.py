@@ -4,8 +4,9 @@ part of the noise, charge, masked total out — each round of the plan charged o
 Per release (DESIGN §3, "commit before reveal"):
 
 * every teacher party sends the 16-byte seed of its mask once per attempt (``submit_contribution``), at the
-  same time as its masked share goes to the student; the guardian keeps it in memory only, so a restart loses
-  unreleased seeds and the student starts that round again under a fresh attempt id (seeds cost nothing);
+  same time as its masked share goes to the student, naming the round its contribution is for; the guardian
+  keeps it in memory only, so a restart loses unreleased seeds and the student starts that round again under
+  a fresh attempt id (seeds cost nothing);
 * the student asks for round ``t`` of the plan (``release``) over the parties whose shares it holds: the
   guardian waits, up to the quorum's share deadline, for those parties' seeds (as ``ComputeStart`` does for a
   batch) — one that never arrives is named in the refusal (:class:`MissingSeedsError`, nothing charged), and
@@ -15,6 +16,14 @@ Per release (DESIGN §3, "commit before reveal"):
   answers ``Σ AES-CTR(seed_p) + z_g``. Without the student's half that message is uniformly random; with it
   it is the noisy total, whose cost is already on disk. Waiting here instead of having each teacher wait for
   its seed's acknowledgement before it sends its share takes one round trip off every release.
+
+**An attempt is released in its round only.** A teacher's seed names its round, and an attempt's seeds are
+released only for that round; an attempt charged for round ``t`` is refused for any other round, and so is
+any seed sent for it naming another — also after a restart, which rebuilds that record from the ledger's
+receipts (each written in the charge's transaction, before the total left). Otherwise a student holding one
+attempt's shares could, after a guardian restart, have the same seeds charged for a second round and decode
+a second noisy total of one sample (the teacher's cache re-sends the same seed to a re-offer), which its
+teacher charged once.
 
 **The guardian counts releases.** Round ``t``'s ledger batch is ``release-<plan>-<t>`` with ``0 ≤ t <`` the
 plan's releases (the plan: the ledger's federation config). A round beyond the plan is refused
@@ -63,7 +72,8 @@ guardian's memory (an honest party has one or two pending: the release in hand, 
 
 
 class ReleaseReplayError(InputError):
-    """A release id that was charged already, or a party's second seed for one release (ALREADY_EXISTS)."""
+    """A party's second seed for one release, or an attempt already bound to another round: charged for
+    one, or its seeds sent for one (ALREADY_EXISTS)."""
 
 
 class MissingSeedsError(InputError):
@@ -102,6 +112,15 @@ class Released:
     charged_rdp: float
     replayed: bool
     remaining_rdp: float = 0.0
+
+
+@dataclass
+class _Pending:
+    """The seeds held for one attempt not yet charged, and the round its first seed named (every seed of the
+    attempt must name it)."""
+
+    round: int
+    seeds: dict[str, bytes]
 
 
 def _receipt(release_id: str, parties: Sequence[str], masked: npt.NDArray[np.int64]) -> bytes:
@@ -150,9 +169,11 @@ class ReleaseGuardian:
         self.plan = ledger.config_hash_in_force
         self._refuse_unrounded_ledger()
         self._planned = planned_figures(protocol, config.budget)
-        self._seeds: dict[str, dict[str, bytes]] = {}
+        self._seeds: dict[str, _Pending] = {}
         self._lock = threading.Condition()  # notified as seeds arrive and as releases are charged
-        self._charged_attempts: set[str] = set()
+        #: The round each charged attempt was charged for, from the ledger's receipts: durable, so a restart
+        #: still refuses an attempt's seeds for a second round.
+        self._charged_attempts = self._attempts_charged()
         self._release_lock = threading.Lock()  # noise is drawn release by release: the canonical order
         self.parties: dict[str, PartySeen] = {
             config.student: PartySeen(role="student"),
@@ -184,6 +205,30 @@ class ReleaseGuardian:
                 f"{self.protocol.rounds}: give this plan its own ledger"
             )
 
+    def _attempts_charged(self) -> dict[str, int]:
+        """``{attempt: round}`` of every round the ledger charged, read from their receipts."""
+        _, rounds, _ = self.ledger.release_plan()
+        charged = {round: self._charged(batch) for round, batch in rounds.items()}
+        return {found.release_id: round for round, found in charged.items() if found is not None}
+
+    def _bound_elsewhere(self, release_id: str, round: int) -> ReleaseReplayError | None:
+        """The refusal of attempt ``release_id`` for ``round`` when the attempt belongs to another round —
+        charged for it, or its seeds sent for it — else None (under ``_lock``)."""
+        charged = self._charged_attempts.get(release_id)
+        if charged is not None and charged != round:
+            return ReleaseReplayError(
+                f"attempt {release_id} was charged for round {charged}, not {round}: an attempt's seeds are "
+                "released in their round only (another round would be a second total of the same sample); "
+                "nothing was charged, start the round under a fresh attempt"
+            )
+        pending = self._seeds.get(release_id)
+        if charged is None and pending is not None and pending.round != round:
+            return ReleaseReplayError(
+                f"the seeds of attempt {release_id} were sent for round {pending.round}, not {round}: an "
+                "attempt belongs to one round; nothing was charged, start the round under a fresh attempt"
+            )
+        return None
+
     def batch_id(self, round: int) -> str:
         """The ledger batch of round ``round`` of the plan: one per round, so a round is charged once."""
         return f"release-{self.plan[:16]}-{round:06d}"
@@ -208,15 +253,21 @@ class ReleaseGuardian:
             raise InputError(f"release id must be 1-128 characters, got {len(release_id)}")
         return release_id
 
-    def submit_contribution(self, *, release_id: str, party: str, seed: bytes, length: int) -> int:
-        """Keep ``party``'s mask seed for one release; returns how many parties' seeds it now holds (none for
-        an attempt this process charged already: its seeds were dropped then, and are never used again).
+    def submit_contribution(
+        self, *, release_id: str, round: int, party: str, seed: bytes, length: int
+    ) -> int:
+        """Keep ``party``'s mask seed for one release of round ``round``; returns how many parties' seeds it
+        now holds (none for an attempt charged already for that round: its seeds were dropped then, and are
+        never used again).
 
         Raises:
             InputError: a malformed id, seed or length, or a party that is not a teacher.
-            ReleaseReplayError: this party already sent another seed for the release.
+            BeyondPlanError: a round outside the plan.
+            ReleaseReplayError: this party already sent another seed for the release, or the attempt belongs
+                to another round (charged for it, or other parties' seeds named it).
         """
         self._check_id(release_id)
+        self._check_round(round)
         if party not in self.config.teacher_names:
             raise InputError(f"{party!r} is not a teacher party of federation {self.config.name!r}")
         if len(seed) != SEED_BYTES:
@@ -227,9 +278,12 @@ class ReleaseGuardian:
                 f"{self.protocol.mechanism.name} releases {self.protocol.length}"
             )
         with self._lock:
+            elsewhere = self._bound_elsewhere(release_id, round)
+            if elsewhere is not None:
+                raise elsewhere
             if release_id in self._charged_attempts:  # a seed retried after its release: no longer needed
                 return 0
-            held = self._seeds.setdefault(release_id, {})
+            held = self._seeds.setdefault(release_id, _Pending(round, {})).seeds
             if held.get(party) == bytes(seed):  # a retry of the same contribution: nothing new is learnt
                 return len(held)
             if party in held:
@@ -245,9 +299,9 @@ class ReleaseGuardian:
 
     def _forget_oldest(self, party: str) -> None:
         """Keep at most :data:`PENDING_RELEASES` ``- 1`` pending seeds of ``party`` (under ``_lock``)."""
-        pending = [rid for rid, held in self._seeds.items() if party in held]
+        pending = [rid for rid, held in self._seeds.items() if party in held.seeds]
         for rid in pending[: max(0, len(pending) - (PENDING_RELEASES - 1))]:
-            held = self._seeds[rid]
+            held = self._seeds[rid].seeds
             del held[party]
             if not held:
                 del self._seeds[rid]
@@ -260,6 +314,8 @@ class ReleaseGuardian:
         Raises:
             BeyondPlanError: a round outside the plan.
             InputError: a malformed id, unknown or repeated parties, or fewer than the quorum.
+            ReleaseReplayError: the attempt belongs to another round: charged for it, or its seeds sent for it
+                (nothing charged).
             MissingSeedsError: a named party's seed did not arrive within the share deadline (nothing charged;
                 ``missing`` names them).
             BudgetExhaustedError: the release does not fit the budget (nothing charged, nothing revealed).
@@ -277,7 +333,11 @@ class ReleaseGuardian:
                 self._seen(actor)
                 return replace(charged, remaining_rdp=float(self.ledger.summary()["remaining_rdp"]))
             with self._lock:
-                held = dict(self._seeds.get(release_id, {}))
+                elsewhere = self._bound_elsewhere(release_id, round)
+                pending = self._seeds.get(release_id)
+                held = dict(pending.seeds) if pending is not None else {}
+            if elsewhere is not None:
+                raise elsewhere
             missing = [p for p in ordered if p not in held]
             if missing:  # gone since the wait: only a charge of this attempt drops its seeds
                 raise MissingSeedsError(
@@ -302,7 +362,7 @@ class ReleaseGuardian:
                 )
             with self._lock:
                 self._seeds.pop(release_id, None)
-                self._charged_attempts.add(release_id)
+                self._charged_attempts[release_id] = round
                 self._lock.notify_all()
         self._seen(actor)
         self.metrics.batches.labels(outcome="settled").inc()
@@ -334,7 +394,8 @@ class ReleaseGuardian:
         deadline = time.monotonic() + self.config.quorum.share_deadline_s
         with self._lock:
             while True:
-                held = self._seeds.get(release_id, {})
+                pending = self._seeds.get(release_id)
+                held = pending.seeds if pending is not None else {}
                 missing = [p for p in parties if p not in held]
                 left = deadline - time.monotonic()
                 if not missing or release_id in self._charged_attempts or left <= 0:

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
@@ -49,6 +49,14 @@ DONE_POLL_S = 5.0
 BACKOFF_S = (0.5, 1.0)
 """First and longest wait between two failed polls (doubling in between; back to the first after a poll that
 went through): a restarted student is polled again within about a second."""
+
+
+class _Prepared(NamedTuple):
+    """One release's contribution as it left: the round it was computed for, its seed and its masked share."""
+
+    round: int
+    seed: bytes
+    share: npt.NDArray[np.int64]
 
 
 class ReleaseContributor:
@@ -112,7 +120,7 @@ class ReleaseContributor:
         self.done = False
         self.contributed = 0
         self.last_error = ""
-        self._prepared: dict[str, tuple[bytes, npt.NDArray[np.int64]]] = {}
+        self._prepared: dict[str, _Prepared] = {}
 
     def contribute(self, item: pb.ReleaseItem, *, stop: threading.Event | None = None) -> None:
         """Compute, split and send this party's contribution to one release (seed and share at once).
@@ -127,17 +135,32 @@ class ReleaseContributor:
         bytes) until the guardian takes it or the quorum's share deadline, after which the guardian no longer
         waits for it, has passed: the student, holding the share, is not going to offer the release again.
 
+        A release id is bound to the round it was first offered for, and its seed names that round to the
+        guardian. A re-offer of a kept release for another round is refused — nothing sent, nothing charged:
+        re-sending the same seed would let the guardian decode the same sample in a second round for one
+        charge here, and a fresh sample under the same id is no use to an honest student (its attempt ids
+        are fresh per round and per attempt) while the guardian refuses a second seed for an attempt it
+        still holds. Only a student that is broken or hostile re-offers so; the refusal says what it did.
+
         Raises:
-            InputError: the item's length or state does not match the federation's mechanism.
+            InputError: the item's length or state does not match the federation's mechanism, or it re-offers
+                a release this party contributed to for another round.
             BudgetExhaustedError: the release would cross this party's own ε cap (nothing was sent).
             CapcError: the guardian or the student refused, or could not be reached.
         """
         prepared = self._prepared.get(item.release_id)
         if prepared is None:
             prepared = self._prepare(item)
-        seed, share = prepared
+        elif prepared.round != item.round:
+            raise InputError(
+                f"the student re-offered release {item.release_id}, which this party contributed to for "
+                f"round {prepared.round}, as round {item.round}: a release belongs to one round (sending its "
+                "seed again would let its sample be released twice for one charge); nothing was sent or "
+                "charged"
+            )
+        _, seed, share = prepared
         request = pb.SubmitContributionRequest(
-            release_id=item.release_id, party=self.party, seed=seed, length=item.length
+            release_id=item.release_id, round=prepared.round, party=self.party, seed=seed, length=item.length
         )
         delivery = pb.ContributionShare(
             release_id=item.release_id, party=self.party, share=ndarray_to_proto(share)
@@ -184,9 +207,9 @@ class ReleaseContributor:
                     raise
             sending = Background(partial(self._seed, request), name=f"{self.party}-seed")
 
-    def _prepare(self, item: pb.ReleaseItem) -> tuple[bytes, npt.NDArray[np.int64]]:
+    def _prepare(self, item: pb.ReleaseItem) -> _Prepared:
         """Check the offer, compute and split the contribution, then charge the cap (durable before anything
-        leaves) and keep the seed and share for re-offers of this release."""
+        leaves) and keep the round, seed and share for re-offers of this release."""
         if item.length != self.protocol.length:
             raise InputError(
                 f"release {item.release_id} asks for {item.length} coordinates; federation.yaml's "
@@ -201,10 +224,10 @@ class ReleaseContributor:
         vector = self.protocol.contribute(state, self._features, self._labels, self._source)
         seed, share = share_contribution(vector)
         self.cap.charge(batch_id=item.release_id, attempt=item.round, count=1)
-        self._prepared[item.release_id] = (seed, share)
+        prepared = self._prepared[item.release_id] = _Prepared(item.round, seed, share)
         while len(self._prepared) > KEPT_RELEASES:
             del self._prepared[next(iter(self._prepared))]
-        return seed, share
+        return prepared
 
     def run(self, stop: threading.Event) -> None:
         """Poll and contribute until ``stop`` is set (backing off while the student is away or a

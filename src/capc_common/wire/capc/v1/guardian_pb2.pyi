@@ -20,16 +20,18 @@ RELEASE_ROUND_STATE_CHARGED: ReleaseRoundState
 RELEASE_ROUND_STATE_DEPOSITED: ReleaseRoundState
 
 class SubmitContributionRequest(_message.Message):
-    __slots__ = ("release_id", "party", "seed", "length")
+    __slots__ = ("release_id", "party", "seed", "length", "round")
     RELEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PARTY_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     release_id: str
     party: str
     seed: bytes
     length: int
-    def __init__(self, release_id: _Optional[str] = ..., party: _Optional[str] = ..., seed: _Optional[bytes] = ..., length: _Optional[int] = ...) -> None: ...
+    round: int
+    def __init__(self, release_id: _Optional[str] = ..., party: _Optional[str] = ..., seed: _Optional[bytes] = ..., length: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
 
 class SubmitContributionReply(_message.Message):
     __slots__ = ("received",)

@@ -138,8 +138,9 @@ class GuardianServiceServicer:
 
     def SubmitContribution(self, request, context):
         """Release mechanisms (DP prototypes, secure-aggregation DP-SGD). Teacher party: the 16-byte seed of its
-        mask for one release (its contribution minus AES-CTR(seed) goes to the student). Once per party per
-        release: a second seed, or a seed for a release already charged, is ALREADY_EXISTS.
+        mask for one release of one round (its contribution minus AES-CTR(seed) goes to the student). Once per
+        party per release: a second seed, or a seed naming another round than the attempt's (charged for one,
+        or other parties' seeds named one), is ALREADY_EXISTS; the same seed again is accepted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -151,7 +152,9 @@ class GuardianServiceServicer:
         part of the noisy total (the named parties' masks plus the guardian's part of the noise). Idempotent by
         round: a round already charged is answered with the same reply and charged nothing (`replayed`), whatever
         the request names. OUT_OF_RANGE for a round beyond the plan; RESOURCE_EXHAUSTED when the charge does not
-        fit the budget; FAILED_PRECONDITION before every named party's seed arrived (nothing charged).
+        fit the budget; FAILED_PRECONDITION before every named party's seed arrived (nothing charged);
+        ALREADY_EXISTS for an attempt that belongs to another round (charged for it, or its seeds sent for it),
+        even after a guardian restart: an attempt's seeds are released in their round only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
