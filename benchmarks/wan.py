@@ -94,7 +94,7 @@ def release_options(*, smoke: bool, rounds: int) -> LocalOptions:
     return LocalOptions(
         parties=3,
         mechanism="secagg-dpsgd",
-        epsilon=100_000.0,
+        epsilon=10_000.0,
         min_parties=2,
         train_limit=200,
         evaluation_images=None,

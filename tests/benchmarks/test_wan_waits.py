@@ -16,6 +16,7 @@ import wan
 
 from capc_common.federation import FederationConfig
 from capc_common.federation.releases import protocol_for
+from capc_common.privacy import BudgetLedger
 from capc_services.local.provision import federation_dict
 
 
@@ -38,11 +39,16 @@ def test_a_condition_met_as_the_plan_ends_is_met() -> None:
     wan._wait(made, timeout=5, what="the last release", ended=lambda: True)
 
 
-def test_the_release_plan_fits_its_budget() -> None:
+def test_the_release_plan_fits_its_budget(tmp_path: Path) -> None:
     """The plan pays for the releases made while each row shapes links and reads counters, at the fastest
-    release (thousands of rounds, not the hundred or so the rows time): the federation must accept it. The
-    full run's plan is the larger, under the same budget."""
+    release (thousands of rounds, not the hundred or so the rows time): the federation must accept it, and
+    the guardian must open a ledger for its budget. The full run's plan is the larger, under the same
+    budget."""
     smoke, full = (wan.release_rounds(wan.SMOKE_ROWS, per_row=10), wan.release_rounds(wan.ROWS, per_row=50))
     assert len(wan.ROWS) * wan.ROW_OVERHEAD_S / wan.RELEASE_FLOOR_S <= full and smoke <= full
     config = FederationConfig.from_dict(federation_dict(wan.release_options(smoke=False, rounds=full)))
     assert protocol_for(config, dim=32).rounds == full + 1  # the statistics release, then the rounds
+    b = config.budget
+    BudgetLedger.create(
+        tmp_path / "ledger.sqlite", epsilon_limit=b.epsilon, delta=b.delta, config={}, order=b.order
+    ).close()
