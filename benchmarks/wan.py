@@ -25,8 +25,9 @@ uplink and downlink), lets one batch or release pass, and then measures:
   call a party makes to a peer, each turn of a stream), per batch and per release. A batch's critical path is
   the student's calls and turns to the guardian (OpenBatch, the 2PC's turns), one work item out to the
   teachers and back (in parallel over the teachers) and, nested in it, each teacher's seed to the guardian. A
-  release's is the teachers' seeds to the guardian and the student's Release call, plus half of a teacher's
-  long poll (only its answer is on the path) and half of its share delivery (only its request is);
+  release's is the student's Release call, plus half of a teacher's long poll (only its answer is on the
+  path) and half of its share delivery (only its request is): the seed goes to the guardian beside the share
+  and the student's deposit in the background, both off the path (counted, by call, beside it);
 * ``bytes_per_label``: every byte the proxies carried (TLS records both ways, all links) over the labels.
 """
 
@@ -139,15 +140,20 @@ def _per(n: int, value: float) -> float:
     return round(value / n, 3) if n else float("nan")
 
 
+def _calls(
+    counts: dict[tuple[str, str], float], before: dict[tuple[str, str], float], n: int, *, peer: str
+) -> dict[str, float]:
+    """One party's calls to ``peer`` per batch or release (``n`` of them), by call."""
+    return {call: _per(n, _sum(counts, before, peer=peer, call=call)) for to, call in counts if to == peer}
+
+
 def _batch_trips(
     fed: LabFederation, start: dict[str, Any], end: dict[str, Any], batches: int
 ) -> dict[str, Any]:
     """The counted round trips per batch, by link, and the critical path they make."""
     student, teachers = fed.config.student, fed.config.teacher_names
     s1, s0 = end["trips"][student], start["trips"][student]
-    guardian = {
-        call: _per(batches, _sum(s1, s0, peer="guardian", call=call)) for _, call in s1 if _ == "guardian"
-    }
+    guardian = _calls(s1, s0, batches, peer="guardian")
     work = _per(batches, _sum(s1, s0, peer="teacher")) / len(teachers)
     seeds = statistics.mean(
         _per(batches, _sum(end["trips"][t], start["trips"][t], peer="guardian")) for t in teachers
@@ -165,21 +171,19 @@ def _release_trips(
 ) -> dict[str, Any]:
     """The counted round trips per release, by link, and the critical path they make."""
     student, teachers = fed.config.student, fed.config.teacher_names
-    release = _per(releases, _sum(end["trips"][student], start["trips"][student], peer="guardian"))
+    s1, s0 = end["trips"][student], start["trips"][student]
+    guardian = _calls(s1, s0, releases, peer="guardian")
     per_teacher = {
         call: statistics.mean(
             _per(releases, _sum(end["trips"][t], start["trips"][t], call=call)) for t in teachers
         )
         for call in ("NextRelease", "SubmitContribution", "SubmitContributionShare")
     }
-    path = (
-        release
-        + per_teacher["SubmitContribution"]
-        + (per_teacher["NextRelease"] + per_teacher["SubmitContributionShare"]) / 2
-    )
+    answered, shared = per_teacher["NextRelease"], per_teacher["SubmitContributionShare"]
+    path = guardian.get("Release", 0.0) + (answered + shared) / 2
     return {
         "critical_path": round(path, 2),
-        "student_release": release,
+        "student_to_guardian": guardian,
         "per_teacher": {k: round(v, 3) for k, v in per_teacher.items()},
     }
 
