@@ -264,7 +264,10 @@ def measure_releases(
     assert fed.lab is not None
     fed.lab.shape(rtt_ms=rtt_ms, mbit=mbit)
     first = _released(fed)
-    spent = lambda: _released(fed) >= planned  # noqa: E731
+
+    def spent() -> bool:
+        return _released(fed) >= planned
+
     _wait(lambda: _released(fed) > first, timeout=300, what="a release over the new links", ended=spent)
     before, start = _released(fed), _snapshot(fed)
 
