@@ -61,7 +61,8 @@ def test_the_wan_benchmarks_short_version(fed: LabFederation) -> None:
         trips, one = row["round_trips"], pytest.approx(1.0, abs=0.34)  # a window of a few batches: ±1 batch
         # OpenBatch, the 2PC's turns, a work item per teacher and its seed to the guardian, as counted.
         assert trips["student_to_guardian"]["OpenBatch"] == one, trips
-        assert trips["student_to_guardian"]["ComputeTurn"] / trips["student_to_guardian"]["OpenBatch"] >= 3.0
+        turns = trips["student_to_guardian"]["ComputeTurn"] / trips["student_to_guardian"]["OpenBatch"]
+        assert turns >= 3.0 - 0.005, trips  # each figure is per batch, to 3 decimals: 3.5 / 1.167 = 2.9991
         assert trips["work_item_per_teacher"] == one and trips["teacher_to_guardian"] == one, trips
         assert row["labels_per_s"] > 0 and row["bytes_per_label"] > 1000
     figures = wan.table(
