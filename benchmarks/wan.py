@@ -25,8 +25,9 @@ uplink and downlink), lets one batch or release pass, and then measures:
   call a party makes to a peer, each turn of a stream), per batch and per release. A batch's critical path is
   the student's calls and turns to the guardian (OpenBatch, the 2PC's turns), one work item out to the
   teachers and back (in parallel over the teachers) and, nested in it, each teacher's seed to the guardian. A
-  release's is the teachers' seeds to the guardian and the student's Release call, plus half of a teacher's
-  long poll (only its answer is on the path) and half of its share delivery (only its request is);
+  release's is the student's Release call, plus half of a teacher's long poll (only its answer is on the
+  path) and half of its share delivery (only its request is): the seed goes to the guardian beside the share
+  and the student's deposit in the background, both off the path (counted, by call, beside it);
 * ``bytes_per_label``: every byte the proxies carried (TLS records both ways, all links) over the labels.
 """
 
@@ -39,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +54,17 @@ from capc_services.local.provision import LocalOptions
 ROWS = tuple((rtt, mbit) for rtt in (0.0, 20.0, 80.0, 200.0) for mbit in (10.0, 100.0))
 SMOKE_ROWS = ((80.0, 100.0),)
 WARM_UP = 5
+"""Batches (and releases) before the first row: process warm-up, the base OT, the first caches."""
 PAIRS = 3
 """Back-to-back loopback and 80 ms measurements the two targets are taken from."""
-"""Batches (and releases) before the first row: process warm-up, the base OT, the first caches."""
+RELEASE_FLOOR_S = 0.02
+"""No release is faster than this (loopback on a shared 2-core machine: 0.03-0.05 s, two round trips)."""
+ROW_OVERHEAD_S = 5.0
+"""Seconds a row spends beside the releases it times: shaping the links, waiting for the first release over
+them, reading every party's counters, polling. The student releases back to back all the while, so a row
+uses up to ``ROW_OVERHEAD_S / RELEASE_FLOOR_S`` releases more than it times: the plan is sized for that (a
+plan of the releases timed plus a few ran out at loopback speed, and the benchmark waited for releases that
+the finished plan would never make)."""
 Say = Callable[[str], None]
 
 
@@ -82,11 +92,12 @@ def selection_options(*, smoke: bool) -> LocalOptions:
 
 
 def release_options(*, smoke: bool, rounds: int) -> LocalOptions:
-    """Three teacher parties of secure-aggregation DP-SGD with enough rounds for every row."""
+    """Three teacher parties of secure-aggregation DP-SGD with enough rounds for every row (ε large enough
+    to pay for them: speed is measured, not utility)."""
     return LocalOptions(
         parties=3,
         mechanism="secagg-dpsgd",
-        epsilon=1000.0,
+        epsilon=10_000.0,
         min_parties=2,
         train_limit=200,
         evaluation_images=None,
@@ -100,6 +111,13 @@ def release_options(*, smoke: bool, rounds: int) -> LocalOptions:
             "projection": {"dim": 32, "images": 200},
         },
     )
+
+
+def release_rounds(rows: Sequence[tuple[float, float]], *, per_row: int) -> int:
+    """The release federation's plan: the warm-up, then for every measurement (the loopback row twice, the
+    shaped rows, the pairs) the releases it times and those made meanwhile (:data:`ROW_OVERHEAD_S`)."""
+    measurements = len(rows) + 2 + 2 * PAIRS
+    return WARM_UP + measurements * (per_row + round(ROW_OVERHEAD_S / RELEASE_FLOOR_S))
 
 
 def _sum(counts: dict[tuple[str, str], float], before: dict[tuple[str, str], float], **match: str) -> float:
@@ -125,15 +143,20 @@ def _per(n: int, value: float) -> float:
     return round(value / n, 3) if n else float("nan")
 
 
+def _calls(
+    counts: dict[tuple[str, str], float], before: dict[tuple[str, str], float], n: int, *, peer: str
+) -> dict[str, float]:
+    """One party's calls to ``peer`` per batch or release (``n`` of them), by call."""
+    return {call: _per(n, _sum(counts, before, peer=peer, call=call)) for to, call in counts if to == peer}
+
+
 def _batch_trips(
     fed: LabFederation, start: dict[str, Any], end: dict[str, Any], batches: int
 ) -> dict[str, Any]:
     """The counted round trips per batch, by link, and the critical path they make."""
     student, teachers = fed.config.student, fed.config.teacher_names
     s1, s0 = end["trips"][student], start["trips"][student]
-    guardian = {
-        call: _per(batches, _sum(s1, s0, peer="guardian", call=call)) for _, call in s1 if _ == "guardian"
-    }
+    guardian = _calls(s1, s0, batches, peer="guardian")
     work = _per(batches, _sum(s1, s0, peer="teacher")) / len(teachers)
     seeds = statistics.mean(
         _per(batches, _sum(end["trips"][t], start["trips"][t], peer="guardian")) for t in teachers
@@ -151,21 +174,19 @@ def _release_trips(
 ) -> dict[str, Any]:
     """The counted round trips per release, by link, and the critical path they make."""
     student, teachers = fed.config.student, fed.config.teacher_names
-    release = _per(releases, _sum(end["trips"][student], start["trips"][student], peer="guardian"))
+    s1, s0 = end["trips"][student], start["trips"][student]
+    guardian = _calls(s1, s0, releases, peer="guardian")
     per_teacher = {
         call: statistics.mean(
             _per(releases, _sum(end["trips"][t], start["trips"][t], call=call)) for t in teachers
         )
         for call in ("NextRelease", "SubmitContribution", "SubmitContributionShare")
     }
-    path = (
-        release
-        + per_teacher["SubmitContribution"]
-        + (per_teacher["NextRelease"] + per_teacher["SubmitContributionShare"]) / 2
-    )
+    answered, shared = per_teacher["NextRelease"], per_teacher["SubmitContributionShare"]
+    path = guardian.get("Release", 0.0) + (answered + shared) / 2
     return {
         "critical_path": round(path, 2),
-        "student_release": release,
+        "student_to_guardian": guardian,
         "per_teacher": {k: round(v, 3) for k, v in per_teacher.items()},
     }
 
@@ -178,15 +199,30 @@ def _done_batches(fed: LabFederation) -> list[tuple[str, int, float]]:
         return [(str(b), int(c), float(u)) for b, c, u in rows]
 
 
+def _totals(fed: LabFederation) -> list[Path]:
+    """The student's journaled totals (not the halves it keeps before)."""
+    return list(fed.store.parent.glob("releases-*/*.total.npy"))
+
+
 def _journal(fed: LabFederation) -> list[float]:
-    """The times the student journaled each release's total, in order (not the halves it keeps before)."""
-    files = sorted(fed.store.parent.glob("releases-*/*.total.npy"))
-    return sorted(path.stat().st_mtime for path in files)
+    """The times the student journaled each release's total, in order."""
+    return sorted(path.stat().st_mtime for path in _totals(fed))
 
 
-def _wait(condition: Callable[[], bool], *, timeout: float, what: str) -> None:
+def _released(fed: LabFederation) -> int:
+    """How many releases the student journaled (what the waits poll: no file is read)."""
+    return len(_totals(fed))
+
+
+def _wait(
+    condition: Callable[[], bool], *, timeout: float, what: str, ended: Callable[[], bool] = lambda: False
+) -> None:
+    """Until ``condition()``; a precise error after ``timeout`` seconds, or at once when ``ended()`` says it
+    never will be (the federation finished its plan)."""
     deadline = time.monotonic() + timeout
     while not condition():
+        if ended() and not condition():
+            raise click.ClickException(f"waiting for {what}: the federation finished its plan first")
         if time.monotonic() > deadline:
             raise click.ClickException(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(0.25)
@@ -223,21 +259,26 @@ def measure_selection(
 
 
 def measure_releases(
-    fed: LabFederation, *, rtt_ms: float, mbit: float | None, window: float, releases: int
+    fed: LabFederation, *, rtt_ms: float, mbit: float | None, window: float, releases: int, planned: int
 ) -> dict[str, Any]:
     """One row of the release path: shape the links, let a release pass, then time the releases of
-    ``window`` seconds (at least 3, at most ``releases``)."""
+    ``window`` seconds (at least 3, at most ``releases``). ``planned``: the federation's releases (a wait
+    ends with an error once they are all journaled)."""
     assert fed.lab is not None
     fed.lab.shape(rtt_ms=rtt_ms, mbit=mbit)
-    first = len(_journal(fed))
-    _wait(lambda: len(_journal(fed)) > first, timeout=300, what="a release over the new links")
-    before, start = len(_journal(fed)), _snapshot(fed)
+    first = _released(fed)
+
+    def spent() -> bool:
+        return _released(fed) >= planned
+
+    _wait(lambda: _released(fed) > first, timeout=300, what="a release over the new links", ended=spent)
+    before, start = _released(fed), _snapshot(fed)
 
     def enough() -> bool:
-        done = len(_journal(fed)) - before
+        done = _released(fed) - before
         return done >= releases or (done >= 3 and time.monotonic() - start["time"] >= window)
 
-    _wait(enough, timeout=window + 600, what=f"3 releases at {rtt_ms:g} ms")
+    _wait(enough, timeout=window + 600, what=f"3 releases at {rtt_ms:g} ms", ended=spent)
     times, end = _journal(fed), _snapshot(fed)
     gaps = [b - a for a, b in zip(times[before - 1 : -1], times[before:], strict=True)]
     return {
@@ -290,24 +331,22 @@ def run(
         fed.close()
     say("release federation (secure-aggregation DP-SGD, 3 teacher parties)")
     releases: dict[tuple[float, float | None], dict[str, Any]] = {}
-    rounds = WARM_UP + (len(rows) + 2 + 2 * PAIRS) * (per_row + 4)  # every row's releases and its first
-    fed = LabFederation(
-        root / "releases", release_options(smoke=smoke, rounds=rounds), namespaces=namespaces, say=say
-    )
+    options = release_options(smoke=smoke, rounds=release_rounds(rows, per_row=per_row))
+    fed = LabFederation(root / "releases", options, namespaces=namespaces, say=say)
     try:
-        _wait(lambda: len(_journal(fed)) >= WARM_UP, timeout=600, what="the first releases")
+        _wait(lambda: _released(fed) >= WARM_UP, timeout=600, what="the first releases")
+        planned = int(fed.get(fed.config.student, "/api/v1/progress")["rounds"])
+        measure = partial(measure_releases, fed, window=window, releases=per_row, planned=planned)
         for rtt, mbit in ((0.0, None), *rows):
-            releases[(rtt, mbit)] = measure_releases(
-                fed, rtt_ms=rtt, mbit=mbit, window=window, releases=per_row
-            )
+            releases[(rtt, mbit)] = measure(rtt_ms=rtt, mbit=mbit)
             say(f"  {rtt:g} ms, {mbit or '∞'} Mbit/s: {releases[(rtt, mbit)]['release_s']} s per release")
-        again = measure_releases(fed, rtt_ms=0.0, mbit=None, window=window, releases=per_row)
+        again = measure(rtt_ms=0.0, mbit=None)
         say(f"  0 ms again: {again['release_s']} s per release")
         releases[(0.0, None)] = _both(releases[(0.0, None)], again, "release_s")
         pairs = []
         for _ in range(PAIRS):
-            near = measure_releases(fed, rtt_ms=0.0, mbit=None, window=window, releases=per_row)["release_s"]
-            far = measure_releases(fed, rtt_ms=80.0, mbit=100.0, window=window, releases=per_row)["release_s"]
+            near = measure(rtt_ms=0.0, mbit=None)["release_s"]
+            far = measure(rtt_ms=80.0, mbit=100.0)["release_s"]
             pairs.append((near, far))
             say(f"  pair: {near} s per release on loopback, {far} at 80 ms")
         result["release_pairs_80ms"] = pairs

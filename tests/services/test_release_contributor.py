@@ -3,6 +3,7 @@ seed and its share at once (the guardian waits for the seeds a release names).""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_to_proto
 from capc_services.common.metrics import PartyMetrics
 from capc_services.teacher.cap import LocalCap
-from capc_services.teacher.contributor import ReleaseContributor
+from capc_services.teacher.contributor import POLL_TIMEOUT_S, ReleaseContributor
 from capc_services.tls import certificate_info
 
 DIM = 4
@@ -215,3 +216,31 @@ def test_a_release_re_offered_for_another_round_is_refused_sending_and_charging_
         contributor.close()
         student.close()
         guardian.close()
+
+
+def test_a_party_asked_to_stop_does_not_wait_out_the_students_held_poll(pki: Path, tmp_path: Path) -> None:
+    """The student holds a party's NextRelease while it has nothing for it (up to 30 s); a party asked to stop
+    (SIGTERM) meanwhile stops within its poll's deadline (5 s), not the student's hold (``capc local down``
+    kills what outlives 15 s)."""
+    config = FederationConfig.from_dict(federation_dict(mechanism={"name": "dppl", "rho": 0.05}))
+    length = protocol_for(config, dim=DIM).length
+    student = ReleaseStudentServer(pki, config, length=length)
+    student.rounds.deliver(release_id="open", party="hospital-a", share=np.zeros(length, dtype=np.int64))
+    contributor = _contributor(
+        pki, tmp_path, epsilon_cap=5.0, config=config, student_address=f"127.0.0.1:{student.server.port}"
+    )
+    stop = threading.Event()
+    runner = threading.Thread(target=contributor.run, args=(stop,), daemon=True)
+    try:
+        runner.start()
+        time.sleep(1.0)  # its poll is held: the student has nothing for it
+        assert not contributor.connected
+        stop.set()
+        asked = time.monotonic()
+        runner.join(timeout=10.0)  # well within `capc local down`'s 15 s grace
+        assert not runner.is_alive() and time.monotonic() - asked <= POLL_TIMEOUT_S
+        assert contributor.connected and contributor.last_error == ""  # it ended with an answer, not a fault
+    finally:
+        stop.set()
+        contributor.close()
+        student.close()

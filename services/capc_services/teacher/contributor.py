@@ -40,8 +40,13 @@ from capc_services.teacher.cap import LocalCap
 from capc_services.tls import TlsFiles
 
 _log = logging.getLogger(__name__)
-POLL_TIMEOUT_S = 40.0
-"""Deadline of one NextRelease call (the student holds it at most 30 s before answering ``pending``)."""
+POLL_TIMEOUT_S = 5.0
+"""Deadline of one NextRelease call: the student holds it until a release opens for the party, at most a
+second less than this, then answers ``pending``. Short because a party asked to stop ends once its call
+returns (the interceptor that checks the student's reply waits for it, so the call is not cancelled from
+outside): 5 s bounds a stop well within ``capc local down``'s grace, where the student's own 30 s hold took
+longer and got the party killed. An idle party polls every 4 s; a waiting poll is answered the moment a
+release opens, so the release path gains nothing."""
 KEPT_RELEASES = 4
 """Seeds and shares kept for re-offers (the student offers one release at a time; a few cover its retries)."""
 DONE_POLL_S = 5.0
