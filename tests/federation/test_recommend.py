@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
+from capc_common.data import holdout_fraction
 from capc_common.errors import InputError
 from capc_common.federation import forecast as fc
 from capc_common.federation import recommend as rec
@@ -55,6 +56,7 @@ def _layout(name: str, parties: int, size: int, classes: int = 10, dataset: str 
         "examples_per_party": size,
         "records": parties * size,
         "party_sizes": {"min": size, "mean": size, "max": size},
+        "holdout_fraction": holdout_fraction(size),  # what joining.py records: sizes are whole parties
         "skew": "uniform",
         "alone": {"min": alone - 0.01, "median": alone, "mean": alone, "max": best, "seeds": 3},
         "pooled": 0.97,
@@ -129,7 +131,7 @@ def test_outside_the_measured_ranges_it_says_so_and_widens(table):
     width = lambda f: f.high - f.low  # noqa: E731
     assert width(far["gain_median"]) == pytest.approx(2 * width(inside["gain_median"]))
     _, why = model.predict(fc.Consortium((30,) * 5, 3, 3.0))
-    assert any("median party is below the smallest measured (100)" in w for w in why)
+    assert any("median party is below the smallest measured (75)" in w for w in why)
 
 
 def test_the_answers(table):
@@ -266,3 +268,21 @@ def test_a_federation_forecast_below_its_median_party_is_refused_before_spending
         patch.setattr(rec, "_table", lambda: {"layouts": []})
         assert below_alone(SpendPlan.declared(_federation([1000, 1000, 1000], 1.0))) is None
     rec.forecaster.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["4x1000", "3x100", "5x30", "3x100-2class"])
+def test_the_shipped_plan_holds_what_was_measured_for_small_consortia(name):
+    """For the consortia a plan must not mislead, on the shipped measurements: the student's measured
+    accuracy and its measured gain over the median party lie in the plan's intervals (or the plan says it is
+    extrapolating), and where the measured gain is not positive the plan does not say to federate."""
+    shipped = json.loads(rec.TABLE.read_text())
+    rec.forecaster.cache_clear()
+    lay = next(lay for lay in shipped["layouts"] if lay["name"] == name)
+    measured = next(m for m in lay["mechanisms"] if m["name"] == "secagg-dpsgd" and m["epsilon"] == 3.0)
+    gain = measured["accuracy_mean"] - lay["alone"]["median"]
+    answer = rec.recommend([lay["examples_per_party"]] * lay["parties"], classes=lay["classes"], epsilon=3.0)
+    low, high = answer["expected_interval"]
+    glow, ghigh = answer["expected_gain"]["median"]["interval"]
+    assert answer["extrapolating"] or (low <= measured["accuracy_mean"] <= high and glow <= gain <= ghigh)
+    if gain <= 0:
+        assert answer["choice"] in ("train-alone", "nothing-to-join"), answer["why"]

@@ -113,15 +113,18 @@ def measured_points(table: Mapping[str, Any]) -> list[Measured]:
 
     A layout's consortium is described by its measured party sizes (their mean over seeds: the median
     party is taken as the mean's party — the layouts' parties are of similar size within a layout, and
-    skewed layouts vary around it) and its nominal classes and skew.
+    skewed layouts vary around it), counted as the federation sees them: each party's training part, less
+    the holdout it keeps at home (the layout's ``holdout_fraction``; what federation.yaml's
+    ``teachers[].examples`` declares) — and its nominal classes and skew.
     """
     out = []
     for lay in table.get("layouts", []):
         alone = lay.get("alone")
         if not alone or lay["parties"] < 2:
             continue
-        size = max(1, round(lay["party_sizes"]["mean"]))
-        count = max(2, round(lay["records"] / size))
+        whole = max(1, round(lay["party_sizes"]["mean"]))
+        count = max(2, round(lay["records"] / whole))
+        size = max(1, round(whole * (1 - float(lay.get("holdout_fraction", 0.0)))))
         for m in lay["mechanisms"]:
             if m["name"] != MECHANISM:
                 continue
