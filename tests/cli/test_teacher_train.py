@@ -16,7 +16,7 @@ from capc_common.data import load_dataset
 from capc_common.errors import InputError
 from capc_common.federation import FederationConfig
 from capc_services.teacher.settings import TeacherSettings
-from capc_services.teacher.train import party_examples
+from capc_services.teacher.train import party_examples, site_examples
 
 REPO = Path(__file__).resolve().parents[2]
 HEADS = 3
@@ -181,7 +181,8 @@ def test_the_teacher_refuses_a_data_file_other_than_the_one_its_site_pins(site: 
     npz = Path(yaml.safe_load(site.read_text())["data"]["dataset"])
     pinned = hashlib.sha256(npz.read_bytes()).hexdigest()
     with_data(site, sha256=pinned.upper())  # as some tools print it
-    assert len(party_examples(TeacherSettings.load(site))[1]) == 240
+    found = site_examples(TeacherSettings.load(site))
+    assert len(found.labels) + len(found.holdout_labels) == 240  # the training part and the holdout
     # A copy cut short is still a readable .npz of fewer images: refused before anything is trained.
     whole = npz.read_bytes()
     np.savez(

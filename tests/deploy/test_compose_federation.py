@@ -213,7 +213,11 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
         shell(command)
     train_command, *after_training = commands(adapt(train))  # then init-cap: the cap record, created once
     trained = shell(train_command, timeout=900)
-    assert f"{examples} examples" in trained.stdout, trained.stdout
+    # the site's images less its holdout (by each image's keyed hash), trained on inside the container
+    trained_on = re.search(r"^examples\s+(\d+)$", trained.stdout, re.M)
+    held_out = re.search(r"^held_out\s+(\d+)$", trained.stdout, re.M)
+    assert trained_on and held_out, trained.stdout
+    assert int(trained_on[1]) + int(held_out[1]) == examples and 0 < int(held_out[1]) < examples // 4
     assert [c for c in after_training if " teacher init-cap " in c], after_training
     for command in after_training:
         shell(command)

@@ -621,15 +621,17 @@ def pin_basis(config: FederationConfig, cache: Path) -> FederationConfig:
     ``cache``, where every party then reads it, and a party that computes another one refuses to train in
     other coordinates."""
     from capc_common.federation import SecAggDPSGDMechanism, load_shared_backbone
-    from capc_common.federation.releases import Featuriser, federation_basis
-    from capc_common.mechanisms.basis import basis_digest
-    from capc_common.models.cache import FeatureCache
 
     mechanism = config.mechanism
     if not isinstance(mechanism, SecAggDPSGDMechanism) or mechanism.projection is None:
         return config
     if mechanism.projection.sha256 is not None:
         return config
+    # only here torch: a federation with no basis to pin is provisioned without it
+    from capc_common.federation.releases import Featuriser, federation_basis
+    from capc_common.mechanisms.basis import basis_digest
+    from capc_common.models.cache import FeatureCache
+
     q = config.queries
     shape = (q.height, q.width, q.channels)
     featuriser = Featuriser(load_shared_backbone(config), shape, FeatureCache(cache))
