@@ -286,3 +286,19 @@ def test_the_shipped_plan_holds_what_was_measured_for_small_consortia(name):
     assert answer["extrapolating"] or (low <= measured["accuracy_mean"] <= high and glow <= gain <= ghigh)
     if gain <= 0:
         assert answer["choice"] in ("train-alone", "nothing-to-join"), answer["why"]
+
+
+def test_leaving_a_layout_out_leaves_out_its_every_epsilon(table):
+    """The interval's errors come from refits without the whole left-out layout: leaving out only one of its
+    ε (its other ε still in the fit) would make the errors look smaller than they are."""
+    points = rec.forecaster().points
+    errors = fc.leave_one_out(points)
+    held = [i for i, p in enumerate(points) if p.layout == "2x30000"]
+    x = fc._design([points[i].consortium.descriptors() for i in held])
+    measured = np.asarray([points[i].values["federation"] for i in held])
+    without = fc._fit([p for p in points if p.layout != "2x30000"], fc.RIDGE)
+    np.testing.assert_allclose(errors["federation"][held], fc._forecast(without, x)["federation"] - measured)
+    one = held[0]
+    leaky = fc._fit([p for i, p in enumerate(points) if i != one], fc.RIDGE)
+    leaky_error = fc._forecast(leaky, x[:1])["federation"][0] - measured[0]
+    assert abs(leaky_error) < abs(errors["federation"][one])

@@ -102,13 +102,21 @@ def test_keep_leans_to_alone_unless_the_gain_is_clear():
     assert keep({"alone": alone, "shared": two}, alpha=0.1)[0] == "alone"
     assert sign_test(2, 0) == 0.25 and sign_test(0, 0) == 1.0 and sign_test(4, 0) == 1 / 16
     assert keep({"alone": alone, "shared": clearly}, alpha=1e-30)[0] == "alone"
+    # Two challengers both clearly better: the more accurate is kept; at equal accuracy, the earlier of
+    # CANDIDATES (the shared student, which needs no fine-tuning).
+    best = clearly | (rng.random(200) < 0.5)
+    assert best.mean() > clearly.mean()
+    assert keep({"alone": alone, "shared": clearly, "personalised": best}, alpha=0.1)[0] == "personalised"
+    assert keep({"alone": alone, "shared": best, "personalised": clearly}, alpha=0.1)[0] == "shared"
+    assert keep({"alone": alone, "shared": clearly, "personalised": clearly.copy()}, alpha=0.1)[0] == "shared"
     with pytest.raises(InputError, match="alone"):
         keep({"shared": alone}, alpha=0.1)
 
 
 def test_personalise_keeps_a_good_shared_model_and_refuses_a_bad_one(digits):
     x, y = digits["x"], digits["y"]
-    (good,) = fit_linear(x, y, classes=10, grid=(LinearSpec(1e-4),), recipe=FAST, space="student")
+    # the federation's student: fitted on other parties' data, never on this party's holdout
+    (good,) = fit_linear(x[300:], y[300:], classes=10, grid=(LinearSpec(1e-4),), recipe=FAST, space="student")
     train, held = np.arange(45), np.arange(60, 260)  # a small party: alone is weak
     inputs = lambda rows: {"per-example": x[rows], "student": x[rows]}  # noqa: E731
     split = Split(inputs(train), y[train], inputs(held), y[held])
