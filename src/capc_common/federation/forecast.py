@@ -322,12 +322,13 @@ def leave_one_out(
     """Each point's error for every :data:`TARGETS` when its whole layout (every ε) is left out of the fit:
     prediction − measured."""
     x = _design([p.consortium.descriptors() for p in points])
+    measured = {target: np.asarray([p.values[target] for p in points]) for target in TARGETS}
     out = {target: np.empty(len(points)) for target in TARGETS}
     for layout in sorted({p.layout for p in points}):
         held = np.asarray([p.layout == layout for p in points])
         found = _forecast(_fit([p for p, h in zip(points, held, strict=True) if not h], penalty), x[held])
         for target in TARGETS:
-            out[target][held] = found[target] - np.asarray([p.values[target] for p in points])[held]
+            out[target][held] = found[target] - measured[target][held]
     return out
 
 
