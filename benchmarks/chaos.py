@@ -5,6 +5,11 @@ Usage: ``.venv/bin/python benchmarks/chaos.py --injections 100 --format json [--
 ``epsilon_uncharged``, ``labels_lost`` and ``max_resume_s`` (and writes one CSV row per round with
 ``--csv``).
 
+``--faults network,disk [--smoke]`` runs the network and disk campaign instead (``benchmarks/_faults.py``: the
+same federation behind shaped links, partitions, half-open connections, resets, a slowed guardian, skewed
+clocks, full and read-only volumes); its object has ``injections``, ``by_kind``, ``lost``, ``mischarged``,
+``resumed`` and ``max_resume_s``.
+
 A local federation (3 teacher parties × 2 heads, scatter backbone, batches of 32, a budget large enough
 for every round) runs as real processes (``capc local``). Each round picks a party and a way to kill it:
 
@@ -43,8 +48,10 @@ from typing import Any
 import click
 import httpx
 import numpy as np
+from _force import benchmark_force
+from _invariants import check_files, store_rows
+from _lab import NAMESPACES, namespaces_option
 
-from capc_common.privacy import BudgetLedger
 from capc_services.local.federation import down, ensure_provisioned, restart, summary, token, up
 from capc_services.local.layout import Layout
 from capc_services.local.processes import federation_of, pid_alive, processes_of, read_state
@@ -98,7 +105,7 @@ class Campaign:
             self.layout = Layout(Path(root).resolve())
             self.config = federation_of(self.layout)
             self.endpoints = summary(self.layout)
-        self.secret = token(self.layout)
+        self.secret = token(self.layout, self.config.student)  # its progress is what is watched
         self.ledger_path = self.layout.party_dir(self.config.guardian) / "ledger.sqlite"
         self.store_path = self.layout.party_dir(self.config.student) / "labels.sqlite"
 
@@ -157,55 +164,11 @@ class Campaign:
 
     def store_rows(self) -> list[tuple[str, str, int]]:
         """(batch id, state, answered) of every batch in the student's store."""
-        with sqlite3.connect(f"file:{self.store_path}?mode=ro", uri=True, timeout=30) as db:
-            return db.execute("SELECT batch_id, state, answered FROM batches").fetchall()
+        return store_rows(self.store_path)
 
     def check(self) -> dict[str, Any]:
-        """The invariants, on the ledger and label store files as they are now.
-
-        The federation keeps labelling meanwhile, so each invariant reads the two files in the order that
-        makes it exact: labels stored ⇒ charged reads the store *before* the ledger (a batch stored before
-        the first read was settled before it), charged ⇒ labels kept reads the store *after* the ledger.
-        """
-        rows = self.store_rows()
-        with BudgetLedger.open(self.ledger_path) as ledger:
-            report = ledger.verify()
-            summary = ledger.summary()
-            kinds: dict[str, list[str]] = {}
-            answered: dict[str, int] = {}
-            for entry in ledger.entries():
-                kinds.setdefault(entry.batch_id, []).append(entry.kind)
-                if entry.kind == "settle":
-                    answered[entry.batch_id] = entry.answered
-        later = self.store_rows()
-        double = sum(
-            1 for k in kinds.values() if k.count("settle") + k.count("release") > 1 or k.count("compute") > 1
-        )
-        uncharged = lost = unrevealed = 0
-        for batch_id, state, stored in rows:
-            settled = batch_id in answered
-            if state == "done" and (not settled or answered[batch_id] != stored):
-                uncharged += 1  # labels the ledger did not charge (or charged for fewer answers)
-        for batch_id, state, _ in later:
-            ledger_kinds = kinds.get(batch_id, [])
-            settled = "settle" in ledger_kinds
-            if state == "lost":
-                if settled:
-                    lost += 1  # paid for, labels gone
-                elif "compute" in ledger_kinds:
-                    unrevealed += 1  # held at its worst case, no label ever revealed
-        return {
-            "ledger_ok": report.ok,
-            "problems": report.problems,
-            "double_charged": double,
-            "uncharged": uncharged,
-            "lost": lost,
-            "charged_unrevealed": unrevealed,
-            "epsilon_spent": float(summary["epsilon_spent"]),
-            "epsilon_limit": float(summary["epsilon_limit"]),
-            # Settled, labels not stored yet: the batch in flight, or one the student recovers on resuming.
-            "settled_open_at_student": {b for b, state, _ in later if state == "open" and b in answered},
-        }
+        """The invariants, on the ledger and label store files as they are now (:func:`check_files`)."""
+        return check_files(self.ledger_path, self.store_path)
 
     # ------------------------------------------------------------------ one round
     def round(self, index: int) -> Round:
@@ -273,6 +236,7 @@ def campaign_options() -> LocalOptions:
         generator="dead_leaves",
         vote_deadline_s=15.0,
         share_deadline_s=10.0,
+        force=benchmark_force("recovery from crashes"),
     )
 
 
@@ -346,6 +310,13 @@ def run(
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--attach", is_flag=True, help="Use the federation already running in --state-dir.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--faults",
+    default=None,
+    help="network,disk (either or both): the network and disk campaign instead of kill -9.",
+)
+@click.option("--smoke", is_flag=True, help="With --faults: one short injection of each kind.")
+@namespaces_option
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def main(
     injections: int,
@@ -354,9 +325,32 @@ def main(
     state_dir: Path | None,
     attach: bool,
     csv_path: Path | None,
+    faults: str | None,
+    smoke: bool,
+    namespaces: str,
     fmt: str,
 ) -> None:
-    """Kill -9 the parties of a local federation and check that nothing paid for is lost."""
+    """Kill -9 the parties of a local federation (or break its links and disks) and check that nothing paid
+    for is lost."""
+    if faults is not None:
+        from _faults import run as run_faults
+
+        kinds = {k.strip() for k in faults.split(",") if k.strip()}
+        if not kinds or kinds - {"network", "disk"}:
+            raise click.UsageError(f"--faults takes network, disk or both, got {faults!r}")
+        root = state_dir or Path(tempfile.mkdtemp(prefix="capc-faults-")) / "state"
+        result = run_faults(
+            faults=kinds,
+            smoke=smoke,
+            seed=seed,
+            resume_timeout=resume_timeout,
+            root=root,
+            options=campaign_options(),
+            namespaces=NAMESPACES[namespaces],
+            say=lambda line: click.echo(line, err=True),
+        )
+        _emit(result, fmt)
+        return
     if attach and state_dir is None:
         raise click.UsageError("--attach needs the --state-dir of a running federation")
     result = run(
@@ -367,11 +361,16 @@ def main(
             writer = csv.DictWriter(handle, fieldnames=list(result["per_round"][0]))
             writer.writeheader()
             writer.writerows(result["per_round"])
+    _emit(result, fmt)
+
+
+def _emit(result: dict[str, Any], fmt: str) -> None:
+    """One JSON object, or one line per figure (the per-round or per-injection detail in JSON only)."""
     if fmt == "json":
         click.echo(json.dumps(result))
         return
     for key, value in result.items():
-        if key != "per_round":
+        if key not in ("per_round", "per_injection"):
             click.echo(f"{key:<28} {value}")
 
 

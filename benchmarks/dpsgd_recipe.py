@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from methods.common import DELTA, ORDERS, log
 from methods.dpsgd import public_basis_for
 
+from capc_common.aggregation import mechanism_noise
 from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
 from capc_common.mechanisms import SecureDPSGD, calibrate
 from capc_common.mechanisms.central import PartyData, predict_head, release_once
@@ -91,7 +92,7 @@ def train(
         classes=10, dim=dim, clip=clip, noise_multiplier=z, sampling_rate=1.0, fixed_point=fixed_point
     )
     trainer = DPSGDTrainer(m, recipe, basis=basis)
-    x, guardian, sampler = trainer.prepare(party.features), SystemNoise(), SystemNoise()
+    x, parts, sampler = trainer.prepare(party.features), mechanism_noise(), SystemNoise()
     # A σ beyond the table sampler (a fine encoding at a large z) is drawn in floating point: a utility
     # measurement only, never a release.
     simulated = np.random.default_rng(secrets.randbits(128)) if m.sigma > MAX_SIGMA else None
@@ -104,7 +105,7 @@ def train(
                 contribution + np.rint(simulated.normal(0.0, m.sigma, contribution.shape)).astype(np.int64)
             )
         else:
-            trainer.absorb(release_once(m, [contribution], guardian=guardian))
+            trainer.absorb(release_once(m, [contribution], noise=parts))
     return trainer, eps_of(z)
 
 

@@ -49,6 +49,7 @@ import click
 import httpx
 import numpy as np
 import psutil
+from _force import benchmark_force
 
 from capc_common.aggregation import draw_confident_noise, draw_student_noise, vote_histogram
 from capc_common.errors import InputError
@@ -169,7 +170,7 @@ def federation_run(
                 heads_from.party_dir(name) / "heads.safetensors", layout.party_dir(name) / "heads.safetensors"
             )
     endpoints = up(root, options, say=say, ready_timeout=600)
-    secret = token(layout)
+    secret, guardian_secret = token(layout, config.student), token(layout, config.guardian)
     guardian = psutil.Process(endpoints["pids"][config.guardian])
     rss: list[float] = []
     seen = 0
@@ -187,7 +188,7 @@ def federation_run(
             raise click.ClickException(f"the federation failed: {progress['error']}")
         recent = progress["recent_batches"]
         student_metrics = _get(f"{endpoints['student']['admin']}/metrics", secret)
-        guardian_metrics = _get(f"{endpoints['guardian']['admin']}/metrics", secret)
+        guardian_metrics = _get(f"{endpoints['guardian']['admin']}/metrics", guardian_secret)
     finally:
         down(root)
     # From the opening of batch 2 (while batch 1 may still be in its 2PC) to the end of the last batch.
@@ -301,6 +302,7 @@ def main(
         "torch_threads": threads,
         "evaluation_images": None,
         "min_parties": parties,
+        "force": benchmark_force("throughput, latency and memory"),
     }
     plan: dict[str, Any] = {}
     if teachers_per_party is None:

@@ -31,6 +31,7 @@ from typing import Any
 
 import click
 import httpx
+from _force import benchmark_force
 
 from capc_common.errors import UnavailableError
 from capc_services.local.federation import ensure_provisioned
@@ -66,6 +67,7 @@ def options(heads: int) -> LocalOptions:
         train_limit=64 * heads,  # shards of about 64 examples: each holds a bn_batch of 32
         evaluation_images=None,
         generator="dead_leaves",
+        force=benchmark_force("start-up"),
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 import numpy as np
+from _force import benchmark_force
 
 from capc_common.federation import batch_plan, usable_queries
 from capc_services.local.layout import Layout
@@ -48,6 +49,7 @@ def labelled_student(
         evaluation_images=evaluation,
         backbone="scatter-28x28x1",
         generator="dead_leaves",
+        force=benchmark_force("student memory"),
     )
     layout, config, _ = provision(root, options)
     store = LabelStore(layout.party_dir(config.student) / "labels.sqlite", config_hash=config.config_hash())

@@ -70,4 +70,16 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
     echo "      the dashboard's browser test will be skipped and say so." >&2
   fi
 fi
+# The link lab (tests/e2e/test_links.py, benchmarks/wan.py, chaos.py --faults) partitions links with iptables
+# inside its network namespaces (a Debian package).
+if ! command -v iptables >/dev/null 2>&1; then
+  LAB="apt-get install -y -qq iptables"
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+    echo "==> installing Debian's iptables (for the link lab)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive $LAB) >/dev/null 2>&1 || true
+  fi
+  if ! command -v iptables >/dev/null 2>&1; then
+    echo "note: iptables is not installed ('$LAB' needs root); the link lab's tests will say so." >&2
+  fi
+fi
 echo "==> environment ready: $VENV"

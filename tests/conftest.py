@@ -14,20 +14,18 @@ from typing import Any
 
 import pytest
 
-from capc_common.memory import keep_freed_memory
-
 REPO = Path(__file__).resolve().parents[1]
 
-# Library objects built in the test processes run with a party's memory policy (what `capc` sets at start).
-keep_freed_memory()
-
 #: The longest modules, longest first (a worker's seconds in each, measured in `make test` on 2026-12-03:
-#: 223, 131, 106, 73, 62, 62, 61, 59, 39, 34, 34), started first so that the two workers finish together
-#: instead of one running a long module alone at the end (longest-processing-time-first scheduling).
+#: 223, 131, 106, 73, 62, 62, 61, 59, 39, 34, 34; alone with -n 0 on 2026-12-05, under load: test_restarts.py
+#: 160, test_links.py 80, once a guardian's and a teacher's start no longer took minutes), started first so
+#: that the two workers finish together instead of one running a long module alone at the end
+#: (longest-processing-time-first scheduling).
 LONGEST = (
     "tests/benchmarks/test_smoke.py",
     "tests/deploy/test_compose_federation.py",
     "tests/e2e/test_restarts.py",
+    "tests/e2e/test_links.py",
     "tests/e2e/test_release_federation.py",
     "tests/e2e/test_membership.py",
     "tests/services/test_dashboard.py",

@@ -106,7 +106,7 @@ def kept_all(
 ) -> list[dict[str, Any]]:
     """For each party against the student ``head``: the test accuracy of alone, shared, personalised and
     kept, on the test set as it is and reweighted to the party's class mix (``_mix``), which it kept, and
-    the holdout test behind the choice (gain and standard error of each challenger)."""
+    the holdout test behind the choice (gain, wins, losses and the sign test's p-value of each challenger)."""
     ex, ey, images = test
     out = []
     for party, alone in zip(parties, alones, strict=True):
@@ -118,7 +118,7 @@ def kept_all(
             row[name], row[f"{name}_mix"] = float(correct.mean()), mix_accuracy(correct, ey, mix)
         row.update(kept=row[found.kept], kept_mix=row[f"{found.kept}_mix"], chose=found.kept)
         row["holdout"] = {
-            name: {"gain": t["gain"], "se": t["standard_error"]}
+            name: {"gain": t["gain"], "wins": t["wins"], "losses": t["losses"], "p": t["p_value"]}
             for name, t in found.detail["keep_test"].items()
         }
         out.append(row)

@@ -8,32 +8,38 @@ redraws one screen, or prints one JSON object per refresh (``--format json``).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from capc_common.errors import InputError, ProtocolError, UnavailableError
+from capc_services.common.admin_client import admin_client
 
 _ROUTES = {"budget": "budget", "history": "budget/history?points=60&batches=20", "parties": "parties",
            "student": "student"}  # fmt: skip
 _SPARK = "▁▂▃▄▅▆▇█"
 
 
-def snapshot(url: str, token: str, *, timeout: float = 10.0) -> dict[str, Any]:
+def snapshot(url: str, token: str, *, ca: Path | None = None, timeout: float = 10.0) -> dict[str, Any]:
     """One reading of every figure the dashboard shows.
 
+    Args:
+        url: the guardian's admin API (``http://`` only on this machine).
+        token: its admin token.
+        ca: the federation CA of an ``https://`` guardian.
+        timeout: seconds per request.
+
     Raises:
-        InputError: the guardian refused the token.
+        InputError: the guardian refused the token, or ``url`` would send it in cleartext over a network.
         UnavailableError: the guardian's admin API does not answer.
         ProtocolError: it answered with an error status.
     """
     out: dict[str, Any] = {"url": url, "time": time.time()}
-    with httpx.Client(
-        base_url=url.rstrip("/") + "/api/v1/", headers={"Authorization": f"Bearer {token}"}, timeout=timeout
-    ) as client:
+    with admin_client(url, token=token, ca=ca, timeout=timeout) as client:
         for key, route in _ROUTES.items():
             try:
-                response = client.get(route)
+                response = client.get(f"/api/v1/{route}")
             except httpx.HTTPError as exc:
                 raise UnavailableError(f"the guardian's admin API at {url} does not answer ({exc})") from None
             if response.status_code == 401:

@@ -15,14 +15,12 @@ import importlib
 import os
 import pkgutil
 import sys
-from pathlib import Path
 
 import click
 
-from capc_cli import commands, teardown
+from capc_cli import commands
 from capc_common import __version__
 from capc_common.errors import CapcError, InputError
-from capc_common.memory import keep_freed_memory
 
 EXIT_CODES = """\b
 Exit codes:
@@ -62,27 +60,8 @@ def _permission_message(exc: PermissionError) -> str:
     )
 
 
-def _is_this_process(argv: list[str] | None) -> bool:
-    """Whether this call is the ``capc`` process itself (its console script or ``python -m capc_cli``), not a
-    caller running the CLI inside its own process (a test, a notebook)."""
-    entry = Path(sys.argv[0]) if sys.argv else Path()
-    return argv is None and (entry.name == "capc" or entry.parts[-2:] == ("capc_cli", "__main__.py"))
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI, mapping library errors to their documented exit codes and a one-line message."""
-    if _is_this_process(argv):
-        teardown.arm()  # first: every exit handler registered later runs before the process ends
-    try:
-        _main(argv)
-    except SystemExit as exc:
-        teardown.exiting_with(exc.code)
-        raise
-
-
-def _main(argv: list[str] | None) -> None:
-    """:func:`main`'s work: run the command, exit with its documented code."""
-    keep_freed_memory()  # before numpy is imported: every party's process reuses what it frees
     try:
         # In non-standalone mode click returns the exit code of ``--help``/``--version`` (an int) or the
         # command's return value (None for every capc command).

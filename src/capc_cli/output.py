@@ -83,3 +83,12 @@ def file_option(*names: str, help: str, required: bool = True) -> Callable[[F], 
     return click.option(
         *names, type=click.Path(dir_okay=False, path_type=Path), required=required, default=None, help=help
     )
+
+
+def ca_option() -> Callable[[F], F]:
+    """``--ca``: the federation CA certificate an ``https://`` admin API presents a certificate of."""
+    return file_option(
+        "--ca",
+        required=False,
+        help="The federation's ca.crt, to verify an https:// admin API (http:// is only for this machine).",
+    )

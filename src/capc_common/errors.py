@@ -47,3 +47,13 @@ class ProtocolError(CapcError):
     """A protocol peer sent something malformed, truncated or out of order."""
 
     exit_code = 6
+
+
+class StorageError(CapcError):
+    """A volume this party writes to is full, read-only or failing; nothing was written.
+
+    Not data loss: what was committed before is intact (``capc budget verify`` says so for a ledger), and the
+    work resumes once the volume can be written again. The message names the volume and the space needed.
+    """
+
+    exit_code = 7

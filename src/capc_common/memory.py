@@ -1,34 +1,30 @@
-"""How a process's allocators treat memory it frees: keep it for the next allocation.
+"""The allocator policy of the processes that run the two-party computation: keep freed memory for reuse.
 
-A party's work allocates and frees the same large buffers over and over (a featurisation chunk, a head's
-gradient block, a file read into an array). By default glibc maps every block above its dynamic threshold
-(at most 32 MiB) on its own and unmaps it when freed, and numpy asks for transparent huge pages for every
-array of 4 MiB or more, so such a buffer is fresh memory that the kernel zeroes before its first use. On this
-project's 2-core VMs that zeroing is unusually slow: in a whole-system `perf record -a` of one `capc demo`,
-74 s of its 390 s of CPU went to the kernel zeroing huge pages (``clear_page_erms`` under
-``do_huge_pmd_anonymous_page``). One hospital's `capc teacher train` (189 heads, 19,898 images, run alone)
-took 34.4–38.6 s with glibc's and numpy's defaults and 24.6–27.6 s with this policy (system time 8–11 s
-against 3–4 s).
+The garbler (the guardian) and the evaluator (the student) of a selection mechanism work through every query
+batch layer by layer, allocating and freeing label arrays of several MB each time. By default glibc maps a
+block above its dynamic threshold on its own and unmaps it when freed, so such a block is fresh memory the
+kernel faults in and zeroes again. Measured (``capc bench mpc --classes 10 --batch 1024 --batches 5
+--threshold``, six alternating runs each on a shared 2-core machine, docs/results.md): the garbler's CPU for
+the timed batches 0.25 s with this policy in its process against 0.29 s with glibc's and numpy's defaults,
+the evaluator's 0.23 s against 0.27 s (AND gates per busy second 10.0 M against 8.4 M, labels/s 2,650 against
+1,990). Not measured as a default: ``MALLOC_MMAP_MAX_`` or any other ``mallopt`` setting turns glibc's dynamic
+threshold off, so an environment that sets one is not glibc's default (the same runs with
+``MALLOC_MMAP_MAX_=65536``: 0.51 s and 0.45 s).
 
 The price is memory held: freed blocks stay in the process, so its resident size stays near the highest it
-has reached, plus fragmentation (a large block freed under a small live one is not returned). Measured: a
-student fitting 8,192 labelled queries in chunks of 2,048 peaked at 608 MB against 550 MB with the defaults.
-Worker threads started after the call allocate from the same heap (one arena; glibc limits only arenas made
-later, so a thread that allocated before keeps its own): a thread's own arena holds at most 64 MiB per heap
-and hands a heap back as soon as it is empty, so a thread working through blocks of a few tens of MB (the
-demo's three hospitals training their local heads side by side) got fresh memory for nearly every block.
-Measured, those three threads over 30 Adam steps each: 1.89 M page faults and 4.4–5.0 s of system time with
-one arena per thread, 0.75–0.83 M and 1.8–2.1 s with one for all. The price: the threads' larger mallocs take
-one lock (small blocks come from each thread's cache, Python's small objects from its own allocator), and a
-long-lived small block of one thread can keep the shared heap from shrinking after another's large free (the
-trim threshold keeps such tops anyway).
+has reached (a student that trains its head after labelling keeps its training peak). So only those two
+processes set it, when their federation runs the 2PC (:func:`keep_freed_memory`, called by the guardian's and
+the student's selection paths and by ``capc bench mpc``'s garbler and evaluator); a teacher, and every party
+of a release federation, hands freed memory back as usual: a secure-aggregation DP-SGD teacher of 20,000
+records held 1.66 GB with the policy and 1.0 GB without it, before its memory was reduced at its source.
+Worker threads started after the call allocate from the same heap (one arena): the 2PC runs in gRPC's worker
+threads, whose own arenas would hand a heap back as soon as it is empty.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import sys
 
 __all__ = ["glibc", "keep_freed_memory"]
 
@@ -57,25 +53,16 @@ def _operator_tuned_malloc() -> bool:
 
 
 def keep_freed_memory() -> None:
-    """Keep freed memory in this process for reuse, and no huge pages for numpy's arrays.
+    """Keep freed memory in this process for reuse: every block from the main heap, a freed top kept, one
+    arena for every thread.
 
-    Call it once, at a process's start, before any thread is started and best before numpy is imported (the
-    CLI's entry point does). The operator's settings win: any malloc setting in the environment (a
-    ``MALLOC_*`` variable, or ``glibc.malloc.*`` in ``GLIBC_TUNABLES``) leaves glibc's allocator as the
-    environment set it, and ``NUMPY_MADVISE_HUGEPAGE`` numpy's huge pages. Child processes inherit the numpy
-    setting. Off glibc only numpy's setting applies.
+    Call it in a process that runs the 2PC, before it starts its worker threads. The operator's settings win:
+    any malloc setting in the environment (a ``MALLOC_*`` variable, or ``glibc.malloc.*`` in
+    ``GLIBC_TUNABLES``) leaves glibc's allocator as the environment set it. Off glibc it does nothing.
     """
-    os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")  # read once, when numpy is imported
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:  # imported already (a test runner's plugin): numpy's own switch, where it has one
-        switch = getattr(getattr(numpy, "_core", None), "multiarray", None)
-        if switch is not None and hasattr(switch, "_set_madvise_hugepage"):
-            switch._set_madvise_hugepage(os.environ["NUMPY_MADVISE_HUGEPAGE"] != "0")
     if not glibc() or _operator_tuned_malloc():
         return
     libc = ctypes.CDLL(None)
-    # The main arena takes every block from its heap, even a whole feature matrix, keeps a freed top, and
-    # serves every thread.
     libc.mallopt(ctypes.c_int(_M_MMAP_MAX), ctypes.c_int(0))  # 0 (refused) leaves glibc's default
     libc.mallopt(ctypes.c_int(_M_TRIM_THRESHOLD), ctypes.c_int(_TRIM_THRESHOLD))
     libc.mallopt(ctypes.c_int(_M_ARENA_MAX), ctypes.c_int(1))  # threads too (before they first allocate)

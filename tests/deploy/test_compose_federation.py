@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import ssl
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,10 +26,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from cryptography import x509
 from docker_harness import IMAGE, REPO, Engine, Project, run
 
 from capc_common.data import load_dataset, partition
 from capc_services.local.provision import free_port
+from capc_services.tls.csr import fingerprint
 
 # The first test of a session also waits for the image build (minutes from nothing, seconds when cached).
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.timeout(3600)]
@@ -75,9 +78,15 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{project.logs()}")
 
 
-def get(url: str, token: str) -> Any:
+def get(url: str, token: str, ca: Path) -> Any:
+    """GET an admin route over HTTPS, the party's certificate verified against the federation's CA."""
     try:
-        response = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        response = httpx.get(
+            url,
+            headers={"Authorization": f"Bearer {token}"},
+            verify=ssl.create_default_context(cafile=str(ca)),
+            timeout=5,
+        )
     except httpx.HTTPError:
         return None
     return response.json() if response.status_code == 200 else None
@@ -117,14 +126,17 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
     project: Project, engine: Engine, tmp_path: Path
 ) -> None:
     env = project.env
-    guardian_admin = f"http://127.0.0.1:{env['CAPC_GUARDIAN_ADMIN_PORT']}/api/v1"
-    student_admin = f"http://127.0.0.1:{env['CAPC_STUDENT_ADMIN_PORT']}/api/v1"
+    # HTTPS (CAPC_ADMIN__TLS): the certs job's certificates carry the IP SAN 127.0.0.1
+    guardian_admin = f"https://127.0.0.1:{env['CAPC_GUARDIAN_ADMIN_PORT']}/api/v1"
+    student_admin = f"https://127.0.0.1:{env['CAPC_STUDENT_ADMIN_PORT']}/api/v1"
     started = time.monotonic()
     # The certificate job runs first (depends_on: completed); the student waits for a healthy guardian.
     # hospital-a and hospital-b train their heads while hospital-c is set up by hand below.
     project.compose("up", "-d", "--no-build", "guardian", "student", "hospital-a", "hospital-b")
     certs = project.volume_dir("certs")
-    token = (certs / "admin.token").read_text().strip()
+    ca = certs / "ca.crt"
+    token = (certs / "guardian.token").read_text().strip()  # one admin token per role
+    student_token = (certs / "student.token").read_text().strip()
 
     def kill_after_the_first_batch() -> tuple[float, dict[str, Any]]:
         # Whoever answers the first batch, hospital-a goes down right after it: from then on the federation
@@ -136,7 +148,7 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
         student, killed = project.container("student"), project.container(KILLED)
         wait_for(
             "the first labelled batch",
-            lambda: (get(f"{guardian_admin}/budget", token) or {}).get("batches", 0) > 0,
+            lambda: (get(f"{guardian_admin}/budget", token, ca) or {}).get("batches", 0) > 0,
             timeout=900,
             project=project,
             every=0.02,
@@ -145,7 +157,7 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
         engine.docker("pause", student)
         try:
             engine.docker("kill", killed)
-            return first_label_s, get(f"{guardian_admin}/parties", token)["parties"]
+            return first_label_s, get(f"{guardian_admin}/parties", token, ca)["parties"]
         finally:
             engine.docker("unpause", student)
 
@@ -190,8 +202,9 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
     assert csr.is_file() and (csr.parent / f"{HOSPITAL}.key").stat().st_mode & 0o077 == 0
     # The coordinator signs the request with the compose federation's CA (the certs volume on this host).
     federation = REPO / "deploy" / "compose" / "federation-confident-gnmax.yaml"
+    read_out = fingerprint(x509.load_pem_x509_csr(csr.read_bytes()))  # what the hospital reads out
     run(*CAPC, "cert", "sign", str(csr), "--ca-dir", str(certs), "--federation", str(federation),
-        "--out", str(inbox / f"{HOSPITAL}.crt"))  # fmt: skip
+        "--out", str(inbox / f"{HOSPITAL}.crt"), "--fingerprint", read_out)  # fmt: skip
     (inbox / "ca.crt").write_bytes((certs / "ca.crt").read_bytes())
     (inbox / "federation.yaml").write_bytes(federation.read_bytes())
     (inbox / f"{HOSPITAL}.yaml").write_text(adapt(site))
@@ -200,7 +213,11 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
         shell(command)
     train_command, *after_training = commands(adapt(train))  # then init-cap: the cap record, created once
     trained = shell(train_command, timeout=900)
-    assert f"{examples} examples" in trained.stdout, trained.stdout
+    # the site's images less its holdout (by each image's keyed hash), trained on inside the container
+    trained_on = re.search(r"^examples\s+(\d+)$", trained.stdout, re.M)
+    held_out = re.search(r"^held_out\s+(\d+)$", trained.stdout, re.M)
+    assert trained_on and held_out, trained.stdout
+    assert int(trained_on[1]) + int(held_out[1]) == examples and 0 < int(held_out[1]) < examples // 4
     assert [c for c in after_training if " teacher init-cap " in c], after_training
     for command in after_training:
         shell(command)
@@ -218,15 +235,19 @@ def test_compose_federation_with_a_hospital_deployed_from_the_docs(
     progress = wait_for(
         "the published student",
         lambda: (
-            (p := get(f"{student_admin}/progress", token)) and p["state"] in ("published", "failed") and p
+            (p := get(f"{student_admin}/progress", student_token, ca))
+            and p["state"] in ("published", "failed")
+            and p
         ),
         timeout=900,
         project=project,
     )
     assert progress["state"] == "published", progress
     assert "budget exhausted" in progress["stopped_reason"], progress["stopped_reason"]
-    budget = get(f"{guardian_admin}/budget", token)
-    parties = get(f"{guardian_admin}/parties", token)["parties"]
+    budget = get(f"{guardian_admin}/budget", token, ca)
+    parties = get(f"{guardian_admin}/parties", token, ca)["parties"]
+    # the dashboard's relay reached the student over HTTPS with the student's token
+    assert get(f"{guardian_admin}/student", token, ca)["reachable"] is True
     total_s = time.monotonic() - started
     assert 0 < budget["epsilon_spent"] <= budget["epsilon_limit"], budget
     # The killed party answered nothing more (a batch in flight may still count); the others carried on,

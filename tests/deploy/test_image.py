@@ -26,7 +26,9 @@ def host_site(root: Path, *, owner: int) -> Path:
     (capc / "federation.yaml").write_bytes(FEDERATION.read_bytes())
     site = yaml.safe_load((REPO / "deploy" / "compose" / "sites" / "hospital-a.yaml").read_text())
     site.update(federation="/etc/capc/federation.yaml", data={"dataset": "/data/hospital-a.npz"})
-    site["admin"]["allow_remote"] = True
+    # As docs/operations.md's site file: in a container the admin API listens on all interfaces, which a
+    # party accepts only over HTTPS with its own certificate (``allow_remote`` and ``tls`` together).
+    site["admin"].update(allow_remote=True, tls=True)
     (capc / "hospital-a.yaml").write_text(yaml.safe_dump(site))
     (capc / "certs" / "ca.crt").write_text("placeholder")
     for path in (capc, capc / "certs", *capc.rglob("*")):
@@ -126,6 +128,7 @@ def test_compose_fallback_docker_compose_1_29_runs_the_certificate_job(
             key = certs / f"{party}.key"
             assert (certs / f"{party}.crt").is_file() and stat.S_IMODE(key.stat().st_mode) == 0o600
             assert key.stat().st_uid == UID, "the job runs as the image's user"
-        assert stat.S_IMODE((certs / "admin.token").stat().st_mode) == 0o600
+        for role in ("guardian", "student", "teacher"):  # one admin token per role
+            assert stat.S_IMODE((certs / f"{role}.token").stat().st_mode) == 0o600
     finally:
         project.compose("down", "-v", check=False)

@@ -11,9 +11,11 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 import kubernetes_validate
@@ -22,16 +24,20 @@ import yaml
 from cryptography import x509
 
 from capc_cli.main import cli, main
+from capc_common import __version__
 from capc_common.federation import FederationConfig
 from capc_services.guardian.settings import GuardianSettings
+from capc_services.k8s import PLACEHOLDER_REGISTRY
 from capc_services.student.settings import StudentSettings
 from capc_services.teacher.settings import TeacherSettings
+from capc_services.tls.csr import fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 #: The oldest Kubernetes minor still widely run, and the newest the validator ships schemas for.
 VERSIONS = ("1.29.0", f"{kubernetes_validate.latest_version()}.0")
 SETTINGS = {"guardian": GuardianSettings, "student": StudentSettings, "teacher": TeacherSettings}
+ROLES = tuple(SETTINGS)
 Docs = list[dict[str, Any]]
 
 
@@ -57,6 +63,11 @@ def _capc(*args: str) -> None:
         assert exc.code in (0, None), f"capc {' '.join(args)} exited {exc.code}"
 
 
+def read_out(csr: Path) -> str:
+    """A request's fingerprint, as its party reads it out to the coordinator."""
+    return fingerprint(x509.load_pem_x509_csr(csr.read_bytes()))
+
+
 def _render(kubectl: str, directory: Path) -> Docs:
     proc = subprocess.run(
         [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120, check=False
@@ -74,15 +85,16 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Docs]:
     certs = root / "base" / "certs"
     _capc(
         "cert", "bootstrap", "--dir", str(certs), "--name", "capc-k8s", "--party", "guardian",
-        "--party", "student", "--party", "hospital-a", "--admin-token", str(certs / "admin.token"),
+        "--party", "student", "--party", "hospital-a", *(f"--admin-token={certs}/{r}.token" for r in ROLES),
     )  # fmt: skip
     # hospital-b: its own key and request; the coordinator signs it against the federation it is part of.
     hospital = root / "overlays" / "hospital"
     shutil.copy(root / "base" / "federation.yaml", hospital / "federation.yaml")
     _capc("cert", "request", "hospital-b", "--out-dir", str(hospital / "certs"))
+    csr = hospital / "certs" / "hospital-b.csr"
     _capc(
-        "cert", "sign", str(hospital / "certs" / "hospital-b.csr"), "--ca-dir", str(certs), "--federation",
-        str(hospital / "federation.yaml"), "--out", str(hospital / "certs" / "hospital-b.crt"),
+        "cert", "sign", str(csr), "--ca-dir", str(certs), "--federation", str(hospital / "federation.yaml"),
+        "--out", str(hospital / "certs" / "hospital-b.crt"), "--fingerprint", read_out(csr),
     )  # fmt: skip
     shutil.copy(certs / "ca.crt", hospital / "certs" / "ca.crt")
     (hospital / "certs" / "admin.token").write_text("hospital-b-" + "t" * 40)
@@ -193,6 +205,8 @@ def _paths(site: Any) -> list[str]:
             found.append(getattr(site, field))
     if isinstance(site, TeacherSettings):
         found.append(site.cap.record)
+        if site.lifetime is not None:  # the hospital's site ledger, on its state volume
+            found.append(site.lifetime.ledger)
         assert site.data is not None
         found.append(Path(site.data.dataset))
     return [str(p) for p in found]
@@ -233,15 +247,26 @@ def test_commands_ports_probes_and_paths_are_the_parties_own(rendered: dict[str,
             == int(site.admin.bind.rsplit(":", 1)[1])
         )
         assert env["CAPC_ADMIN__ALLOW_REMOTE"] == "true" and site.admin.allow_remote
-        assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "admin"}
-        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
+        # ... over HTTPS with the party's certificate: the admin token never crosses the cluster in cleartext
+        assert env["CAPC_ADMIN__TLS"] == "true" and site.admin.tls
+        assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "admin", "scheme": "HTTPS"}
+        assert container["readinessProbe"]["httpGet"] == {
+            "path": "/readyz",
+            "port": "admin",
+            "scheme": "HTTPS",
+        }
         assert container["startupProbe"]["httpGet"]["path"] == "/livez"
+        # One admin token per role: the pod's admin-token Secret is its role's own.
+        tokens = next(v["secret"]["secretName"] for v in pod["volumes"] if v["name"] == "admin-token")
+        assert tokens.startswith(f"capc-{role}-admin-token")
         if hasattr(site, "grpc"):
             assert ports["grpc"] == int(site.grpc.bind.rsplit(":", 1)[1])
             exposed = re.search(r"^EXPOSE (.+)$", dockerfile, re.MULTILINE)
             assert exposed is not None and str(ports["grpc"]) in exposed.group(1).split()
-        # The image the rest of the deployment builds and runs.
-        assert container["image"] == compose_image.group(1)
+        # The image compose builds and runs, from the registry kustomize sets, at a release.
+        name = compose_image.group(1).partition(":")[0]
+        for each in [*pod["initContainers"], container]:
+            assert each["image"] == f"{PLACEHOLDER_REGISTRY}/{name}:{__version__}"
         checked.add((deployment["metadata"].get("namespace", ""), role))
     assert len(checked) == 4  # guardian, student and teacher of the base; the hospital's teacher
 
@@ -261,7 +286,12 @@ def test_addresses_in_the_base_are_its_services(rendered: dict[str, Docs]) -> No
         for key in keys:
             assert services.get(site[key]) == "grpc", f"{role} {key} {site[key]} is no Service's gRPC port"
     guardian = yaml.safe_load(_named(docs, "ConfigMap", "capc-guardian-config")["data"]["site.yaml"])
-    assert guardian["student_admin"]["url"].removeprefix("http://") in services
+    assert guardian["student_admin"]["url"].removeprefix("https://") in services
+    # the relay reaches the student by its Service's name, which the student's admin API answers to
+    student = StudentSettings(
+        **yaml.safe_load(_named(docs, "ConfigMap", "capc-student-config")["data"]["site.yaml"])
+    )
+    assert "capc-student" in student.admin.allowed_hosts
 
 
 def test_every_pod_runs_unprivileged_with_a_read_only_root(rendered: dict[str, Docs]) -> None:
@@ -293,3 +323,231 @@ def test_a_command_the_cli_does_not_have_fails_the_check() -> None:
         _command(["guardian", "serve", "--sites", "/etc/capc/config/site.yaml"])
     with pytest.raises(AssertionError, match="`capc teacher run` is not a command"):
         _command(["teacher", "run"])
+
+
+def test_images_are_set_by_kustomize_with_a_registry_and_a_release() -> None:
+    """The manifests name the image alone; each kustomization sets its registry and release (`images:`),
+    never a moving tag, so every party of a cluster runs the same code."""
+    images = {m: re.findall(r"^\s*image: (\S+)", m.read_text(), re.MULTILINE) for m in K8S.rglob("*.yaml")}
+    assert sum(len(found) for found in images.values()) == 5  # guardian, student, teacher, 2 init containers
+    assert all(image == "diet-capc" for found in images.values() for image in found), images
+    for kustomization in (
+        K8S / "base" / "kustomization.yaml",
+        K8S / "overlays" / "hospital" / "kustomization.yaml",
+    ):
+        (image,) = yaml.safe_load(kustomization.read_text())["images"]
+        assert image == {
+            "name": "diet-capc",
+            "newName": f"{PLACEHOLDER_REGISTRY}/diet-capc",
+            "newTag": __version__,
+        }
+
+
+def test_the_teacher_waits_for_its_data_checked_by_checksum(rendered: dict[str, Docs]) -> None:
+    """Before it starts, a teacher's pod runs `capc data verify --wait` on the same site file, with the data
+    volume writable there only (where `kubectl cp` lands the file), read-only for the party."""
+    teachers = [d for _, d in _deployments(rendered) if d["metadata"]["name"] == "capc-teacher"]
+    assert len(teachers) == 2
+    for deployment in teachers:
+        pod = deployment["spec"]["template"]["spec"]
+        (init,) = [c for c in pod["initContainers"] if c["name"] == "data"]
+        (container,) = pod["containers"]
+        path, params = _command(init["args"])
+        assert path == ["data", "verify"] and params["wait"] and params["timeout"] is None
+        assert params["site"] == _command(container["args"])[1]["site"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "data"]
+        assert volume["persistentVolumeClaim"] == {"claimName": "capc-teacher-data"}  # not read-only
+        mounts = {c["name"]: {m["name"]: m for m in c["volumeMounts"]} for c in (init, container)}
+        assert mounts["data"]["data"]["mountPath"] == mounts["capc"]["data"]["mountPath"] == "/data"
+        assert not mounts["data"]["data"].get("readOnly") and mounts["capc"]["data"]["readOnly"]
+        assert mounts["data"]["config"] == mounts["capc"]["config"]
+
+
+# ----------------------------------------------------------------------------------- network policies
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist) against labels."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        ok = {
+            "In": labels.get(key) in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Pod:
+    namespace: str
+    labels: dict[str, str]
+    ports: dict[str, int]
+
+
+def _admitted(policies: Docs, source: _Pod, target: _Pod, port: int) -> bool:
+    """Whether NetworkPolicy semantics admit a TCP connection from ``source`` to ``target``'s ``port``:
+    allowed unless a policy of the target's namespace selects it for Ingress; then only if a rule of one of
+    them admits both the peer (a podSelector in the policy's namespace, a namespaceSelector) and the port
+    (a number, or a name of the target's container ports)."""
+    selecting = [
+        p for p in policies
+        if p["metadata"].get("namespace", "") == target.namespace
+        and "Ingress" in p["spec"]["policyTypes"] and _selects(p["spec"]["podSelector"], target.labels)
+    ]  # fmt: skip
+    if not selecting:
+        return True
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress") or []:
+            peers = rule.get("from")
+            peer_ok = peers is None or any(
+                ("podSelector" in peer or "namespaceSelector" in peer)
+                and _selects(peer.get("podSelector", {}), source.labels)
+                and (
+                    _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": source.namespace})
+                    if "namespaceSelector" in peer
+                    else source.namespace == target.namespace
+                )
+                for peer in peers
+            )
+            ports = rule.get("ports")
+            port_ok = ports is None or any(
+                p.get("protocol", "TCP") == "TCP"
+                and (p["port"] == port or target.ports.get(str(p["port"])) == port)
+                for p in ports
+            )
+            if peer_ok and port_ok:
+                return True
+    return False
+
+
+def _pods(docs: Docs) -> dict[str, _Pod]:
+    """Each Deployment's pod as a policy sees it (namespace, labels, named container ports)."""
+    return {
+        d["metadata"]["name"]: _Pod(
+            d["metadata"].get("namespace", ""),
+            d["spec"]["template"]["metadata"]["labels"],
+            {p["name"]: p["containerPort"] for p in d["spec"]["template"]["spec"]["containers"][0]["ports"]},
+        )
+        for d in _of(docs, "Deployment")
+    }
+
+
+def test_network_policies_admit_the_parties_links_and_nothing_else(rendered: dict[str, Docs]) -> None:
+    docs = rendered["base"]
+    policies, pods = _of(docs, "NetworkPolicy"), _pods(docs)
+    targets = {  # Service host:port -> (the pod it reaches, its container port)
+        f"{name}:{p['port']}": (name, pods[name].ports[p["targetPort"]])
+        for name, s in ((s["metadata"]["name"], s) for s in _of(docs, "Service"))
+        for p in s["spec"]["ports"]
+    }
+    # Every link the site files dial is admitted: teacher -> guardian, teacher -> student, student -> guardian
+    # (gRPC), guardian -> the student's admin API.
+    links = []
+    for role in ("student", "teacher", "guardian"):
+        site = yaml.safe_load(_named(docs, "ConfigMap", f"capc-{role}-config")["data"]["site.yaml"])
+        dialled = [site[k] for k in ("guardian_address", "student_address") if k in site]
+        if "student_admin" in site:
+            dialled.append(urlsplit(site["student_admin"]["url"]).netloc)  # https since the admin plane's TLS
+        links += [(f"capc-{role}", *targets[address]) for address in dialled]
+    assert len(links) == 4
+    for source, target, port in links:
+        assert _admitted(policies, pods[source], pods[target], port), (source, target, port)
+    # gRPC from nothing else: another pod of the namespace, the guardian to the student, any other namespace.
+    stranger = _Pod("", {"app": "debug"}, {})
+    outsider = _Pod("elsewhere", pods["capc-teacher"].labels, {})
+    for target in ("capc-guardian", "capc-student"):
+        grpc = pods[target].ports["grpc"]
+        assert not _admitted(policies, stranger, pods[target], grpc)
+        assert not _admitted(policies, outsider, pods[target], grpc)
+    assert not _admitted(
+        policies, pods["capc-guardian"], pods["capc-student"], pods["capc-student"].ports["grpc"]
+    )
+    # Admin: any pod of the namespace, none of another; a teacher listens on nothing else.
+    for target, pod in pods.items():
+        assert _admitted(policies, stranger, pod, pod.ports["admin"]), target
+        assert not _admitted(policies, outsider, pod, pod.ports["admin"]), target
+    assert not _admitted(policies, pods["capc-guardian"], pods["capc-teacher"], 50051)
+    # The hospital's own cluster: nothing reaches its teacher, not even from its namespace.
+    hospital = _pods(rendered["hospital"])["capc-teacher"]
+    neighbour = _Pod(hospital.namespace, {"app": "debug"}, {})
+    assert not _admitted(
+        _of(rendered["hospital"], "NetworkPolicy"), neighbour, hospital, hospital.ports["admin"]
+    )
+    # The model itself: without the base's policies every one of these would be admitted.
+    assert _admitted([], outsider, pods["capc-guardian"], pods["capc-guardian"].ports["admin"])
+
+
+# ------------------------------------------------------------------------------------ capc k8s check
+Capc = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def _check(capc: Capc, directory: Path) -> tuple[int, str]:
+    """`capc k8s check DIRECTORY` as a process: its exit code and output."""
+    proc = capc("k8s", "check", str(directory))
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _fixes(output: str) -> list[str]:
+    return re.findall(r"fix: (.*)", output)
+
+
+def test_the_check_explains_what_kustomize_only_fails_on_and_its_fixes_work(
+    tmp_path: Path, capc: Capc
+) -> None:
+    kubectl = _kubectl()
+    root = tmp_path / "k8s"
+    shutil.copytree(K8S, root, ignore=shutil.ignore_patterns("certs", "federation.yaml"))
+    shutil.copy(K8S / "base" / "federation.yaml", root / "base" / "federation.yaml")
+    base = root / "base"
+    # Before the certificates: kustomize's bare error, the check's list with the command that makes them.
+    raw = subprocess.run([kubectl, "kustomize", str(base)], capture_output=True, text=True, check=False)
+    assert raw.returncode != 0 and re.search(r"certs/\w+\.token", raw.stderr)
+    assert "capc cert" not in raw.stderr
+    code, output = _check(capc, base)
+    assert code == 2 and "3 problems" in output, output
+    (bootstrap,) = re.findall(r"`(capc cert bootstrap [^`]+)`", output)
+    assert (
+        "--party guardian --party hospital-a --party student" in bootstrap and "--name capc-k8s" in bootstrap
+    )
+    assert all(f"--admin-token {base}/certs/{role}.token" in bootstrap for role in ROLES)
+    assert f"images diet-capc → {PLACEHOLDER_REGISTRY}/diet-capc" in output
+    assert "sites/hospital-a.yaml: data.sha256" in output and "sha256sum hospital-a.npz" in output
+    # The fixes, as a person applies them: the printed command, the registry, the data file's checksum.
+    _capc(*bootstrap.split()[1:])
+    kustomization = base / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text().replace(PLACEHOLDER_REGISTRY, "registry.acme.example"))
+    site = base / "sites" / "hospital-a.yaml"
+    site.write_text(
+        site.read_text().replace(
+            "{dataset: /data/hospital-a.npz}", "{dataset: /data/hospital-a.npz, sha256: " + "ab" * 32 + "}"
+        )
+    )
+    code, output = _check(capc, base)
+    assert code == 0 and output.startswith(f"ok: {base} is ready"), output
+    assert _render(kubectl, base)
+    # A moving tag is refused too.
+    kustomization.write_text(kustomization.read_text().replace(f'"{__version__}"', "latest"))
+    code, output = _check(capc, base)
+    assert code == 2 and "tag latest" in output and "`capc --version`" in output
+
+
+def test_the_check_of_a_hospitals_overlay_names_each_file_and_who_makes_it(
+    tmp_path: Path, capc: Capc
+) -> None:
+    root = tmp_path / "k8s"
+    shutil.copytree(K8S, root, ignore=shutil.ignore_patterns("certs", "federation.yaml"))
+    hospital = root / "overlays" / "hospital"
+    code, output = _check(capc, hospital)
+    assert code == 2, output
+    fixes = dict(zip(re.findall(r"✗ (.*)", output), _fixes(output), strict=True))
+    certs = hospital / "certs"
+    assert "from the coordinator" in fixes[str(hospital / "federation.yaml")]
+    assert f"`capc cert request hospital-b --out-dir {certs}`" in fixes[str(certs / "hospital-b.key")]
+    assert "`capc cert sign`" in fixes[str(certs / "hospital-b.crt")]
+    assert "from the coordinator" in fixes[str(certs / "ca.crt")]
+    assert "secrets.token_urlsafe" in fixes[str(certs / "admin.token")]
+    assert len(fixes) == 7  # and the images, the data checksum

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from protocol_force import protocol_force
 
 from capc_common.federation import FederationConfig
 from capc_common.learn.heads import HeadEnsemble
@@ -60,6 +61,7 @@ def federation_options(**overrides: Any) -> LocalOptions:
         evaluation_images=None,
         vote_deadline_s=30,
         share_deadline_s=15,
+        force=protocol_force("mechanics end to end"),
     )
     return LocalOptions(**{**base.__dict__, **overrides})
 
@@ -94,18 +96,20 @@ class Running:
             install_heads(layout, config, teachers)
         self.endpoints = up(root, options, ready_timeout=240)
         self.layout, self.config, self.root = layout, config, root
-        self.token = token(layout)
+        self.token = token(layout)  # the guardian's
+        self.student_token = token(layout, config.student)
+        self.teacher_token = token(layout, config.teacher_names[0])
 
-    def get(self, url: str) -> Any:
-        response = httpx.get(url, headers={"Authorization": f"Bearer {self.token}"}, timeout=10)
+    def get(self, url: str, *, secret: str) -> Any:
+        response = httpx.get(url, headers={"Authorization": f"Bearer {secret}"}, timeout=10)
         response.raise_for_status()
         return response.json()
 
     def progress(self) -> dict[str, Any]:
-        return dict(self.get(self.endpoints["student"]["progress"]))
+        return dict(self.get(self.endpoints["student"]["progress"], secret=self.student_token))
 
     def budget(self) -> dict[str, Any]:
-        return dict(self.get(self.endpoints["guardian"]["budget"]))
+        return dict(self.get(self.endpoints["guardian"]["budget"], secret=self.token))
 
     def wait(self, done: Callable[[dict[str, Any]], bool], *, timeout: float = 240) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

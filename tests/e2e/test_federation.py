@@ -22,10 +22,15 @@ import numpy as np
 import pytest
 from federation_harness import Running, federation_options
 
-from capc_common.federation import mechanism_of
+from capc_common.data import load_dataset
+from capc_common.federation import load_shared_backbone, mechanism_of
+from capc_common.learn.student import load_student
+from capc_common.models import extract_features
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
+from capc_services.teacher.settings import TeacherSettings
+from capc_services.teacher.train import site_examples
 from capc_services.tls import TlsFiles
 
 pytestmark = pytest.mark.slow
@@ -33,7 +38,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def differential(central, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    running = Running(tmp_path_factory.mktemp("fed") / "state", federation_options(), central["teachers"])
+    # The central run's heads vote; each site's own 600 images are what `teacher personalise` compares on.
+    options = federation_options(train_limit=600)
+    running = Running(tmp_path_factory.mktemp("fed") / "state", options, central["teachers"])
     running.wait(lambda p: p["state"] == "published")
     yield running
     running.close()
@@ -100,6 +107,50 @@ def test_budget_exhaustion_stops_cleanly(differential: Running) -> None:
     assert progress["queries"] < differential.config.queries.total
 
 
+def test_a_hospital_personalises_against_the_published_student(differential: Running, capc, tmp_path) -> None:
+    """``capc teacher personalise`` on a selection mechanism's student: it finds the student the local
+    federation published, reads it in its own space (current BatchNorm statistics over bn_batch chunks),
+    scores alone, shared and personalised on the site's holdout and on ``--evaluate``'s file, and writes the
+    kept model with its card."""
+    site = differential.layout.site("hospital-1")
+    test = load_dataset("fashion-mnist", split="test")
+    evaluate = tmp_path / "evaluate.npz"
+    np.savez(evaluate, images=test.images[:96], labels=test.labels[:96])
+    args = ("teacher", "personalise", "--site", str(site), "--no-cnn", "--evaluate", str(evaluate))
+    proc = capc(*args, "--out", str(tmp_path / "personal"), "--format", "json", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert set(report["holdout"]) == set(report["evaluate"]) == {"alone", "shared", "personalised"}
+    assert report["kept"] in report["holdout"] and report["student"]["kind"] == "selection"
+    examples = site_examples(TeacherSettings.load(site))
+    assert report["sizes"] == {
+        "training_part": len(examples.labels),
+        "holdout": len(examples.holdout_labels),
+        "evaluate": 96,
+    }
+    # "shared" is the published student as a user runs it: current statistics over chunks of bn_batch.
+    student, _ = load_student(Path(differential.progress()["published"]["model"]))
+    backbone = load_shared_backbone(differential.config)
+    bn_batch = differential.config.queries.bn_batch
+    for images, truth, part in (
+        (examples.holdout_images, examples.holdout_labels, "holdout"),
+        (test.images[:96], test.labels[:96], "evaluate"),
+    ):
+        features = extract_features(backbone, images, bn_batch=bn_batch, mode="current")
+        expected = (student.predict(features)[0] == truth).mean()
+        # float32 torch there, float64 here: a near-tie may fall the other way, one image at most
+        assert report[part]["shared"] == pytest.approx(expected, abs=1.01 / len(truth)), part
+    card = json.loads((tmp_path / "personal" / "model_card.json").read_text())
+    assert (
+        card["kept"] == report["kept"] and card["student"]["config_hash"] == differential.config.config_hash()
+    )
+    assert card["compared"]["evaluate"]["shared"] == report["evaluate"]["shared"]
+    space = (
+        "per-example features" if report["kept"] == "alone" else "BatchNorm current statistics over chunks"
+    )
+    assert space in card["reads"] and card["format"] == "linear", card["reads"]
+
+
 def _tls(running: Running, party: str) -> TlsFiles:
     certs = running.layout.certs
     return TlsFiles(ca=certs / "ca.crt", cert=certs / f"{party}.crt", key=certs / f"{party}.key")
@@ -108,7 +159,6 @@ def _tls(running: Running, party: str) -> TlsFiles:
 def test_unauthenticated_and_impersonating_clients_are_refused(differential: Running) -> None:
     guardian = differential.endpoints["guardian"]["grpc"]
     student = differential.endpoints["student"]["grpc"]
-    config_hash = differential.config.config_hash()
     # no client certificate: the TLS handshake fails
     bare = grpc.secure_channel(
         guardian,
@@ -119,10 +169,10 @@ def test_unauthenticated_and_impersonating_clients_are_refused(differential: Run
         rpc.GuardianServiceStub(bare).BatchStatus(pb.BatchStatusRequest(batch_id="x"), timeout=10)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     # a teacher's certificate: may not act as the student, nor submit for another party
-    hash_header = (ConfigHashClientInterceptor(config_hash, peer="guardian"),)
-    stub = rpc.GuardianServiceStub(
-        _tls(differential, "hospital-1").channel(guardian, peer="guardian", interceptors=hash_header)
-    )
+    teacher = _tls(differential, "hospital-1")
+    config = differential.config
+    hash_header = (FederationClientInterceptor.dialling(config, tls=teacher, peer="guardian"),)
+    stub = rpc.GuardianServiceStub(teacher.channel(guardian, peer="guardian", interceptors=hash_header))
     with pytest.raises(grpc.RpcError) as info:
         stub.OpenBatch(pb.OpenBatchRequest(batch_id="x", count=32, query_digest=b"0" * 32), timeout=10)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -134,8 +184,10 @@ def test_unauthenticated_and_impersonating_clients_are_refused(differential: Run
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     # on the student's work stream, hospital-1 cannot introduce itself as hospital-2
     work = rpc.StudentServiceStub(
-        _tls(differential, "hospital-1").channel(
-            student, peer="student", interceptors=(ConfigHashClientInterceptor(config_hash, peer="student"),)
+        teacher.channel(
+            student,
+            peer="student",
+            interceptors=(FederationClientInterceptor.dialling(config, tls=teacher, peer="student"),),
         )
     )
     hello = pb.TeacherMessage(hello=pb.TeacherHello(party="hospital-2", heads=3))

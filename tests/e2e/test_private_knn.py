@@ -75,7 +75,10 @@ def test_private_knn_federation_equals_the_central_run(tmp_path) -> None:
         assert budget["epsilon_spent"] == pytest.approx(float(expected), rel=1e-9)
         card = json.loads(Path(progress["published"]["model_card"]).read_text())["privacy"]
         assert card["accountant"].startswith("private-knn: ") and "Poisson-subsampled" in card["accountant"]
-        status = running.get(running.endpoints["teachers"]["hospital-1"]["admin"] + "/api/v1/status")
+        status = running.get(
+            running.endpoints["teachers"]["hospital-1"]["admin"] + "/api/v1/status",
+            secret=running.teacher_token,
+        )
         assert status["voter"] == {
             "voter": "private-knn",
             "heads": 4,

@@ -111,7 +111,10 @@ def test_prom_pate_federation_equals_the_central_release(tmp_path) -> None:
         rdp = QUERIES * float(per_query[0]) + central.answered * float(per_answer[0])
         expected = epsilon_at_order(budget["order"], rdp, delta=budget["delta"])
         assert budget["epsilon_spent"] == pytest.approx(float(expected), rel=1e-9)
-        status = running.get(running.endpoints["teachers"]["hospital-1"]["admin"] + "/api/v1/status")
+        status = running.get(
+            running.endpoints["teachers"]["hospital-1"]["admin"] + "/api/v1/status",
+            secret=running.teacher_token,
+        )
         assert status["voter"] == {
             "voter": "prompted",
             "heads": HEADS,

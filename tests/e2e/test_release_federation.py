@@ -9,6 +9,7 @@ contribution, the sharing, the guardian's noise or its order, the student's arit
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -24,7 +25,8 @@ import torch
 from federation_harness import NOISE_SEED, Running, federation_options
 from threadpoolctl import threadpool_limits
 
-from capc_common.aggregation import party_noise, sampling_noise
+from capc_common.aggregation import mechanism_noise, sampling_noise
+from capc_common.data import load_dataset
 from capc_common.federation import FederationConfig, load_shared_backbone
 from capc_common.federation.releases import (
     DPSGDProtocol,
@@ -123,19 +125,19 @@ def _central_head_of(running: Running) -> np.ndarray:
     config = running.config
     parties = _parties(running.layout, config)
     protocol = _protocol(config, running.layout)
-    guardian = party_noise("guardian", seed=NOISE_SEED)
+    noise = mechanism_noise(seed=NOISE_SEED)  # the guardian's and the student's streams, as they draw them
     if isinstance(protocol, PrototypesProtocol):
-        sums, counts = run_prototypes(parties, mechanism=protocol.prototypes, guardian=guardian)
+        sums, counts = run_prototypes(parties, mechanism=protocol.prototypes, noise=noise)
         return prototype_head(sums, counts, metric=protocol.metric)
     if isinstance(protocol, PublicVotesProtocol):
-        total = run_public_prototype_votes(parties, mechanism=protocol.votes, guardian=guardian)
+        total = run_public_prototype_votes(parties, mechanism=protocol.votes, noise=noise)
         prototypes = protocol.votes.prototypes(total)
         return prototype_head(prototypes, np.ones(len(prototypes)), metric="cosine")
     assert isinstance(protocol, DPSGDProtocol)
     result = run_secure_dpsgd(
         parties,
         trainer=protocol.trainer,
-        guardian=guardian,
+        noise=noise,
         party_sources=lambda name: sampling_noise(name, seed=NOISE_SEED),
     )
     return result.weights
@@ -195,3 +197,59 @@ def test_a_restarted_student_replays_its_releases_without_paying_again(released:
     np.testing.assert_array_equal(np.load(model), head)
     after = released.budget()
     assert (after["entries"], after["spent_rdp"]) == (before["entries"], before["spent_rdp"])
+
+
+def test_each_hospital_personalises_against_the_published_head(released: Running, tmp_path: Path) -> None:
+    """After publication a hospital scores, on its holdout, its model alone, the published head (as the
+    student party published it, in its per-example space) and the head fine-tuned on its own data, keeps one
+    and writes it with its card; ``--evaluate`` scores the same three on a file it supplies."""
+    from capc_common.data import holdout_part
+    from capc_common.mechanisms import per_example
+    from capc_common.mechanisms.central import predict_head
+    from capc_services.teacher.personal import personalise_site
+    from capc_services.teacher.train import site_examples
+
+    site = released.layout.site("hospital-1")
+    settings = TeacherSettings.load(site)
+    evaluate = tmp_path / "evaluate.npz"
+    test = load_dataset("fashion-mnist", split="test")
+    np.savez(evaluate, test_images=test.images[:64], test_labels=test.labels[:64])
+    with threadpool_limits(limits=1, user_api="blas"):
+        report = personalise_site(site, evaluate=evaluate, out=tmp_path / "personal", cnn=False)
+    assert report["kept"] in ("alone", "shared", "personalised")
+    for part in ("holdout", "evaluate"):
+        assert set(report[part]) == {"alone", "shared", "personalised"}
+        assert all(0 <= value <= 1 for value in report[part].values())
+    # The holdout is the site's keyed-hash holdout, out of the 200 records: what the federation never saw.
+    examples = site_examples(settings)
+    assert report["sizes"] == {
+        "training_part": len(examples.labels),
+        "holdout": len(examples.holdout_labels),
+        "evaluate": 64,
+    }
+    assert len(examples.holdout_labels) > 20 and settings.holdout.fraction == 0.25  # planned for 200 records
+    everything = np.concatenate([examples.images, examples.holdout_images])
+    labels = np.concatenate([examples.labels, examples.holdout_labels])
+    held = holdout_part(everything, labels, fraction=0.25, seed=settings.data.seed)[1]  # type: ignore[union-attr]
+    np.testing.assert_array_equal(held, np.arange(len(examples.labels), len(labels)))
+    # "shared" is the published head itself, read in the release student's space.
+    head = np.load(Path(released.progress()["published"]["model"]))
+    backbone = load_shared_backbone(released.config)
+    for images, truth, part in (
+        (examples.holdout_images, examples.holdout_labels, "holdout"),
+        (test.images[:64], test.labels[:64], "evaluate"),
+    ):
+        shared = (predict_head(head, per_example(backbone, images)) == truth).mean()
+        # normalised in float64 there, in float32 here: a near-tie may fall the other way, one image at most
+        assert report[part]["shared"] == pytest.approx(shared, abs=1.01 / len(truth)), part
+    card = json.loads(Path(report["model_card"]).read_text())
+    model = Path(report["model"]).read_bytes()
+    assert card["kept"] == report["kept"] and card["model_sha256"] == hashlib.sha256(model).hexdigest()
+    assert (
+        card["student"]["kind"] == "release"
+        and card["student"]["config_hash"] == released.config.config_hash()
+    )
+    assert card["sizes"] == report["sizes"] and "nothing of this left the site" in card["privacy"]
+    assert card["compared"]["holdout"]["shared"] == report["holdout"]["shared"]
+    with np.load(report["model"]) as saved:
+        assert saved["weights"].shape == (released.config.classes, head.shape[1])

@@ -133,7 +133,7 @@ def _capc(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 def test_the_cli_writes_the_new_file_and_the_next_steps(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "federation-4.yaml"
+    out = tmp_path / "m" / "federation-4.yaml"  # a folder that does not exist yet (was: a traceback, exit 1)
     code, text = _capc(
         capsys, "federation", "add-party", "--federation", str(COMPOSE), "--party", "hospital-d", "--heads",
         "25", "--out", str(out),

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
+from capc_common.data import holdout_fraction
 from capc_common.errors import InputError
 from capc_common.federation import forecast as fc
 from capc_common.federation import recommend as rec
@@ -26,14 +27,19 @@ from capc_common.federation.config import FederationConfig
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _sigmoid(z: float) -> float:
+    return 1 / (1 + math.exp(-z))
+
+
 def _law(records: float, size: float, epsilon: float, classes: int) -> tuple[float, float, float]:
-    """A made-up world of the model's own form (so the fit can recover it): alone improves with the party's
-    size, the federation with all records and ε; the best party is 3 points above the median; a little
-    noise, fixed per layout, so that leaving a layout out costs something."""
+    """A made-up world of the model's own form, linear in the descriptors on the logit scale (so the fit
+    can recover it): alone improves with the party's size, the federation with all records and ε; the best
+    party a little above the median; a little noise, fixed per layout, so that leaving a layout out costs
+    something."""
     wobble = 0.003 * math.sin(records + size)
-    alone = 0.55 + 0.08 * math.log10(size) - 0.01 * math.log2(classes)
-    fed = 0.43 + 0.08 * math.log10(records) + 0.06 * math.log10(epsilon) - 0.01 * math.log2(classes)
-    return fed + wobble, alone, alone + 0.03
+    alone = -0.6 + 0.45 * math.log10(size) - 0.05 * math.log2(classes)
+    fed = -1.3 + 0.45 * math.log10(records) + 0.35 * math.log10(epsilon) - 0.05 * math.log2(classes)
+    return _sigmoid(fed) + wobble, _sigmoid(alone), _sigmoid(alone + 0.15)
 
 
 def _layout(name: str, parties: int, size: int, classes: int = 10, dataset: str = "toy") -> dict[str, Any]:
@@ -50,6 +56,7 @@ def _layout(name: str, parties: int, size: int, classes: int = 10, dataset: str 
         "examples_per_party": size,
         "records": parties * size,
         "party_sizes": {"min": size, "mean": size, "max": size},
+        "holdout_fraction": holdout_fraction(size),  # what joining.py records: sizes are whole parties
         "skew": "uniform",
         "alone": {"min": alone - 0.01, "median": alone, "mean": alone, "max": best, "seeds": 3},
         "pooled": 0.97,
@@ -89,7 +96,9 @@ def test_the_forecast_recovers_the_law_and_measures_its_own_error(table):
     assert {p.layout for p in model.points} == {lay["name"] for lay in TABLE["layouts"]} - {"1x60000"}
     for target in fc.TARGETS:
         err = model.errors[target]
-        assert 0 <= err["mean_absolute"] <= err["quantile_90"] <= err["largest"] < 0.03
+        assert 0 <= err["mean_absolute"] <= err["quantile_90"] <= err["largest"]
+        # the ridge's shrinkage costs most where a left-out layout is the extreme one (2 x 30,000)
+        assert err["quantile_90"] < 0.02 and err["largest"] < 0.04
         assert model.half_width[target] == err["quantile_90"]
     # A consortium between measured ones: the interval contains what the law gives.
     forecast, outside = model.predict(fc.Consortium((2000,) * 5, 10, 3.0))
@@ -106,10 +115,12 @@ def test_leaving_out_is_honest_about_layouts_unlike_the_rest(table):
     points = model.points
     x = fc._design([p.consortium.descriptors() for p in points])
     y = np.asarray([p.values["gain_median"] for p in points])
-    in_sample = np.abs(model.models["gain_median"].predict(x) - y).mean()
-    assert fc.leave_one_out(points, "gain_median").__abs__().mean() > in_sample
-    across = fc.leave_one_dataset_out(points, "federation", train="toy")
-    assert len(across) == 6  # two layouts of the other dataset, three ε each
+    in_sample = np.abs(fc._forecast(model.models, x)["gain_median"] - y).mean()
+    assert np.abs(fc.leave_one_out(points)["gain_median"]).mean() > in_sample
+    across = fc.leave_one_dataset_out(points, train="toy")
+    assert {len(errors) for errors in across.values()} == {
+        6
+    }  # two layouts of the other dataset, three ε each
 
 
 def test_outside_the_measured_ranges_it_says_so_and_widens(table):
@@ -120,7 +131,7 @@ def test_outside_the_measured_ranges_it_says_so_and_widens(table):
     width = lambda f: f.high - f.low  # noqa: E731
     assert width(far["gain_median"]) == pytest.approx(2 * width(inside["gain_median"]))
     _, why = model.predict(fc.Consortium((30,) * 5, 3, 3.0))
-    assert any("median party is below the smallest measured (100)" in w for w in why)
+    assert any("median party is below the smallest measured (75)" in w for w in why)
 
 
 def test_the_answers(table):
@@ -219,3 +230,75 @@ def test_plan_text_says_what_it_knows(capc):
         "50", check=True,
     ).stdout  # fmt: skip
     assert "(extrapolating)" in far.splitlines()[0] and "ε is above the largest measured" in far
+
+
+def _federation(examples: list[int], epsilon: float) -> FederationConfig:
+    """The shipped secure-aggregation compose federation with ``examples`` declared per party and budget ε."""
+    data = yaml.safe_load((REPO / "deploy" / "compose" / "federation-secagg-dpsgd.yaml").read_text())
+    data["teachers"] = [
+        {**data["teachers"][0], "name": f"hospital-{i + 1}", "examples": n} for i, n in enumerate(examples)
+    ]
+    data["quorum"]["min_parties"] = len(examples)
+    data["budget"]["epsilon"] = epsilon
+    return FederationConfig.from_dict(data)
+
+
+def test_a_federation_forecast_below_its_median_party_is_refused_before_spending(table):
+    """The pre-spend check every front end runs (local up, preflight, the guardian): below the median party
+    alone, refused as a judgement, with the budget that would reach it; above, or with a party's examples
+    undeclared, not judged."""
+    from capc_common.federation.refusals import SpendPlan, below_alone, enforce
+
+    few = below_alone(SpendPlan.declared(_federation([400] * 20, 1.0)))
+    assert few is not None and few.check == "below-alone" and not few.certain
+    assert "below the median party alone" in few.reason
+    (change,) = few.changes
+    assert change.field == "budget.epsilon" and change.verb == "raise" and change.value > 1.0
+    assert rec.refusal([400] * 20, classes=10, epsilon=change.value) == ""  # the change suffices
+    hopeless = below_alone(SpendPlan.declared(_federation([1000, 1000, 1000], 1.0)))
+    assert hopeless is not None and hopeless.changes == ()  # no measured budget reaches the median party
+    assert below_alone(SpendPlan.declared(_federation([100] * 200, 6.0))) is None
+    undeclared = _federation([1000, 1000, 1000], 1.0).model_dump(mode="json")
+    undeclared["teachers"][0].pop("examples")
+    assert below_alone(SpendPlan.declared(FederationConfig.from_dict(undeclared))) is None
+    assert enforce([few], force="a pilot, to measure") == (few,)  # a judgement: --force overrides
+    # Without a measured table the plan cannot forecast, so it does not refuse.
+    rec.forecaster.cache_clear()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rec, "_table", lambda: {"layouts": []})
+        assert below_alone(SpendPlan.declared(_federation([1000, 1000, 1000], 1.0))) is None
+    rec.forecaster.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["4x1000", "3x100", "5x30", "3x100-2class"])
+def test_the_shipped_plan_holds_what_was_measured_for_small_consortia(name):
+    """For the consortia a plan must not mislead, on the shipped measurements: the student's measured
+    accuracy and its measured gain over the median party lie in the plan's intervals (or the plan says it is
+    extrapolating), and where the measured gain is not positive the plan does not say to federate."""
+    shipped = json.loads(rec.TABLE.read_text())
+    rec.forecaster.cache_clear()
+    lay = next(lay for lay in shipped["layouts"] if lay["name"] == name)
+    measured = next(m for m in lay["mechanisms"] if m["name"] == "secagg-dpsgd" and m["epsilon"] == 3.0)
+    gain = measured["accuracy_mean"] - lay["alone"]["median"]
+    answer = rec.recommend([lay["examples_per_party"]] * lay["parties"], classes=lay["classes"], epsilon=3.0)
+    low, high = answer["expected_interval"]
+    glow, ghigh = answer["expected_gain"]["median"]["interval"]
+    assert answer["extrapolating"] or (low <= measured["accuracy_mean"] <= high and glow <= gain <= ghigh)
+    if gain <= 0:
+        assert answer["choice"] in ("train-alone", "nothing-to-join"), answer["why"]
+
+
+def test_leaving_a_layout_out_leaves_out_its_every_epsilon(table):
+    """The interval's errors come from refits without the whole left-out layout: leaving out only one of its
+    ε (its other ε still in the fit) would make the errors look smaller than they are."""
+    points = rec.forecaster().points
+    errors = fc.leave_one_out(points)
+    held = [i for i, p in enumerate(points) if p.layout == "2x30000"]
+    x = fc._design([points[i].consortium.descriptors() for i in held])
+    measured = np.asarray([points[i].values["federation"] for i in held])
+    without = fc._fit([p for p in points if p.layout != "2x30000"], fc.RIDGE)
+    np.testing.assert_allclose(errors["federation"][held], fc._forecast(without, x)["federation"] - measured)
+    one = held[0]
+    leaky = fc._fit([p for i, p in enumerate(points) if i != one], fc.RIDGE)
+    leaky_error = fc._forecast(leaky, x[:1])["federation"][0] - measured[0]
+    assert abs(leaky_error) < abs(errors["federation"][one])

@@ -3,6 +3,7 @@ screening can essentially never pass, is refused with the parameter to change �
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,11 @@ from capc_common.federation.refusals import (
     Change,
     Refusal,
     SpendPlan,
+    abstaining_parties,
     enforce,
     expected_voting_heads,
     pre_spend_refusals,
+    unreachable_threshold,
 )
 from capc_common.learn.teachers import short_shards
 
@@ -81,6 +84,15 @@ def test_the_expected_voting_heads_match_the_real_hash_partition() -> None:
     assert expected_voting_heads(64, 1, bn_batch=64) == 1.0  # one head holds everything
 
 
+def test_a_tail_too_small_for_a_float_is_found_at_once() -> None:
+    """A party of 1,000,000 examples over 10,000 heads (about 100 each) against chunks of 1,024: the tail's
+    first term is below the smallest float, and the terms only shrink from there. Summing zeros through every
+    remaining count took seconds per party (the guardian runs this before it is ready, twice per party)."""
+    start = time.perf_counter()
+    assert expected_voting_heads(1_000_000, 10_000, bn_batch=1024) == 0.0
+    assert time.perf_counter() - start < 1.0  # microseconds once it stops at the first zero term
+
+
 def test_the_useless_federation_is_refused_and_each_fix_really_fixes_it() -> None:
     """`capc local up --parties 3 --train-limit 1000` at 25 heads each: about 40 examples per head, below a
     chunk of 64 — it spent ε 6.07 and published a 7 % student."""
@@ -131,6 +143,15 @@ def test_one_party_whose_heads_all_abstain_is_named_alone() -> None:
     assert "hospital-1" not in refusal.reason
     # Undeclared examples are not judged; neither is a mechanism whose parties train no heads.
     assert pre_spend_refusals(SpendPlan(config)) == []
+    tiny = {"hospital-1": 10, "hospital-2": 10, "hospital-3": 10}  # fewer than one chunk: certain under heads
+    knn = _config(
+        heads=20, mechanism={"name": "private-knn", "neighbours": 20, "sampling_rate": 0.2, "sigma": 9.6}
+    )
+    release = FederationConfig.load(COMPOSE.with_name("federation-secagg-dpsgd.yaml"))
+    few = {name: 10 for name in release.teacher_names}
+    # (10 examples a party: the plan may judge them below the parties alone, but no heads check applies)
+    for plan in (SpendPlan.declared(knn, tiny), SpendPlan.declared(release, few)):  # records; no heads
+        assert abstaining_parties(plan) is None and unreachable_threshold(plan) is None
 
 
 def test_the_declared_examples_come_from_federation_yaml_and_leave_old_hashes_alone() -> None:

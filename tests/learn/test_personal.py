@@ -102,13 +102,21 @@ def test_keep_leans_to_alone_unless_the_gain_is_clear():
     assert keep({"alone": alone, "shared": two}, alpha=0.1)[0] == "alone"
     assert sign_test(2, 0) == 0.25 and sign_test(0, 0) == 1.0 and sign_test(4, 0) == 1 / 16
     assert keep({"alone": alone, "shared": clearly}, alpha=1e-30)[0] == "alone"
+    # Two challengers both clearly better: the more accurate is kept; at equal accuracy, the earlier of
+    # CANDIDATES (the shared student, which needs no fine-tuning).
+    best = clearly | (rng.random(200) < 0.5)
+    assert best.mean() > clearly.mean()
+    assert keep({"alone": alone, "shared": clearly, "personalised": best}, alpha=0.1)[0] == "personalised"
+    assert keep({"alone": alone, "shared": best, "personalised": clearly}, alpha=0.1)[0] == "shared"
+    assert keep({"alone": alone, "shared": clearly, "personalised": clearly.copy()}, alpha=0.1)[0] == "shared"
     with pytest.raises(InputError, match="alone"):
         keep({"shared": alone}, alpha=0.1)
 
 
 def test_personalise_keeps_a_good_shared_model_and_refuses_a_bad_one(digits):
     x, y = digits["x"], digits["y"]
-    (good,) = fit_linear(x, y, classes=10, grid=(LinearSpec(1e-4),), recipe=FAST, space="student")
+    # the federation's student: fitted on other parties' data, never on this party's holdout
+    (good,) = fit_linear(x[300:], y[300:], classes=10, grid=(LinearSpec(1e-4),), recipe=FAST, space="student")
     train, held = np.arange(45), np.arange(60, 260)  # a small party: alone is weak
     inputs = lambda rows: {"per-example": x[rows], "student": x[rows]}  # noqa: E731
     split = Split(inputs(train), y[train], inputs(held), y[held])
@@ -148,3 +156,22 @@ def test_linear_model_refuses_features_of_another_width():
     model = LinearModel(np.zeros((3, 5)), "per-example")
     with pytest.raises(InputError, match=r"\(N, 4\)"):
         model.predict(np.zeros((2, 3)))
+
+
+def test_alone_tries_the_cnn_from_its_minimum_and_keeps_it_only_if_better(digits):
+    x, y, images = digits["x"], digits["y"], digits["images"]
+    train, held = np.arange(400), np.arange(400, 600)
+    split = Split(
+        {"per-example": x[train], "images": images[train]}, y[train],
+        {"per-example": x[held], "images": images[held]}, y[held],
+    )  # fmt: skip
+    tiny = CnnRecipe(width=8, hidden=32, max_epochs=4, max_steps=40)
+    tried = fit_alone(split, classes=10, recipe=PersonalRecipe(cnn=tiny, cnn_minimum=400))
+    assert {"alone-linear", "alone-cnn", "alone"} == set(tried.holdout) and "cnn" in tried.detail
+    best = max(tried.holdout["alone-linear"], tried.holdout["alone-cnn"])
+    assert tried.holdout["alone"] == best
+    assert tried.detail["kind"] == (
+        "cnn" if tried.holdout["alone-cnn"] > tried.holdout["alone-linear"] else "linear"
+    )
+    skipped = fit_alone(split, classes=10, recipe=PersonalRecipe(cnn=tiny, cnn_minimum=401))
+    assert "alone-cnn" not in skipped.holdout and skipped.detail["kind"] == "linear"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from capc_common.aggregation import mechanism_noise
 from capc_common.errors import InputError
 from capc_common.mechanisms import DPPrototypes, PublicPrototypeVotes
 from capc_common.mechanisms.central import PartyData, run_public_prototype_votes
@@ -90,9 +91,11 @@ def test_central_runner_releases_selects_top_k_and_the_student_learns() -> None:
     order = rng.permutation(len(y))
     parties = [PartyData(f"p{i}", x[part], y[part]) for i, part in enumerate(np.array_split(order, 3))]
     m = PublicPrototypeVotes(classes=4, candidates=pool, rho=2.0, per_class=2)
-    total = run_public_prototype_votes(parties, mechanism=m, guardian=SeededNoise("central"))
-    # The same release by hand: the summed counts plus the guardian's noise in canonical order.
-    np.testing.assert_array_equal(total, m.contribution(x, y) + m.guardian_noise(SeededNoise("central")))
+    total = run_public_prototype_votes(parties, mechanism=m, noise=mechanism_noise(seed="central"))
+    # The same release by hand: the summed counts plus the guardian's and the student's parts of the noise,
+    # each from its own stream in canonical order.
+    parts = m.noise_part(SeededNoise("central")) + m.noise_part(SeededNoise("central\0student"))
+    np.testing.assert_array_equal(total, m.contribution(x, y) + parts)
     chosen = m.select(total)
     assert chosen.shape == (4, 2) and all(len(set(row)) == 2 for row in chosen.tolist())
     assert all(chosen[c, 0] == 20 + c for c in range(4))  # each class's near candidate gets its votes
@@ -101,7 +104,9 @@ def test_central_runner_releases_selects_top_k_and_the_student_learns() -> None:
     assert (m.predict(test_x, total) == test_y).mean() > 0.95
     # Noise far above the counts: the selection no longer finds the near candidates.
     blind = PublicPrototypeVotes(classes=4, candidates=pool, rho=1e-8)
-    picks = blind.select(run_public_prototype_votes(parties, mechanism=blind, guardian=SeededNoise("blind")))
+    picks = blind.select(
+        run_public_prototype_votes(parties, mechanism=blind, noise=mechanism_noise(seed="blind"))
+    )
     assert sum(20 + c == picks[c, 0] for c in range(4)) <= 1
 
 

@@ -4,17 +4,20 @@ runners on real data (scikit-learn digits, a public proxy)."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
+from capc_common.aggregation import mechanism_noise
 from capc_common.errors import InputError
 from capc_common.mechanisms import (
     DPPrototypes,
     FixedPoint,
     SecureDPSGD,
     calibrate,
+    dpsgd,
     masked_total,
     nearest_prototype,
     poisson_sample,
@@ -157,7 +160,7 @@ def test_prototypes_accounting_sensitivity_and_release(digits):
     less = mechanism.contribution(p.features[1:], p.labels[1:])
     assert np.sum((full - less).astype(np.float64) ** 2) <= mechanism.sensitivity**2 + 1
     # Noiseless reference: the plain per-class sums of normalised features classify digits well.
-    sums, counts = run_prototypes(parties, mechanism=mechanism, guardian=SeededNoise("proto"))
+    sums, counts = run_prototypes(parties, mechanism=mechanism, noise=mechanism_noise(seed="proto"))
     assert np.all(np.abs(counts - np.bincount(np.concatenate([q.labels for q in parties]))) < 30)
     accuracy = float(np.mean(nearest_prototype(test_x, sums, counts) == test_y))
     assert accuracy > 0.85
@@ -167,9 +170,9 @@ def test_prototype_release_is_the_plaintext_sum_plus_the_seeded_noise(digits):
     parties, _, _ = digits
     mechanism = DPPrototypes(classes=10, dim=64, rho=0.1)
     contributions = [mechanism.contribution(p.features, p.labels) for p in parties]
-    released = release_once(mechanism, contributions, guardian=SeededNoise("diff"))
-    expected = np.sum(contributions, axis=0) + mechanism.guardian_noise(SeededNoise("diff"))
-    np.testing.assert_array_equal(released, expected)
+    released = release_once(mechanism, contributions, noise=mechanism_noise(seed="diff"))
+    parts = mechanism.noise_part(SeededNoise("diff")) + mechanism.noise_part(SeededNoise("diff\0student"))
+    np.testing.assert_array_equal(released, np.sum(contributions, axis=0) + parts)
 
 
 def test_secure_dpsgd_trains_a_head_on_digits(digits):
@@ -187,7 +190,7 @@ def test_secure_dpsgd_trains_a_head_on_digits(digits):
     result = run_secure_dpsgd(
         parties,
         trainer=DPSGDTrainer(mechanism, recipe, basis=None),
-        guardian=SeededNoise("g"),
+        noise=mechanism_noise(seed="g"),
         party_sources=lambda name: SeededNoise(f"sample:{name}"),
     )
     assert result.rounds == 60
@@ -244,19 +247,63 @@ def test_a_finite_head_cannot_turn_one_record_into_more_than_its_clip() -> None:
 def test_released_noise_has_the_variance_each_block_is_accounted_at(mechanism, independent) -> None:
     """Issue 25.8: the release tests took the expected noise from ``guardian_noise()``, the code under test.
     Here the noise actually in releases (released total − plaintext sum, over 400 releases through real
-    sharing) has, block by block, mean 0 and the variance ``sigmas()`` states — and those σ are the ones the
-    accounting's formula gives, computed independently."""
-    sigmas = mechanism.sigmas()
+    sharing) has, block by block, mean 0 and the variance of two parts ``part_sigmas()`` states — the plan's
+    σ² (the ``sigmas()`` the accounting's formula gives, computed independently) up to 2^-40: splitting the
+    noise between the guardian and the student costs no utility here."""
+    sigmas, parts = mechanism.sigmas(), mechanism.part_sigmas()
     blocks = np.split(np.arange(sigmas.size), np.flatnonzero(np.diff(sigmas)) + 1)
     np.testing.assert_allclose([sigmas[b[0]] for b in blocks], independent(mechanism), rtol=1e-12)
+    np.testing.assert_allclose(2 * parts**2, sigmas**2, rtol=1e-9)
+    assert np.all(2 * parts**2 >= sigmas**2)
     rng = np.random.default_rng(5)
     contributions = [rng.integers(-100, 100, sigmas.size) for _ in range(2)]
     plain = np.sum(contributions, axis=0)
-    source = SeededNoise("variance")
-    noise = np.array([release_once(mechanism, contributions, guardian=source) - plain for _ in range(400)])
+    noise = mechanism_noise(seed="variance")
+    released = np.array([release_once(mechanism, contributions, noise=noise) - plain for _ in range(400)])
     for block in blocks:
-        sample = noise[:, block].ravel().astype(np.float64)
-        sigma = sigmas[block[0]]
+        sample = released[:, block].ravel().astype(np.float64)
+        sigma = np.sqrt(2) * parts[block[0]]
         assert abs(sample.mean()) < 4 * sigma / np.sqrt(sample.size)
         # Standard error of a sample variance: σ²·√(2/(n−1)) (normal, to within the discrete Gaussian's).
         assert abs(sample.var(ddof=1) / sigma**2 - 1) < 4 * np.sqrt(2 / (sample.size - 1))
+
+
+def test_dpsgd_sigma_is_never_rounded_down() -> None:
+    """σ = z·Δ as a float product can fall 4e-17 below the exact product (z 40.6746, Δ 6,553: the recipe at
+    ε 1); σ is the smallest float not below it."""
+    m = SecureDPSGD(classes=10, dim=1024, clip=0.1, noise_multiplier=40.6746, sampling_rate=1.0)
+    exact = Fraction(40.6746) * m.sensitivity
+    assert m.sensitivity == 6553 and Fraction(40.6746 * 6553) < exact  # the float product rounds down
+    assert Fraction(m.sigma) >= exact > Fraction(math.nextafter(m.sigma, 0.0))
+
+
+def test_dpsgd_sums_the_records_rounded_gradients_exactly() -> None:
+    """Each record's clipped gradient is rounded to fixed point on its own and the records' integers are
+    summed exactly: where the exact sum is the contribution itself (no final rounding: 26 fractional bits at a
+    clip of 2^10), a party's contribution is the sum of its halves' contributions, bit for bit — a float sum
+    rounded once (as before) is not additive."""
+    m = SecureDPSGD(
+        classes=3, dim=5, clip=1024.0, noise_multiplier=1.0, sampling_rate=1.0, fixed_point=FixedPoint(26)
+    )
+    assert m.factor_bits + m.row_bits == m.fixed_point.bits  # the exact sum is not rounded
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(300, 5)) * rng.choice([1e-3, 1.0, 40.0], size=(300, 1))
+    y = rng.integers(0, 3, size=300)
+    w = rng.normal(size=(3, 6))
+    whole = m.contribution(w, x, y)
+    halves = m.contribution(w, x[:137], y[:137]) + m.contribution(w, x[137:], y[137:])
+    np.testing.assert_array_equal(whole, halves)
+    # And, at an ordinary fixed point, the sum does not depend on the records' order or on how it is chunked.
+    fine = SecureDPSGD(classes=3, dim=5, clip=1.0, noise_multiplier=1.0, sampling_rate=1.0)
+    reference = fine.contribution(w, x, y)
+    order = rng.permutation(300)
+    np.testing.assert_array_equal(fine.contribution(w, x[order], y[order]), reference)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dpsgd, "_CHUNK", 7)
+        np.testing.assert_array_equal(fine.contribution(w, x, y), reference)
+    # A clip whose one record's products no float64 holds exactly is refused, not summed approximately.
+    with pytest.raises(InputError, match="too large to sum exactly"):
+        SecureDPSGD(
+            classes=3, dim=4, clip=2.0**20, noise_multiplier=1.0, sampling_rate=1.0,
+            fixed_point=FixedPoint(40),
+        )  # fmt: skip

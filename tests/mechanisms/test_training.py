@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
+from capc_common.aggregation import mechanism_noise
 from capc_common.errors import InputError
 from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
-from capc_common.mechanisms import SecureDPSGD, training
+from capc_common.mechanisms import SecureDPSGD, dpsgd, training
 from capc_common.mechanisms.basis import BasisSpec, basis_digest, public_basis
 from capc_common.mechanisms.central import PartyData, release_once, run_secure_dpsgd
+from capc_common.mechanisms.release import FixedPoint
 from capc_common.mechanisms.training import DPSGDTrainer, FeatureMap, Recipe, standardiser
 from capc_common.privacy import SeededNoise
 
@@ -54,6 +56,39 @@ def test_a_statistics_release_moves_by_at_most_the_sensitivity() -> None:
         m.statistics_contribution(np.zeros((2, 7)))
     with pytest.raises(InputError, match="inf or NaN"):
         m.statistics_contribution(np.full((2, 8), np.nan))
+
+
+def test_statistics_summed_a_block_at_a_time_are_the_one_shot_sum(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past 1,024 records the statistics are summed a block at a time, each record rounded on its own and the
+    blocks added in int64: the sum is the one a single block gives, bit for bit, and removing a record on
+    either side of a block's edge moves it by at most Δ (a record's rounding cannot leak into a block sum)."""
+    rng = np.random.default_rng(5)
+    m = SecureDPSGD(classes=3, dim=4, clip=0.5, noise_multiplier=1.0, sampling_rate=1.0)
+    u = rng.normal(size=(2 * 1024 + 5, 4))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    u[1023] = u[1024] = 9.0  # records of norm 18 at both sides of the first edge: the clip binds
+    blocked = m.statistics_contribution(u)
+    for i in (0, 1023, 1024, 2047, 2048, len(u) - 1):
+        gap = blocked - m.statistics_contribution(np.delete(u, i, axis=0))
+        assert 0 < np.linalg.norm(gap.astype(np.float64)) <= m.sensitivity, i
+    monkeypatch.setattr(dpsgd, "_STATISTICS_ROWS", len(u))  # every record in one block
+    np.testing.assert_array_equal(m.statistics_contribution(u), blocked)
+
+
+def test_more_records_than_an_exact_sum_holds_are_refused() -> None:
+    """A party's exact int64 sum must not wrap: a clip of 1,024 at 40 fractional bits leaves room for 4,096
+    records (each record's product is just below 2^50), and one more is refused before anything is summed,
+    by the statistics and by the gradient alike."""
+    m = SecureDPSGD(
+        classes=3, dim=1, clip=1024.0, noise_multiplier=1.0, sampling_rate=1.0, fixed_point=FixedPoint(40)
+    )
+    fits = np.full((4096, 1), 0.5)
+    assert m.statistics_contribution(fits).any()
+    for records in (4097, 10**6):
+        with pytest.raises(InputError, match=f"{records} records cannot be summed exactly at 40 fractional"):
+            m.statistics_contribution(np.full((records, 1), 0.5))
+        with pytest.raises(InputError, match=f"{records} records cannot be summed exactly"):
+            m.contribution(np.zeros((3, 2)), np.full((records, 1), 0.5), np.zeros(records, dtype=np.int64))
 
 
 def test_the_statistics_are_read_back() -> None:
@@ -139,7 +174,7 @@ def test_the_step_follows_the_noise(digits, basis: np.ndarray) -> None:
                 trainer.contribute(state, x, p.labels, SeededNoise("q = 1"))
                 for p, x in zip(parties, prepared, strict=True)
             ],
-            guardian=SeededNoise(f"g{z}"),
+            noise=mechanism_noise(seed=f"g{z}"),
         )
         trainer.absorb(total)
         sums, squares, count = m.statistics(total)
@@ -165,7 +200,7 @@ def test_one_record_moves_every_release_by_at_most_the_sensitivity(digits, basis
     full, other = _trainer(basis, rounds=4), _trainer(basis, rounds=4)
     prepared = [full.prepare(p.features) for p in small]
     prepared_n = [other.prepare(p.features) for p in neighbour]
-    guardian = SeededNoise("g")
+    noise = mechanism_noise(seed="g")
     for release in range(full.rounds):
         state = full.state()
         np.testing.assert_array_equal(state, other.state())
@@ -180,7 +215,7 @@ def test_one_record_moves_every_release_by_at_most_the_sensitivity(digits, basis
         contributions = [
             full.contribute(state, x, p.labels, sources()) for p, x in zip(small, prepared, strict=True)
         ]
-        total = release_once(full.mechanism, contributions, guardian=guardian)
+        total = release_once(full.mechanism, contributions, noise=noise)
         full.absorb(total)
         other.absorb(total)
 
@@ -218,7 +253,7 @@ def test_the_recipe_on_digits_beats_the_old_one_at_the_same_cost(digits, basis: 
         result = run_secure_dpsgd(
             parties,
             trainer=trainer,
-            guardian=SeededNoise("g"),
+            noise=mechanism_noise(seed="g"),
             party_sources=lambda name: SeededNoise(f"s:{name}"),
         )
         return float(np.mean(result.predict(test_x) == test_y))
@@ -317,8 +352,32 @@ def test_a_sampled_federation_normalises_by_the_expected_batch(digits, basis: np
         trainer.contribute(state, x, p.labels, SeededNoise(f"s:{p.name}"))
         for p, x in zip(parties, prepared, strict=True)
     ]
-    trainer.absorb(release_once(m, contributions, guardian=SeededNoise("g")))
+    trainer.absorb(release_once(m, contributions, noise=mechanism_noise(seed="g")))
     assert trainer.normaliser == pytest.approx(0.25 * records, rel=0.2)
+
+
+def test_two_parties_of_one_size_are_each_clipped_by_their_own_norms(basis: np.ndarray) -> None:
+    """One trainer serves every party in the central runner. A cache of the full batch's squared norms keyed
+    on anything but the array itself — its shape, say — would clip a second party of the same size by the
+    first party's norms (identity map, full batch) and move its contribution beyond what its own records
+    allow; each party's contribution must be the mechanism's from scratch, round after round."""
+    rng = np.random.default_rng(8)
+    trainer = _trainer(basis)
+    k, m = trainer.mechanism.dim, trainer.mechanism
+    parties = [
+        (trainer.prepare(rng.uniform(-1, 1, size=(30, basis.shape[0])) ** power), rng.integers(0, 10, 30))
+        for power in (1, 3)
+    ]
+    first, second = (x for x, _ in parties)
+    assert first.shape == second.shape and not np.allclose(np.sum(first**2, 1), np.sum(second**2, 1))
+    state = trainer.state()
+    state[0] = 1.0  # a gradient round on the identity map: the prepared records themselves, every one
+    source = SeededNoise("unused: q = 1")
+    for weight in (0.05, 0.5):
+        state[1 + 2 * k :] = weight
+        head = state[1 + 2 * k :].reshape(trainer.weights.shape)
+        for x, y in (*parties, *parties):
+            np.testing.assert_array_equal(trainer.contribute(state, x, y, source), m.contribution(head, x, y))
 
 
 def test_a_full_batchs_norms_are_computed_once_and_only_for_the_trainers_own_records(
@@ -338,14 +397,15 @@ def test_a_full_batchs_norms_are_computed_once_and_only_for_the_trainers_own_rec
     monkeypatch.setattr(training, "record_squares", lambda x: calls.append(x) or real(x))
     source = SeededNoise("unused: q = 1")
     state = trainer.state()
-    state[0] = 1.0  # a gradient round on the identity map: the prepared records themselves
+    state[0] = 1.0  # a gradient round on the identity map: the prepared records, widened once
     for weight in (0.01, 0.02, 0.03):
         state[1 + 2 * k :] = weight
         got = trainer.contribute(state, prepared, y, source)
         np.testing.assert_array_equal(
             got, m.contribution(state[1 + 2 * k :].reshape(trainer.weights.shape), prepared, y)
         )
-    assert len(calls) == 1 and calls[0] is prepared
+    (widened,) = calls  # float32 on the basis, widened to float64 once, exactly
+    assert prepared.dtype == np.float32 and widened.dtype == np.float64 and np.array_equal(widened, prepared)
     mine = prepared.copy()  # writeable: the caller may change it between rounds
     for _ in range(2):
         trainer.contribute(state, mine, y, source)

@@ -58,11 +58,13 @@ def test_pinned_hash_mismatch(tmp_path):
 def test_verify_backbone_checks_the_file_as_loading_does_without_building_it(tmp_path):
     path = tmp_path / "b.safetensors"
     digest = save_backbone(build_backbone("cnn", input_shape="32x32x3", config={"width": 8}), path)
-    assert verify_backbone(path, sha256=digest) == (32, 32, 3)
-    for name in list_backbones():  # the file's hash is the hash of the loaded model
+    shape, dim = verify_backbone(path, sha256=digest)
+    assert shape == (32, 32, 3) and dim == load_backbone(path).feature_dim
+    for name in list_backbones():  # the file's hash is the hash of the loaded model, its shapes the model's
         loaded = load_backbone(name)
-        assert verify_backbone(name, sha256=loaded.sha256) == loaded.input_shape
-    assert verify_backbone("scatter-16x16x1", sha256=None) == (16, 16, 1)  # no file: built to hash it
+        assert verify_backbone(name, sha256=loaded.sha256) == (loaded.input_shape, loaded.feature_dim)
+    scatter = verify_backbone("scatter-16x16x1", sha256=None)  # no file: built to hash it
+    assert scatter == ((16, 16, 1), load_backbone("scatter-16x16x1").feature_dim)
     with pytest.raises(IntegrityError, match="was expected"):
         verify_backbone(path, sha256="0" * 64)
     data = bytearray(path.read_bytes())

@@ -1,5 +1,5 @@
-"""The commit point and what survives it: the garbler's mark before it decodes anything, the evaluator's stash
-before the garbler can commit, and labels rebuilt from the stash and the reveal sent again."""
+"""The commit point and what survives it: the evaluator's stash before the garbler's mark, the mark before it
+decodes anything, and labels rebuilt from the stash and the reveal sent again."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _inputs(config: MpcConfig, queries: int, seed: int = 0):
 
 
 @pytest.mark.parametrize(("mode", "queries"), [("confident", 50), ("confident", 7), ("gnmax", 40)])
-def test_the_mark_precedes_every_decode_and_the_stash_precedes_the_commit(mode: str, queries: int) -> None:
+def test_the_stash_precedes_the_mark_and_the_mark_every_decode(mode: str, queries: int) -> None:
     config = _config(mode)
     pair = open_pair(config)
     events: list[tuple[str, int]] = []
@@ -52,10 +52,10 @@ def test_the_mark_precedes_every_decode_and_the_stash_precedes_the_commit(mode: 
     assert result.garbler_error is None and result.evaluator_error is None
     np.testing.assert_array_equal(result.labels, inputs.expected())
     chunks = -(-queries // 16)
-    # One mark, before the garbler read a single pass-label frame; the stash comes before the evaluator's
-    # last frame, which the garbler needs before it commits.
-    assert [e[0] for e in events] == ["mark", "stash", "commit"]
-    assert events[0][1] == 0 and events[1][1] <= chunks - 1
+    # The stash comes before the evaluator's last pass-label frame; the garbler marks once, after it read
+    # every one (so after the stash) and before it decodes any; then it commits.
+    assert [e[0] for e in events] == ["stash", "mark", "commit"]
+    assert events[0][1] <= chunks - 1 and events[1][1] == chunks
     assert pass_frames_read() == chunks
     # The stash and the reveal, kept apart and brought back together, give exactly the labels.
     reveal = Reveal.from_bytes(result.reveals[0].to_bytes(), queries=queries, label_bits=config.label_bits)
@@ -73,9 +73,24 @@ def test_a_refused_mark_decodes_nothing_and_reveals_nothing() -> None:
     result = pair.run(_inputs(config, 24), before_decode=mark)
     assert isinstance(result.garbler_error, OSError)
     assert isinstance(result.evaluator_error, ProtocolError)
-    assert not [f for f in pair.garbler_channel.received if f[0] == Tag.PASS_LABELS]
     assert not [f for f in pair.evaluator_channel.received if f[0] == Tag.DECODE]
     assert not result.committed
+
+
+def test_an_evaluator_that_cannot_stash_leaves_no_mark() -> None:
+    """A multi-chunk batch whose evaluator fails to stash (its volume is full) after the garbler read some
+    pass labels: no mark, so the guardian releases the batch instead of holding it at its worst case."""
+    config = _config(chunk=8)
+    pair = open_pair(config)
+    marks: list[int] = []
+
+    def full(select: np.ndarray) -> None:
+        raise OSError(28, "No space left on device")
+
+    result = pair.run(_inputs(config, 24), before_decode=lambda: marks.append(1), stash=full)
+    assert isinstance(result.evaluator_error, OSError)
+    assert [f for f in pair.garbler_channel.received if f[0] == Tag.PASS_LABELS]  # chunks 1 and 2 arrived
+    assert marks == [] and not result.committed
 
 
 def test_labels_survive_an_evaluator_that_dies_after_the_commit() -> None:

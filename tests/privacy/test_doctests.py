@@ -8,6 +8,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "capc_common.privacy.analysis.composition",
     "capc_common.privacy.analysis.conversion",
     "capc_common.privacy.analysis.curves",
     "capc_common.privacy.analysis.discrete_gaussian",

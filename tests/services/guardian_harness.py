@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,13 +14,13 @@ from capc_common.mpc import share_votes
 from capc_common.privacy import BudgetLedger
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
-from capc_services.common.interceptors import AuthInterceptor, ConfigHashClientInterceptor
+from capc_services.common.interceptors import AuthInterceptor, FederationClientInterceptor
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import GrpcServer, start_grpc_server
 from capc_services.guardian.core import Guardian
 from capc_services.guardian.servicer import POLICY, GuardianServicer, add_to_server
 from capc_services.student.guardian_client import GuardianClient
-from capc_services.tls import TlsFiles, certificate_info
+from capc_services.tls import ServerIdentity, TlsFiles, certificate_info
 
 SEED = "guardian-test"
 GUARDIAN_TEST_FEDERATION = {
@@ -32,6 +33,19 @@ GUARDIAN_TEST_FEDERATION = {
 def tls_files(pki: Path, party: str) -> TlsFiles:
     """The CA, certificate and key of a test party."""
     return TlsFiles(ca=pki / "ca.crt", cert=pki / f"{party}.crt", key=pki / f"{party}.key")
+
+
+def server_auth(
+    pki: Path, party: str, config: FederationConfig, policy: Any, **options: Any
+) -> AuthInterceptor:
+    """The interceptor ``party``'s gRPC server installs, as its process builds it (its identity from pki)."""
+    identity = ServerIdentity.load(tls_files(pki, party))
+    return AuthInterceptor(config=config, policy=policy, identity=identity, **options)
+
+
+def client_auth(pki: Path, party: str, config: FederationConfig, *, peer: str) -> FederationClientInterceptor:
+    """The interceptor of ``party``'s channel to ``peer``, as a party process builds it."""
+    return FederationClientInterceptor.dialling(config, tls=tls_files(pki, party), peer=peer)
 
 
 class Setup:
@@ -69,7 +83,7 @@ class Setup:
             tls=tls_files(pki, "guardian"),
             register=[add_to_server(GuardianServicer(self.guardian, frame_deadline_s=frame_deadline_s))],
             services=[rpc.GUARDIAN_SERVICE],
-            interceptors=[AuthInterceptor(config=config, policy=POLICY)],
+            interceptors=[server_auth(pki, "guardian", config, POLICY)],
             max_workers=8,
         )
         self.address = f"127.0.0.1:{self.server.port}"
@@ -83,7 +97,7 @@ class Setup:
 
     def teacher_stub(self, party: str):
         """A raw stub of the guardian's service with ``party``'s certificate."""
-        interceptor = ConfigHashClientInterceptor(self.config.config_hash(), peer="guardian")
+        interceptor = client_auth(self.pki, party, self.config, peer="guardian")
         return rpc.GuardianServiceStub(
             tls_files(self.pki, party).channel(self.address, peer="guardian", interceptors=(interceptor,))
         )

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from protocol_force import protocol_force
 
 from capc_common.federation import FederationConfig
 from capc_services.local.layout import Layout
@@ -33,6 +34,7 @@ OPTIONS = LocalOptions(
     order=10.0,  # the tests' caps and batch costs are figured at order 10
     train_limit=128,
     evaluation_images=None,
+    force=protocol_force("certificates and admission"),
 )
 
 
@@ -52,11 +54,11 @@ class LiveParties:
 
     @property
     def guardian_address(self) -> str:
-        return f"127.0.0.1:{self.endpoints.guardian_grpc}"
+        return self.endpoints.guardian_address
 
     @property
     def student_address(self) -> str:
-        return f"127.0.0.1:{self.endpoints.student_grpc}"
+        return self.endpoints.student_address
 
     def close(self) -> None:
         stop_processes(self.processes, grace=10)

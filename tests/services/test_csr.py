@@ -1,8 +1,9 @@
 """Certificates across organisations: the party's key stays on its machine; the coordinator checks names.
 
-The request/sign flow end to end (library and CLI), each refusal of ``capc cert sign`` (another party's
-name, a SAN equal to another party's name, a stranger, a wildcard, a forged request) with nothing written,
-and why the SAN rule matters: a certificate carrying another party's name passes a client's name pin.
+The request/sign flow end to end (library and CLI), each refusal of ``capc cert sign`` (a fingerprint other
+than the one read out, another party's name, a SAN equal to another party's name, a stranger, a wildcard, a
+forged request, a validity past the cap) with nothing written, and why the SAN rule matters: a certificate
+carrying another party's name passes a client's name pin.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from capc_common.federation import FederationConfig
 from capc_common.wire import rpc
 from capc_services.common.runtime import start_grpc_server
 from capc_services.tls import TlsFiles, init_ca, issue_certificate, request_certificate, sign_request
+from capc_services.tls.csr import fingerprint
+
+
+def _read_out(csr: Path) -> str:
+    """The request's fingerprint, as its party reads it out to the coordinator."""
+    return fingerprint(x509.load_pem_x509_csr(csr.read_bytes()))
 
 
 @pytest.fixture
@@ -56,7 +63,9 @@ def test_request_and_sign_keep_the_key_at_the_party(tmp_path: Path, coordinator)
     inbox.mkdir()
     (inbox / "hospital-a.csr").write_bytes(made.csr.read_bytes())
     # Execute: the coordinator signs what it received
-    signed = sign_request(inbox / "hospital-a.csr", ca_dir=ca, federation=config)
+    signed = sign_request(
+        inbox / "hospital-a.csr", ca_dir=ca, federation=config, fingerprint_read_out=made.fingerprint
+    )
     # Assert
     assert stat.S_IMODE(made.key.stat().st_mode) == 0o600
     assert signed.cert == inbox / "hospital-a.crt" and signed.request_fingerprint == made.fingerprint
@@ -92,7 +101,7 @@ def test_sign_refuses_names_the_sender_does_not_own(
     ca, config = coordinator
     csr, _ = _csr(tmp_path / f"{sender}.csr", cn, dns=dns)
     with pytest.raises(InputError, match=match):
-        sign_request(csr, ca_dir=ca, federation=config)
+        sign_request(csr, ca_dir=ca, federation=config, fingerprint_read_out=_read_out(csr), party=sender)
     assert not list(tmp_path.glob("*.crt")), "a refused request leaves no certificate"
 
 
@@ -106,10 +115,10 @@ def test_sign_refuses_forged_and_malformed_requests(tmp_path: Path, coordinator)
     forged.parent.mkdir()
     forged.write_bytes(x509.load_der_x509_csr(bytes(der)).public_bytes(serialization.Encoding.PEM))
     with pytest.raises(InputError, match="signature does not verify"):
-        sign_request(forged, ca_dir=ca, federation=config)
+        sign_request(forged, ca_dir=ca, federation=config, fingerprint_read_out=_read_out(good))
     with pytest.raises(InputError, match="not a PEM certificate signing request"):
         (tmp_path / "junk.csr").write_text("hello")
-        sign_request(tmp_path / "junk.csr", ca_dir=ca, federation=config)
+        sign_request(tmp_path / "junk.csr", ca_dir=ca, federation=config, fingerprint_read_out="00")
     extra = x509.Name(
         [
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "acme"),
@@ -119,10 +128,31 @@ def test_sign_refuses_forged_and_malformed_requests(tmp_path: Path, coordinator)
     (tmp_path / "odd").mkdir()
     odd, _ = _csr(tmp_path / "odd" / "hospital-a.csr", "hospital-a", subject=extra)
     with pytest.raises(InputError, match="exactly one common name"):
-        sign_request(odd, ca_dir=ca, federation=config)
+        sign_request(odd, ca_dir=ca, federation=config, fingerprint_read_out=_read_out(odd))
     with pytest.raises(InputError, match="capc ca init"):
-        sign_request(good, ca_dir=tmp_path / "no-ca", federation=config)
+        sign_request(good, ca_dir=tmp_path / "no-ca", federation=config, fingerprint_read_out=_read_out(good))
     assert [p.name for p in tmp_path.rglob("*.crt")] == ["ca.crt"]
+
+
+def test_sign_takes_the_party_from_the_request_and_signs_only_what_was_read_out(
+    tmp_path: Path, coordinator
+) -> None:
+    """A request swapped on the way (another key, whatever the file's name) is not the one the party read out;
+    the party is the request's subject, never the file name; no certificate outlives the cap."""
+    ca, config = coordinator
+    made = request_certificate("hospital-a", out_dir=tmp_path / "site")
+    (tmp_path / "inbox").mkdir()
+    swapped, _ = _csr(tmp_path / "inbox" / "hospital-a.csr", "hospital-a")
+    with pytest.raises(InputError, match="is not the request the party read out"):
+        sign_request(swapped, ca_dir=ca, federation=config, fingerprint_read_out=made.fingerprint)
+    named_otherwise = tmp_path / "inbox" / "from-the-mail.csr"
+    named_otherwise.write_bytes(made.csr.read_bytes())
+    spoken = ":".join(made.fingerprint[i : i + 2] for i in range(0, 64, 2)).upper()  # as read aloud
+    signed = sign_request(named_otherwise, ca_dir=ca, federation=config, fingerprint_read_out=spoken)
+    assert signed.party == "hospital-a" and signed.cert.name == "hospital-a.crt"
+    with pytest.raises(InputError, match="must be 1 to 825 days"):
+        sign_request(named_otherwise, ca_dir=ca, federation=config, fingerprint_read_out=spoken, days=3650)
+    assert sorted(p.name for p in tmp_path.rglob("*.crt")) == ["ca.crt", "hospital-a.crt"]
 
 
 def test_issue_with_a_federation_refuses_another_partys_name(tmp_path: Path, coordinator) -> None:
@@ -167,6 +197,11 @@ def test_cli_request_sign_and_refusal(tmp_path: Path, capc, capc_json, federatio
     capc_json("ca", "init", "--dir", str(tmp_path / "ca"), "--name", "test")
     made = capc_json("cert", "request", "hospital-b", "--out-dir", str(tmp_path / "site"))
     assert Path(made["key"]).exists() and len(made["fingerprint"]) == 64
+    unconfirmed = capc(
+        "cert", "sign", made["csr"], "--ca-dir", str(tmp_path / "ca"),
+        "--federation", str(tmp_path / "federation.yaml"), "--fingerprint", "ab" * 32,
+    )  # fmt: skip
+    assert unconfirmed.returncode == 2 and "is not the request the party read out" in unconfirmed.stderr
     signed = capc_json(
         "cert",
         "sign",
@@ -175,6 +210,8 @@ def test_cli_request_sign_and_refusal(tmp_path: Path, capc, capc_json, federatio
         str(tmp_path / "ca"),
         "--federation",
         str(tmp_path / "federation.yaml"),
+        "--fingerprint",
+        made["fingerprint"],
     )
     assert signed["party"] == "hospital-b" and signed["request_fingerprint"] == made["fingerprint"]
     shown = capc_json("cert", "show", signed["cert"])
@@ -183,6 +220,8 @@ def test_cli_request_sign_and_refusal(tmp_path: Path, capc, capc_json, federatio
         "cert",
         "sign",
         made["csr"],
+        "--fingerprint",
+        made["fingerprint"],
         "--party",
         "hospital-a",
         "--ca-dir",

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from protocol_force import protocol_force
 
 from capc_services.local.federation import token as admin_token
 from capc_services.local.layout import Layout
@@ -77,6 +78,7 @@ OPTIONS = LocalOptions(
     train_limit=400,
     evaluation_images=256,
     pipeline_depth=0,
+    force=protocol_force("dashboard"),
 )
 FLAGS = (
     "--headless",
@@ -377,8 +379,9 @@ def _documented_command(federation: Federation, out: Path) -> str:
     block = text.split("<!-- headless-chromium -->", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     assert block.startswith("chromium --headless") and "--virtual-time-budget=" in block, block
     replaced = (
-        block.replace("http://GUARDIAN:8080", federation.admin)
-        .replace("/etc/capc/certs/admin.token", str(federation.layout.token))
+        block.replace("https://GUARDIAN:8080", federation.admin)
+        .replace("/etc/capc/certs/admin.token", str(federation.layout.admin_token("guardian")))
+        .replace("/etc/capc/certs/guardian.crt", str(federation.layout.certs / "guardian.crt"))
         .replace("--screenshot=dashboard.png", f"--screenshot={out}")
     )
     return replaced.replace("chromium ", f"{CHROMIUM} ", 1)
@@ -418,7 +421,7 @@ def test_budget_watch_prints_the_same_numbers(federation: Federation, capc) -> N
         "--url",
         federation.admin,
         "--token-file",
-        str(federation.layout.token),
+        str(federation.layout.admin_token("guardian")),
         "--count",
         "1",
     )
@@ -450,7 +453,7 @@ def test_seeded_noise_is_announced_loudly(federation: Federation, browser: Any, 
     site.update(
         federation=str(tmp_path / "federation.yaml"),
         tls={k: str((base / v).resolve()) for k, v in site["tls"].items()},
-        admin={"bind": f"127.0.0.1:{admin}", "token_file": str(federation.layout.token)},
+        admin={"bind": f"127.0.0.1:{admin}", "token_file": str(federation.layout.admin_token("guardian"))},
         grpc={"bind": f"127.0.0.1:{free_port()}"},
         ledger=str(tmp_path / "ledger.sqlite"),
     )

@@ -374,3 +374,63 @@ def test_the_student_precomputes_the_public_basis_for_the_parties_of_its_machine
     protocol_for(
         FederationConfig.from_dict(federation_dict(mechanism={"name": "dppl", "rho": 0.2})), dim=8
     ).precompute()
+
+
+NAMES = [f"class-{i}" for i in range(10)]
+
+
+def test_class_names_are_hashed_when_set_and_absent_otherwise(tmp_path: Path, federation_dict) -> None:
+    """A federation without class_names keeps its hash (the pinned one above) and its file has no such key;
+    with them, what each index means is a parameter every party shares: another order is another hash."""
+    plain = FederationConfig.from_dict(federation_dict())
+    named = FederationConfig.from_dict(federation_dict(class_names=NAMES))
+    assert "class_names" not in plain.canonical_json() and named.class_names == tuple(NAMES)
+    assert named.config_hash() != plain.config_hash()
+    swapped = FederationConfig.from_dict(federation_dict(class_names=[NAMES[1], NAMES[0], *NAMES[2:]]))
+    assert swapped.config_hash() != named.config_hash()
+    plain.save(tmp_path / "plain.yaml")
+    named.save(tmp_path / "named.yaml")
+    assert "class_names" not in (tmp_path / "plain.yaml").read_text()
+    assert FederationConfig.load(tmp_path / "named.yaml") == named
+
+
+@pytest.mark.parametrize(
+    ("names", "says"),
+    [
+        (NAMES[:3], "class_names lists 3 names but classes is 10"),
+        ([*NAMES[:9], NAMES[0]], r"class names must be unique; repeated: \['class-0'\]"),
+        ([*NAMES[:9], " x"], "class names must be non-empty, without surrounding spaces; see indices"),
+    ],
+)
+def test_class_names_must_name_every_class_once(federation_dict, names: list[str], says: str) -> None:
+    with pytest.raises(InputError, match=says):
+        FederationConfig.from_dict(federation_dict(class_names=names))
+
+
+def test_a_membership_change_keeps_the_class_names(federation_dict) -> None:
+    from capc_common.federation import add_party, membership_change
+
+    budget = {"epsilon": 5000.0, "delta": 1e-5, "order": 10}  # pays for a batch
+    old = FederationConfig.from_dict(federation_dict(class_names=NAMES, budget=budget))
+    grown = add_party(old, name="hospital-c", heads=2)
+    assert grown.class_names == old.class_names
+    renamed = grown.model_copy(update={"class_names": tuple(reversed(NAMES))})
+    with pytest.raises(InputError, match=r"it also changes class_names: \['class-0'"):
+        membership_change(old, renamed)
+
+
+def test_stored_class_names_must_be_the_federations(federation_dict) -> None:
+    """A site's .npz imported without the federation's names (sorted folder names, another order) is
+    refused before training; indices-only data and a federation without names are not checked."""
+    from capc_common.federation.site_data import class_name_problem
+
+    named = FederationConfig.from_dict(federation_dict(class_names=NAMES))
+    assert class_name_problem(NAMES, config=named, name="site.npz") == ""
+    assert class_name_problem(NAMES[:4], config=named, name="site.npz") == ""  # the first classes only
+    assert class_name_problem([str(i) for i in range(10)], config=named, name="site.npz") == ""
+    problem = class_name_problem(["class-1", "class-0"], config=named, name="site.npz")
+    assert "site.npz names its classes ['class-1', 'class-0']" in problem
+    assert "0: 'class-1' here, 'class-0' there; 1: 'class-0' here, 'class-1' there" in problem
+    assert "capc data import SOURCE --federation federation.yaml" in problem
+    plain = FederationConfig.from_dict(federation_dict())
+    assert class_name_problem(["b", "a"], config=plain, name="site.npz") == ""

@@ -16,14 +16,13 @@ import grpc
 import numpy as np
 import pytest
 from fuzz_harness import FUZZ, IDS, PARTIES, UINT32, UINT64, assert_precise, status
-from guardian_harness import GUARDIAN_TEST_FEDERATION, Setup, digest, tls_files
+from guardian_harness import GUARDIAN_TEST_FEDERATION, Setup, client_auth, digest, server_auth, tls_files
 from hypothesis import given
 from hypothesis import strategies as st
 
 from capc_common.federation import FederationConfig
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
-from capc_services.common.interceptors import AuthInterceptor, ConfigHashClientInterceptor
 from capc_services.common.runtime import start_grpc_server
 from capc_services.student.links import TeacherRegistry
 from capc_services.student.servicer import POLICY as STUDENT_POLICY
@@ -46,10 +45,10 @@ def servers(pki: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
         tls=tls_files(pki, "student"),
         register=[add_student(StudentServicer(config=config, registry=registry))],
         services=[rpc.STUDENT_SERVICE],
-        interceptors=[AuthInterceptor(config=config, policy=STUDENT_POLICY)],
+        interceptors=[server_auth(pki, "student", config, STUDENT_POLICY)],
         max_workers=8,
     )
-    interceptor = ConfigHashClientInterceptor(config.config_hash(), peer="student")
+    interceptor = client_auth(pki, "hospital-a", config, peer="student")
     teacher_to_student = tls_files(pki, "hospital-a").channel(
         f"127.0.0.1:{student.port}", peer="student", interceptors=(interceptor,)
     )

@@ -37,7 +37,7 @@ def served(
             config=party.config, ledger=ledger, noise=SeededNoise("api"), metrics=party.metrics
         )
         app = party.admin_app(readiness=lambda: {}, routers=[router(guardian)])
-        client = TestClient(app)
+        client = TestClient(app, base_url="http://localhost")
         client.headers["Authorization"] = f"Bearer {party.token}"
         yield client, guardian
 

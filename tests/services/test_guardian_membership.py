@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from guardian_harness import Setup, tls_files
+from guardian_harness import Setup, server_auth, tls_files
 from sites_harness import funded_config, guardian_settings
 
 from capc_cli.main import main
@@ -23,8 +23,8 @@ from capc_common.privacy import BudgetLedger
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.interceptors import (
-    AuthInterceptor,
-    ConfigHashClientInterceptor,
+    HASH_HEADER,
+    REVOCATION_HEADER,
     superseded_by_history,
 )
 from capc_services.common.runtime import start_grpc_server
@@ -88,13 +88,14 @@ def _post(url: str, body: dict[str, Any], token: str | None) -> httpx.Response:
 
 
 def _submit(pki: Path, party: str, address: str, config_hash: str) -> grpc.RpcError:
+    """A seed submitted under ``config_hash`` (headers set by hand: a client still on an old file)."""
     files = TlsFiles(ca=pki / "ca.crt", cert=pki / f"{party}.crt", key=pki / f"{party}.key")
-    interceptor = ConfigHashClientInterceptor(config_hash, peer="guardian")
-    channel = files.channel(address, peer="guardian", interceptors=(interceptor,))
+    channel = files.channel(address, peer="guardian")
     request = pb.SubmitSharesRequest(batch_id="q000000000+32", attempt=1, party=party, seed=b"\0" * 16)
+    headers = ((HASH_HEADER, config_hash), (REVOCATION_HEADER, funded_config().revocation_hash()))
     try:
         with pytest.raises(grpc.RpcError) as info:
-            rpc.GuardianServiceStub(channel).SubmitShares(request, timeout=20)
+            rpc.GuardianServiceStub(channel).SubmitShares(request, metadata=headers, timeout=20)
         return info.value
     finally:
         channel.close()
@@ -186,7 +187,7 @@ def test_a_party_without_a_ledger_names_the_change_from_its_history(pki: Path, t
     server = start_grpc_server(
         bind="127.0.0.1:0", tls=tls_files(pki, "guardian"),
         register=[add_to_server(GuardianServicer(setup.guardian))], services=[rpc.GUARDIAN_SERVICE],
-        interceptors=[AuthInterceptor(config=new, policy=POLICY, superseded=superseded_by_history(new))],
+        interceptors=[server_auth(pki, "guardian", new, POLICY, superseded=superseded_by_history(new))],
     )  # fmt: skip
     try:
         refused = _submit(pki, "hospital-a", f"127.0.0.1:{server.port}", config.config_hash())

@@ -108,7 +108,7 @@ def test_a_teacher_refuses_unless_its_site_opts_in(
     "site",
     [
         {"grpc": {"bind": "0.0.0.0:0"}},
-        {"admin": {"bind": "0.0.0.0:0", "token_file": None, "allow_remote": True}},
+        {"admin": {"bind": "0.0.0.0:0", "token_file": None, "allow_remote": True, "tls": True}},
     ],
 )
 def test_every_listener_stays_on_loopback(
@@ -130,11 +130,14 @@ def test_readiness_metrics_and_budget_say_so(
 
         noise = party_noise("guardian", seed=party.config.mechanism.insecure_noise_seed)
         guardian = Guardian(config=party.config, ledger=ledger, noise=noise, metrics=party.metrics)
-        client = TestClient(party.admin_app(readiness=dict, routers=[router(guardian)]))
+        client = TestClient(
+            party.admin_app(readiness=dict, routers=[router(guardian)]), base_url="http://localhost"
+        )
+        client.headers["Authorization"] = f"Bearer {party.token}"
         ready = client.get("/readyz").json()
         assert ready["ready"] and "INSECURE" in ready["checks"]["noise"]["detail"]
         assert "capc_insecure_noise 1.0" in client.get("/metrics").text
-        budget = client.get("/api/v1/budget", headers={"Authorization": f"Bearer {party.token}"}).json()
+        budget = client.get("/api/v1/budget").json()
         assert (budget["noise"], budget["noise_secure"]) == ("SeededNoise", False)
     assert (
         "capc_insecure_noise 0.0"

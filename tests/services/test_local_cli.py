@@ -10,15 +10,26 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from protocol_force import protocol_force
 
-from capc_common.errors import InputError
-from capc_common.federation import cap_cover
+from capc_common.errors import InputError, PreconditionError
+from capc_common.federation import FederationConfig, cap_cover, cap_order, exposure_of
 from capc_common.privacy import BudgetLedger
 from capc_services.local.federation import check_resume, ensure_provisioned, summary
 from capc_services.local.layout import Layout
 from capc_services.local.processes import PartyProcess, federation_of, write_state
-from capc_services.local.provision import Endpoints, LocalOptions, free_port, provision
+from capc_services.local.provision import (
+    Endpoints,
+    LocalOptions,
+    federation_dict,
+    free_port,
+    provision,
+    recorded_options,
+)
 from capc_services.teacher.settings import TeacherSettings
+
+#: These tests are of provisioning, not of whether their small federations are worth joining.
+FORCE = protocol_force("provisioning")
 
 
 def test_status_and_down_of_a_directory_without_a_federation(capc, tmp_path: Path) -> None:
@@ -89,17 +100,17 @@ def test_provisioning_that_fails_leaves_the_directory_as_it_was(tmp_path: Path) 
     (existing / "precious.txt").write_text("keep me")
     for root in (fresh, existing):
         with pytest.raises(InputError, match=r"cap\.epsilon"):
-            provision(root, LocalOptions(teacher_cap=-1.0))
+            provision(root, LocalOptions(teacher_cap=-1.0, force=FORCE))
     assert not fresh.exists()
     assert [p.name for p in existing.iterdir()] == ["precious.txt"]
-    layout, config, _ = provision(fresh, LocalOptions())
+    layout, config, _ = provision(fresh, LocalOptions(force=FORCE))
     assert layout.federation.exists()
     for name in config.teacher_names:  # capc local makes the explicit init a real site makes itself
         assert (layout.party_dir(name) / "cap.jsonl").is_file()
 
 
 def test_init_cap_creates_the_record_once(capc, tmp_path: Path) -> None:
-    layout, config, _ = provision(tmp_path / "fed", LocalOptions())
+    layout, config, _ = provision(tmp_path / "fed", LocalOptions(force=FORCE))
     name = config.teacher_names[0]
     record = layout.party_dir(name) / "cap.jsonl"
     record.unlink()
@@ -128,17 +139,41 @@ def test_another_optimizer_for_secagg_dpsgd_takes_its_own_step(tmp_path: Path) -
     planner's recipe."""
     from capc_common.federation.sizing import DPSGD_RECIPE, DPSGD_ROUNDS
 
-    options = LocalOptions(mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1")
+    raw = {"projection": None}  # no public basis to compute and pin (test_the_public_basis_is_pinned)
+    options = LocalOptions(
+        mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1", mechanism_params=raw, force=FORCE
+    )
     _, planned, _ = provision(tmp_path / "planned", options)
     assert {k: getattr(planned.mechanism, k) for k in DPSGD_RECIPE} == DPSGD_RECIPE
     assert planned.mechanism.rounds == DPSGD_ROUNDS
     for i, params in enumerate(({"optimizer": "adam"}, {"optimizer": "adam", "learning_rate": 0.1})):
-        _, config, _ = provision(tmp_path / str(i), replace(options, mechanism_params=params))
+        _, config, _ = provision(tmp_path / str(i), replace(options, mechanism_params={**raw, **params}))
         m = config.mechanism
         assert m.optimizer == "adam" and m.step_noise is None and not m.unit_variance, m
         assert m.clip == 1.0 and m.learning_rate == params.get("learning_rate", 0.3)
         assert m.rounds == planned.mechanism.rounds
         assert m.noise_multiplier == planned.mechanism.noise_multiplier
+
+
+def test_the_public_basis_is_pinned(tmp_path: Path) -> None:
+    """A secure-aggregation DP-SGD federation's public basis is computed into the parties' shared feature
+    cache while it is provisioned, and federation.yaml pins its digest — the one a party computing it afresh
+    gets (so no party trains in other coordinates)."""
+    from capc_common.federation import load_shared_backbone
+    from capc_common.federation.releases import Featuriser, federation_basis
+    from capc_common.mechanisms.basis import basis_digest
+
+    small = {"projection": {"dim": 8, "images": 20}}
+    options = LocalOptions(
+        mechanism="secagg-dpsgd", epsilon=3.0, backbone="scatter-28x28x1", mechanism_params=small, force=FORCE
+    )
+    layout, config, _ = provision(tmp_path / "state", options)
+    projection = config.mechanism.projection
+    assert projection is not None and projection.sha256 is not None
+    assert FederationConfig.load(layout.federation).mechanism.projection.sha256 == projection.sha256
+    unpinned = projection.model_copy(update={"sha256": None})
+    fresh = federation_basis(unpinned, featuriser=Featuriser(load_shared_backbone(config), (28, 28, 1)))
+    assert basis_digest(fresh) == projection.sha256
 
 
 def test_mechanism_params_are_key_value_pairs_read_as_yaml() -> None:
@@ -197,6 +232,7 @@ SMALL = LocalOptions(
     generator="dead_leaves",
     train_limit=640,  # about 64 examples per head: each shard holds a bn_batch of 32
     evaluation_images=None,
+    force=FORCE,
 )
 
 
@@ -234,6 +270,27 @@ def test_up_refuses_other_options_for_an_existing_federation(
         InputError, match="--teachers-per-party 10; this `up` asked for --teachers-per-party 25"
     ):
         check_resume(provisioned, LocalOptions(), given={"teachers_per_party"})
+
+
+def test_up_resumes_with_a_new_force_reason_where_the_guardian_reads_it(tmp_path: Path) -> None:
+    """`capc local up --force "REASON"` on a federation provisioned with another reason (or none) was refused
+    as "options other than those it was provisioned with": yet the reason binds nothing its ledger or records
+    hold, and it is the way to go on with a federation a newer forecast judges below its parties alone."""
+    from capc_services.guardian.settings import GuardianSettings
+
+    root = tmp_path / "state"
+    layout, config = ensure_provisioned(root, SMALL)
+    site = layout.site(config.guardian)
+    assert GuardianSettings.load(site).force == FORCE
+    ensure_provisioned(root, replace(SMALL, force="the forecast changed; we go on"), given={"force"})
+    assert GuardianSettings.load(site).force == "the forecast changed; we go on"
+    assert recorded_options(layout)["force"] == "the forecast changed; we go on"
+    check_resume(layout, replace(SMALL, force="yet another reason"))  # all options compared, but the reason
+    before = site.read_bytes()
+    with pytest.raises(InputError, match="needs a reason"):
+        ensure_provisioned(root, replace(SMALL, force=" "), given={"force"})
+    ensure_provisioned(root, replace(SMALL, force=None), given=set())  # not given: the recorded one stands
+    assert site.read_bytes() == before
 
 
 def test_up_names_the_state_dir_of_a_running_federation(tmp_path: Path) -> None:
@@ -289,26 +346,67 @@ def test_budget_show_of_a_missing_ledger_names_where_it_is(capc, provisioned: La
         ledger.unlink()
 
 
-def test_the_default_cap_covers_the_federation_as_preflight_checks_it(provisioned: Layout) -> None:
+def test_the_default_cap_covers_the_federation_as_preflight_checks_it(
+    provisioned: Layout, tmp_path: Path
+) -> None:
     """`local up`'s default cap was 3 × ε = 30, and preflight warned that it covers only 7 of the 8 batches
-    (suggesting 32.2) beside a federation limit of 10: both now use the same cover, and say why it is
-    above the federation's ε."""
-    from capc_services.teacher.preflight.peers import cap_check
+    (suggesting 32.2) beside a federation limit of 10: both now use the same cover, at the order the cap
+    record charges at, and say why it is above the federation's ε."""
+    from capc_services.teacher.cap import LocalCap
+    from capc_services.teacher.preflight.budget import cap_check
 
     config = federation_of(provisioned)
     settings = TeacherSettings.load(provisioned.site("hospital-1"))
-    cover = cap_cover(config)
-    assert settings.cap.epsilon == cover.cap > 3 * SMALL.epsilon
-    check = cap_check(settings, config)
-    assert check.status == "ok" and check.detail.endswith(": fits"), check.detail
+    exposure = exposure_of(config)
+    cover = cap_cover(exposure, delta=config.budget.delta)
+    record = LocalCap(settings.cap.record, config=config, epsilon_cap=cover.cap, exclusive=False)
+    assert record.order == cover.order == cap_order(exposure, delta=config.budget.delta) < config.budget.order
+    assert settings.cap.epsilon == cover.cap > SMALL.epsilon
+    check = cap_check(settings, config, exposure)
+    assert check.status == "ok" and ": fits; covering this federation takes a cap of" in check.detail
     assert "the federation's 8 planned batches all fit its limit ε 10" in check.detail
-    old_default = settings.model_copy(update={"cap": settings.cap.model_copy(update={"epsilon": 30.0})})
-    warned = cap_check(old_default, config)
-    assert warned.status == "warn" and "stops this party after 7 of those 8 batches" in warned.detail
+    assert {t.cap for t in config.teachers} == {cover.cap}  # declared in federation.yaml, as the site sets it
+    short = settings.model_copy(update={"cap": settings.cap.model_copy(update={"epsilon": cover.cap - 1})})
+    below = cap_check(short, config, exposure, force="the teacher would refuse to start: not accepted")
+    assert below.status == "fail" and f"declares hospital-1's cap as ε {cover.cap:g}" in below.fix
+    data = config.model_dump(mode="json")
+    undeclared = FederationConfig.from_dict(
+        {**data, "teachers": [{**t, "cap": None} for t in data["teachers"]]}
+    )
+    record = LocalCap.init(tmp_path / "cap.jsonl", config=undeclared, order=cover.order)
+    short = short.model_copy(update={"cap": short.cap.model_copy(update={"record": record})})
+    failed = cap_check(short, undeclared, exposure)
+    assert failed.status == "fail" and "stops this party after 7 of those 8 batches" in failed.detail
     assert (
-        f"covering this federation takes a cap of ε {cover.cap:g}, above its limit ε 10: this cap counts "
-        "every query the party votes on as answered"
-    ) in warned.detail
+        f"covering this federation takes a cap of ε {cover.cap:g} (at the cap record's order "
+        f"{cover.order:g}), above its limit ε 10: the cap charges every query this hospital votes on as if "
+        "it were answered"
+    ) in failed.detail
+    assert '--force "REASON"' in failed.fix
+    forced = cap_check(short, undeclared, exposure, force="we leave after the pilot")
+    assert forced.status == "warn" and forced.detail.endswith("Accepted: we leave after the pilot")
+
+
+def test_up_refuses_a_teacher_cap_that_cannot_cover_the_plan(tmp_path: Path) -> None:
+    """A --teacher-cap below the plan's worst case stopped every hospital part-way (the shipped Kubernetes
+    sites: after 6 of 21 batches) while the federation spent: refused before anything is created, naming the
+    flag and the figure, unless --force says why."""
+    root = tmp_path / "state"
+    config = FederationConfig.from_dict(federation_dict(SMALL), source="test")
+    cover = cap_cover(exposure_of(config), delta=config.budget.delta)
+    with pytest.raises(PreconditionError) as refused:
+        provision(root, replace(SMALL, teacher_cap=cover.cap - 1, force=None))
+    message = str(refused.value)
+    assert (
+        f"[caps-short] hospital-1, hospital-2 declare a cap of ε {cover.cap - 1:g}, which covers 7 of the 8 "
+        "batches the federation's ε 10 can admit; 0 of its 2 parties can then answer the whole plan"
+        in message
+    )
+    assert f"to fix it, raise --teacher-cap to {cover.cap:g}" in message and '--force "REASON"' in message
+    assert "cap.epsilon" not in message and not root.exists()
+    layout, forced, _ = provision(root, replace(SMALL, teacher_cap=cover.cap - 1, force="a refusal demo"))
+    assert {t.cap for t in forced.teachers} == {cover.cap - 1}  # declared: the guardian checks it too
+    assert "a refusal demo" in layout.site(forced.guardian).read_text()
 
 
 def test_down_text_lists_each_party() -> None:

@@ -66,7 +66,8 @@ def test_the_status_follows_readiness(student_process: int, state: str, expected
         entry: dict[str, Any] = party_state(
             PartyProcess(
                 party="student", role="student", pid=student_process, admin_url=f"http://127.0.0.1:{port}"
-            )
+            ),
+            "t" * 40,
         )
     finally:
         server.stop()
@@ -80,7 +81,7 @@ def test_a_gone_process_is_not_running() -> None:
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     entry = party_state(
-        PartyProcess(party="student", role="student", pid=gone.pid, admin_url="http://127.0.0.1:1")
+        PartyProcess(party="student", role="student", pid=gone.pid, admin_url="http://127.0.0.1:1"), "t" * 40
     )
     assert (entry["state"], entry["running"], entry["process"]) == ("not running", False, "not running")
 

@@ -19,7 +19,7 @@ from capc_common.federation import FederationConfig
 from capc_common.mpc import MAX_FRAME_BYTES
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import HEADROOM, MessageLimits
 from capc_services.local.provision import free_port
 from capc_services.tls import TlsFiles
@@ -85,7 +85,7 @@ def test_an_oversized_message_from_a_teacher_is_refused_before_it_is_buffered(
     address, pid = guardian
     config = FederationConfig.load(funded_federation)
     files = TlsFiles(ca=pki / "ca.crt", cert=pki / "hospital-a.crt", key=pki / "hospital-a.key")
-    interceptor = ConfigHashClientInterceptor(config.config_hash(), peer="guardian")
+    interceptor = FederationClientInterceptor.dialling(config, tls=files, peer="guardian")
     # This client lets itself send far more than the protocol ever does (a misbehaving teacher).
     channel = files.channel(address, peer="guardian", interceptors=(interceptor,), send=OVERSIZED + (1 << 20))
     stub = rpc.GuardianServiceStub(channel)

@@ -12,11 +12,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from capc_common.federation import FederationConfig
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
-from capc_services.common.interceptors import HASH_HEADER, AuthInterceptor, ConfigHashClientInterceptor
+from capc_services.common.interceptors import HASH_HEADER, AuthInterceptor, FederationClientInterceptor
 from capc_services.common.runtime import GrpcServer, start_grpc_server
-from capc_services.tls import TlsFiles, certificate_info, issue_certificate
+from capc_services.tls import ServerIdentity, TlsFiles, certificate_info, issue_certificate
 
 STATUS = f"/{rpc.GUARDIAN_SERVICE}/BatchStatus"
+SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 class _StatusOnly(rpc.GuardianServiceServicer):
@@ -35,6 +36,7 @@ def server(pki: Path, federation_dict) -> Iterator[tuple[GrpcServer, FederationC
     interceptor = AuthInterceptor(
         config=config,
         policy={STATUS: frozenset({"student"})},
+        identity=ServerIdentity.load(_files(pki, "guardian")),
         on_reject=lambda m, p, c: rejected.append((m, p, c)),
     )
     srv = start_grpc_server(
@@ -49,15 +51,15 @@ def server(pki: Path, federation_dict) -> Iterator[tuple[GrpcServer, FederationC
     srv.stop(0)
 
 
-def _stub(files: TlsFiles, port: int, *, config_hash: str, peer: str = "guardian"):
-    interceptor = ConfigHashClientInterceptor(config_hash, peer=peer)
+def _stub(files: TlsFiles, port: int, *, config: FederationConfig, peer: str = "guardian"):
+    interceptor = FederationClientInterceptor.dialling(config, tls=files, peer=peer)
     channel = files.channel(f"127.0.0.1:{port}", peer=peer, interceptors=(interceptor,))
     return rpc.GuardianServiceStub(channel), channel
 
 
 def test_student_with_matching_config_is_served(pki, server) -> None:
     srv, config = server
-    stub, channel = _stub(_files(pki, "student"), srv.port, config_hash=config.config_hash())
+    stub, channel = _stub(_files(pki, "student"), srv.port, config=config)
     reply, call = stub.BatchStatus.with_call(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
     assert reply.detail == "b1"
     assert dict(call.initial_metadata())[HASH_HEADER] == config.config_hash()
@@ -67,7 +69,7 @@ def test_student_with_matching_config_is_served(pki, server) -> None:
 @pytest.mark.parametrize("party", ["hospital-a", "outsider", "guardian"])
 def test_other_parties_are_denied(pki, server, party: str) -> None:
     srv, config = server
-    stub, channel = _stub(_files(pki, party), srv.port, config_hash=config.config_hash())
+    stub, channel = _stub(_files(pki, party), srv.port, config=config)
     with pytest.raises(grpc.RpcError) as info:
         stub.BatchStatus(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -78,7 +80,7 @@ def test_other_parties_are_denied(pki, server, party: str) -> None:
 def test_config_hash_mismatch_is_refused(pki, server, federation_dict) -> None:
     srv, _ = server
     other = FederationConfig.from_dict(federation_dict(name="another"))
-    stub, channel = _stub(_files(pki, "student"), srv.port, config_hash=other.config_hash())
+    stub, channel = _stub(_files(pki, "student"), srv.port, config=other)
     with pytest.raises(grpc.RpcError) as info:
         stub.BatchStatus(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -104,7 +106,7 @@ def test_certificate_from_another_ca_fails_the_handshake(pki, server) -> None:
     foreign = TlsFiles(
         ca=pki / "ca.crt", cert=pki / "foreign" / "student.crt", key=pki / "foreign" / "student.key"
     )
-    stub, channel = _stub(foreign, srv.port, config_hash=config.config_hash())
+    stub, channel = _stub(foreign, srv.port, config=config)
     with pytest.raises(grpc.RpcError) as info:
         stub.BatchStatus(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -113,21 +115,26 @@ def test_certificate_from_another_ca_fails_the_handshake(pki, server) -> None:
 
 def test_client_refuses_a_server_that_is_not_the_expected_party(pki, server) -> None:
     srv, config = server
-    stub, channel = _stub(_files(pki, "student"), srv.port, config_hash=config.config_hash(), peer="student")
+    stub, channel = _stub(_files(pki, "student"), srv.port, config=config, peer="student")
     with pytest.raises(grpc.RpcError) as info:
         stub.BatchStatus(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     channel.close()
 
 
-def test_health_service_reports_serving(pki, server) -> None:
+def test_health_service_reports_serving_to_parties_only(pki, server) -> None:
     srv, _ = server
-    channel = _files(pki, "outsider").channel(f"127.0.0.1:{srv.port}", peer="guardian")
-    health = health_pb2_grpc.HealthStub(channel)
-    reply = health.Check(health_pb2.HealthCheckRequest(service=rpc.GUARDIAN_SERVICE), timeout=10)
-    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    request = health_pb2.HealthCheckRequest(service=rpc.GUARDIAN_SERVICE)
+    party = _files(pki, "hospital-a").channel(f"127.0.0.1:{srv.port}", peer="guardian")
+    assert health_pb2_grpc.HealthStub(party).Check(request, timeout=10).status == SERVING
+    stranger = _files(pki, "outsider").channel(f"127.0.0.1:{srv.port}", peer="guardian")
+    with pytest.raises(grpc.RpcError) as info:
+        health_pb2_grpc.HealthStub(stranger).Check(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "'outsider'" in info.value.details() and "not a party of federation" in info.value.details()
     srv.stop(0)
-    channel.close()
+    party.close()
+    stranger.close()
 
 
 def test_private_key_readable_by_others_is_refused(tmp_path: Path, pki: Path) -> None:
@@ -150,7 +157,13 @@ def _server_for(pki: Path, config: FederationConfig) -> GrpcServer:
         tls=_files(pki, "guardian"),
         register=[lambda s: rpc.add_GuardianServiceServicer_to_server(_StatusOnly(), s)],
         services=[rpc.GUARDIAN_SERVICE],
-        interceptors=[AuthInterceptor(config=config, policy={STATUS: frozenset({"student"})})],
+        interceptors=[
+            AuthInterceptor(
+                config=config,
+                policy={STATUS: frozenset({"student"})},
+                identity=ServerIdentity.load(_files(pki, "guardian")),
+            )
+        ],
         max_workers=4,
     )
 
@@ -162,7 +175,7 @@ def test_a_revoked_certificate_is_refused_even_for_health(pki, server) -> None:
     spelled = ":".join(serial.upper().zfill(40)[i : i + 2] for i in range(0, 40, 2))
     revoking = _revoking(config, spelled)
     srv = _server_for(pki, revoking)
-    stub, channel = _stub(_files(pki, "student"), srv.port, config_hash=revoking.config_hash())
+    stub, channel = _stub(_files(pki, "student"), srv.port, config=revoking)
     health = health_pb2_grpc.HealthStub(channel)
     try:
         # Execute / Assert
@@ -187,7 +200,7 @@ def test_a_student_certificate_naming_the_guardian_is_refused(pki, server, tmp_p
     srv, config = server
     issue_certificate(pki, "student", out_dir=tmp_path, dns_names=("GUARDIAN",))
     files = TlsFiles(ca=pki / "ca.crt", cert=tmp_path / "student.crt", key=tmp_path / "student.key")
-    stub, channel = _stub(files, srv.port, config_hash=config.config_hash())
+    stub, channel = _stub(files, srv.port, config=config)
     with pytest.raises(grpc.RpcError) as info:
         stub.BatchStatus(pb.BatchStatusRequest(batch_id="b1"), timeout=10)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -253,7 +266,7 @@ def test_a_readiness_probe_that_reaches_its_peer_runs_no_thread_beside_the_chann
 
     srv, config = server
     before = set(threading.enumerate())
-    _, channel = _stub(_files(pki, party), srv.port, config_hash=config.config_hash())
+    _, channel = _stub(_files(pki, party), srv.port, config=config)
     try:
         assert channel_ready(channel, timeout=10)
         beside = {t for t in set(threading.enumerate()) - before if not t.name.startswith("grpc")}

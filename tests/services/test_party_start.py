@@ -128,3 +128,63 @@ def test_torch_threads_caps_numpy_blas_too() -> None:
         [sys.executable, "-c", THREADS], capture_output=True, text=True, timeout=120, check=True, env=env
     )
     assert out.stdout == "(3, [3]) (1, [1])\n", out
+
+
+LAZY = """
+import sys
+from capc_common.federation import FederationConfig, check_runnable
+from capc_common.models import backbone_sha256
+
+data = FederationConfig.from_dict(dict(DATA)).model_dump(mode="json")
+data["mechanism"] = {"name": "secagg-dpsgd", "rounds": 2, "noise_multiplier": 2.0, "clip": 0.1,
+                     "projection": {"dim": 8, "images": 16, "generators": ["dead_leaves"]}}
+data["budget"]["epsilon"] = 300.0
+data["backbone"] = {"name": "hybrid-28x28x1", "sha256": backbone_sha256("hybrid-28x28x1")}
+config = FederationConfig.from_dict(data)
+guardian = check_runnable(config, model=False)
+print("torch" in sys.modules, guardian.release_protocol().length)
+first = guardian.backbone  # loaded on first use, once
+print("torch" in sys.modules, first is guardian.backbone, first.sha256 == config.backbone.sha256)
+print(check_runnable(config, model=True).release_protocol().length)
+"""
+
+
+def test_a_release_guardian_checks_the_backbone_without_loading_it() -> None:
+    """The guardian of a secure-aggregation DP-SGD federation never featurises (the parties and the student
+    compute the public basis): its start-up check reads the backbone's file, not the model, so it never
+    imports torch (230 MB resident); a party that asks for the model loads it then, once."""
+    code = LAZY.replace("dict(DATA)", repr(funded_config().model_dump(mode="json")))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    no_torch, loaded, length = out.stdout.splitlines()
+    assert no_torch == f"False {10 * 9}"  # 10 classes x (8 coordinates + bias)
+    assert loaded == "True True True" and length == "90"
+
+
+def test_only_a_guardian_that_garbles_keeps_freed_memory(
+    pki: Path, tmp_path: Path, token_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The allocator policy pays on the 2PC (capc_common.memory): a guardian of a selection federation sets
+    it before its gRPC threads start; one of a release federation (no garbling) hands freed memory back."""
+    from capc_common.aggregation import party_noise
+    from capc_services.common.party import PartyRuntime
+    from capc_services.guardian import app
+
+    calls: list[str] = []
+    monkeypatch.setattr(app, "keep_freed_memory", lambda: calls.append("set"))
+    for mechanism, expected in (
+        ({"name": "dppl", "rho": 0.2}, []),
+        ({"threshold": 3, "sigma1": 2.0, "sigma2": 1.5}, ["set"]),
+    ):
+        calls.clear()
+        data = funded_config().model_dump(mode="json")
+        data["mechanism"] = mechanism
+        federation = tmp_path / f"{len(expected)}-federation.yaml"
+        FederationConfig.from_dict(data).save(federation)
+        settings = guardian_settings(pki, tmp_path / str(len(expected)), token_file, federation)
+        (tmp_path / str(len(expected))).mkdir()
+        party = PartyRuntime(settings, role="guardian")
+        with app.open_ledger(settings) as ledger:
+            app._core(party, ledger, party_noise("guardian", seed=None))
+        assert calls == expected, mechanism

@@ -9,7 +9,7 @@ import pytest
 from cryptography import x509
 
 from capc_common.errors import InputError
-from capc_services.tls import certificate_info, init_ca, issue_certificate
+from capc_services.tls import bootstrap, certificate_info, init_ca, issue_certificate
 
 
 def test_issue_writes_private_key_0600_and_sans(tmp_path: Path) -> None:
@@ -48,6 +48,19 @@ def test_refuses_party_names_that_are_not_dns_labels(tmp_path: Path, party: str)
     with pytest.raises(InputError, match="DNS label"):
         issue_certificate(tmp_path, party, out_dir=tmp_path)
     assert not list(tmp_path.glob("*.key"))[1:], "no key may be left behind"
+
+
+def test_bootstrap_refuses_a_dns_name_that_is_a_partys(tmp_path: Path) -> None:
+    """``--dns`` goes on every certificate: the guardian's name there would let the student pass as it."""
+    with pytest.raises(InputError, match=r"--dns \['Guardian.'\] is the name of a party being certified"):
+        bootstrap(tmp_path / "certs", name="x", parties=("guardian", "student"), dns_names=("Guardian.",))
+    assert not (tmp_path / "certs").exists()
+    made = bootstrap(
+        tmp_path / "certs", name="x", parties=("guardian",), dns_names=("capc-guardian",),
+        admin_tokens=(tmp_path / "guardian.token", tmp_path / "student.token"),
+    )  # fmt: skip
+    assert made["admin_tokens"] == [str(tmp_path / "guardian.token"), str(tmp_path / "student.token")]
+    assert (tmp_path / "guardian.token").read_text() != (tmp_path / "student.token").read_text()
 
 
 def test_bad_ip_and_missing_ca_are_input_errors(tmp_path: Path) -> None:

@@ -158,6 +158,14 @@ def _cap_of_another_federation(b: Broken) -> None:
     Path(b.data["cap"]["record"]).write_text(json.dumps(record) + "\n")
 
 
+def _small_lifetime(b: Broken) -> None:
+    """A site ledger whose lifetime limit holds less than the worst case of this federation's plan."""
+    from capc_services.teacher.site_ledger import SiteLedger
+
+    ledger = SiteLedger.init(b.tmp / "site-ledger.jsonl", epsilon=20.0, delta=1e-5, order=3.0)
+    b.data["lifetime"] = {"epsilon": 20.0, "ledger": str(ledger)}
+
+
 def _first_examples(broken: Broken, count: int) -> None:
     """The site's own data cut to its first ``count`` examples."""
     with np.load(broken.live.root / "hospital-1.npz") as data:
@@ -235,6 +243,12 @@ CASES: dict[str, tuple[Callable[[Broken], None], str, str, str]] = {
         "dataset",
         "fail",
         "nowhere.npz does not exist",
+    ),
+    "data file other than the one `data.sha256` pins": (
+        lambda b: b.data["data"].update(sha256="0" * 64),
+        "dataset",
+        "fail",
+        "the copy is incomplete or another file",
     ),
     "images of another size": (
         lambda b: b.npz(np.zeros((200, 32, 32, 3), np.uint8), _labels),
@@ -314,23 +328,29 @@ CASES: dict[str, tuple[Callable[[Broken], None], str, str, str]] = {
         "fail",
         "runs federation config [0-9a-f]{16}…, this site has [0-9a-f]{16}…",
     ),
-    "local ε cap that cannot be met at the federation's δ and order": (
+    "local ε cap that cannot be met at the federation's δ and the record's order": (
         lambda b: b.data["cap"].update(epsilon=0.5),
         "local_cap",
         "fail",
-        "cannot be met at order 10",
+        r"cannot be met at order 1\.65",
     ),
     "local ε cap below one batch": (
         lambda b: b.data["cap"].update(epsilon=20.0),
         "local_cap",
         "fail",
-        "not even one more batch fits",
+        "not even one more fits",
     ),
     "local ε cap below the federation's plan": (
-        lambda b: b.data["cap"].update(epsilon=150.0),
+        lambda b: b.data["cap"].update(epsilon=40.0),
         "local_cap",
-        "warn",
-        "stops this party after 2 of those 4 batches",
+        "fail",
+        "stops this party after 2 of those 4 batches .* covering this federation takes a cap of ε 57.33",
+    ),
+    "local ε cap below the one federation.yaml declares for the party": (
+        lambda b: b.data["cap"].update(epsilon=57.0),
+        "local_cap",
+        "fail",
+        "stops this party after 3 of those 4 batches",
     ),
     "cap record of another federation": (
         _cap_of_another_federation,
@@ -343,6 +363,12 @@ CASES: dict[str, tuple[Callable[[Broken], None], str, str, str]] = {
         "local_cap",
         "fail",
         "does not exist",
+    ),
+    "lifetime budget that cannot take the federation's plan": (
+        _small_lifetime,
+        "lifetime",
+        "fail",
+        "this federation's plan may charge up to .* it does not fit the limit's RDP",
     ),
 }
 

@@ -66,7 +66,7 @@ def test_an_os_error_while_precomputing_the_basis_fails_the_student(
                 continue
             admin = f"http://127.0.0.1:{party.admin_port}"
             progress = httpx.get(f"{admin}/api/v1/progress", headers=headers, timeout=5).json()
-        ready = httpx.get(f"{admin}/readyz", timeout=5)
+        ready = httpx.get(f"{admin}/readyz", headers=headers, timeout=5)  # the token shows why
     finally:
         stop.set()
         student.join(timeout=30)
@@ -77,3 +77,49 @@ def test_an_os_error_while_precomputing_the_basis_fails_the_student(
     assert returned == [Failure(progress["error"], 2)]  # what `capc student run` exits with (a bad file)
     failed = [r for r in caplog.records if r.getMessage() == "student failed"]
     assert failed and failed[0].error == progress["error"] and failed[0].exc_info is not None
+
+
+def test_progress_publishes_the_guarantee_beside_the_spend() -> None:
+    """``/api/v1/progress``'s ``epsilon`` is the plan's guarantee — every planned release's charge — whatever
+    was spent so far: before the guardian first answered (the plan's own figure), and after, the figure its
+    ledger reports; the realised spend travels beside it as ``epsilon_spent``."""
+    from fastapi.testclient import TestClient
+    from prometheus_client import CollectorRegistry
+
+    from capc_common.federation.releases import planned_figures, protocol_for
+    from capc_common.privacy.analysis import epsilon_at_order
+    from capc_services.common.admin import build_admin_app
+    from capc_services.student.release_app import progress_router
+    from capc_services.student.releases import ReleaseProgress, release_privacy
+
+    budget = {"epsilon": 8.0, "delta": 1e-5, "order": 10}
+    config = FederationConfig.from_dict(
+        federation_dict(mechanism={**PROJECTED, "projection": None}, budget=budget)
+    )
+    protocol = protocol_for(config, dim=4)
+    progress = ReleaseProgress(rounds=protocol.rounds)
+    token = "t" * 32
+    router = progress_router(
+        progress, noise="SystemNoise", privacy=lambda: release_privacy(config, protocol, progress)
+    )
+    app = build_admin_app(
+        title="student", token=token, readiness=dict, registry=CollectorRegistry(), routers=[router]
+    )
+    client = TestClient(app, base_url="http://localhost")
+
+    def read() -> dict:
+        return client.get("/api/v1/progress", headers={"Authorization": f"Bearer {token}"}).json()
+
+    planned = protocol.rounds * protocol.release_rdp(10)
+    guarantee = float(epsilon_at_order(10, planned, delta=1e-5))  # computed apart from the code under test
+    before = read()
+    assert before["epsilon"] == pytest.approx(guarantee, rel=1e-12) and before["epsilon_spent"] == 0.0
+    # Two of the planned releases charged, as the guardian's ledger reports them.
+    spent = float(epsilon_at_order(10, 2 * protocol.release_rdp(10), delta=1e-5))
+    progress.ledger = {**planned_figures(protocol, config.budget), "releases": 2, "epsilon_spent": spent,
+                       "rdp_spent": 2 * protocol.release_rdp(10), "head": "0" * 64, "entries": 6}  # fmt: skip
+    progress.rounds_done = 2
+    after = read()
+    assert after["epsilon"] == pytest.approx(guarantee, rel=1e-12)
+    assert after["epsilon_spent"] == pytest.approx(spent, rel=1e-12) and 0 < spent < guarantee
+    assert "guarantee" in after["epsilon_note"] and after["rounds_done"] == 2

@@ -45,13 +45,14 @@ from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.worker import TeacherWorker
 
 NOWHERE = "127.0.0.1:1"  # the apps are exercised alone: no peer is ever dialled
+ADMIN = {"bind": "127.0.0.1:0", "allowed_hosts": ["testserver"]}  # the ASGI client's host name
 
 
 def _site(pki: Path, party: str, token_file: Path) -> dict[str, Any]:
     return {
         "party": party,
         "tls": {"ca": pki / "ca.crt", "cert": pki / f"{party}.crt", "key": pki / f"{party}.key"},
-        "admin": {"bind": "127.0.0.1:0", "token_file": token_file},
+        "admin": {**ADMIN, "token_file": token_file},
     }
 
 
@@ -60,7 +61,9 @@ def _guardian_site(
     pki: Path, tmp_path: Path, token_file: Path, federation: Path
 ) -> Iterator[tuple[PartyRuntime, BudgetLedger]]:
     """A guardian party of ``federation`` and its opened ledger, as the guardian's app sets them up."""
-    settings = guardian_settings(pki, tmp_path, token_file, federation)
+    settings = guardian_settings(
+        pki, tmp_path, token_file, federation, admin={**ADMIN, "token_file": token_file}
+    )
     party = PartyRuntime(settings, role="guardian")
     with open_ledger(settings) as ledger:
         yield party, ledger
@@ -130,9 +133,9 @@ def release_guardian_app(
         )  # fmt: skip
         for teacher, seed in zip(party.config.teacher_names, (b"\1", b"\2"), strict=True):
             guardian.submit_contribution(
-                release_id="r0", party=teacher, seed=seed * 16, length=protocol.length
+                release_id="r0", round=0, party=teacher, seed=seed * 16, length=protocol.length
             )
-        guardian.release(release_id="r0", parties=party.config.teacher_names, actor="student")
+        guardian.release(release_id="r0", round=0, parties=party.config.teacher_names, actor="student")
         yield _authorised(party, party.admin_app(readiness=dict, routers=[guardian_router(guardian)]))
 
 

@@ -13,13 +13,14 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from live_parties import LiveParties
 
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_common.federation import FederationConfig
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.tls import TlsFiles
 
 
-def _health(files: TlsFiles, address: str, peer: str, config_hash: str) -> int:
+def _health(files: TlsFiles, address: str, peer: str, config: FederationConfig) -> int:
     channel = files.channel(
-        address, peer=peer, interceptors=(ConfigHashClientInterceptor(config_hash, peer=peer),)
+        address, peer=peer, interceptors=(FederationClientInterceptor.dialling(config, tls=files, peer=peer),)
     )
     try:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=20)
@@ -35,10 +36,9 @@ def test_guardian_and_student_refuse_the_revoked_certificate(live_parties: LiveP
     certs = live.layout.certs
     current = TlsFiles(ca=certs / "ca.crt", cert=certs / "hospital-2.crt", key=certs / "hospital-2.key")
     revoked = TlsFiles(ca=certs / "ca.crt", cert=live.revoked.cert, key=live.revoked.key)
-    config_hash = live.config.config_hash()
-    assert _health(current, address, server, config_hash) == health_pb2.HealthCheckResponse.SERVING
+    assert _health(current, address, server, live.config) == health_pb2.HealthCheckResponse.SERVING
     with pytest.raises(grpc.RpcError) as info:
-        _health(revoked, address, server, config_hash)
+        _health(revoked, address, server, live.config)
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert f"serial {live.revoked.serial} of 'hospital-2' is revoked" in info.value.details()
 

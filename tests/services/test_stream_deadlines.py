@@ -85,11 +85,14 @@ def test_stopping_the_server_ends_an_idle_computation_stream(
     pki: Path, tmp_path: Path, federation_dict
 ) -> None:
     # A student keeps its Compute stream open between batches; a guardian shutting down must not wait for
-    # it for ever (its garbler thread waits, without a deadline, for the next ComputeStart).
+    # it for ever (its garbler thread waits, without a deadline, for the next ComputeStart). Here the one
+    # batch it asked for is refused (never opened), and then it says nothing more.
     config = FederationConfig.from_dict(federation_dict(**GUARDIAN_TEST_FEDERATION))
     setup = Setup(pki, tmp_path, config)
     before = {t.ident for t in threading.enumerate()}
-    idle = setup.student_stub().Compute(_silent())
+    refused = pb.ComputeMessage(start=pb.ComputeStart(batch_id="never-opened", attempt=1, parties=[]))
+    idle = setup.student_stub().Compute(itertools.chain([refused], _silent()))
+    assert next(idle).WhichOneof("kind") == "refused"
     assert _until(
         lambda: [t for t in threading.enumerate() if t.name == "garbler-student" and t.ident not in before]
     )

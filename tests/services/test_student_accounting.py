@@ -69,3 +69,19 @@ def test_the_published_epsilon_is_the_filter_limit_and_the_spend_is_beside_it(
     assert privacy["epsilon"] == privacy["epsilon_limit"] == 300.0
     assert privacy["epsilon_spent"] == pytest.approx(spent, rel=1e-12) and 0 < spent < 300.0
     assert "guarantee" in privacy["epsilon_note"] and "odometer" in privacy["epsilon_spent_note"]
+
+
+def test_the_card_lists_the_guarantee_per_coalition(federation_dict, tmp_path: Path) -> None:
+    """The charges are computed at the noise the student cannot see (the guardian's threshold part and
+    argmax noise), so the guarantee holds against the student with a teacher party as against an outsider;
+    the guardian draws the argmax noise alone, so nothing bounds what it and the published student reveal."""
+    config = FederationConfig.from_dict(federation_dict(budget=BUDGET, teachers=FOUR_VOTES))
+    store = LabelStore(tmp_path / "labels.sqlite", config_hash=config.config_hash())
+    try:
+        coalitions = {tuple(c["members"]): c for c in privacy_of(config, store)["coalitions"]}
+    finally:
+        store.close()
+    assert coalitions[("outsider",)]["epsilon"] == coalitions[("student", "any one teacher party")]["epsilon"]
+    assert coalitions[("outsider",)]["epsilon"] == BUDGET["epsilon"]
+    guardian = coalitions[("guardian", "any one teacher party")]
+    assert guardian["epsilon"] is None and "z2" in guardian["note"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from guardian_harness import server_auth
 
 from capc_common.aggregation import (
     draw_confident_noise,
@@ -23,7 +24,6 @@ from capc_common.mechanisms import HeadsVoter, confident_rule
 from capc_common.models import extract_features
 from capc_common.privacy import BudgetLedger
 from capc_common.wire import rpc
-from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import start_grpc_server
 from capc_services.guardian.core import Guardian
@@ -103,7 +103,7 @@ class Federation:
             tls=_files(pki, "guardian"),
             register=[add_guardian(GuardianServicer(guardian))],
             services=[rpc.GUARDIAN_SERVICE],
-            interceptors=[AuthInterceptor(config=config, policy=GUARDIAN_POLICY)],
+            interceptors=[server_auth(pki, "guardian", config, GUARDIAN_POLICY)],
         )
         self.registry = TeacherRegistry()
         self.student_server = start_grpc_server(
@@ -111,7 +111,7 @@ class Federation:
             tls=_files(pki, "student"),
             register=[add_student(StudentServicer(config=config, registry=self.registry))],
             services=[rpc.STUDENT_SERVICE],
-            interceptors=[AuthInterceptor(config=config, policy=STUDENT_POLICY)],
+            interceptors=[server_auth(pki, "student", config, STUDENT_POLICY)],
         )
         self.guardian_address = f"127.0.0.1:{self.guardian_server.port}"
         # One student noise stream per federation, like the guardian's: a restarted scheduler continues it.

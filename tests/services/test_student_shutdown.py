@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from student_memory import labelled_student, student_command  # a benchmark's helpers
 
 from capc_services.local.layout import Layout
+from capc_services.local.processes import token
 
 
 class Student:
@@ -30,7 +31,7 @@ class Student:
     def __init__(self, layout: Layout) -> None:
         site = yaml.safe_load(layout.site("student").read_text())
         self.admin = f"http://{site['admin']['bind']}"
-        self.headers = {"Authorization": f"Bearer {layout.token.read_text().strip()}"}
+        self.headers = {"Authorization": f"Bearer {token(layout, 'student')}"}
         self.log = layout.root / "student.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
@@ -81,7 +82,7 @@ def test_an_os_error_while_publishing_fails_the_student_visibly(tmp_path: Path) 
     student = Student(layout)
     try:
         progress = student.wait_for("failed")
-        ready = httpx.get(f"{student.admin}/readyz", timeout=5)
+        ready = httpx.get(f"{student.admin}/readyz", headers=student.headers, timeout=5)  # why: token
     finally:
         student.proc.terminate()
         student.proc.wait(timeout=60)

@@ -1,8 +1,12 @@
-"""``capc teacher train``'s path: one hospital example can change one teacher only (issue 10.1, 10.9).
+"""``capc teacher train``'s path: one hospital example can change one teacher only (issue 10.1, 10.9), and a
+held-out one none at all.
 
 This runs the federation's own training entry point (:func:`train_party_heads`) on an ``npz:`` site file
 with the real shipped backbone, edits one private example, retrains, and compares every teacher's shard
-features, parameters and votes on synthetic queries — for a replaced, a removed and an added example.
+features, parameters and votes on synthetic queries — for a replaced, a removed and an added example. The
+site holds out the default share of its examples (``holdout.fraction``): the examples edited here lie in the
+training part, except in the test of the holdout, where an edited, removed or added held-out example must
+change no vote and no release contribution.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ import torch
 from sites_harness import teacher_settings
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from capc_common.data import load_dataset, partition
+from capc_common.data import HOLDOUT_FRACTION, holdout_part, load_dataset, partition
 from capc_common.federation import FederationConfig
+from capc_common.federation.releases import protocol_for
 from capc_common.learn import BackboneFeaturizer, TeacherEnsemble, shard_features
 from capc_common.learn.heads import fixed_votes
 from capc_common.models import load_backbone
 from capc_common.synth import generate
-from capc_services.teacher.train import train_party_heads
+from capc_services.teacher.train import party_examples, record_features, train_party_heads
 
 HEADS = 4
 BN = 16
@@ -33,10 +38,26 @@ def backbone():
     return load_backbone(BACKBONE)
 
 
+def held_out(images: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Whether each example lies in the site's holdout (the site file's default fraction, data.seed 0)."""
+    held = np.zeros(len(labels), bool)
+    held[holdout_part(images, labels, fraction=HOLDOUT_FRACTION, seed=0)[1]] = True
+    return held
+
+
+def training_part(images: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The examples the site trains on (a subset of them stays in the training part: each example's side
+    depends on that example alone)."""
+    keep = ~held_out(images, labels)
+    return images[keep].copy(), labels[keep].copy()
+
+
 @pytest.fixture(scope="module")
 def site_data():
     data = load_dataset("fashion-mnist", split="train")
-    return data.images[:240].copy(), data.labels[:240].copy()
+    images, labels = training_part(data.images[:270], data.labels[:270])
+    assert len(labels) >= 240
+    return images[:240], labels[:240]
 
 
 def _train(
@@ -110,12 +131,13 @@ def test_one_edited_example_moves_one_teacher_on_the_federation_path(
     assert changed_params == [owner]
     assert set(changed_votes) <= {owner}
 
-    # Add one example (a test image) in the middle of the file, so that every later example's position
-    # shifts: exactly the teacher its hash names changes.
+    # Add one example (a test image the site trains on) in the middle of the file, so that every later
+    # example's position shifts: exactly the teacher its hash names changes.
     extra = load_dataset("fashion-mnist", split="test")
+    new = int(np.flatnonzero(~held_out(extra.images[:50], extra.labels[:50]))[0])
     at = 100
-    added_images = np.insert(images, at, extra.images[0], axis=0)
-    added_labels = np.insert(labels, at, extra.labels[0])
+    added_images = np.insert(images, at, extra.images[new], axis=0)
+    added_labels = np.insert(labels, at, extra.labels[new])
     added, _ = _train(tmp_path / "added", backbone, added_images, added_labels, federation_dict)
     target = next(
         t
@@ -136,7 +158,7 @@ def test_a_short_hash_shard_abstains_and_one_example_moves_only_its_head(
     that head abstains (a fixed vote). The example that brings it to bn_batch changes that head alone, and
     removing one from a shard of exactly bn_batch makes that head (alone) abstain."""
     pool = load_dataset("fashion-mnist", split="train")
-    images, labels = pool.images[:600], pool.labels[:600]
+    images, labels = training_part(pool.images[:660], pool.labels[:660])
     owner = partition(labels, shards=HEADS, scheme="hash", seed=7, images=images)
     sizes = [BN - 1, BN, 24, 24]  # the last two shards vote as usual
     take = np.sort(np.concatenate([owner[t][:n] for t, n in enumerate(sizes)]))
@@ -165,6 +187,65 @@ def test_a_short_hash_shard_abstains_and_one_example_moves_only_its_head(
     assert shrunk.abstaining == (0, 1)
     changed_params, changed_votes = _differs(base, shrunk, queries)
     assert changed_params == [1] and changed_votes == [1]
+
+
+def _still_held_out(image: np.ndarray, label: int) -> tuple[np.ndarray, int]:
+    """An edit of a held-out example (other pixels, another label) that the site still holds out."""
+    for shift in range(1, 256):
+        for new_label in range(10):
+            if new_label == label:
+                continue
+            edited = ((image.astype(np.int64) + shift) % 256).astype(np.uint8)
+            if held_out(edited[None], np.asarray([new_label]))[0]:
+                return edited, new_label
+    raise AssertionError("no edit of the example stays held out")
+
+
+def test_an_edited_held_out_example_changes_no_vote_and_no_contribution(tmp_path, backbone, federation_dict):
+    """What the site holds out never reaches the federation: replacing, removing or adding a held-out example
+    leaves the training part the parties read (heads, a release party's records, the records cache) bit for
+    bit, every head's parameters and votes, and a release mechanism's contribution unchanged."""
+    pool = load_dataset("fashion-mnist", split="train")
+    images, labels = pool.images[:200].copy(), pool.labels[:200].copy()
+    held = np.flatnonzero(held_out(images, labels))
+    assert 5 <= len(held) <= 40  # about a tenth
+    victim, gone = int(held[0]), int(held[1])
+    replaced_images, replaced_labels = images.copy(), labels.copy()
+    replaced_images[victim], replaced_labels[victim] = _still_held_out(images[victim], int(labels[victim]))
+    extra = load_dataset("fashion-mnist", split="test")
+    new = int(np.flatnonzero(held_out(extra.images[:100], extra.labels[:100]))[0])
+    variants = {
+        "replaced": (replaced_images, replaced_labels),
+        "removed": (np.delete(images, gone, axis=0), np.delete(labels, gone)),
+        "added": (np.insert(images, 50, extra.images[new], axis=0), np.insert(labels, 50, extra.labels[new])),
+    }
+    queries = BackboneFeaturizer(backbone).extract(
+        generate("dead_leaves", seed=7, start=0, count=64, height=28, width=28, channels=1),
+        bn_batch=BN,
+        mode="current",
+    )
+    release = FederationConfig.from_dict(
+        federation_dict(
+            mechanism={"name": "dppl", "rho": 0.1}, backbone={"name": BACKBONE, "sha256": backbone.sha256}
+        )
+    )
+    protocol = protocol_for(release, dim=backbone.feature_dim)
+
+    def read(site: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The training part a party of the site reads, and its DP-prototypes contribution from it."""
+        settings = teacher_settings(site, site / "federation.yaml", {"dataset": f"npz:{site / 'site.npz'}"})
+        train_images, train_labels, _ = party_examples(settings)
+        features = record_features(settings, backbone, train_images)
+        return train_images, train_labels, protocol.contribution(features, train_labels.astype(np.int64))
+
+    base, _ = _train(tmp_path / "base", backbone, images, labels, federation_dict)
+    before = read(tmp_path / "base")
+    assert len(before[1]) == len(labels) - len(held)
+    for name, (edited_images, edited_labels) in variants.items():
+        trained, _ = _train(tmp_path / name, backbone, edited_images, edited_labels, federation_dict)
+        assert _differs(base, trained, queries) == ([], []), name
+        for found, expected in zip(read(tmp_path / name), before, strict=True):
+            np.testing.assert_array_equal(found, expected)
 
 
 def _limits() -> dict[str, int]:

@@ -19,7 +19,7 @@ from sites_harness import teacher_settings
 from capc_common.data import load_dataset, site_part
 from capc_common.federation import FederationConfig
 from capc_services.teacher.settings import TeacherSettings
-from capc_services.teacher.train import party_examples
+from capc_services.teacher.train import site_examples
 
 SITES = 3
 
@@ -39,12 +39,14 @@ def _selected(
     tmp: Path, images: np.ndarray, labels: np.ndarray, extra: dict, federation_dict
 ) -> list[Counter[bytes]]:
     """Each site's selected examples (as a multiset of label and image bytes), read as `capc teacher train`
-    reads them from the file."""
+    reads them from the file: its training part and its holdout together."""
     np.savez(tmp / "pool.npz", images=images, labels=labels)
     sites = []
     for shard in range(SITES):
         data = {"dataset": f"npz:{tmp / 'pool.npz'}", "shard": shard, "shards": SITES, "seed": 3, **extra}
-        x, y = party_examples(_settings(tmp, data, federation_dict))[:2]
+        found = site_examples(_settings(tmp, data, federation_dict))
+        x = np.concatenate([found.images, found.holdout_images])
+        y = np.concatenate([found.labels, found.holdout_labels])
         sites.append(
             Counter(int(lab).to_bytes(8, "big") + img.tobytes() for img, lab in zip(x, y, strict=True))
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from guardian_harness import GUARDIAN_TEST_FEDERATION, Setup, tls_files
+from guardian_harness import GUARDIAN_TEST_FEDERATION, Setup, server_auth, tls_files
 
 from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone, mpc_config
 from capc_common.learn.heads import train_heads
@@ -18,7 +18,6 @@ from capc_common.models import extract_features
 from capc_common.mpc import expand_share_seed, sum_shares
 from capc_common.wire import RawQuery, query_to_proto, rpc
 from capc_common.wire import messages as pb
-from capc_services.common.interceptors import AuthInterceptor
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import start_grpc_server
 from capc_services.local.provision import free_port
@@ -189,7 +188,7 @@ class TeacherOfStudent:
             tls=tls_files(self.pki, "student"),
             register=[add_student(StudentServicer(config=self.config, registry=self.registry))],
             services=[rpc.STUDENT_SERVICE],
-            interceptors=[AuthInterceptor(config=self.config, policy=STUDENT_POLICY)],
+            interceptors=[server_auth(self.pki, "student", self.config, STUDENT_POLICY)],
         )
 
     def connected(self, *, timeout: float) -> bool:
@@ -249,7 +248,7 @@ def test_a_party_started_before_the_guardian_answers_once_it_listens(teacher_of_
     party = teacher_of_student
     probing = time.monotonic() + 3
     while time.monotonic() < probing:
-        assert not party.links.guardian_reachable(timeout=0.25)
+        assert party.links.guardian_problem(timeout=0.25)
     guardian = party.start_guardian()
     plan = batch_plan(party.config, first_index=0, count=32)
     guardian.student.open_batch(plan.batch_id, count=plan.count, digest=plan.digest)
@@ -287,3 +286,14 @@ def test_a_student_restarted_twice_gets_its_teacher_back_at_once(teacher_of_stud
     back = time.monotonic()
     assert party.connected(timeout=30)
     assert time.monotonic() - back < 2.5
+
+
+def test_a_guardian_under_another_config_makes_the_party_not_ready_and_says_why(teacher_of_student) -> None:
+    """Mid-way through a membership change the guardian already runs the new federation.yaml: the party's
+    readiness probe says so (both hashes) instead of raising — its /readyz answered 500 with a traceback."""
+    party = teacher_of_student
+    changed = party.config.model_copy(update={"name": "after-the-change"})
+    party.guardian = Setup(party.pki, party.tmp_path, changed, bind=f"127.0.0.1:{party.guardian_port}")
+    problem = party.links.guardian_problem(timeout=10)
+    assert problem.startswith("answers, but this party refuses it (guardian runs federation config ")
+    assert changed.config_hash()[:16] in problem and party.config.config_hash()[:16] in problem

@@ -65,6 +65,13 @@ class PartyMetrics:
         self.batches = Counter(
             "capc_batches_total", "Batches by outcome.", ["outcome"], registry=self.registry
         )
+        self.round_trips = Counter(
+            "capc_round_trips_total",
+            "Round trips this party made to a peer (calls, and turns within streams): capc_services.common."
+            "roundtrips.",
+            ["peer", "call"],
+            registry=self.registry,
+        )
 
     def reject(self, method: str, peer: str, code: str) -> None:
         """Count a refused call (the interceptor's callback)."""

@@ -13,11 +13,12 @@ from capc_common.errors import InputError
 from capc_common.federation import check_runnable
 from capc_services.common import faults
 from capc_services.common.admin import Readiness, build_admin_app
+from capc_services.common.admission import StreamLimits
 from capc_services.common.interceptors import AuthInterceptor, superseded_by_history
 from capc_services.common.metrics import PartyMetrics
 from capc_services.common.runtime import AdminServer
 from capc_services.common.settings import SiteSettings, is_loopback
-from capc_services.tls import certificate_info, refusal
+from capc_services.tls import ServerIdentity, certificate_info, refusal
 
 if TYPE_CHECKING:
     from capc_common.models import Backbone
@@ -78,6 +79,7 @@ class PartyRuntime:
         if refused is not None:
             raise InputError(f"{settings.tls.cert}: {refused}")
         self.token = settings.admin_token()
+        self.metrics_token = settings.metrics_token()
         faults.arm_from_environment()
         if self.config.insecure_noise:
             self._check_insecure_noise()
@@ -124,19 +126,29 @@ class PartyRuntime:
         return left > 0, {"expires_at": self.certificate.not_after.isoformat(), "expires_in_s": round(left)}
 
     def interceptor(
-        self, policy: Mapping[str, frozenset[str]], *, superseded: Mapping[str, str] | None = None
+        self,
+        policy: Mapping[str, frozenset[str]],
+        *,
+        limits: StreamLimits,
+        superseded: Mapping[str, str] | None = None,
     ) -> AuthInterceptor:
-        """The identity/config-hash interceptor for this party's gRPC server.
+        """The identity/config-hash/admission interceptor for this party's gRPC server.
 
         Args:
             policy: which roles may call which method.
+            limits: the server's admission limits (its site's ``grpc`` section).
             superseded: earlier config hashes and why they are no longer in force (default: the membership
                 changes ``federation.yaml``'s ``history`` lists).
         """
         if superseded is None:
             superseded = superseded_by_history(self.config)
         return AuthInterceptor(
-            config=self.config, policy=policy, on_reject=self.metrics.reject, superseded=superseded
+            config=self.config,
+            policy=policy,
+            identity=ServerIdentity.load(self.tls),
+            limits=limits,
+            on_reject=self.metrics.reject,
+            superseded=superseded,
         )
 
     def admin_app(
@@ -148,12 +160,16 @@ class PartyRuntime:
             checks = {"certificate": self.certificate_check(), "noise": self.noise_check()}
             return Readiness({**checks, **readiness()})
 
+        admin = self.settings.admin
         return build_admin_app(
             title=f"capc {self.role} {self.settings.party}",
             token=self.token,
             readiness=ready,
             registry=self.metrics.registry,
             routers=routers,
+            metrics_token=self.metrics_token,
+            allowed_hosts=(self.settings.party, *admin.allowed_hosts),
+            max_body=admin.max_body_bytes,
         )
 
     def start_admin(
@@ -161,14 +177,14 @@ class PartyRuntime:
     ) -> int:
         """Serve :meth:`admin_app` on the site's admin address; returns its port."""
         app = self.admin_app(readiness=readiness, routers=routers)
-        bind = self.settings.admin.bind
-        if not is_loopback(bind):  # allowed by admin.allow_remote (the settings refuse it otherwise)
+        admin = self.settings.admin
+        if not is_loopback(admin.bind):  # allowed by admin.allow_remote with admin.tls (refused otherwise)
             _log.warning(
-                "the admin API listens on a non-loopback address over plain HTTP (admin.allow_remote); keep "
-                "it on an internal network or behind a TLS-terminating proxy",
-                extra={"bind": bind},
+                "the admin API listens on a non-loopback address (admin.allow_remote), over HTTPS with this "
+                "party's federation certificate",
+                extra={"bind": admin.bind},
             )
-        self._admin = AdminServer(app, bind=bind)
+        self._admin = AdminServer(app, bind=admin.bind, tls=self.tls if admin.tls else None)
         self.admin_port = self._admin.start()
         # Everything loaded by now (modules, the model, the config) lives as long as the process: out of the
         # cyclic collector's way (CPython's gc.freeze), a collection no longer walks it, neither while the

@@ -24,6 +24,7 @@ from fastapi import FastAPI
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc_common.errors import InputError, UnavailableError
+from capc_services.common.admission import StreamLimits
 from capc_services.common.settings import parse_bind
 from capc_services.tls import DEFAULT_MESSAGE_BYTES, TlsFiles, grpc_options
 
@@ -56,8 +57,12 @@ def start_grpc_server(
     max_workers: int = 32,
     max_receive_bytes: int = DEFAULT_MESSAGE_BYTES,
     max_send_bytes: int = DEFAULT_MESSAGE_BYTES,
+    limits: StreamLimits | None = None,
 ) -> GrpcServer:
     """Start a mutual-TLS gRPC server with the standard health service reporting SERVING.
+
+    ``limits`` sets the connection limits (idle connections, handshakes); the per-peer limits are the
+    interceptor's (:class:`~capc_services.common.interceptors.AuthInterceptor`).
 
     ``max_receive_bytes`` is the largest message a caller may send (size it to what the server's callers
     legitimately send): gRPC reads a call's request before the identity check of the interceptor runs, so
@@ -69,7 +74,10 @@ def start_grpc_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         interceptors=list(interceptors),
-        options=list(grpc_options(receive=max_receive_bytes, send=max_send_bytes, server=True)),
+        options=[
+            *grpc_options(receive=max_receive_bytes, send=max_send_bytes, server=True),
+            *(limits or StreamLimits()).server_options(),
+        ],
         maximum_concurrent_rpcs=max_workers * 4,
     )
     for add in register:
@@ -91,13 +99,25 @@ def start_grpc_server(
 
 
 class AdminServer:
-    """Uvicorn serving the admin app from a daemon thread (the main thread runs the party itself)."""
+    """Uvicorn serving the admin app from a daemon thread (the main thread runs the party itself).
 
-    def __init__(self, app: FastAPI, *, bind: str) -> None:
+    Args:
+        app: the admin app.
+        bind: ``host:port``.
+        tls: serve HTTPS with these files' certificate and key (the party's federation identity, which
+            admin clients verify against the federation CA); None: plain HTTP (loopback only, see
+            :class:`~capc_services.common.settings.AdminSettings`).
+    """
+
+    def __init__(self, app: FastAPI, *, bind: str, tls: TlsFiles | None = None) -> None:
         host, port = parse_bind(bind)
+        ssl: dict[str, Any] = {}
+        if tls is not None:
+            tls.check_key()
+            ssl = {"ssl_certfile": str(tls.cert), "ssl_keyfile": str(tls.key)}
         # No websocket routes: ws="none" spares every party importing a websocket implementation at start.
         config = uvicorn.Config(
-            app, host=host, port=port, log_config=None, access_log=False, lifespan="off", ws="none"
+            app, host=host, port=port, log_config=None, access_log=False, lifespan="off", ws="none", **ssl
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="admin-http", daemon=True)
@@ -125,9 +145,33 @@ class AdminServer:
         self._thread.join(timeout=10)
 
 
+#: How often a main thread waiting for its stop event wakes to run the signal handlers pending for it.
+_SIGNAL_CHECK_S = 0.5
+
+
+class _StopEvent(threading.Event):
+    """An event whose untimed ``wait`` wakes every :data:`_SIGNAL_CHECK_S` seconds.
+
+    Python runs a signal's handler in the main thread, once that thread executes bytecode again. The kernel
+    may deliver the signal to any thread of the process: normally it interrupts the main thread's wait, but
+    after the process was stopped and continued (SIGSTOP, ^Z, a debugger) it often lands on a gRPC or
+    worker thread, and a main thread blocked in an untimed wait never ran the SIGTERM handler — measured: a
+    party stopped with SIGSTOP ignored SIGTERM+SIGCONT until SIGKILL, every time. Waking now and then costs
+    nothing and lets the handler run.
+    """
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is not None:
+            return super().wait(timeout)
+        while not super().wait(_SIGNAL_CHECK_S):
+            pass
+        return True
+
+
 def stop_event_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT (install from the main thread only)."""
-    event = threading.Event()
+    """An event set by SIGTERM or SIGINT (install from the main thread only), whose untimed ``wait`` lets
+    the handlers run however the kernel delivered the signal (:class:`_StopEvent`)."""
+    event = _StopEvent()
 
     def _handler(signum: int, frame: Any) -> None:
         del frame

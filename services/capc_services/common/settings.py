@@ -12,13 +12,15 @@ import stat
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, Self
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from capc_common.errors import InputError
 from capc_common.federation import FederationConfig
+from capc_services.common.admin_gate import MAX_BODY_BYTES
 from capc_services.tls import TlsFiles
 
 _DEFAULT_SECRETS = frozenset({"changethis", "changeme", "secret", "password", "token", "admin"})
@@ -71,32 +73,69 @@ class TlsSettings(BaseModel):
         return TlsFiles(ca=self.ca, cert=self.cert, key=self.key)
 
 
-def is_loopback(bind: str) -> bool:
-    """Whether ``host:port`` listens on this machine only (127.0.0.0/8, ::1 or ``localhost``)."""
-    host, _ = parse_bind(bind)
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` is this machine: ``localhost`` or a loopback address (127.0.0.0/8, ::1); any other
+    name may resolve to any interface."""
+    host = host.strip("[]").lower()
     if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name other than localhost may resolve to any interface
+    except ValueError:
         return False
 
 
+def is_loopback(bind: str) -> bool:
+    """Whether ``host:port`` listens on this machine only (see :func:`is_loopback_host`)."""
+    host, _ = parse_bind(bind)
+    return is_loopback_host(host)
+
+
+def check_admin_url(url: str) -> str:
+    """``url`` without a trailing slash, if an admin token may be sent to it: ``https://`` anywhere, ``http://``
+    only to this machine.
+
+    Raises:
+        InputError: not ``http(s)://HOST…``, or ``http://`` to another machine.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError(f"admin URL {url!r} must be http(s)://HOST:PORT")
+    if parts.scheme == "http" and not is_loopback_host(parts.hostname):
+        raise InputError(
+            f"refusing to send an admin token to {parts.hostname} over plain HTTP ({url}): use https:// "
+            "(the party serves it with admin.tls: true) with the federation CA, or reach the party over "
+            "loopback (ssh -L, kubectl port-forward)"
+        )
+    return url.rstrip("/")
+
+
 class AdminSettings(BaseModel):
-    """The admin REST endpoint: where it listens and where its bearer token is kept.
+    """The admin REST endpoint: where it listens, whether it speaks TLS, and its bearer tokens.
 
     Attributes:
-        bind: ``host:port``; loopback unless ``allow_remote``.
-        token_file: the bearer token (mode 0600).
-        allow_remote: accept a non-loopback ``bind``. The API speaks plain HTTP: only on an internal
-            management network or behind a TLS-terminating proxy (a container publishing its port on the
-            host's loopback is one). The party logs a warning at start.
+        bind: ``host:port``; loopback unless ``allow_remote`` and ``tls``.
+        token_file: the bearer token (mode 0600); one per role, never shared with another role's party.
+        tls: serve HTTPS with the party's federation certificate and key (``tls.cert``/``tls.key``); clients
+            verify it against the federation CA. Required on a non-loopback ``bind``: the bearer token never
+            crosses a network in cleartext.
+        allow_remote: accept a non-loopback ``bind`` (with ``tls``). The party logs a warning at start.
+        allowed_hosts: host names this party's admin API answers to besides ``localhost``, its party name and
+            IP addresses (a Service's name, a published DNS name); any other ``Host`` is refused (DNS
+            rebinding).
+        metrics_token_file: a second token (mode 0600) that reads ``/metrics`` and nothing else, for a
+            Prometheus scraper (``authorization: {credentials_file: …}``); the admin token reads it too.
+        max_body_bytes: the largest request body accepted (413 beyond it, before it is parsed).
     """
 
     model_config = ConfigDict(extra="forbid")
     bind: str = "127.0.0.1:8080"
     token_file: Path
+    tls: bool = False
     allow_remote: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    metrics_token_file: Path | None = None
+    max_body_bytes: int = Field(default=MAX_BODY_BYTES, ge=1024, le=16 << 20)
 
     @field_validator("bind")
     @classmethod
@@ -105,14 +144,27 @@ class AdminSettings(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _remote_needs_opt_in(self) -> Self:
-        if not self.allow_remote and not is_loopback(self.bind):
+    def _remote_needs_opt_in_and_tls(self) -> Self:
+        if is_loopback(self.bind):
+            return self
+        if not self.allow_remote:
             raise ValueError(
-                f"admin.bind {self.bind} is not a loopback address, but the admin API speaks plain HTTP with "
-                "a bearer token: bind it to 127.0.0.1, or set admin.allow_remote: true "
-                "(CAPC_ADMIN__ALLOW_REMOTE=true) if it sits on an internal network or behind a TLS proxy"
+                f"admin.bind {self.bind} is not a loopback address: bind it to 127.0.0.1, or set "
+                "admin.allow_remote: true (CAPC_ADMIN__ALLOW_REMOTE=true) and admin.tls: true to serve the "
+                "admin API beyond this machine over HTTPS"
+            )
+        if not self.tls:
+            raise ValueError(
+                f"admin.bind {self.bind} is not a loopback address, but the admin API would speak plain HTTP "
+                "and its bearer token would cross the network in cleartext: set admin.tls: true "
+                "(CAPC_ADMIN__TLS=true; HTTPS with the party's federation certificate), or bind 127.0.0.1"
             )
         return self
+
+    @property
+    def scheme(self) -> str:
+        """``https`` with ``tls``, else ``http``."""
+        return "https" if self.tls else "http"
 
 
 def _resolve(value: Any, base: Path) -> Any:
@@ -185,6 +237,11 @@ class SiteSettings(BaseSettings):
     def admin_token(self) -> str:
         """The validated admin bearer token (see :func:`load_admin_token`)."""
         return load_admin_token(self.admin.token_file)
+
+    def metrics_token(self) -> str | None:
+        """The validated metrics token, or None when the site sets none."""
+        path = self.admin.metrics_token_file
+        return None if path is None else load_admin_token(path)
 
     def _require_role(self, role: str) -> None:
         found = self.federation_config.role_of(self.party)

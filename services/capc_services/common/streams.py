@@ -68,6 +68,9 @@ class FrameChannel(Channel):
         self._closed = threading.Event()
         self._reader: threading.Thread | None = None
         self._reader_lock = threading.Lock()
+        #: Round trips over this stream: messages received after this side sent (a turn of the protocol).
+        self.turns = 0
+        self._spoke = False
 
     def attach(self, incoming: Iterator[ComputeMessage]) -> None:
         """Set the peer's message iterator (client side: the call's response iterator)."""
@@ -77,6 +80,7 @@ class FrameChannel(Channel):
     def _put(self, item: Any) -> None:
         if self._closed.is_set():
             raise ProtocolError(f"channel to {self._peer} is closed; cannot send")
+        self._spoke = True
         try:
             self._outgoing.put(item, timeout=self._deadline)
         except queue.Full:
@@ -161,6 +165,8 @@ class FrameChannel(Channel):
                     ) from None
         if kind == "message":
             message: ComputeMessage = value
+            if self._spoke:  # an answer to what this side sent: one turn of the protocol
+                self.turns, self._spoke = self.turns + 1, False
             return message
         self._inbox.put((kind, value))  # every later receive sees the end too
         if kind == "end":

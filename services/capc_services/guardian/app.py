@@ -10,6 +10,7 @@ from typing import Any
 from capc_common.aggregation import party_noise
 from capc_common.errors import IntegrityError
 from capc_common.federation import ReleaseMember
+from capc_common.memory import keep_freed_memory
 from capc_common.privacy import BudgetLedger, NoiseSource
 from capc_common.wire import rpc
 from capc_services.common.limits import MessageLimits
@@ -70,6 +71,7 @@ def _core(
             config=config, ledger=ledger, noise=noise, protocol=protocol, metrics=party.metrics
         )
         return core, ReleaseGuardianServicer(core), RELEASE_POLICY
+    keep_freed_memory()  # the garbler's label arrays, every batch (before the gRPC threads start)
     guardian = Guardian(config=config, ledger=ledger, noise=noise, metrics=party.metrics, force=force)
     return guardian, GuardianServicer(guardian), POLICY
 
@@ -83,13 +85,16 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
     ledger = open_ledger(settings)
     guardian, servicer, policy = _core(party, ledger, noise, force=settings.force)
     limit = MessageLimits.of(party.config).compute
+    limits = settings.grpc.limits()
+    interceptor = party.interceptor(policy, limits=limits, superseded=superseded_hashes(ledger))
     server = start_grpc_server(
         bind=settings.grpc.bind,
         tls=party.tls,
         register=[add_to_server(servicer)],
         services=[rpc.GUARDIAN_SERVICE],
-        interceptors=[party.interceptor(policy, superseded=superseded_hashes(ledger))],
+        interceptors=[interceptor],
         max_workers=settings.grpc.max_workers,
+        limits=limits,
         # Only the student's Compute frames are large; a teacher's call is read whole before its role is
         # checked, so this bounds what any certified party can make the guardian buffer.
         max_receive_bytes=limit,
@@ -104,8 +109,15 @@ def serve(settings: GuardianSettings, *, stop: threading.Event) -> None:
         party.start_admin(
             readiness=lambda: {"grpc": (True, {"port": server.port}), "ledger": (True, str(settings.ledger))},
             routers=[
-                router(guardian, student=StudentView(settings.student_admin)),
-                membership_router(config=party.config, ledger=ledger, on_change=changed),
+                router(
+                    guardian,
+                    student=StudentView(
+                        settings.student_admin, ca=settings.tls.ca, party=party.config.student
+                    ),
+                ),
+                membership_router(
+                    config=party.config, ledger=ledger, on_change=changed, serials=interceptor.serials
+                ),
                 dashboard_router(),
             ],
         )

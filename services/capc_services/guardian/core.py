@@ -38,6 +38,7 @@ from capc_common.errors import (
     IntegrityError,
     PreconditionError,
     ProtocolError,
+    StorageError,
     UnavailableError,
 )
 from capc_common.federation import (
@@ -57,6 +58,10 @@ from capc_services.guardian.metrics import BudgetCollector, pinned_head
 
 _log = logging.getLogger(__name__)
 SEED_BYTES = 16
+ATTEMPTS_HELD = 8
+"""Attempts of one batch for which the guardian holds one party's seed: attempt numbers are the caller's, so
+a party sending seeds for ever new attempts replaces its own oldest, never grows the guardian's memory (an
+honest party sends one seed per attempt the student makes, and the student makes a few)."""
 
 
 def pre_spend_refusal(config: FederationConfig, *, force: str | None) -> str | None:
@@ -97,6 +102,15 @@ class _OpenBatch:
     seeds: dict[int, dict[str, bytes]] = field(default_factory=dict)
     computing: bool = False  # agreed: no more seeds, no second agreement
     started: bool = False  # a computation took it: no second computation
+
+
+def _forget_oldest(seeds: dict[int, dict[str, bytes]], party: str, *, keep: int, besides: int) -> None:
+    """Drop ``party``'s seeds of its oldest attempts (not ``besides``) until at most ``keep`` remain."""
+    held = sorted(a for a, by_party in seeds.items() if party in by_party and a != besides)
+    for attempt in held[: max(0, len(held) - keep)]:
+        del seeds[attempt][party]
+        if not seeds[attempt]:
+            del seeds[attempt]
 
 
 @dataclass(frozen=True)
@@ -196,9 +210,16 @@ class Guardian:
 
     def _release_undecoded(self, batch_id: str, *, reason: str, actor: str) -> None:
         """Release a batch this process decoded nothing of — unless the ledger says another computation
-        began on it (or it finished meanwhile): then its charge stands, and that is only logged."""
+        began on it (or it finished meanwhile): then its charge stands, and that is only logged.
+
+        Raises:
+            StorageError: the ledger's volume cannot take the release row; the batch stays reserved (the
+                student waits, then opens it again or aborts it again), never silently orphaned.
+        """
         try:
             self._release(batch_id, reason=reason, actor=actor)
+        except StorageError:
+            raise
         except CapcError as exc:
             _log.warning("batch not released", extra={"batch_id": batch_id, "error": str(exc)})
 
@@ -328,6 +349,7 @@ class Guardian:
                 )
             if batch.computing:
                 raise InputError(f"batch {batch_id} is already being computed; {party}'s seed came too late")
+            _forget_oldest(batch.seeds, party, keep=ATTEMPTS_HELD - 1, besides=attempt)
             seeds = batch.seeds.setdefault(attempt, {})
             seeds[party] = bytes(seed)
             self._lock.notify_all()
@@ -420,6 +442,8 @@ class Guardian:
             try:
                 with self.metrics.stage("ledger"):
                     self.ledger.begin(batch_id, computation=nonce, actor=actor)
+            except StorageError:
+                raise  # the volume cannot take the batch's rows: nothing was decoded, the reservation stays
             except CapcError as exc:
                 raise IntegrityError(
                     f"batch {batch_id} cannot be computed here; nothing was decoded: {exc}"
@@ -444,9 +468,11 @@ class Guardian:
                 # only at its worst case. It stays in this log; the student (who gets our error as its stream
                 # status) learns only that the settle failed.
                 _log.warning("settle failed", extra={"batch_id": batch_id, "error": str(exc)})
-                raise IntegrityError(
-                    f"batch {batch_id} could not be settled on the ledger; it stays charged at its worst "
-                    "case and nothing was revealed"
+                kind = StorageError if isinstance(exc, StorageError) else IntegrityError
+                raise kind(
+                    f"batch {batch_id} could not be settled on the ledger"
+                    + (f" ({exc})" if kind is StorageError else "")
+                    + "; it stays charged at its worst case and nothing was revealed"
                 ) from None
             settled.update(answered=answered, pin=pinned_head(entry))
             faults.reached("guardian.settled")
@@ -468,9 +494,13 @@ class Guardian:
         except BaseException as exc:
             with self._lock:
                 self._open.pop(batch_id, None)
-            if not began:
+            if not began and not isinstance(exc, StorageError):
                 self._release_undecoded(
                     batch_id, reason=f"computation failed before decoding: {exc}", actor=actor
+                )
+            elif not began:  # kept reserved: the student opens it again once the ledger can be written
+                _log.warning(
+                    "batch not computed: the ledger's volume", extra={"batch_id": batch_id, "error": str(exc)}
                 )
             elif "answered" not in settled:
                 self.metrics.batches.labels(outcome="charged").inc()

@@ -33,9 +33,18 @@ NEXT_STEPS = (
 
 
 def record_change(
-    *, config: FederationConfig, ledger: BudgetLedger, proposed: Mapping[str, Any], token: str
+    *,
+    config: FederationConfig,
+    ledger: BudgetLedger,
+    proposed: Mapping[str, Any],
+    token: str,
+    serials: Mapping[str, set[str]] | None = None,
 ) -> dict[str, Any]:
     """Check ``proposed`` against ``config`` and record the change on ``ledger``.
+
+    ``serials`` are the certificate serials each party's calls presented to this guardian: every one of a
+    retired party's must be revoked by ``proposed`` (the rule itself, :func:`membership_change`, requires at
+    least one revocation per retired party; this guardian knows which certificates the party really used).
 
     Returns:
         What was recorded: the entry's sequence number and hash, the old and new config hashes, the parties
@@ -49,6 +58,13 @@ def record_change(
     new = FederationConfig.from_dict(dict(proposed), source="the proposed federation config")
     change = membership_change(config, new)
     check_batch_fits(new)
+    for name in change.retired:
+        used = sorted((serials or {}).get(name, set()) - new.revoked_serials)
+        if used:
+            raise InputError(
+                f"{name} is retired, but the certificate serial(s) {used} it called this guardian with are "
+                f"not revoked in the new federation.yaml: add each under revoked: (party {name}), post again"
+            )
     released = ledger.summary()["released_batches"]
     entry = ledger.change_membership(
         previous=BudgetLedger.hash_config(config.parameters()),
@@ -84,10 +100,14 @@ def superseded_hashes(ledger: BudgetLedger) -> dict[str, str]:
 
 
 def membership_router(
-    *, config: FederationConfig, ledger: BudgetLedger, on_change: Callable[[], None]
+    *,
+    config: FederationConfig,
+    ledger: BudgetLedger,
+    on_change: Callable[[], None],
+    serials: Mapping[str, set[str]] | None = None,
 ) -> APIRouter:
     """``POST /api/v1/membership`` (admin token) over the guardian's config and ledger; ``on_change`` runs
-    once the reply is sent (the guardian stops)."""
+    once the reply is sent (the guardian stops); ``serials``: the certificates each party called with."""
     api = api_router()
 
     @api.post(
@@ -110,7 +130,11 @@ def membership_router(
         here), then the guardian stops to start again under the new federation.yaml."""
         try:
             result = record_change(
-                config=config, ledger=ledger, proposed=proposed, token=request.app.state.admin_token
+                config=config,
+                ledger=ledger,
+                proposed=proposed,
+                token=request.app.state.admin_token,
+                serials=serials,
             )
         except (InputError, IntegrityError) as exc:  # any object is well-formed: a refusal is a conflict
             raise HTTPException(status_code=status.HTTP_409_CONFLICT, detail=str(exc)) from None

@@ -12,7 +12,7 @@ import grpc
 from capc_common.errors import CapcError, ProtocolError
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
-from capc_services.common.errors import status_for
+from capc_services.common.errors import abort
 from capc_services.common.interceptors import acting_party, peer_name
 from capc_services.common.streams import FRAME_DEADLINE_S, FrameChannel
 from capc_services.guardian.core import Guardian
@@ -35,10 +35,6 @@ POLICY = {
     f"/{rpc.GUARDIAN_SERVICE}/Compute": frozenset({"student"}),
     f"/{rpc.GUARDIAN_SERVICE}/SubmitShares": frozenset({"teacher"}),
 }
-
-
-def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
-    context.abort(status_for(exc), str(exc))
 
 
 class GuardianServicer(rpc.GuardianServiceServicer):
@@ -65,7 +61,7 @@ class GuardianServicer(rpc.GuardianServiceServicer):
             )
             remaining = float(self._g.ledger.summary()["remaining_rdp"])
         except CapcError as exc:
-            _abort(context, exc)
+            abort(context, exc)
         return pb.OpenBatchReply(
             state=_STATE[status.state],
             reserved_rdp=reserved,
@@ -77,7 +73,7 @@ class GuardianServicer(rpc.GuardianServiceServicer):
         try:
             status = self._g.abort_batch(request.batch_id, reason=request.reason, actor=peer_name(context))
         except CapcError as exc:
-            _abort(context, exc)
+            abort(context, exc)
         return pb.BatchStatusReply(state=_STATE[status.state], answered=status.answered, detail=status.detail)
 
     def BatchStatus(
@@ -90,7 +86,7 @@ class GuardianServicer(rpc.GuardianServiceServicer):
         try:
             computation, count, reveal = self._g.reveal(request.batch_id, actor=peer_name(context))
         except CapcError as exc:
-            _abort(context, exc)
+            abort(context, exc)
         return pb.RevealReply(computation=computation, count=count, reveal=reveal)
 
     def SubmitShares(
@@ -106,7 +102,7 @@ class GuardianServicer(rpc.GuardianServiceServicer):
                 shape=tuple(request.shape),
             )
         except CapcError as exc:
-            _abort(context, exc)
+            abort(context, exc)
         return pb.SubmitSharesReply(received=received)
 
     def Compute(
@@ -168,7 +164,7 @@ class GuardianServicer(rpc.GuardianServiceServicer):
         worker.join()
         if failure:
             _log.warning("compute stream failed", extra={"peer": actor, "error": str(failure[0])})
-            _abort(context, failure[0])
+            abort(context, failure[0])
 
 
 def add_to_server(servicer: Any) -> Any:

@@ -6,15 +6,37 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from capc_services.common.settings import SiteSettings, parse_bind
+from capc_common.errors import InputError
+from capc_services.common.admission import StreamLimits
+from capc_services.common.settings import SiteSettings, check_admin_url, parse_bind
 
 
 class GrpcSettings(BaseModel):
-    """Where a party's gRPC server listens."""
+    """Where a party's gRPC server listens, and how much of it one peer may hold
+    (:class:`~capc_services.common.admission.StreamLimits`).
+
+    Attributes:
+        bind: ``host:port``.
+        max_workers: worker threads (each open call but a health watch holds one).
+        max_calls_per_peer: calls one peer may have open at once (beyond: RESOURCE_EXHAUSTED).
+        first_message_s: how long a stream may take to send its first message.
+        idle_connection_s: a connection with no call for this long is closed.
+    """
 
     model_config = ConfigDict(extra="forbid")
     bind: str = "0.0.0.0:50051"
     max_workers: int = Field(default=32, ge=4, le=1024)
+    max_calls_per_peer: int = Field(default=StreamLimits.calls_per_peer, ge=2, le=1024)
+    first_message_s: float = Field(default=StreamLimits.first_message_s, gt=0, le=600)
+    idle_connection_s: float = Field(default=StreamLimits.idle_connection_s, ge=1, le=86400)
+
+    def limits(self) -> StreamLimits:
+        """The server's admission limits."""
+        return StreamLimits(
+            calls_per_peer=self.max_calls_per_peer,
+            first_message_s=self.first_message_s,
+            idle_connection_s=self.idle_connection_s,
+        )
 
     @field_validator("bind")
     @classmethod
@@ -24,11 +46,25 @@ class GrpcSettings(BaseModel):
 
 
 class StudentAdminSettings(BaseModel):
-    """Where the guardian reads the student's admin API (progress, model card) for its dashboard."""
+    """Where the guardian reads the student's admin API (progress, model card) for its dashboard.
+
+    Attributes:
+        url: ``http://`` on this machine only; ``https://`` elsewhere (the student's ``admin.tls``), verified
+            against the federation CA and pinned to the student's certificate.
+        token_file: the *student's* admin token (its role's, not the guardian's).
+    """
 
     model_config = ConfigDict(extra="forbid")
     url: str = Field(pattern=r"^https?://")
     token_file: Path
+
+    @field_validator("url")
+    @classmethod
+    def _no_cleartext_token(cls, value: str) -> str:
+        try:
+            return check_admin_url(value)
+        except InputError as exc:
+            raise ValueError(f"student_admin.url: {exc}") from None
 
 
 class GuardianSettings(SiteSettings):

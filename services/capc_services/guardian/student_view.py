@@ -1,8 +1,14 @@
 """The student's progress and model card as the guardian's dashboard shows them: relayed from the
-student's own admin API (its REST API stays the only source), never an error when the student is away."""
+student's own admin API (its REST API stays the only source), never an error when the student is away.
+
+The relay sends the student's admin token with every refresh, so it goes over loopback or over HTTPS verified
+against the federation CA and pinned to the student's certificate (:mod:`~capc_services.common.admin_client`),
+never in cleartext across a network.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from capc_common.errors import InputError
@@ -15,11 +21,22 @@ class StudentView:
 
     Args:
         settings: the student's admin URL and token file (None: not configured).
+        ca: the federation CA certificate an ``https://`` student presents a certificate of.
+        party: the student's party name, pinned on its certificate (None: the URL's host name).
         timeout: seconds per request (short: the dashboard refreshes every few seconds).
     """
 
-    def __init__(self, settings: StudentAdminSettings | None, *, timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        settings: StudentAdminSettings | None,
+        *,
+        ca: Path | None = None,
+        party: str | None = None,
+        timeout: float = 2.0,
+    ) -> None:
         self._settings = settings
+        self._ca = ca
+        self._party = party
         self._timeout = timeout
 
     def read(self) -> dict[str, Any]:
@@ -36,9 +53,12 @@ class StudentView:
             return {"reachable": False, "url": url, "error": f"student admin token: {exc}"}
         import httpx  # (and the rich console it brings) only once the dashboard asks
 
-        headers = {"Authorization": f"Bearer {token}"}
+        from capc_services.common.admin_client import admin_client
+
         try:
-            with httpx.Client(base_url=url, headers=headers, timeout=self._timeout) as client:
+            with admin_client(
+                url, token=token, ca=self._ca, party=self._party, timeout=self._timeout
+            ) as client:
                 progress = client.get("/api/v1/progress")
                 progress.raise_for_status()
                 body = progress.json()

@@ -19,6 +19,7 @@ from capc_services.guardian.settings import GuardianSettings
 from capc_services.local.layout import Layout
 from capc_services.local.processes import (
     PartyProcess,
+    Placement,
     federation_of,
     is_ours,
     not_started,
@@ -27,16 +28,20 @@ from capc_services.local.processes import (
     read_state,
     start_party,
     stop_processes,
+    token,
     train_parties,
     wait_ready,
     write_state,
 )
 from capc_services.local.provision import (
+    RESTATED,
+    ROLES,
     Endpoints,
     LocalOptions,
     options_record,
     provision,
     recorded_options,
+    restate_force,
 )
 
 Say = Callable[[str], None]
@@ -61,6 +66,7 @@ def check_resume(layout: Layout, options: LocalOptions, *, given: Collection[str
     Its federation.yaml, ledger, label store and every party's cap record are bound to those options, and
     none of them is safe to change in place: raising the ledger's limit, above all, would change the
     guarantee of what the federation already released. So a difference is refused, with the way to get it.
+    ``--force``'s reason is the operator's word, bound to none of them (:data:`RESTATED`): it is not compared.
 
     Args:
         layout: a provisioned state directory.
@@ -72,7 +78,7 @@ def check_resume(layout: Layout, options: LocalOptions, *, given: Collection[str
             provisioned before options were recorded.
     """
     wanted = options_record(options)
-    names = [name for name in wanted if given is None or name in given]
+    names = [name for name in wanted if name not in RESTATED and (given is None or name in given)]
     recorded = recorded_options(layout)
     if recorded is None:
         if names and given is not None:
@@ -116,7 +122,8 @@ def ensure_provisioned(
     Args:
         root: the state directory.
         options: the options to provision with; a federation already there must have been provisioned
-            with the same ones (:func:`check_resume`).
+            with the same ones (:func:`check_resume`), but for ``force``, which a resumed one takes as the
+            new reason to run it (:func:`~capc_services.local.provision.restate_force`).
         given: the options the user set explicitly (None: all of them count).
         say: receives one-line progress messages.
 
@@ -138,7 +145,10 @@ def ensure_provisioned(
     if layout.federation.exists():
         check_resume(layout, options, given=given)
         say(f"resuming the federation in {layout.root}")
-        return layout, federation_of(layout)
+        config = federation_of(layout)
+        if options.force is not None and (given is None or "force" in given):
+            restate_force(layout, config, options.force)
+        return layout, config
     say(f"provisioning a new federation in {layout.root}")
     layout, config, endpoints = provision(layout.root, options)
     write_state(layout, endpoints=endpoints, processes=[])
@@ -182,6 +192,7 @@ def up(
     given: Collection[str] | None = None,
     say: Say = _quiet,
     ready_timeout: float = 180.0,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
     """Bring a local federation up (:func:`prepare` first) and wait until every party is ready.
 
@@ -192,6 +203,7 @@ def up(
         given: the options the user set explicitly (None: all of them count).
         say: receives one-line progress messages.
         ready_timeout: seconds to wait for every party's ``/readyz``.
+        placement: where each party runs (default: this machine's loopback; a lab's namespaces).
 
     Returns:
         The endpoints summary (what ``capc local up --format json`` prints).
@@ -201,10 +213,39 @@ def up(
         UnavailableError: a party did not become ready (the processes started are stopped again).
     """
     layout, config = prepare(root, options, given=given, say=say)
+    start_all(layout, config, say=say, ready_timeout=ready_timeout, placement=placement)
+    return summary(layout)
+
+
+def start_all(
+    layout: Layout,
+    config: FederationConfig,
+    *,
+    say: Say = _quiet,
+    ready_timeout: float,
+    placement: Placement | None = None,
+) -> None:
+    """Start every party of ``config`` (guardian, student, teachers) where ``placement`` puts it (default:
+    this machine's loopback), record them in ``state.json`` and wait until each is ready.
+
+    Raises:
+        InputError: a party has no admin port in ``state.json`` (it was not added with ``capc local``).
+        UnavailableError: a party did not become ready (the processes started are stopped again).
+    """
     endpoints = Endpoints.from_dict(read_state(layout)["endpoints"])
-    roles = [(config.guardian, "guardian"), (config.student, "student")]
-    roles += [(name, "teacher") for name in config.teacher_names]
-    processes = [start_party(layout, party=p, role=r, admin_port=endpoints.admin[p]) for p, r in roles]
+    missing = [p for p in config.party_names if p not in endpoints.admin]
+    if missing:
+        raise InputError(
+            f"{missing} of the federation in {layout.root} have no admin port in its state.json: a party "
+            f"added by hand; add parties with `{layout.command('add-party')} NAME`"
+        )
+    processes = []
+    for p in config.party_names:
+        role = str(config.role_of(p))
+        launch = placement(p, role) if placement else None
+        processes.append(
+            start_party(layout, party=p, role=role, admin_port=endpoints.admin[p], launch=launch)
+        )
     write_state(layout, endpoints=endpoints, processes=processes)
     say(f"started {len(processes)} processes; waiting for readiness")
     try:
@@ -212,7 +253,6 @@ def up(
     except Exception:
         stop_processes(processes, grace=5)
         raise
-    return summary(layout)
 
 
 def summary(layout: Layout) -> dict[str, Any]:
@@ -226,7 +266,7 @@ def summary(layout: Layout) -> dict[str, Any]:
         "state_dir": str(layout.root),
         "federation": config.name,
         "config_hash": config.config_hash(),
-        "admin_token_file": str(layout.token),
+        "admin_tokens": {role: str(layout.admin_token(role)) for role in ROLES},
         "guardian": {
             "grpc": f"127.0.0.1:{endpoints['guardian_grpc']}",
             "admin": by_party[config.guardian].admin_url if config.guardian in by_party else None,
@@ -254,19 +294,16 @@ def summary(layout: Layout) -> dict[str, Any]:
     }
 
 
-def token(layout: Layout) -> str:
-    """The local federation's admin token."""
-    return layout.token.read_text().strip()
-
-
-def party_state(proc: PartyProcess) -> dict[str, Any]:
+def party_state(proc: PartyProcess, secret: str, *, ca: Path | None = None) -> dict[str, Any]:
     """One party's ``status`` entry: ``state`` is ``running`` only when its process lives *and* it reports
     ready; ``failed`` when it lives but a readiness check says it failed for good (e.g. the student's
-    labelling loop); ``not ready`` while it starts or reconnects; ``not running`` when the process is gone."""
+    labelling loop); ``not ready`` while it starts or reconnects; ``not running`` when the process is gone.
+    ``secret`` is the party's admin token: with it ``/readyz`` says why a check fails; ``ca`` verifies an
+    ``https://`` party."""
     entry: dict[str, Any] = {"role": proc.role, "pid": proc.pid, "process": "alive", "ready": False}
     if not is_ours(proc):
         return {**entry, "process": "not running", "state": "not running", "running": False}
-    code, body = probe(f"{proc.admin_url}/readyz")
+    code, body = probe(f"{proc.admin_url}/readyz", token=secret, ca=ca, party=proc.party)
     failing = {}
     if isinstance(body, dict):
         failing = {name: c.get("detail") for name, c in body.get("checks", {}).items() if not c.get("ok")}
@@ -281,51 +318,121 @@ def party_state(proc: PartyProcess) -> dict[str, Any]:
 
 
 def status(root: str | Path) -> dict[str, Any]:
-    """Each party's process and readiness, the guardian's budget and the student's progress."""
+    """Each party's process and readiness (every party of the federation.yaml in force, started or not),
+    the guardian's budget and the student's progress."""
     layout = Layout(Path(root).resolve())
     state = read_state(layout)
     config = federation_of(layout)
-    secret = token(layout)
-    parties = {proc.party: party_state(proc) for proc in processes_of(state)}
+    recorded = {proc.party: proc for proc in processes_of(state)}
+    ca = layout.certs / "ca.crt"
+    parties = {
+        name: party_state(recorded[name], token(layout, name), ca=ca)
+        if name in recorded
+        else _never_started(config, name)
+        for name in config.party_names
+    }
     admin = {p.party: p.admin_url for p in processes_of(state)}
     result: dict[str, Any] = {"state_dir": str(layout.root), "parties": parties}
     if parties.get(config.guardian, {}).get("process") == "alive":
-        result["budget"] = probe(f"{admin[config.guardian]}/api/v1/budget", token=secret)[1]
+        guardian = token(layout, config.guardian)
+        result["budget"] = probe(
+            f"{admin[config.guardian]}/api/v1/budget", token=guardian, ca=ca, party=config.guardian
+        )[1]
     if parties.get(config.student, {}).get("process") == "alive":
-        result["progress"] = probe(f"{admin[config.student]}/api/v1/progress", token=secret)[1]
+        student = token(layout, config.student)
+        result["progress"] = probe(
+            f"{admin[config.student]}/api/v1/progress", token=student, ca=ca, party=config.student
+        )[1]
     return result
 
 
-def restart(root: str | Path, party: str, *, env: Mapping[str, str] | None = None) -> PartyProcess:
-    """Start again one party of a started federation whose process is gone (crashed or killed); its new
-    process id goes into ``state.json``, so ``status`` and ``down`` see it.
+def _never_started(config: FederationConfig, party: str) -> dict[str, Any]:
+    """The ``status`` entry of a party no process was started for yet (e.g. added while the federation was
+    down)."""
+    role = config.role_of(party)
+    return {"role": role, "pid": None, "process": "not running", "ready": False, "state": "not running",
+            "running": False}  # fmt: skip
+
+
+def _party(layout: Layout, party: str) -> tuple[str, int, PartyProcess | None]:
+    """A party's role, admin port and recorded process (None: never started).
+
+    Raises:
+        InputError: ``party`` is not a party of the federation.yaml in force, or has no admin port.
+    """
+    config, state = federation_of(layout), read_state(layout)
+    role = config.role_of(party)
+    if role is None:
+        raise InputError(
+            f"{party!r} is not a party of the federation in {layout.root}; parties: "
+            f"{list(config.party_names)}"
+        )
+    port = Endpoints.from_dict(state["endpoints"]).admin.get(party)
+    if port is None:
+        raise InputError(
+            f"{party} has no admin port in {layout.state}: it was added by hand; add parties with "
+            f"`{layout.command('add-party')} NAME`"
+        )
+    recorded = {p.party: p for p in processes_of(state)}
+    return role, port, recorded.get(party)
+
+
+def _record(layout: Layout, process: PartyProcess) -> None:
+    """Put ``process`` into ``state.json`` in place of the party's earlier one."""
+    state = read_state(layout)
+    others = [p for p in processes_of(state) if p.party != process.party]
+    write_state(layout, endpoints=Endpoints.from_dict(state["endpoints"]), processes=[*others, process])
+
+
+def restart(
+    root: str | Path,
+    party: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    ready_timeout: float | None = None,
+) -> PartyProcess:
+    """Start one party of a started federation again (stopping it first if it still runs), where it ran
+    before (its :class:`~capc_services.local.processes.Launch`); its new process id goes into ``state.json``,
+    so ``status`` and ``down`` see it.
 
     Args:
         root: the state directory.
         party: the party to start.
         env: extra environment for the process.
+        ready_timeout: wait this many seconds for its ``/readyz`` (None: return once started; a chaos run
+            restarts parties that are meant to die).
 
     Raises:
-        InputError: no such party, or its process is still running.
+        InputError: no such party.
+        UnavailableError: with ``ready_timeout``, the process exited (the reason from its log) or was not
+            ready in time.
     """
     layout = Layout(Path(root).resolve())
-    state = read_state(layout)
-    processes = processes_of(state)
-    known = {p.party: p for p in processes}
-    if party not in known:
-        raise InputError(
-            f"{party!r} is not a party of the federation in {layout.root}; parties: {sorted(known)}"
-        )
-    old = known[party]
-    if is_ours(old):
-        raise InputError(
-            f"{party} (pid {old.pid}) is still running; stop it first or use `{layout.command('down')}`"
-        )
-    port = int(old.admin_url.rsplit(":", 1)[1])
-    new = start_party(layout, party=party, role=old.role, admin_port=port, env=env)
-    endpoints = Endpoints.from_dict(state["endpoints"])
-    write_state(layout, endpoints=endpoints, processes=[new if p.party == party else p for p in processes])
+    role, port, old = _party(layout, party)
+    if old is not None and is_ours(old):
+        stop_processes([old])
+    launch = old.launch() if old is not None else None
+    new = start_party(layout, party=party, role=role, admin_port=port, env=env, launch=launch)
+    _record(layout, new)
+    if ready_timeout is not None:
+        wait_ready(layout, [new], timeout=ready_timeout)
     return new
+
+
+def stop(root: str | Path, party: str, *, grace: float = 15.0) -> dict[str, str]:
+    """Stop one party of a started federation (SIGTERM, then SIGKILL after ``grace`` seconds); the others
+    carry on, and ``restart`` starts it again.
+
+    Returns:
+        ``party`` and ``outcome`` (``stopped``, ``killed`` or ``not running``).
+
+    Raises:
+        InputError: no such party.
+    """
+    layout = Layout(Path(root).resolve())
+    _, _, old = _party(layout, party)
+    outcome = stop_processes([old], grace=grace)[party] if old is not None else "not running"
+    return {"party": party, "outcome": outcome}
 
 
 def down(root: str | Path, *, purge: bool = False) -> dict[str, Any]:

@@ -5,11 +5,15 @@ messages name the flag that sets each field instead.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 
+from capc_common.data.partition import HOLDOUT_CEILING, holdout_fraction
 from capc_common.errors import InputError
+from capc_common.federation.refusals import Refusal
 
 #: ``federation.yaml`` fields ``capc local up`` sets from a flag of its own, and that flag. A field of the
 #: mechanism without one is set by ``--mechanism-param FIELD=VALUE``.
@@ -25,6 +29,7 @@ _FLAGS: Mapping[str, str] = {
     "teachers.heads": "--teachers-per-party",
     "teachers[].heads": "--teachers-per-party",
     "teachers.examples": "--train-limit",
+    "teachers.cap": "--teacher-cap",
     "mechanism.name": "--mechanism",
     "mechanism.threshold": "--threshold",
     "mechanism.sigma1": "--sigma1",
@@ -76,3 +81,35 @@ def speaking_flags(*, mechanism: str) -> Iterator[None]:
         yield
     except InputError as exc:
         raise type(exc)(as_flags(str(exc), mechanism=mechanism)) from None
+
+
+def training_part(planned: int) -> int:
+    """The examples a site of ``planned`` examples trains on, on average: less its holdout
+    (:func:`~capc_common.data.holdout_fraction` of its planned size)."""
+    return round(planned * (1 - holdout_fraction(max(1, planned))))
+
+
+def train_limit_for(examples: int) -> int:
+    """The smallest ``--train-limit`` whose planned training part (:func:`training_part`) holds
+    ``examples``: the checks count a party's training part, as its heads see it, and ``--train-limit`` sets
+    its whole planned size."""
+    low, high = max(1, examples), max(1, math.ceil(examples / (1 - HOLDOUT_CEILING)) + 1)
+    while low < high:  # the training part, limit · (1 − holdout_fraction(limit)), grows with the limit
+        mid = (low + high) // 2
+        if training_part(mid) >= examples:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def in_flag_units(refusal: Refusal) -> Refusal:
+    """``refusal`` with its changes in the units of ``capc local up``'s flags: a party's examples (its
+    training part) as the ``--train-limit`` that gives them."""
+    changes = tuple(
+        replace(change, value=train_limit_for(math.ceil(change.value)))
+        if change.field == "teachers.examples"
+        else change
+        for change in refusal.changes
+    )
+    return replace(refusal, changes=changes)

@@ -22,10 +22,10 @@ class Layout:
         """CA and party certificates/keys."""
         return self.root / "certs"
 
-    @property
-    def token(self) -> Path:
-        """The admin bearer token (mode 0600; one for the whole local federation)."""
-        return self.root / "admin.token"
+    def admin_token(self, role: str) -> Path:
+        """``role``'s admin bearer token (mode 0600): one per role (guardian, student, teacher), so that a
+        party's token opens its own role's admin API only."""
+        return self.root / "tokens" / f"{role}.token"
 
     @property
     def sites(self) -> Path:

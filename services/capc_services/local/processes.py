@@ -3,6 +3,11 @@
 Each party runs as its own ``python -m capc_cli ...`` process, detached into its own session with its log
 in the state directory; ``state.json`` records the process ids this tool started, and ``down`` signals
 exactly those (SIGTERM, then SIGKILL after a grace period), never anything found by name.
+
+A :class:`Launch` places a party elsewhere than on this machine's loopback — a test harness runs each party
+in its own network namespace behind a link it shapes (``capc_services.lab``): a command prefix, environment
+overrides of its site file (its peers' addresses) and the host its admin API answers on. ``state.json``
+keeps it, so a party restarted alone comes back in the same place.
 """
 
 from __future__ import annotations
@@ -14,31 +19,72 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from capc_common.errors import CapcError, InputError, UnavailableError
 from capc_common.federation import FederationConfig
+from capc_services.common.admin_client import tls_client
+from capc_services.common.settings import check_admin_url, load_admin_token
 from capc_services.local.layout import Layout
 from capc_services.local.provision import Endpoints
 
 
 @dataclass(frozen=True)
+class Launch:
+    """Where a party process runs.
+
+    Attributes:
+        wrap: a command prefix the party's command runs under (``nsenter --net=NS --``); it must exec the
+            command, so the recorded process id is the party's.
+        env: environment overrides (site-file values such as ``CAPC_GUARDIAN_ADDRESS``).
+        admin_host: the host its admin API answers on, from here.
+        admin_scheme: ``https`` where that host is not this machine's loopback (the party sets ``admin.tls``).
+    """
+
+    wrap: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    admin_host: str = "127.0.0.1"
+    admin_scheme: str = "http"
+
+
+Placement = Callable[[str, str], Launch]
+"""``placement(party, role)``: where ``capc local up`` starts that party."""
+
+
+@dataclass(frozen=True)
 class PartyProcess:
-    """One running party."""
+    """One running party (and where it runs: see :class:`Launch`)."""
 
     party: str
     role: str
     pid: int
     admin_url: str
+    wrap: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
-        return {"party": self.party, "role": self.role, "pid": self.pid, "admin_url": self.admin_url}
+        data: dict[str, Any] = {
+            "party": self.party,
+            "role": self.role,
+            "pid": self.pid,
+            "admin_url": self.admin_url,
+        }
+        if self.wrap or self.env:
+            data.update(wrap=list(self.wrap), env=dict(self.env))
+        return data
+
+    def launch(self) -> Launch:
+        """Where it runs, to start it again in the same place."""
+        scheme, _, rest = self.admin_url.partition("://")
+        host = rest.rsplit(":", 1)[0]
+        return Launch(wrap=self.wrap, env=dict(self.env), admin_host=host, admin_scheme=scheme)
 
 
 def _command(role: str, site: Path) -> list[str]:
@@ -77,7 +123,13 @@ def _zombie(pid: int) -> bool:
 
 
 def start_party(
-    layout: Layout, *, party: str, role: str, admin_port: int, env: Mapping[str, str] | None = None
+    layout: Layout,
+    *,
+    party: str,
+    role: str,
+    admin_port: int,
+    env: Mapping[str, str] | None = None,
+    launch: Launch | None = None,
 ) -> PartyProcess:
     """Launch one party process detached from this one, logging to ``logs/PARTY.log``.
 
@@ -86,13 +138,15 @@ def start_party(
         party: the party's name.
         role: ``guardian``, ``student`` or ``teacher``.
         admin_port: its admin port (from the endpoints).
-        env: extra environment variables for the process (e.g. ``CAPC_FAULTS`` in a chaos run).
+        env: extra environment variables for this start only (e.g. ``CAPC_FAULTS`` in a chaos run).
+        launch: where it runs (default: this machine's loopback).
     """
+    launch = launch or Launch()
     layout.logs.mkdir(parents=True, exist_ok=True)
     log = layout.log(party).open("ab")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **launch.env, **(env or {})}
     proc = subprocess.Popen(
-        _command(role, layout.site(party)),
+        [*launch.wrap, *_command(role, layout.site(party))],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
@@ -101,13 +155,24 @@ def start_party(
         cwd=layout.root,
     )
     log.close()
-    return PartyProcess(party=party, role=role, pid=proc.pid, admin_url=f"http://127.0.0.1:{admin_port}")
+    return PartyProcess(
+        party=party,
+        role=role,
+        pid=proc.pid,
+        admin_url=f"{launch.admin_scheme}://{launch.admin_host}:{admin_port}",
+        wrap=launch.wrap,
+        env=dict(launch.env),
+    )
 
 
-def train_parties(layout: Layout, parties: list[str]) -> dict[str, dict[str, Any]]:
+def train_parties(
+    layout: Layout, parties: list[str], *, env: Mapping[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
     """Each party trains its heads in its own ``capc teacher train`` process, all at once (their output goes
     to their logs): as on the hospitals' own machines, one party's featurisation does not wait for another's,
-    and a machine with several cores runs them side by side.
+    and a machine with several cores runs them side by side. ``env`` adds environment variables (e.g.
+    ``CAPC_FEDERATION``: a party added by a membership change trains under the new file before it is in
+    place).
 
     Returns:
         party → what ``capc teacher train --format json`` printed.
@@ -126,6 +191,7 @@ def train_parties(layout: Layout, parties: list[str]) -> dict[str, dict[str, Any
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         running[party] = (proc, log)
     results: dict[str, dict[str, Any]] = {}
@@ -136,7 +202,7 @@ def train_parties(layout: Layout, parties: list[str]) -> dict[str, dict[str, Any
         if proc.returncode == 0:
             results[party] = json.loads(out)
         else:
-            failed.append((proc.returncode, f"{party}: {tail(layout.log(party), lines=1)}"))
+            failed.append((proc.returncode, f"{party}: {failure_reason(layout.log(party))}"))
     if failed:
         code = failed[0][0]
         kind = next((c for c in (InputError, UnavailableError) if c.exit_code == code), CapcError)
@@ -150,7 +216,6 @@ def write_state(layout: Layout, *, endpoints: Endpoints, processes: list[PartyPr
         "root": str(layout.root),
         "endpoints": endpoints.to_dict(),
         "processes": [p.to_dict() for p in processes],
-        "token_file": str(layout.token),
         "started": time.time(),
     }
     tmp = layout.state.with_name("state.json.tmp")
@@ -182,27 +247,58 @@ def read_state(layout: Layout) -> dict[str, Any]:
 
 def processes_of(state: dict[str, Any]) -> list[PartyProcess]:
     """The recorded processes."""
-    return [PartyProcess(**p) for p in state["processes"]]
+    return [
+        PartyProcess(**{**p, "wrap": tuple(p.get("wrap", ())), "env": dict(p.get("env", {}))})
+        for p in state["processes"]
+    ]
 
 
 @cache
-def _client() -> httpx.Client:
-    """The one HTTP client of this process's probes: ``httpx.get`` builds a client, TLS context included, per
-    call (50 ms of CPU each, measured), and ``wait_ready`` and the demo probe several parties every second."""
-    return httpx.Client()
+def _client(ca: Path | None, party: str | None) -> httpx.Client:
+    """One HTTP client per CA and party for this process's probes: ``httpx.get`` builds a client, TLS context
+    included, per call (50 ms of CPU each, measured), and ``wait_ready`` and the demo probe several parties
+    every second."""
+    return tls_client(ca=ca, party=party)
 
 
-def probe(url: str, *, token: str | None = None, timeout: float = 2.0) -> tuple[int, Any]:
-    """GET ``url``; returns ``(status, json body)`` or ``(0, error text)`` when nothing answers."""
+def probe(
+    url: str,
+    *,
+    token: str | None = None,
+    timeout: float = 2.0,
+    ca: Path | None = None,
+    party: str | None = None,
+) -> tuple[int, Any]:
+    """GET ``url``; returns ``(status, json body)`` or ``(0, error text)`` when nothing answers.
+
+    An ``https://`` party (off loopback) is verified against ``ca`` under ``party``'s name.
+
+    Raises:
+        InputError: a token would go over plain HTTP to another machine.
+    """
+    if token:
+        check_admin_url(url)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        response = _client().get(url, headers=headers, timeout=timeout)
+        response = _client(ca, party).get(url, headers=headers, timeout=timeout)
     except httpx.HTTPError as exc:
         return 0, str(exc)
     try:
         return response.status_code, response.json()
     except ValueError:
         return response.status_code, response.text
+
+
+def token(layout: Layout, party: str | None = None) -> str:
+    """The admin token of ``party``'s role (default: the guardian), read from the file its site file names.
+
+    Raises:
+        InputError: the token file is missing or unusable.
+    """
+    party = party or federation_of(layout).guardian
+    site = layout.site(party)
+    named = yaml.safe_load(site.read_text())["admin"]["token_file"]
+    return load_admin_token((site.parent / named).resolve())
 
 
 def wait_ready(
@@ -219,16 +315,19 @@ def wait_ready(
             names them and the last lines of their logs).
     """
     pending = {p.party: p for p in processes}
+    secrets = {p.party: token(layout, p.party) for p in processes}  # with it, /readyz says what fails
     deadline = time.monotonic() + timeout
     last: dict[str, Any] = {}
     while pending:
         for party, proc in list(pending.items()):
             if not pid_alive(proc.pid):
                 raise UnavailableError(
-                    f"{party} (pid {proc.pid}) exited during start-up; its log ends with:\n"
-                    f"{tail(layout.log(party))}"
+                    f"{party} (pid {proc.pid}) exited during start-up: {failure_reason(layout.log(party))} "
+                    f"(log: {layout.log(party)})"
                 )
-            code, body = probe(f"{proc.admin_url}/readyz")
+            code, body = probe(
+                f"{proc.admin_url}/readyz", token=secrets[party], ca=layout.certs / "ca.crt", party=party
+            )
             last[party] = body
             if code == 200:
                 del pending[party]
@@ -247,6 +346,23 @@ def tail(path: Path, *, lines: int = 8) -> str:
     if not path.exists():
         return ""
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def failure_reason(path: Path) -> str:
+    """Why the process logging to ``path`` stopped: the CLI's last ``error: …`` line (what it exits with),
+    else the last error record's message (a JSON-lines log), else the log's last line."""
+    lines = [line for line in tail(path, lines=200).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("error: "):
+            return line.removeprefix("error: ")
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("level") in ("error", "critical"):
+            return str(record.get("error") or record.get("msg", "")).strip()
+    return lines[-1] if lines else f"nothing in its log {path}"
 
 
 def is_ours(proc: PartyProcess) -> bool:
@@ -275,6 +391,8 @@ def stop_processes(processes: list[PartyProcess], *, grace: float = 15.0) -> dic
     processes = [p for p in processes if is_ours(p)]
     for proc in processes:
         os.kill(proc.pid, signal.SIGTERM)
+        # A stopped process (SIGSTOP, ^Z) handles its SIGTERM only once it is continued.
+        os.kill(proc.pid, signal.SIGCONT)
         outcome[proc.party] = "stopped"
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(pid_alive(p.pid) for p in processes):

@@ -1,8 +1,9 @@
 """Provision a complete local federation in one state directory: CA and certificates, federation.yaml,
-one site file per party, free loopback ports and an admin token.
+one site file per party, free loopback ports and one admin token per role.
 
 The files are the same a real deployment uses (see deploy/ and docs/operations.md); only the addresses
-(loopback) and the single shared admin token are local conveniences.
+(loopback, so the admin APIs speak plain HTTP) and the teacher parties' one shared token are local
+conveniences.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import random
 import shutil
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +26,16 @@ from capc_common.federation import (
     FederationConfig,
     ReleaseMember,
     cap_cover,
+    cap_order,
     check_runnable,
+    exposure_of,
     mechanism_of,
     scaled_mechanism,
 )
-from capc_common.federation.refusals import SpendPlan, enforce, pre_spend_refusals
+from capc_common.federation.refusals import Change, SpendPlan, enforce, pre_spend_refusals
+from capc_common.federation.releases import ReleaseProtocol
 from capc_common.federation.sizing import ANSWER_RATE, DPSGD_ROUNDS
-from capc_services.local.flags import flag_names, speaking_flags
+from capc_services.local.flags import flag_names, in_flag_units, speaking_flags, training_part
 from capc_services.local.layout import Layout
 from capc_services.teacher.cap import LocalCap
 from capc_services.tls import init_ca, issue_certificate, write_admin_token
@@ -56,9 +61,11 @@ class LocalOptions:
         sigma: σ of GNMax's and Private-kNN's argmax noise (None: σ2's ratio times the votes per query).
         neighbours / sampling_rate: Private-kNN's ``k`` per party and Poisson rate ``q``.
         min_parties: quorum (None: all but one party, at least one).
-        train_limit: about this many training examples per party (None: the party's whole part): each
-            site keeps the fraction ``train_limit · parties / N`` of its part's hash range, so the count
-            varies a little (binomial) but one example never changes another's selection (``data.fraction``).
+        train_limit: about this many examples per party (None: the party's whole part): each site keeps
+            the fraction ``train_limit · parties / N`` of its part's hash range, so the count varies a little
+            (binomial) but one example never changes another's selection (``data.fraction``). Each site holds
+            :func:`~capc_common.data.holdout_fraction` of them out of the federation (``holdout.fraction``,
+            from this planned size: :func:`site_holdout`); the federation sees the rest.
         teacher_cap: each party's local worst-case ε cap (None: :func:`default_cap`).
         force: the operator's reason to run a federation the pre-spend checks refuse as a judgement
             (:mod:`capc_common.federation.refusals`); it goes to the guardian's site file, which logs it.
@@ -232,24 +239,49 @@ DPSGD_DEFAULTS = {"rounds": DPSGD_ROUNDS, "sampling_rate": 1.0, "statistics": Tr
 
 def _dataset_size(options: LocalOptions) -> int:
     """Examples in the training split the simulated sites share."""
+    return _split_size(options.dataset)
+
+
+@cache
+def _split_size(dataset: str) -> int:
+    """Examples in ``dataset``'s training split, read once per process: the sites' fractions, their holdouts
+    and federation.yaml's planned counts all derive from it (a second or more per read of Fashion-MNIST)."""
     from capc_common.data import load_dataset
 
-    return len(load_dataset(options.dataset, split="train").labels)
+    return len(load_dataset(dataset, split="train").labels)
 
 
-def site_fraction(options: LocalOptions) -> float:
-    """Each simulated site's ``data.fraction``: ``train_limit`` examples per party on average."""
+def site_fraction(options: LocalOptions, *, total: int | None = None) -> float:
+    """Each simulated site's ``data.fraction``: ``train_limit`` examples per party on average (``total``: the
+    split's size when the caller has it; reading it decompresses the whole split)."""
     if options.train_limit is None:
         return 1.0
-    return min(1.0, options.train_limit * options.parties / _dataset_size(options))
+    return min(1.0, options.train_limit * options.parties / (total or _dataset_size(options)))
 
 
 def planned_examples(options: LocalOptions) -> int:
-    """The examples each simulated site holds on average (its count is binomial around it): what its
-    ``federation.yaml`` entry declares, so every party can check before the first charge that its heads can
-    vote (:mod:`capc_common.federation.refusals`). A planned figure, from the options and the split's size
-    alone — never a count of the data a site selected."""
-    return round(site_fraction(options) * _dataset_size(options) / options.parties)
+    """The examples each simulated site holds on average (its count is binomial around it), its holdout
+    included. A planned figure, from the options and the split's size alone — never a count of the data a
+    site selected."""
+    total = _dataset_size(options)
+    return round(site_fraction(options, total=total) * total / options.parties)
+
+
+def site_holdout(options: LocalOptions) -> float:
+    """Each simulated site's ``holdout.fraction``: :func:`~capc_common.data.holdout_fraction` of its planned
+    size (:func:`planned_examples`) — a public, planned number, never the count of the site's data (which
+    would let one example move others between the training part and the holdout)."""
+    from capc_common.data import holdout_fraction
+
+    return holdout_fraction(max(1, planned_examples(options)))
+
+
+def planned_training(options: LocalOptions) -> int:
+    """The examples each simulated site's heads train on, on average: its planned size less its holdout.
+    What its ``federation.yaml`` entry declares, so every party can check before the first charge that its
+    heads can vote (:mod:`capc_common.federation.refusals`), with the count preflight sees at the site (its
+    training part)."""
+    return training_part(planned_examples(options))
 
 
 def _secagg_dpsgd(options: LocalOptions) -> tuple[dict[str, Any], int]:
@@ -326,7 +358,12 @@ def default_cap(config: FederationConfig, options: LocalOptions) -> float:
     are fixed in advance and add up to at most the limit, 3 × ε of headroom."""
     if isinstance(config.mechanism, ReleaseMember):
         return 3 * options.epsilon
-    return cap_cover(config).cap
+    return cap_cover(exposure_of(config), delta=config.budget.delta).cap
+
+
+def site_cap(config: FederationConfig, options: LocalOptions) -> float:
+    """A simulated hospital's local ε cap: ``teacher_cap``, else :func:`default_cap` of ``config``."""
+    return options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
 
 
 def free_port() -> int:
@@ -355,6 +392,8 @@ def free_port() -> int:
         return chosen
 
 
+ROLES = ("guardian", "student", "teacher")
+"""The roles of a federation, one admin token each."""
 _PORTS_FROM = 10_000  # above the well-known and most registered service ports
 _PORT_TRIES = 50
 
@@ -385,7 +424,7 @@ def federation_dict(options: LocalOptions) -> dict[str, Any]:
     mechanism, per_party = mechanism_dict(options)
     height, width, channels = image_shape_for(options.dataset)
     backbone = options.backbone or default_backbone(height, width, channels)
-    examples = planned_examples(options)
+    examples = planned_training(options)
     data: dict[str, Any] = {
         "name": "capc-local",
         "classes": 10,
@@ -435,6 +474,16 @@ class Endpoints:
     student_grpc: int
     admin: dict[str, int]
 
+    @property
+    def guardian_address(self) -> str:
+        """The guardian's gRPC address."""
+        return f"127.0.0.1:{self.guardian_grpc}"
+
+    @property
+    def student_address(self) -> str:
+        """The student's gRPC address."""
+        return f"127.0.0.1:{self.student_grpc}"
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (stored in state.json)."""
         return {"guardian_grpc": self.guardian_grpc, "student_grpc": self.student_grpc, "admin": self.admin}
@@ -457,6 +506,7 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
 
     Raises:
         InputError: ``root`` already holds a federation, or an option is invalid.
+        PreconditionError: the federation would spend privacy for nothing (:func:`refuse_before_spending`).
     """
     layout = Layout(Path(root).resolve())
     if layout.federation.exists():
@@ -468,11 +518,15 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
         # The backbone's file against its pinned hash, without torch (as the guardian checks it): the
         # parties that run the model load it when they start, and a federation's first step, its hospitals'
         # training, no longer waits for torch here (a release mechanism's protocol still builds it).
-        check_runnable(config, model=False)
+        runnable = check_runnable(config, model=False)
+    cap = site_cap(config, options)
+    if cap > 0:  # a cap ≤ 0 is refused when the teachers' site files are read back, naming cap.epsilon
+        config = with_declared_caps(config, cap=cap)
     refuse_before_spending(config, options)
     existing = set(layout.root.iterdir()) if layout.root.is_dir() else None
     try:
-        endpoints = _write_federation(layout, config, options)
+        config = pin_basis(config, layout.root / "feature-cache")
+        endpoints = _write_federation(layout, config, options, runnable.protocol)
         _load_sites(layout, config)
         layout.options.write_text(json.dumps(options_record(options), indent=2))
     except BaseException:
@@ -491,19 +545,100 @@ def provision(root: str | Path, options: LocalOptions) -> tuple[Layout, Federati
 
 def refuse_before_spending(config: FederationConfig, options: LocalOptions) -> None:
     """Refuse, before anything is written, a federation that would spend privacy for nothing (the pre-spend
-    checks on its planned figures, :mod:`capc_common.federation.refusals`), naming the flags to change;
-    ``options.force`` overrides a judgement (the guardian's site file then carries the reason, and the
-    guardian logs it with what it overrode).
+    checks on its planned figures and the caps it declares, :mod:`capc_common.federation.refusals`), naming
+    the flags to change; ``options.force`` overrides a judgement (the guardian's site file then carries the
+    reason, and the guardian logs it with what it overrode).
 
     Raises:
         PreconditionError: a refusal stands.
     """
+    # in the flags' units (a party's training part as the --train-limit that gives it), then only the ways
+    # out that get past every check
+    refusals = [in_flag_units(r) for r in pre_spend_refusals(SpendPlan.declared(config))]
     enforce(
-        pre_spend_refusals(SpendPlan.declared(config)),
+        [replace(r, changes=tuple(c for c in r.changes if _gets_past(options, c))) for r in refusals],
         force=options.force,
         names=flag_names(options.mechanism),
         force_with='--force "REASON"',
     )
+
+
+#: Options that are the operator's word about the federation, not part of it: a resumed ``up`` restates them
+#: instead of comparing them with the recorded ones (:func:`restate_force`).
+RESTATED = frozenset({"force"})
+
+
+def restate_force(layout: Layout, config: FederationConfig, force: str) -> None:
+    """Make ``force`` the reason to run the federation in ``layout`` whatever the pre-spend checks judge.
+
+    The reason binds nothing the ledger, label store or cap records hold (a certain refusal stays refused,
+    and the judgements are re-made by the guardian each time it starts, from federation.yaml alone), so a
+    resumed ``up`` may state a new one — the way to go on with a federation a newer forecast judges below
+    its parties alone. It goes where the guardian reads it, its site file, and to ``options.json``.
+
+    Raises:
+        InputError: ``force`` is blank.
+    """
+    enforce((), force=force, force_with='--force "REASON"')  # a blank reason is refused, as at provisioning
+    site = layout.site(config.guardian)
+    document: dict[str, Any] = yaml.safe_load(site.read_text())
+    if document.get("force") != force:
+        _write_yaml(site, {**document, "force": force})
+    record = recorded_options(layout)
+    if record is not None and record.get("force") != force:
+        layout.options.write_text(json.dumps({**record, "force": force}, indent=2))
+
+
+def with_declared_caps(config: FederationConfig, *, cap: float) -> FederationConfig:
+    """``config`` with every simulated hospital declaring ``cap`` (``teachers[].cap``), the cap its site
+    file sets: the guardian checks before the first charge that the declared caps cover the plan."""
+    data = config.model_dump(mode="json")
+    data["teachers"] = [{**party, "cap": cap} for party in data["teachers"]]
+    return FederationConfig.from_dict(data, source="local federation options")
+
+
+def _gets_past(options: LocalOptions, change: Change) -> bool:
+    """Whether ``change``, made by its flag, gives a federation ``capc local up`` provisions and the checks
+    before spending pass. A way out that holds for ``federation.yaml`` need not hold here: ``capc local up``
+    scales the mechanism's noise to the heads, so fewer heads may fill their shards yet leave a budget that
+    cannot pay for one batch. A field set by ``--mechanism-param`` is not tried (offered as it is)."""
+    option = flag_names(options.mechanism).get(change.field, "").removeprefix("--").replace("-", "_")
+    if option not in LocalOptions.__dataclass_fields__:
+        return True
+    value: Any = int(change.value) if float(change.value).is_integer() else change.value
+    changed = replace(options, **{option: value})
+    try:
+        config = FederationConfig.from_dict(federation_dict(changed), source="local federation options")
+        check_runnable(config, model=False)
+    except InputError:
+        return False
+    return not pre_spend_refusals(SpendPlan.declared(config))
+
+
+def pin_basis(config: FederationConfig, cache: Path) -> FederationConfig:
+    """``config`` with its public basis pinned by digest (secure-aggregation DP-SGD with a projection that
+    pins none; any other config as it is): the basis is computed here into the parties' shared feature
+    ``cache``, where every party then reads it, and a party that computes another one refuses to train in
+    other coordinates."""
+    from capc_common.federation import SecAggDPSGDMechanism, load_shared_backbone
+
+    mechanism = config.mechanism
+    if not isinstance(mechanism, SecAggDPSGDMechanism) or mechanism.projection is None:
+        return config
+    if mechanism.projection.sha256 is not None:
+        return config
+    # only here torch: a federation with no basis to pin is provisioned without it
+    from capc_common.federation.releases import Featuriser, federation_basis
+    from capc_common.mechanisms.basis import basis_digest
+    from capc_common.models.cache import FeatureCache
+
+    q = config.queries
+    shape = (q.height, q.width, q.channels)
+    featuriser = Featuriser(load_shared_backbone(config), shape, FeatureCache(cache))
+    digest = basis_digest(federation_basis(mechanism.projection, featuriser=featuriser))
+    data = config.model_dump(mode="json", exclude_unset=True)
+    data["mechanism"]["projection"] = {**mechanism.projection.model_dump(mode="json"), "sha256": digest}
+    return FederationConfig.from_dict(data, source="local federation options")
 
 
 def _load_sites(layout: Layout, config: FederationConfig) -> None:
@@ -518,7 +653,9 @@ def _load_sites(layout: Layout, config: FederationConfig) -> None:
         TeacherSettings.load(layout.site(name))
 
 
-def _write_federation(layout: Layout, config: FederationConfig, options: LocalOptions) -> Endpoints:
+def _write_federation(
+    layout: Layout, config: FederationConfig, options: LocalOptions, protocol: ReleaseProtocol | None
+) -> Endpoints:
     """Write the CA, certificates, token, federation.yaml and site files; returns the chosen ports."""
     layout.root.mkdir(parents=True, exist_ok=True)
     config.save(layout.federation)
@@ -526,20 +663,15 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
     parties = [config.guardian, config.student, *config.teacher_names]
     for party in parties:
         issue_certificate(layout.certs, party, out_dir=layout.certs)
-    write_admin_token(layout.token)
+    for role in ROLES:
+        write_admin_token(layout.admin_token(role))
     endpoints = Endpoints(
         guardian_grpc=free_port(), student_grpc=free_port(), admin={p: free_port() for p in parties}
     )
-    guardian_address = f"127.0.0.1:{endpoints.guardian_grpc}"
-    student_address = f"127.0.0.1:{endpoints.student_grpc}"
+    guardian_address, student_address = endpoints.guardian_address, endpoints.student_address
 
     def common(party: str) -> dict[str, Any]:
-        return {
-            "party": party,
-            "federation": "../federation.yaml",
-            "tls": {"ca": "../certs/ca.crt", "cert": f"../certs/{party}.crt", "key": f"../certs/{party}.key"},
-            "admin": {"bind": f"127.0.0.1:{endpoints.admin[party]}", "token_file": "../admin.token"},
-        }
+        return _common_site(party, role=str(config.role_of(party)), admin_port=endpoints.admin[party])
 
     guardian_site = {
         **common(config.guardian),
@@ -547,10 +679,11 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         "ledger": f"../parties/{config.guardian}/ledger.sqlite",
         # the operator's reason to run what the pre-spend checks refuse as a judgement (the guardian logs it)
         **({"force": options.force} if options.force is not None else {}),
-        # the dashboard and `capc budget watch` relay the student's progress from its admin API
+        # the dashboard and `capc budget watch` relay the student's progress from its admin API, with the
+        # student's token (over loopback here; across machines over HTTPS)
         "student_admin": {
             "url": f"http://127.0.0.1:{endpoints.admin[config.student]}",
-            "token_file": "../admin.token",
+            "token_file": "../tokens/student.token",
         },
     }
     _write_yaml(layout.site(config.guardian), guardian_site)
@@ -571,35 +704,74 @@ def _write_federation(layout: Layout, config: FederationConfig, options: LocalOp
         },
     }
     _write_yaml(layout.site(config.student), student_site)
-    cap = options.teacher_cap if options.teacher_cap is not None else default_cap(config, options)
-    fraction = site_fraction(options)
-    records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
+    fraction, cap = site_fraction(options), site_cap(config, options)
     for index, name in enumerate(config.teacher_names):
-        _write_yaml(
-            layout.site(name),
-            {
-                **common(name),
-                "student_address": student_address,
-                "guardian_address": guardian_address,
-                "heads": f"../parties/{name}/heads.safetensors",
-                "cap": {"epsilon": cap, "record": f"../parties/{name}/cap.jsonl"},
-                # The simulated hospitals opt in to what the options asked for (a real site decides itself).
-                "allow_insecure_noise": config.insecure_noise,
-                "torch_threads": options.torch_threads,
-                "feature_cache": "../feature-cache",
-                "records_cache": f"{records}/parties/{name}/records",
-                "data": {
-                    "dataset": options.dataset,
-                    "shard": index,
-                    "shards": options.parties,
-                    "seed": options.seed,
-                    "fraction": fraction,
-                },
-            },
+        data = {"dataset": options.dataset, "shard": index, "shards": options.parties, "seed": options.seed,
+                "fraction": fraction}  # fmt: skip
+        write_teacher_site(
+            layout, config, options, name=name, endpoints=endpoints, data=data, cap=cap, protocol=protocol
         )
     for party in parties:
         layout.party_dir(party).mkdir(parents=True, exist_ok=True)
-    for name in config.teacher_names:  # the explicit init a real site makes with `capc teacher init-cap`
-        LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config)
     layout.logs.mkdir(parents=True, exist_ok=True)
     return endpoints
+
+
+def _common_site(party: str, *, role: str, admin_port: int) -> dict[str, Any]:
+    """The site-file fields every party of a local federation has (paths relative to ``sites/``; the admin
+    token is its role's)."""
+    return {
+        "party": party,
+        "federation": "../federation.yaml",
+        "tls": {"ca": "../certs/ca.crt", "cert": f"../certs/{party}.crt", "key": f"../certs/{party}.key"},
+        "admin": {"bind": f"127.0.0.1:{admin_port}", "token_file": f"../tokens/{role}.token"},
+    }
+
+
+def write_teacher_site(
+    layout: Layout,
+    config: FederationConfig,
+    options: LocalOptions,
+    *,
+    name: str,
+    endpoints: Endpoints,
+    data: Mapping[str, Any],
+    cap: float,
+    protocol: ReleaseProtocol | None = None,
+) -> None:
+    """Write simulated hospital ``name``'s site file and create its cap record under ``config`` (the
+    explicit init a real site makes with ``capc teacher init-cap``), at the order a new record charges at
+    (:func:`~capc_common.federation.cap_order`).
+
+    Args:
+        layout: the state directory.
+        config: the federation the hospital is a teacher party of.
+        options: the federation's options (threads, records cache).
+        name: the hospital.
+        endpoints: the federation's ports (its own admin port included).
+        data: its ``data:`` section.
+        cap: its local ε cap (:func:`site_cap`).
+        protocol: the federation's release protocol, under a release mechanism (what a release costs).
+    """
+    records = ".." if options.records_from is None else os.path.relpath(options.records_from, layout.sites)
+    _write_yaml(
+        layout.site(name),
+        {
+            **_common_site(name, role="teacher", admin_port=endpoints.admin[name]),
+            "student_address": endpoints.student_address,
+            "guardian_address": endpoints.guardian_address,
+            "heads": f"../parties/{name}/heads.safetensors",
+            "cap": {"epsilon": cap, "record": f"../parties/{name}/cap.jsonl"},
+            # The simulated hospitals opt in to what the options asked for (a real site decides itself).
+            "allow_insecure_noise": config.insecure_noise,
+            "torch_threads": options.torch_threads,
+            "feature_cache": "../feature-cache",
+            "records_cache": f"{records}/parties/{name}/records",
+            "data": dict(data),
+            # compared on after the federation (`capc teacher personalise`); the federation never sees it
+            "holdout": {"fraction": site_holdout(options)},
+        },
+    )
+    layout.party_dir(name).mkdir(parents=True, exist_ok=True)
+    order = cap_order(exposure_of(config, protocol=protocol), delta=config.budget.delta)
+    LocalCap.init(layout.party_dir(name) / "cap.jsonl", config=config, order=order)

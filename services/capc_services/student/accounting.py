@@ -11,7 +11,15 @@ from typing import Any
 
 from capc_common.data.partition import NEIGHBOURING
 from capc_common.federation import FederationConfig, batch_costs, mechanism_of, sampler_delta
-from capc_common.privacy.claims import FILTER_GUARANTEE, FILTER_ODOMETER, accountant
+from capc_common.privacy.claims import (
+    FILTER_GUARANTEE,
+    FILTER_ODOMETER,
+    GUARDIAN_AND_TEACHER,
+    OUTSIDER,
+    STUDENT_AND_TEACHER,
+    Coalition,
+    accountant,
+)
 from capc_services.student.store import LabelStore
 
 
@@ -47,6 +55,32 @@ def guarantee(config: FederationConfig) -> dict[str, Any]:
     }
 
 
+def coalitions(config: FederationConfig) -> list[dict[str, Any]]:
+    """ε per coalition of a selection federation (DESIGN §2). The filter's charges are computed at the noise
+    each party sees through: a pass bit through the *other* party's part of the threshold noise (every known
+    shift of the threshold charged), a label through the argmax noise ``z2``. So the guarantee holds against
+    an outsider and against the student with a teacher party (it knows ``z1_s``, not ``z1_g`` nor ``z2``).
+    The guardian draws ``z2`` alone: knowing it, the published student — a function of the labels
+    ``argmax(V + z2)`` — is a function of the votes it cannot see, and nothing bounds what it reveals of
+    them; its pass bits alone still carry the student's ``z1_s``."""
+    limit = config.budget.epsilon
+    return [
+        Coalition(OUTSIDER, limit, "every charge, at the noise of both parties").to_dict(),
+        Coalition(
+            STUDENT_AND_TEACHER,
+            limit,
+            "the guardian's part of the threshold noise (z1_g) and its argmax noise (z2): the charges' noise",
+        ).to_dict(),
+        Coalition(
+            GUARDIAN_AND_TEACHER,
+            None,
+            "unbounded: the guardian draws the argmax noise z2 alone, and the published student is a "
+            "function of the labels argmax(V + z2); only its pass bits keep the student's threshold "
+            "noise z1_s",
+        ).to_dict(),
+    ]
+
+
 def privacy_of(config: FederationConfig, store: LabelStore) -> dict[str, Any]:
     """The model card's privacy section: the guarantee ``epsilon``, and the realised ``epsilon_spent`` (a
     crash may over-count it, never under-count) split into settled and reserved."""
@@ -64,6 +98,7 @@ def privacy_of(config: FederationConfig, store: LabelStore) -> dict[str, Any]:
         # Teacher parties select their examples (data.shards, data.fraction) and assign them to heads by
         # keyed content hashes (capc teacher train), never by position or count: add/remove one example.
         "neighbouring": NEIGHBOURING["hash"],
+        "coalitions": coalitions(config),
     }
 
 

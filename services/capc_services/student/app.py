@@ -13,6 +13,7 @@ from fastapi import APIRouter, HTTPException
 from capc_common.aggregation import party_noise
 from capc_common.errors import CapcError
 from capc_common.federation import ReleaseMember
+from capc_common.memory import keep_freed_memory
 from capc_common.wire import rpc
 from capc_services.common.admin import api_router, problem_response
 from capc_services.common.limits import MessageLimits
@@ -99,7 +100,7 @@ def _labelling_check(progress: Progress, *, guardian: str) -> tuple[bool, dict[s
     detail: dict[str, Any] = {"state": progress.state, "guardian": guardian}
     if progress.error:
         detail["error"] = progress.error
-    return progress.state not in ("failed", "reconnecting"), detail
+    return progress.state not in ("failed", "reconnecting", "waiting for storage"), detail
 
 
 def run(settings: StudentSettings, *, stop: threading.Event) -> Failure | None:
@@ -115,6 +116,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> Failure | None:
     party = PartyRuntime(settings, role="student")
     if releases:
         return run_release_student(settings, party, stop=stop, noise=noise_label(party.config))
+    keep_freed_memory()  # the evaluator's label arrays, every batch (before the gRPC threads start)
     store = LabelStore(
         settings.store, config_hash=party.config_hash, continues=party.config.previous_hashes.keys()
     )
@@ -124,6 +126,7 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> Failure | None:
         tls=party.tls,
         address=settings.guardian_address,
         noise=party_noise("student", seed=party.config.mechanism.insecure_noise_seed),
+        metrics=party.metrics,
     )
     scheduler = Scheduler(
         config=party.config,
@@ -140,8 +143,9 @@ def run(settings: StudentSettings, *, stop: threading.Event) -> Failure | None:
         tls=party.tls,
         register=[add_to_server(StudentServicer(config=party.config, registry=registry))],
         services=[rpc.STUDENT_SERVICE],
-        interceptors=[party.interceptor(POLICY)],
+        interceptors=[party.interceptor(POLICY, limits=settings.grpc.limits())],
         max_workers=max(settings.grpc.max_workers, 2 * len(party.config.teachers) + 8),
+        limits=settings.grpc.limits(),
         max_receive_bytes=limits.share,
         max_send_bytes=limits.work,
     )

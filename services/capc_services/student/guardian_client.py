@@ -15,8 +15,10 @@ from capc_common.privacy import NoiseSource
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor, check_peer_hash
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import MessageLimits
+from capc_services.common.metrics import PartyMetrics
+from capc_services.common.roundtrips import counted
 from capc_services.common.streams import FRAME_DEADLINE_S, FrameChannel
 from capc_services.tls import TlsFiles, channel_ready
 
@@ -54,6 +56,7 @@ class GuardianClient:
         noise: the student's noise source, for its part z1_s of each batch's threshold noise (a
             :class:`~capc_common.privacy.SystemNoise` CSPRNG outside tests).
         timeout: seconds for unary calls.
+        metrics: where its round trips to the guardian are counted (None: not counted).
     """
 
     def __init__(
@@ -64,18 +67,22 @@ class GuardianClient:
         address: str,
         noise: NoiseSource,
         timeout: float = 60.0,
+        metrics: PartyMetrics | None = None,
     ) -> None:
         self._config = config
         self._peer = config.guardian
-        self._hash = config.config_hash()
         limit = MessageLimits.of(config).compute
         self._channel = tls.channel(
             address,
             peer=self._peer,
-            interceptors=(ConfigHashClientInterceptor(self._hash, peer=self._peer),),
+            interceptors=(
+                FederationClientInterceptor.dialling(config, tls=tls, peer=self._peer),
+                *counted(metrics, peer="guardian"),
+            ),
             receive=limit,
             send=limit,
         )
+        self._metrics = metrics
         self._stub = rpc.GuardianServiceStub(self._channel)
         self._mpc = mpc_config(config)
         self._mechanism = mechanism_of(config)
@@ -193,8 +200,8 @@ class GuardianClient:
                 nothing); the stream stays open.
             ProtocolError: the computation failed (the stream is dropped; the next batch opens a new one).
         """
-        channel, session, call = self._session()
-        before = channel.bytes_sent + channel.bytes_received
+        channel, session, _ = self._session()
+        before, turns = channel.bytes_sent + channel.bytes_received, channel.turns
         try:
             channel.send_message(
                 pb.ComputeMessage(
@@ -202,7 +209,6 @@ class GuardianClient:
                 )
             )
             reply = channel.recv_message()
-            check_peer_hash(call.initial_metadata(), expected=self._hash, peer=self._peer)  # type: ignore[attr-defined]
             kind = reply.WhichOneof("kind")
             if kind == "refused":
                 raise BatchRefused(f"guardian refused batch {batch_id}: {reply.refused.reason}")
@@ -226,4 +232,6 @@ class GuardianClient:
             self._drop_session()
             raise _link_error(error_from_rpc(exc, peer=self._peer)) from None
         nbytes = channel.bytes_sent + channel.bytes_received - before
+        if self._metrics is not None:
+            self._metrics.round_trips.labels(peer="guardian", call="ComputeTurn").inc(channel.turns - turns)
         return np.asarray(labels, dtype=np.int64), agreed, nbytes

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 from fastapi import APIRouter
 
+from capc_common.aggregation import party_noise
 from capc_common.errors import CapcError
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, rpc
@@ -147,7 +148,11 @@ def run_release_student(
     rounds = ReleaseRounds(config, length=protocol.length)
     progress = ReleaseProgress(rounds=protocol.rounds)
     guardian = ReleaseClient(
-        config=config, tls=party.tls, address=settings.guardian_address, length=protocol.length
+        config=config,
+        tls=party.tls,
+        address=settings.guardian_address,
+        length=protocol.length,
+        metrics=party.metrics,
     )
     message = release_message_bytes(protocol.length)
     failures: list[Failure] = []
@@ -156,8 +161,9 @@ def run_release_student(
         tls=party.tls,
         register=[add_to_server(ReleaseStudentServicer(rounds))],
         services=[rpc.STUDENT_SERVICE],
-        interceptors=[party.interceptor(RELEASE_POLICY)],
+        interceptors=[party.interceptor(RELEASE_POLICY, limits=settings.grpc.limits())],
         max_workers=max(settings.grpc.max_workers, 2 * len(config.teachers) + 8),
+        limits=settings.grpc.limits(),
         max_receive_bytes=message,
         max_send_bytes=message,
     )
@@ -172,7 +178,8 @@ def run_release_student(
                 journal=ReleaseJournal(
                     settings.store.parent, config_hash=party.config_hash, length=protocol.length
                 ),
-                order=config.budget.order,
+                # the student's part of every release's noise, from its own CSPRNG
+                noise=party_noise("student", seed=config.mechanism.insecure_noise_seed),
                 progress=progress,
                 stop=stop,
             )

@@ -11,10 +11,13 @@ flight hold their *worst-case* reservation, a refusal while others are in flight
 (their actual cost is usually lower) and tries once more; a refusal with nothing in flight ends the run.
 
 Failures: when the guardian cannot be reached (it crashed, or restarts) the round ends, the batches in hand
-stay open in the store, and the student reconnects with capped exponential backoff and resumes them by
-itself. A batch whose computation failed is finished from what the guardian says of it: settled — its labels
-are decoded from the student's stash and the guardian's reveal, sent again; charged (the guardian's
-computation began but never settled) — lost, counted at its worst case; open — aborted (released).
+stay open in the store, and the student reconnects with capped, jittered exponential backoff and resumes
+them by itself. A full or read-only volume — the guardian's ledger's or this student's label store's — ends
+the round the same way (:class:`~capc_common.errors.StorageError`: nothing of the batch was decoded, its
+reservation stays) and the student tries again with the same backoff until the volume can be written.
+A batch whose computation failed is finished from what the guardian says of it: settled — its labels are
+decoded from the student's stash and the guardian's reveal, sent again; charged (the guardian's computation
+began but never settled) — lost, counted at its worst case; open — aborted (released).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from capc_common.errors import BudgetExhaustedError, CapcError, InputError, UnavailableError
+from capc_common.errors import BudgetExhaustedError, CapcError, InputError, StorageError, UnavailableError
 from capc_common.federation import (
     BatchPlan,
     FederationConfig,
@@ -43,6 +46,7 @@ from capc_common.privacy.filter import refusal_message
 from capc_common.wire import messages as pb
 from capc_services.common import faults
 from capc_services.common.metrics import PartyMetrics
+from capc_services.common.retry import Backoff
 from capc_services.student.accounting import spent_rdp
 from capc_services.student.guardian_client import STATE_NAMES, GuardianClient, GuardianUnavailable
 from capc_services.student.links import Answer, TeacherRegistry
@@ -51,8 +55,8 @@ from capc_services.student.store import LabelStore
 _log = logging.getLogger(__name__)
 _DONE = object()
 BACKOFF_S = (0.5, 15.0)
-"""First and largest wait between reconnection attempts to the guardian (doubling in between, from the first
-again at each outage)."""
+"""First and largest wait between attempts to reach the guardian, or to write a full volume again (doubling
+in between, jittered, from the first again at each outage)."""
 
 
 @dataclass
@@ -216,6 +220,8 @@ class Scheduler:
             answers = collection.wait(timeout=self.config.quorum.vote_deadline_s)
         finally:
             self.registry.finish(collection)
+        # A work item out and its answer back: one round trip on each answering teacher's link.
+        self.metrics.round_trips.labels(peer="teacher", call="WorkTurn").inc(len(answers))
         shares, problems = self._valid_shares(plan, answers)
         missing = sorted(set(collection.parties) - set(answers))
         if len(shares) < quorum:
@@ -388,14 +394,15 @@ class Scheduler:
         def stash(computation: str, parties: tuple[str, ...], select: np.ndarray) -> None:
             self.store.stash(plan.batch_id, computation=computation, parties=parties, select=select)
 
+        self.store.require_room(plan.count)  # the stash and labels to come: refused before the 2PC starts
         try:
             with self.metrics.stage("2pc"):
                 labels, agreed, nbytes = self.guardian.compute(
                     plan.batch_id, attempt=item.attempt, shares=item.shares, stash=stash
                 )
         except CapcError as exc:
-            if isinstance(exc, GuardianUnavailable):
-                raise  # the batch stays open: resumed once the guardian is back
+            if isinstance(exc, GuardianUnavailable | StorageError):
+                raise  # the batch stays open: resumed once the guardian is back, or the volume writable
             reply = self.guardian.status(plan.batch_id)
             status = STATE_NAMES[reply.state]
             self._finish_from_guardian(plan, status, answered=reply.answered, why=str(exc))
@@ -484,20 +491,22 @@ class Scheduler:
     def run(self) -> Progress:
         """Label every planned batch that is not finished yet; returns the final progress.
 
-        While the guardian cannot be reached the student waits (capped exponential backoff, state
-        ``reconnecting``) and then resumes by itself.
+        While the guardian cannot be reached (state ``reconnecting``), or its ledger's volume or this
+        student's is full or read-only (state ``waiting for storage``), the student waits (capped, jittered
+        exponential backoff) and then resumes by itself.
 
         Raises:
             CapcError: a failure other than budget exhaustion, a quorum abort or an unreachable guardian
                 stopped the pipeline.
         """
         self.progress.queries_planned = usable_queries(self.config)
-        delay = BACKOFF_S[0]
+        link, storage = Backoff(*BACKOFF_S), Backoff(*BACKOFF_S)
         while True:
             self.progress.state = "labelling"
             self._halt.clear()
             if self._stop.is_set():
                 self._halt.set()
+            labelled = self.progress.last_batch
             try:
                 self._round()
                 break
@@ -507,13 +516,26 @@ class Scheduler:
                 self.progress.state = "reconnecting"
                 self.progress.error = str(exc)
                 self.progress.reconnects += 1
-                _log.warning("guardian unreachable; reconnecting", extra={"error": str(exc), "in_s": delay})
-                self._stop.wait(delay)
-                delay = min(2 * delay, BACKOFF_S[1])
-                while not self._stop.is_set() and not self.guardian.reachable(timeout=delay):
-                    delay = min(2 * delay, BACKOFF_S[1])
-                delay = BACKOFF_S[0]  # back: the next outage starts its backoff afresh
+                wait = link.next()
+                _log.warning("guardian unreachable; reconnecting", extra={"error": str(exc), "in_s": wait})
+                self._stop.wait(wait)
+                while not self._stop.is_set() and not self.guardian.reachable(timeout=link.next()):
+                    pass
+                link.reset()  # back: the next outage starts its backoff afresh
                 self.progress.error = ""  # the outage is over: its error would read as the current state
+                continue
+            except StorageError as exc:
+                if self._stop.is_set():
+                    break
+                if self.progress.last_batch != labelled:
+                    storage.reset()  # it labelled meanwhile: a new outage
+                self.progress.state = "waiting for storage"
+                self.progress.error = str(exc)
+                wait = storage.next()
+                _log.warning(
+                    "a volume is full or read-only; waiting", extra={"error": str(exc), "in_s": wait}
+                )
+                self._stop.wait(wait)
                 continue
             except BaseException as exc:
                 self.progress.state = "failed"

@@ -7,6 +7,11 @@ its worst case and revealed nothing — over-counted spend, never under-counted)
 all; the scheduler skips every batch that is not ``open`` and resumes the open ones, so nothing is lost and
 nothing is asked twice.
 
+A full or read-only volume is a :class:`~capc_common.errors.StorageError` (the scheduler waits it out and
+resumes): every write is one transaction that SQLite rolls back by itself when it cannot be written, and a
+batch is begun only when the volume has room for its stash and its labels, so the volume filling up stops
+the student before a batch it could not store, not half-way through one.
+
 Labels the guardian paid for survive a crash between its settle and the label store: before the student
 sends the frame that lets the guardian commit, it *stashes* what it needs to decode (the select bits of its
 output labels, with the computation's nonce); after a restart it asks the guardian to send the reveal of
@@ -19,7 +24,8 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +33,7 @@ import numpy as np
 
 from capc_common.errors import InputError, IntegrityError
 from capc_common.mpc import pack_bits, unpack_bits
+from capc_common.storage import classify, require_space
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -57,6 +64,11 @@ CREATE TABLE IF NOT EXISTS stashes (
 );
 """
 STATES = ("open", "done", "aborted", "lost")
+_BYTES_PER_QUERY = 64
+"""An upper bound on what one query's label row and stashed bits take in the store (the row, its index
+entry)."""
+_PAGES_PER_COMMIT = 16
+"""Pages a transaction touches besides its rows (b-tree splits, the batch row), each a WAL frame."""
 
 
 @dataclass(frozen=True)
@@ -90,28 +102,51 @@ class LabelStore:
     def __init__(self, path: str | Path, *, config_hash: str, continues: Collection[str] = ()) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        row = self._db.execute("SELECT value FROM meta WHERE key = 'config_hash'").fetchone()
-        if row is None:
-            self._db.execute("INSERT INTO meta VALUES ('config_hash', ?)", (config_hash,))
-        elif row[0] in continues and row[0] != config_hash:
-            self._db.execute("BEGIN IMMEDIATE")  # the new hash and the note of where it came from, at once
-            self._db.execute("UPDATE meta SET value = ? WHERE key = 'config_hash'", (config_hash,))
-            self._db.execute(
-                "INSERT INTO meta VALUES (?, ?)", (f"continued:{config_hash}:{time.time()}", row[0])
-            )
-            self._db.execute("COMMIT")
-        elif row[0] != config_hash:
+        with self._failing():
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'config_hash'").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO meta VALUES ('config_hash', ?)", (config_hash,))
+        if row is not None and row[0] in continues and row[0] != config_hash:
+            with self._transaction() as db:  # the new hash and the note of where it came from, at once
+                db.execute("UPDATE meta SET value = ? WHERE key = 'config_hash'", (config_hash,))
+                db.execute(
+                    "INSERT INTO meta VALUES (?, ?)", (f"continued:{config_hash}:{time.time()}", row[0])
+                )
+        elif row is not None and row[0] != config_hash:
             raise IntegrityError(
                 f"label store {path} was written under federation config {row[0][:16]}, "
                 f"not {config_hash[:16]}; "
                 "use a fresh store path for a new federation"
             )
-        self.path = path
+        (self._page,) = self._db.execute("PRAGMA page_size").fetchone()
+
+    @contextmanager
+    def _failing(self) -> Iterator[None]:
+        """SQLite's errors as the library's: a full or read-only volume is a StorageError, not a traceback."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise classify(exc, path=self.path, what="label store") from None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction under the lock, committed or rolled back whole (SQLite rolls
+        back by itself a commit the volume cannot take: then there is nothing left to roll back)."""
+        with self._lock, self._failing():
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
 
     def close(self) -> None:
         """Close the database."""
@@ -141,18 +176,30 @@ class LabelStore:
             ).fetchone()
         return None if row is None else self._record(row)
 
+    def require_room(self, count: int) -> None:
+        """Refuse a batch of ``count`` queries the volume could not stash and store (before it goes out, and
+        again before its computation: the commit points the student must not fail half-way).
+
+        Raises:
+            StorageError: the volume is read-only, or has less room than the batch's two transactions need.
+        """
+        pages = -(-count * _BYTES_PER_QUERY // self._page) + _PAGES_PER_COMMIT
+        require_space(self.path, needed=2 * pages * (self._page + 24), what="label store")
+
     def begin(self, batch_id: str, *, first_index: int, count: int) -> int:
         """Mark a batch open (again) and return its new attempt number (1 for a fresh batch).
 
         Raises:
             InputError: the batch is already finished, or known with another query range.
+            StorageError: the store's volume has no room to stash and store the batch (nothing begun).
         """
-        with self._lock:
-            row = self._db.execute(
+        self.require_room(count)
+        with self._transaction() as db:
+            row = db.execute(
                 "SELECT first_index, count, attempt, state FROM batches WHERE batch_id = ?", (batch_id,)
             ).fetchone()
             if row is None:
-                self._db.execute(
+                db.execute(
                     "INSERT INTO batches (batch_id, first_index, count, attempt, state, updated) "
                     "VALUES (?, ?, ?, 1, 'open', ?)",
                     (batch_id, first_index, count, time.time()),
@@ -166,7 +213,7 @@ class LabelStore:
             if row[3] != "open":
                 raise InputError(f"batch {batch_id} is already {row[3]}; it is never asked again")
             attempt = int(row[2]) + 1
-            self._db.execute(
+            db.execute(
                 "UPDATE batches SET attempt = ?, updated = ? WHERE batch_id = ?",
                 (attempt, time.time(), batch_id),
             )
@@ -178,8 +225,8 @@ class LabelStore:
         Raises:
             InputError: the batch is not open or ``labels`` has the wrong length.
         """
-        with self._lock:
-            row = self._db.execute(
+        with self._transaction() as db:
+            row = db.execute(
                 "SELECT first_index, count, state FROM batches WHERE batch_id = ?", (batch_id,)
             ).fetchone()
             if row is None or row[2] != "open":
@@ -189,22 +236,16 @@ class LabelStore:
             if labels.shape[0] != count:
                 raise InputError(f"batch {batch_id} has {count} queries but {labels.shape[0]} labels")
             answered = int((labels >= 0).sum())
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(
-                    "INSERT INTO labels (query_index, batch_id, label) VALUES (?, ?, ?)",
-                    ((first + i, batch_id, int(v)) for i, v in enumerate(labels)),
-                )
-                self._db.execute(
-                    "UPDATE batches SET state = 'done', parties = ?, answered = ?, updated = ? "
-                    "WHERE batch_id = ?",
-                    (json.dumps(list(parties)), answered, time.time(), batch_id),
-                )
-                self._db.execute("DELETE FROM stashes WHERE batch_id = ?", (batch_id,))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+            db.executemany(
+                "INSERT INTO labels (query_index, batch_id, label) VALUES (?, ?, ?)",
+                ((first + i, batch_id, int(v)) for i, v in enumerate(labels)),
+            )
+            db.execute(
+                "UPDATE batches SET state = 'done', parties = ?, answered = ?, updated = ? "
+                "WHERE batch_id = ?",
+                (json.dumps(list(parties)), answered, time.time(), batch_id),
+            )
+            db.execute("DELETE FROM stashes WHERE batch_id = ?", (batch_id,))
 
     def finish(self, batch_id: str, *, state: str, detail: str, answered: int = 0) -> None:
         """Close an open batch without labels: ``aborted`` (cost nothing) or ``lost`` (charged, labels gone).
@@ -214,21 +255,15 @@ class LabelStore:
         """
         if state not in ("aborted", "lost"):
             raise InputError(f"finish() takes state 'aborted' or 'lost', not {state!r}")
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                cur = self._db.execute(
-                    "UPDATE batches SET state = ?, detail = ?, answered = ?, updated = ? "
-                    "WHERE batch_id = ? AND state = 'open'",
-                    (state, detail, answered, time.time(), batch_id),
-                )
-                if cur.rowcount != 1:
-                    raise InputError(f"batch {batch_id} is not open; cannot mark it {state}")
-                self._db.execute("DELETE FROM stashes WHERE batch_id = ?", (batch_id,))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._transaction() as db:
+            cur = db.execute(
+                "UPDATE batches SET state = ?, detail = ?, answered = ?, updated = ? "
+                "WHERE batch_id = ? AND state = 'open'",
+                (state, detail, answered, time.time(), batch_id),
+            )
+            if cur.rowcount != 1:
+                raise InputError(f"batch {batch_id} is not open; cannot mark it {state}")
+            db.execute("DELETE FROM stashes WHERE batch_id = ?", (batch_id,))
 
     def stash(self, batch_id: str, *, computation: str, parties: tuple[str, ...], select: np.ndarray) -> None:
         """Keep, durably, the select bits of one computation of an open batch (before the guardian commits).
@@ -243,11 +278,11 @@ class LabelStore:
             InputError: the batch is not open.
         """
         select = np.asarray(select, dtype=bool)
-        with self._lock:
-            row = self._db.execute("SELECT state FROM batches WHERE batch_id = ?", (batch_id,)).fetchone()
+        with self._transaction() as db:
+            row = db.execute("SELECT state FROM batches WHERE batch_id = ?", (batch_id,)).fetchone()
             if row is None or row[0] != "open":
                 raise InputError(f"batch {batch_id} is not open (state {row[0] if row else 'unknown'})")
-            self._db.execute(
+            db.execute(
                 "INSERT OR REPLACE INTO stashes VALUES (?, ?, ?, ?, ?, ?)",
                 (batch_id, computation, json.dumps(list(parties)), *select.shape, pack_bits(select)),
             )

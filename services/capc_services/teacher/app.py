@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,15 +14,16 @@ from fastapi import APIRouter
 
 from capc_common.aggregation import sampling_noise
 from capc_common.errors import InputError
-from capc_common.federation import ReleaseMember, mechanism_of
+from capc_common.federation import ReleaseMember, exposure_of, mechanism_of
 from capc_common.federation.releases import check_records
 from capc_common.learn.heads import HeadEnsemble
 from capc_common.mechanisms import Voter
-from capc_services.common.admin import api_router
+from capc_services.common.admin import RecentCheck, api_router
 from capc_services.common.party import PartyRuntime, apply_threads
 from capc_services.teacher.cap import LocalCap
 from capc_services.teacher.client import TeacherLinks
 from capc_services.teacher.contributor import POLL_TIMEOUT_S, ReleaseContributor
+from capc_services.teacher.records import create_missing_records, open_records
 from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.worker import TeacherWorker
 
@@ -139,6 +141,28 @@ def status_router(worker: TeacherWorker, links: TeacherLinks, cap: LocalCap) -> 
     return api
 
 
+GUARDIAN_CHECK_EVERY_S = 5.0
+"""How long a teacher's readiness keeps its answer to "does the guardian accept a TLS connection"."""
+
+
+def vote_readiness(
+    links: TeacherLinks, *, guardian: str, every_s: float = GUARDIAN_CHECK_EVERY_S
+) -> Callable[[], dict[str, tuple[bool, Any]]]:
+    """A voting teacher's readiness checks: its work stream to the student, and whether the guardian answers
+    under this party's config (else the reason, e.g. its other hash) — dialled at most once every
+    ``every_s`` seconds however often ``/readyz`` is asked."""
+    problem = RecentCheck(lambda: links.guardian_problem(timeout=0.5), every_s=every_s)
+
+    def checks() -> dict[str, tuple[bool, Any]]:
+        found = problem()
+        return {
+            "student": (links.connected, links.last_error or "connected"),
+            "guardian": (not found, f"{guardian} {found}" if found else guardian),
+        }
+
+    return checks
+
+
 def serve_releases(
     settings: TeacherSettings, party: PartyRuntime, cap: LocalCap, *, stop: threading.Event
 ) -> None:
@@ -151,7 +175,13 @@ def serve_releases(
     images, labels, name = party_examples(settings)
     check_labels(np.asarray(labels), classes=config.classes, name=name)
     check_records(config, len(labels))
+    if settings.feature_cache is None:
+        # Alone on its machine (a hospital's container) the party computes the public basis itself: before
+        # its records' features are held, not beside them (secure-aggregation DP-SGD: 1.4 GB peak against
+        # 1.1 GB, 20,000 records). Parties sharing a cache read it when they first need it.
+        protocol.precompute()
     features = record_features(settings, party.backbone, images)
+    del images
     _log.info("features ready", extra={"records": len(labels), "data": name})
     contributor = ReleaseContributor(
         config=config,
@@ -164,7 +194,11 @@ def serve_releases(
         labels=np.asarray(labels, dtype=np.int64),
         source=sampling_noise(settings.party, seed=config.mechanism.insecure_noise_seed),
         cap=cap,
+        metrics=party.metrics,
     )
+    # The contributor keeps the records on the public basis (a quarter of their raw features' memory, for
+    # secure-aggregation DP-SGD); the raw features are not used again.
+    del features
     api = api_router()
     api.get("/status", tags=["teacher"])(contributor.status)
     party.start_admin(
@@ -182,11 +216,18 @@ def serve_releases(
         _log.info("teacher stopped")
 
 
-def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
+def serve(settings: TeacherSettings, *, stop: threading.Event, set_up: bool = False) -> None:
     """Run a teacher party until ``stop`` is set.
+
+    Args:
+        settings: the site.
+        stop: set to stop.
+        set_up: a new site (``serve --train-missing``): create whichever of its cap record and site ledger is
+            missing, once the federation was found runnable.
 
     Raises:
         InputError: federation.yaml seeds the noise and the site did not opt in (``allow_insecure_noise``).
+        BudgetExhaustedError: the federation's plan does not fit the hospital's lifetime budget.
     """
     if settings.federation_config.insecure_noise and not settings.allow_insecure_noise:
         raise InputError(
@@ -198,18 +239,14 @@ def serve(settings: TeacherSettings, *, stop: threading.Event) -> None:
     party = PartyRuntime(settings, role="teacher", model=True)
     config = party.config
     releases = isinstance(config.mechanism, ReleaseMember)  # contributions to noisy totals, no votes
-    worst_case = None
-    if releases:
-        release_rdp = party.runnable.release_protocol().release_rdp(config.budget.order)
-
-        def worst_case(_count: int) -> float:
-            return release_rdp  # every release costs the same, whatever its size
-
+    exposure = exposure_of(config, protocol=party.runnable.protocol)
+    if set_up:
+        for record, path in create_missing_records(settings, exposure).items():
+            _log.info("created", extra={"record": record, "path": path})
     # Held for the life of this process: a second process of this party is refused here, before it loads
-    # its data or dials anyone (docs/operations.md, "One identity, one process").
-    cap = LocalCap(
-        settings.cap.record, config=config, epsilon_cap=settings.cap.epsilon, worst_case=worst_case
-    )
+    # its data or dials anyone (docs/operations.md, "One identity, one process"); a federation that does
+    # not fit the hospital's lifetime budget is refused here too, before anything is charged.
+    cap = open_records(settings, config, exposure)
     try:
         if releases:
             serve_releases(settings, party, cap, stop=stop)
@@ -244,12 +281,10 @@ def _serve_votes(
         student_address=settings.student_address,
         guardian_address=settings.guardian_address,
         worker=worker,
+        metrics=party.metrics,
     )
     party.start_admin(
-        readiness=lambda: {
-            "student": (links.connected, links.last_error or "connected"),
-            "guardian": (links.guardian_reachable(timeout=0.5), settings.guardian_address),
-        },
+        readiness=vote_readiness(links, guardian=settings.guardian_address),
         routers=[status_router(worker, links, cap)],
     )
     runner = threading.Thread(target=links.run, args=(stop,), name="work-stream", daemon=True)

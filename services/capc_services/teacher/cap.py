@@ -17,6 +17,15 @@ each admit up to the cap from their own view of it. So the process that charges 
 ``kill -9`` — and writes there who holds it; a second one is refused at start with that holder's pid, host
 and start time (:class:`~capc_common.errors.UnavailableError`, exit code 4). It also re-reads the record
 before every charge, so anything appended behind its back (a file system that ignores ``flock``) is counted.
+
+**Its own order.** The record is a Rényi filter at the order its first line names, fixed when it is created
+(:func:`~capc_common.federation.cap_order`: where the plan's worst case costs least; a record without one
+charges at the federation's order, as records did before they named it). Every charge is the worst case of
+its batch *at that order*, from the mechanism (:class:`~capc_common.federation.Exposure`).
+
+**The hospital's lifetime.** When the site has a lifetime ledger, each charge is also made there
+(:attr:`LocalCap.lifetime`) after this record admits it and before it is written here, so the shares leave
+only once both hold it: a crash between the two over-counts the one that was written, never under-counts.
 """
 
 from __future__ import annotations
@@ -26,15 +35,33 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
-from capc_common.durable import fsync_dir
+from capc_common.durable import appended_lines, create_durably
 from capc_common.errors import InputError, IntegrityError, UnavailableError
-from capc_common.federation import FederationConfig, batch_costs
+from capc_common.federation import Exposure, FederationConfig, exposure_of
 from capc_common.privacy import RenyiFilter
 from capc_services.common.process import describe
+
+
+class ChargedElsewhere(Protocol):
+    """Where a charge this record admitted is also made before it is written here (the site's lifetime)."""
+
+    def charge(self, *, batch_id: str, attempt: int, count: int, cap_lines: int) -> None:
+        """Durably record the charge, or refuse it (nothing recorded)."""
+
+
+@dataclass(frozen=True)
+class CapLine:
+    """One charge line of the record: the config it was written under, its queries, its RDP and the batch (or
+    release) it charged."""
+
+    config_hash: str
+    count: int
+    rdp: float
+    batch_id: str = ""
 
 
 class LocalCap:
@@ -43,9 +70,9 @@ class LocalCap:
     Args:
         path: the record (JSON lines; created with its directory).
         config: the federation config (public parameters of the cost).
-        epsilon_cap: the most ε this party accepts, at the federation's δ and order.
-        worst_case: the RDP one charge of ``count`` costs at most (default: a batch of ``count`` queries of
-            the federation's selection mechanism; a release federation passes its release's RDP).
+        epsilon_cap: the most ε this party accepts, at the federation's δ and the record's order.
+        exposure: what each charge costs at any order (default: :func:`~capc_common.federation.exposure_of`
+            ``config``, which a release federation cannot build without its protocol).
         exclusive: hold the record's lock until :meth:`close` (the process that charges); ``False`` opens
             a read-only view (a preflight check beside a running teacher), whose :meth:`charge` refuses.
 
@@ -66,26 +93,29 @@ class LocalCap:
         *,
         config: FederationConfig,
         epsilon_cap: float,
-        worst_case: Callable[[int], float] | None = None,
+        exposure: Exposure | None = None,
         exclusive: bool = True,
     ) -> None:
         if not epsilon_cap > 0:
             raise InputError(f"the local epsilon cap must be > 0, got {epsilon_cap}")
         self.path = Path(path)
         self.cap = float(epsilon_cap)
-        self._worst_case = worst_case or batch_costs(config).worst_case
-        self._filter = RenyiFilter.for_budget(
-            epsilon=epsilon_cap, delta=config.budget.delta, order=config.budget.order
-        )
+        self.exposure = exposure or exposure_of(config)
         self._hash = config.config_hash()
         self._accepted = {self._hash, *config.previous_hashes}
         self._lock = threading.Lock()
         self.batches = 0
         self.queries = 0
+        self.lines: list[CapLine] = []
+        self.lifetime: ChargedElsewhere | None = None
         self._read = 0  # bytes of the record folded in so far
         self._lines = 0
         self._holder: IO[str] | None = None
         self._missing_check()
+        self.order = _order_of(self.path, default=config.budget.order)
+        self._filter = RenyiFilter.for_budget(
+            epsilon=epsilon_cap, delta=config.budget.delta, order=self.order
+        )
         if exclusive:
             self._holder = _hold(self.path)
         try:
@@ -107,26 +137,25 @@ class LocalCap:
         self.close()
 
     @classmethod
-    def init(cls, path: str | Path, *, config: FederationConfig) -> Path:
-        """Create the empty record of a new site (its first line names the federation); once only.
+    def init(cls, path: str | Path, *, config: FederationConfig, order: float | None = None) -> Path:
+        """Create the empty record of a new site (its first line names the federation and the order it
+        charges at: ``order``, or the federation's); once only.
 
         Raises:
             InputError: a record already exists there (it is never re-created: it holds what was spent).
         """
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        header = {"kind": "init", "config_hash": config.config_hash(), "time": time.time()}
-        try:
-            with target.open("x") as handle:
-                handle.write(json.dumps(header, sort_keys=True) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-        except FileExistsError:
+        header = {
+            "kind": "init",
+            "config_hash": config.config_hash(),
+            "order": config.budget.order if order is None else float(order),
+            "time": time.time(),
+        }
+        if not create_durably(target, json.dumps(header, sort_keys=True)):
             raise InputError(
                 f"the cap record {target} already exists; it is never re-created (it holds the ε this party "
                 "has released)"
-            ) from None
-        fsync_dir(target.parent)  # a new file survives a power cut only once its directory entry does
+            )
         return target
 
     def _missing_check(self) -> None:
@@ -140,11 +169,8 @@ class LocalCap:
     def _refresh(self) -> None:
         """Fold in the lines appended to the record since the last look (all of them the first time)."""
         self._missing_check()
-        with self.path.open("rb") as handle:
-            handle.seek(self._read)
-            tail = handle.read()
-        self._read += len(tail)
-        for line in tail.decode("utf-8", errors="replace").splitlines():
+        self._read, lines = appended_lines(self.path, offset=self._read)
+        for line in lines:
             self._lines += 1
             number = self._lines
             if not line.strip():
@@ -158,8 +184,15 @@ class LocalCap:
                     )
                 if entry.get("kind") == "init":
                     continue
-                self._filter.charges.append(float(entry["rdp"]))  # admitted when it was written
-                self.queries += int(entry["count"])
+                charged = CapLine(
+                    str(entry["config_hash"]),
+                    int(entry["count"]),
+                    float(entry["rdp"]),
+                    str(entry.get("batch_id", "")),
+                )
+                self._filter.charges.append(charged.rdp)  # admitted when it was written
+                self.lines.append(charged)
+                self.queries += charged.count
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise IntegrityError(
                     f"{self.path} line {number} is corrupt ({exc}); restore it from backup"
@@ -172,9 +205,21 @@ class LocalCap:
         return self._filter.epsilon_spent if self._filter.charges else 0.0
 
     @property
+    def answered(self) -> int:
+        """How many distinct batches (or releases) of the federation's stream this record charged: a batch
+        collected again after a quorum abort is charged again but answered once. The stream is handed out
+        in order, so what is left of the plan is at most its charges after this many."""
+        return len({line.batch_id for line in self.lines})
+
+    @property
     def rdp(self) -> float:
-        """Worst-case RDP spent so far at the federation's order."""
+        """Worst-case RDP spent so far at the record's order."""
         return self._filter.spent_rdp
+
+    @property
+    def delta(self) -> float:
+        """The δ the cap is stated at (the federation's)."""
+        return self._filter.delta
 
     def charge(self, *, batch_id: str, attempt: int, count: int) -> float:
         """Durably count one batch's worst case before its shares leave; returns ε after it.
@@ -184,7 +229,7 @@ class LocalCap:
                 the requested, remaining and missing RDP.
             InputError: this is a read-only view (``exclusive=False``).
         """
-        rdp = self._worst_case(count)
+        rdp = self.exposure.rdp(count, self.order)
         with self._lock:
             if self._holder is None:
                 raise InputError(
@@ -194,6 +239,14 @@ class LocalCap:
             self._filter.charge(
                 rdp, what=f"this party's local cap: batch {batch_id} ({count} queries, worst case)"
             )
+            if self.lifetime is not None:
+                try:
+                    self.lifetime.charge(
+                        batch_id=batch_id, attempt=attempt, count=count, cap_lines=self.batches + 1
+                    )
+                except BaseException:
+                    self._filter.charges.pop()  # refused there: nothing is recorded here either
+                    raise
             entry = {
                 "batch_id": batch_id,
                 "attempt": attempt,
@@ -210,7 +263,20 @@ class LocalCap:
             self._lines += 1
             self.batches += 1
             self.queries += count
+            self.lines.append(CapLine(self._hash, count, rdp, batch_id))
             return self.epsilon
+
+
+def _order_of(record: Path, *, default: float) -> float:
+    """The order the record charges at, from its first line (``default``: a record that names none)."""
+    with record.open("rb") as handle:
+        first = handle.readline()
+    if not first.strip():  # a record whose creation was cut short: it charged nothing yet
+        return default
+    try:
+        return float(json.loads(first).get("order", default))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise IntegrityError(f"{record} line 1 is corrupt ({exc}); restore it from backup") from None
 
 
 def _hold(record: Path) -> IO[str]:

@@ -27,11 +27,13 @@ from capc_common.federation import FederationConfig
 from capc_common.wire import messages as pb
 from capc_common.wire import rpc
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import MessageLimits
+from capc_services.common.metrics import PartyMetrics
 from capc_services.common.process import INSTANCE, describe
+from capc_services.common.roundtrips import counted
 from capc_services.teacher.worker import TeacherWorker
-from capc_services.tls import TlsFiles, channel_ready
+from capc_services.tls import TlsFiles, peer_problem
 
 _log = logging.getLogger(__name__)
 _END = object()
@@ -57,6 +59,8 @@ class TeacherLinks:
         student_address: ``host:port`` of the student.
         guardian_address: ``host:port`` of the guardian.
         worker: answers work items.
+        submit_timeout: seconds for a seed to reach the guardian.
+        metrics: where its round trips are counted (None: not counted).
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class TeacherLinks:
         guardian_address: str,
         worker: TeacherWorker,
         submit_timeout: float = 60.0,
+        metrics: PartyMetrics | None = None,
     ) -> None:
         self.config = config
         self.party = party
@@ -78,14 +83,20 @@ class TeacherLinks:
         self._student_channel = tls.channel(
             student_address,
             peer=config.student,
-            interceptors=(ConfigHashClientInterceptor(self._hash, peer=config.student),),
+            interceptors=(
+                FederationClientInterceptor.dialling(config, tls=tls, peer=config.student),
+                *counted(metrics, peer="student"),
+            ),
             receive=limits.work,
             send=limits.share,
         )
         self._guardian_channel = tls.channel(
             guardian_address,
             peer=config.guardian,
-            interceptors=(ConfigHashClientInterceptor(self._hash, peer=config.guardian),),
+            interceptors=(
+                FederationClientInterceptor.dialling(config, tls=tls, peer=config.guardian),
+                *counted(metrics, peer="guardian"),
+            ),
             receive=limits.control,
             send=limits.control,
         )
@@ -94,6 +105,7 @@ class TeacherLinks:
         self._guardian = rpc.GuardianServiceStub(self._guardian_channel)
         self._submit_timeout = submit_timeout
         self.connected = False
+        self._seeds_pass = False  # the last seed reached the guardian: its link is up, no need to ask
         self.welcomes = 0  # sessions the student welcomed (a welcomed session resets the backoff)
         self.last_error = ""
         self._call: Any = None
@@ -107,6 +119,7 @@ class TeacherLinks:
         request = pb.SubmitSharesRequest(
             batch_id=batch_id, attempt=attempt, party=self.party, seed=seed, shape=shape
         )
+        self._seeds_pass = False
         try:
             # wait_for_ready: a link that is reconnecting delays the call instead of failing it at once
             self._guardian.SubmitShares(request, timeout=self._submit_timeout, wait_for_ready=True)
@@ -114,6 +127,7 @@ class TeacherLinks:
             raise error_from_rpc(exc, peer=self.config.guardian) from None
         except ValueError as exc:  # grpc: "Cannot invoke RPC on closed channel!" (shutting down)
             raise UnavailableError(f"not sent to guardian {self.config.guardian}: {exc}") from None
+        self._seeds_pass = True
 
     def await_guardian(self) -> str:
         """Wait until a TLS connection to the guardian is up, at most the federation's vote deadline (the
@@ -121,19 +135,25 @@ class TeacherLinks:
 
         A party started before the guardian listens (``capc local up`` starts every party at once), or
         whose guardian restarts, otherwise fails the calls it makes while its link backs off between
-        attempts, and refuses batches it could have answered a moment later.
+        attempts, and refuses batches it could have answered a moment later. While seeds go through, the
+        link is known to be up and nothing is asked: a health check before every batch would put one more
+        round trip to the guardian on the batch's critical path.
         """
+        if self._seeds_pass:
+            return ""
         timeout = self.config.quorum.vote_deadline_s
-        if self.guardian_reachable(timeout=timeout):
+        problem = self.guardian_problem(timeout=timeout)
+        if not problem:
             return ""
         return (
-            f"guardian {self.config.guardian} at {self._guardian_address} did not accept a TLS connection "
-            f"within {timeout:.0f} s (vote_deadline_s); check that it runs and the address in this site file"
+            f"guardian {self.config.guardian} at {self._guardian_address} {problem} (vote_deadline_s); check "
+            "that it runs, the address in this site file, and that both load the same federation.yaml"
         )
 
-    def guardian_reachable(self, *, timeout: float = 1.0) -> bool:
-        """Whether a TLS connection to the guardian is up (or comes up within ``timeout``)."""
-        return channel_ready(self._guardian_channel, timeout=timeout)
+    def guardian_problem(self, *, timeout: float = 1.0) -> str:
+        """Why the guardian is not usable ('' when a TLS connection is up, or comes up within ``timeout``,
+        and it runs this party's federation config)."""
+        return peer_problem(self._guardian_channel, timeout=timeout)
 
     def _session(self, stop: threading.Event) -> None:
         outgoing: queue.Queue[Any] = queue.Queue()

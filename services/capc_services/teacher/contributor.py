@@ -2,37 +2,51 @@
 
 Per release the party computes its integer contribution from its own per-example features at the public state
 the student sent (:meth:`~capc_common.federation.releases.ReleaseProtocol.contribute`: its per-class sums and
-counts, or its clipped gradient sum over a fresh Poisson sample), splits it with a fresh seed, sends the seed
-to the guardian and — only once the guardian holds it — the masked share to the student. Neither sees the
-contribution; the party listens on no port (it dials both).
+counts, or its clipped gradient sum over a fresh Poisson sample), splits it with a fresh seed, and sends the
+seed to the guardian and the masked share to the student at the same time: the guardian waits for the seeds
+of the parties the student names, so the share need not wait for the seed's acknowledgement (one round trip
+less per release). Neither sees the contribution — the share is uniformly masked without the seed, and the
+guardian sends nothing derived from the seed before the release is charged; the party listens on no port (it
+dials both).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+import time
+from functools import partial
+from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.errors import CapcError, InputError
+from capc_common.errors import CapcError, InputError, UnavailableError
 from capc_common.federation import FederationConfig
 from capc_common.federation.releases import ReleaseProtocol
 from capc_common.mechanisms import share_contribution
 from capc_common.privacy import NoiseSource
 from capc_common.wire import messages as pb
 from capc_common.wire import ndarray_from_proto, ndarray_to_proto, rpc
+from capc_services.common.background import Background
 from capc_services.common.errors import error_from_rpc
-from capc_services.common.interceptors import ConfigHashClientInterceptor
+from capc_services.common.interceptors import FederationClientInterceptor
 from capc_services.common.limits import HEADROOM
+from capc_services.common.metrics import PartyMetrics
+from capc_services.common.retry import Backoff
+from capc_services.common.roundtrips import counted
 from capc_services.teacher.cap import LocalCap
 from capc_services.tls import TlsFiles
 
 _log = logging.getLogger(__name__)
-POLL_TIMEOUT_S = 40.0
-"""Deadline of one NextRelease call (the student holds it at most 30 s before answering ``pending``)."""
+POLL_TIMEOUT_S = 5.0
+"""Deadline of one NextRelease call: the student holds it until a release opens for the party, at most a
+second less than this, then answers ``pending``. Short because a party asked to stop ends once its call
+returns (the interceptor that checks the student's reply waits for it, so the call is not cancelled from
+outside): 5 s bounds a stop well within ``capc local down``'s grace, where the student's own 30 s hold took
+longer and got the party killed. An idle party polls every 4 s; a waiting poll is answered the moment a
+release opens, so the release path gains nothing."""
 KEPT_RELEASES = 4
 """Seeds and shares kept for re-offers (the student offers one release at a time; a few cover its retries)."""
 DONE_POLL_S = 5.0
@@ -40,6 +54,14 @@ DONE_POLL_S = 5.0
 BACKOFF_S = (0.5, 1.0)
 """First and longest wait between two failed polls (doubling in between; back to the first after a poll that
 went through): a restarted student is polled again within about a second."""
+
+
+class _Prepared(NamedTuple):
+    """One release's contribution as it left: the round it was computed for, its seed and its masked share."""
+
+    round: int
+    seed: bytes
+    share: npt.NDArray[np.int64]
 
 
 class ReleaseContributor:
@@ -55,6 +77,7 @@ class ReleaseContributor:
         labels: their labels ``(n,)``.
         source: the party's own sampling randomness (a CSPRNG outside tests).
         cap: the party's own ε cap record; each release is charged on it before anything leaves.
+        metrics: where its round trips are counted (None: not counted).
     """
 
     def __init__(
@@ -70,23 +93,29 @@ class ReleaseContributor:
         labels: npt.NDArray[np.int64],
         source: NoiseSource,
         cap: LocalCap,
+        metrics: PartyMetrics | None = None,
     ) -> None:
         self.config, self.party, self.protocol, self.cap = config, party, protocol, cap
         # The protocol's per-record map (secagg-dpsgd: the public basis) runs once, not every release.
         self._features, self._labels, self._source = protocol.prepare(features), labels, source
-        config_hash = config.config_hash()
         message = protocol.length * 8 + HEADROOM
         self._student_channel = tls.channel(
             student_address,
             peer=config.student,
-            interceptors=(ConfigHashClientInterceptor(config_hash, peer=config.student),),
+            interceptors=(
+                FederationClientInterceptor.dialling(config, tls=tls, peer=config.student),
+                *counted(metrics, peer="student"),
+            ),
             receive=message,
             send=message,
         )
         self._guardian_channel = tls.channel(
             guardian_address,
             peer=config.guardian,
-            interceptors=(ConfigHashClientInterceptor(config_hash, peer=config.guardian),),
+            interceptors=(
+                FederationClientInterceptor.dialling(config, tls=tls, peer=config.guardian),
+                *counted(metrics, peer="guardian"),
+            ),
             receive=HEADROOM,
             send=HEADROOM,
         )
@@ -96,46 +125,96 @@ class ReleaseContributor:
         self.done = False
         self.contributed = 0
         self.last_error = ""
-        self._prepared: dict[str, tuple[bytes, npt.NDArray[np.int64]]] = {}
+        self._prepared: dict[str, _Prepared] = {}
 
-    def contribute(self, item: pb.ReleaseItem) -> None:
-        """Compute, split and send this party's contribution to one release (seed first, then the share).
+    def contribute(self, item: pb.ReleaseItem, *, stop: threading.Event | None = None) -> None:
+        """Compute, split and send this party's contribution to one release (seed and share at once).
 
         The item is checked and the contribution computed before the party's cap is charged, so a malformed
         offer costs nothing. Each release id is charged once: a re-offer of the same release (the guardian
         or the student was unreachable, or refused the share) re-sends the *same* seed and share, which
         reveals nothing new, instead of a fresh sample charged again. A restarted party, which kept no
-        shares, charges a re-offered release once more (an over-count, never an under-count).
+        shares, charges a re-offered release once more (an over-count, never an under-count), and so does a
+        round the student starts again under a fresh attempt (the seeds of the first never all reached the
+        guardian). A seed that fails on a broken link while the share went through is sent again (the same
+        bytes) until the guardian takes it or the quorum's share deadline, after which the guardian no longer
+        waits for it, has passed: the student, holding the share, is not going to offer the release again.
+
+        A release id is bound to the round it was first offered for, and its seed names that round to the
+        guardian. A re-offer of a kept release for another round is refused — nothing sent, nothing charged:
+        re-sending the same seed would let the guardian decode the same sample in a second round for one
+        charge here, and a fresh sample under the same id is no use to an honest student (its attempt ids
+        are fresh per round and per attempt) while the guardian refuses a second seed for an attempt it
+        still holds. Only a student that is broken or hostile re-offers so; the refusal says what it did.
 
         Raises:
-            InputError: the item's length or state does not match the federation's mechanism.
+            InputError: the item's length or state does not match the federation's mechanism, or it re-offers
+                a release this party contributed to for another round.
             BudgetExhaustedError: the release would cross this party's own ε cap (nothing was sent).
             CapcError: the guardian or the student refused, or could not be reached.
         """
         prepared = self._prepared.get(item.release_id)
         if prepared is None:
             prepared = self._prepare(item)
-        seed, share = prepared
+        elif prepared.round != item.round:
+            raise InputError(
+                f"the student re-offered release {item.release_id}, which this party contributed to for "
+                f"round {prepared.round}, as round {item.round}: a release belongs to one round (sending its "
+                "seed again would let its sample be released twice for one charge); nothing was sent or "
+                "charged"
+            )
+        _, seed, share = prepared
         request = pb.SubmitContributionRequest(
-            release_id=item.release_id, party=self.party, seed=seed, length=item.length
+            release_id=item.release_id, round=prepared.round, party=self.party, seed=seed, length=item.length
         )
+        delivery = pb.ContributionShare(
+            release_id=item.release_id, party=self.party, share=ndarray_to_proto(share)
+        )
+        sending = Background(partial(self._seed, request), name=f"{self.party}-seed")
+        try:
+            self._student.SubmitContributionShare(delivery, timeout=60)
+        except grpc.RpcError as exc:  # offered again, both go again (the same bytes; the guardian keeps one)
+            raise error_from_rpc(exc, peer=self.config.student) from None
+        self._seed_through(sending, request, stop=stop or threading.Event())
+        self.contributed += 1
+        _log.info("contributed", extra={"release_id": item.release_id, "round": item.round})
+
+    def _seed(self, request: pb.SubmitContributionRequest) -> None:
+        """Send one seed to the guardian.
+
+        Raises:
+            CapcError: the guardian refused it or could not be reached.
+        """
         try:
             self._guardian.SubmitContribution(request, timeout=60)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, peer=self.config.guardian) from None
-        delivery = pb.ContributionShare(
-            release_id=item.release_id, party=self.party, share=ndarray_to_proto(share)
-        )
-        try:
-            self._student.SubmitContributionShare(delivery, timeout=60)
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc, peer=self.config.student) from None
-        self.contributed += 1
-        _log.info("contributed", extra={"release_id": item.release_id, "round": item.round})
 
-    def _prepare(self, item: pb.ReleaseItem) -> tuple[bytes, npt.NDArray[np.int64]]:
+    def _seed_through(
+        self, sending: Background[None], request: pb.SubmitContributionRequest, *, stop: threading.Event
+    ) -> None:
+        """Wait for the seed's call, sending it again after a broken link until the share deadline has passed.
+
+        Raises:
+            CapcError: the guardian refused the seed, or could not be reached before the deadline.
+        """
+        deadline, backoff = time.monotonic() + self.config.quorum.share_deadline_s, Backoff(*BACKOFF_S)
+        while True:
+            try:
+                sending.result()
+                return
+            except UnavailableError as error:
+                wait = backoff.next()
+                if time.monotonic() + wait > deadline:
+                    raise
+                _log.warning("seed not through; sending it again", extra={"error": str(error), "in_s": wait})
+                if stop.wait(wait):
+                    raise
+            sending = Background(partial(self._seed, request), name=f"{self.party}-seed")
+
+    def _prepare(self, item: pb.ReleaseItem) -> _Prepared:
         """Check the offer, compute and split the contribution, then charge the cap (durable before anything
-        leaves) and keep the seed and share for re-offers of this release."""
+        leaves) and keep the round, seed and share for re-offers of this release."""
         if item.length != self.protocol.length:
             raise InputError(
                 f"release {item.release_id} asks for {item.length} coordinates; federation.yaml's "
@@ -150,10 +229,10 @@ class ReleaseContributor:
         vector = self.protocol.contribute(state, self._features, self._labels, self._source)
         seed, share = share_contribution(vector)
         self.cap.charge(batch_id=item.release_id, attempt=item.round, count=1)
-        self._prepared[item.release_id] = (seed, share)
+        prepared = self._prepared[item.release_id] = _Prepared(item.round, seed, share)
         while len(self._prepared) > KEPT_RELEASES:
             del self._prepared[next(iter(self._prepared))]
-        return seed, share
+        return prepared
 
     def run(self, stop: threading.Event) -> None:
         """Poll and contribute until ``stop`` is set (backing off while the student is away or a
@@ -169,7 +248,7 @@ class ReleaseContributor:
                 if item.done:
                     stop.wait(DONE_POLL_S)
                 elif not item.pending:
-                    self.contribute(item)
+                    self.contribute(item, stop=stop)
                 self.last_error, backoff = "", BACKOFF_S[0]
                 continue
             except grpc.RpcError as exc:

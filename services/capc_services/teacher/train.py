@@ -1,7 +1,8 @@
 """``capc teacher train``: a teacher party trains its own heads on its own data.
 
 The party's examples (its ``data:`` section: a named dataset, or its own ``npz:``/``folder:``/``idx:``
-files, optionally one hash-selected part of a shared dataset when several sites are simulated) are split
+files, optionally one hash-selected part of a shared dataset when several sites are simulated), less its
+holdout (``holdout.fraction``, kept out for ``capc teacher personalise``), are split
 into as many disjoint shards as the party has teacher heads in federation.yaml, each example by a keyed
 hash of its own content (so adding or removing one example changes one shard). Then the federation's
 mechanism trains one teacher per shard on that shard alone
@@ -16,15 +17,17 @@ Nothing leaves the site.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from capc_common.data import load_dataset, partition, site_part
+from capc_common.data import holdout_part, load_dataset, partition, site_part
+from capc_common.data.checksum import dataset_file, verify_file
 from capc_common.errors import InputError
 from capc_common.federation import load_shared_backbone, mechanism_of
-from capc_common.federation.site_data import dataset_findings, label_problem, refuse
+from capc_common.federation.site_data import class_name_problem, dataset_findings, label_problem, refuse
 from capc_common.threads import threads_limited
 from capc_services.teacher.settings import TeacherSettings
 
@@ -50,15 +53,36 @@ def _mount_hint(dataset: str) -> str:
     )
 
 
-def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, str]:
-    """The site's training images and labels (its part and fraction applied) and a description.
+@dataclass(frozen=True)
+class SiteExamples:
+    """A site's labelled examples, divided into the training part the federation sees and the holdout it
+    never sees (:func:`site_examples`).
 
-    The part and the fraction select each example by a keyed hash of its own content
-    (:func:`~capc_common.data.site_part`), so adding or removing one example of the file changes this
-    site's set by that example alone, and no other site's.
+    Attributes:
+        images / labels: the training part.
+        holdout_images / holdout_labels: the holdout.
+        name: a description (dataset, part, fraction, the share held out).
+    """
+
+    images: np.ndarray
+    labels: np.ndarray
+    holdout_images: np.ndarray
+    holdout_labels: np.ndarray
+    name: str
+
+
+def site_examples(settings: TeacherSettings) -> SiteExamples:
+    """The site's examples (its part and fraction applied), divided into training part and holdout.
+
+    The part, the fraction and the holdout select each example by keyed hashes of its own content
+    (:func:`~capc_common.data.site_part`, :func:`~capc_common.data.holdout_part` with ``data.seed`` and the
+    site file's ``holdout.fraction``), so adding or removing one example of the file changes this site's
+    training part or its holdout by that example alone, and no other site's.
 
     Raises:
-        InputError: no ``data:`` section, or a shard outside ``[0, shards)``.
+        InputError: no ``data:`` section, a shard outside ``[0, shards)``, or class names other than the
+            federation's (:func:`~capc_common.federation.site_data.class_name_problem`).
+        IntegrityError: the dataset's file is not the one ``data.sha256`` pins.
     """
     data = settings.data
     if data is None:
@@ -69,9 +93,15 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
     if not 0 <= data.shard < data.shards:
         raise InputError(f"data.shard {data.shard} is outside [0, {data.shards})")
     try:
+        file = dataset_file(data.dataset)
+        if data.sha256 is not None and file is not None:  # DataSettings pins a checksum to one file only
+            verify_file(file, data.sha256)
         dataset = load_dataset(data.dataset, split="train")
     except InputError as exc:
         raise InputError(f"{exc}{_mount_hint(data.dataset)}") from None
+    problem = class_name_problem(dataset.class_names, config=settings.federation_config, name=dataset.name)
+    if problem:
+        raise InputError(problem)
     index = site_part(
         dataset.images,
         dataset.labels,
@@ -80,10 +110,27 @@ def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, s
         seed=data.seed,
         fraction=data.fraction,
     )
+    images, labels = dataset.images[index], dataset.labels[index]
+    fraction = settings.holdout.fraction
+    train, held = holdout_part(images, labels, fraction=fraction, seed=data.seed)
     name = f"{dataset.name} shard {data.shard}/{data.shards}"
     if data.fraction < 1:
         name += f" (fraction {data.fraction:g})"
-    return dataset.images[index], dataset.labels[index], name
+    if fraction > 0:
+        name += f", {100 * fraction:g} % held out"
+    return SiteExamples(images[train], labels[train], images[held], labels[held], name)
+
+
+def party_examples(settings: TeacherSettings) -> tuple[np.ndarray, np.ndarray, str]:
+    """The site's training images and labels — its examples less its holdout — and a description: what
+    every path into the federation reads (heads, a release party's records and contributions, a kNN voter's
+    records, the records cache, preflight's data checks), so a held-out example never reaches it.
+
+    Raises:
+        InputError: as :func:`site_examples`.
+    """
+    found = site_examples(settings)
+    return found.images, found.labels, found.name
 
 
 def record_features(
@@ -129,7 +176,8 @@ def _train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
     config = settings.federation_config
     heads = config.teacher(settings.party).heads
     start = time.perf_counter()
-    images, labels, name = party_examples(settings)
+    examples = site_examples(settings)  # the training part; the holdout stays out of everything below
+    images, labels, name = examples.images, examples.labels, examples.name
     # preflight's checks first: data of another size is converted (the backbone is pinned), not trained on.
     # No refusal on the count per head: a short shard's head abstains (its fixed vote), so whether the party
     # trains never depends on one example.
@@ -169,6 +217,7 @@ def _train_party_heads(settings: TeacherSettings) -> dict[str, Any]:
         "party": settings.party,
         "heads": heads,
         "examples": len(labels),
+        "held_out": len(examples.holdout_labels),
         "data": name,
         "train_accuracy": train_accuracy,
         "abstaining": len(trained.abstaining),

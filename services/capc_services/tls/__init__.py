@@ -1,6 +1,12 @@
 """Federation PKI and mutual-TLS credentials."""
 
-from capc_services.tls.credentials import DEFAULT_MESSAGE_BYTES, TlsFiles, channel_ready, grpc_options
+from capc_services.tls.credentials import (
+    DEFAULT_MESSAGE_BYTES,
+    TlsFiles,
+    channel_ready,
+    grpc_options,
+    peer_problem,
+)
 from capc_services.tls.csr import CertificateRequest, SignedCertificate, request_certificate, sign_request
 from capc_services.tls.names import check_certificate_names, refusal
 from capc_services.tls.pki import (
@@ -13,12 +19,15 @@ from capc_services.tls.pki import (
     issue_certificate,
     write_admin_token,
 )
+from capc_services.tls.proof import ServerCheck, ServerIdentity
 
 __all__ = [
     "DEFAULT_MESSAGE_BYTES",
     "CertificateInfo",
     "CertificateRequest",
     "IssuedCertificate",
+    "ServerCheck",
+    "ServerIdentity",
     "SignedCertificate",
     "TlsFiles",
     "bootstrap",
@@ -29,6 +38,7 @@ __all__ = [
     "grpc_options",
     "init_ca",
     "issue_certificate",
+    "peer_problem",
     "refusal",
     "request_certificate",
     "sign_request",

@@ -10,19 +10,26 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from capc_common.errors import InputError
+from capc_common.errors import InputError, ProtocolError
 from capc_common.mpc import MAX_FRAME_BYTES
 
 DEFAULT_MESSAGE_BYTES = MAX_FRAME_BYTES + (64 << 10)
 """Largest gRPC message when a link sets no limit of its own: one MPC frame and headroom (see
 :class:`capc_services.common.limits.MessageLimits` for the limits a federation's links use)."""
-# Keepalives hold a teacher's outbound stream open through NAT and firewalls that drop idle connections.
-_KEEPALIVE: tuple[tuple[str, Any], ...] = (
+KEEPALIVE: tuple[tuple[str, Any], ...] = (
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.ping_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 )
+"""Every channel's and server's keepalive, the one place it is set. Pings hold a teacher's outbound stream
+open through NAT and firewalls that drop idle connections, and tell a half-open connection (a peer that
+vanished without FIN or RST: a host gone, a partition) from a quiet one: a ping unanswered for 10 s drops the
+connection, so the calls on it fail UNAVAILABLE and the party reconnects — at most 20 + 10 s after the last
+byte, 10 s while data flows. gRPC times pings out by ``grpc.http2.ping_timeout_ms`` (one minute by default);
+``keepalive_timeout_ms`` alone left a half-open connection standing for 60–80 s (measured through the link
+lab's blackhole)."""
 RECONNECT_BACKOFF_MS = (100, 1000)
 """First and largest wait of a client channel between two attempts to connect (gRPC's defaults, 1 s growing
 to 120 s, leave a channel that failed a few times refusing calls for seconds after its peer is back: a
@@ -40,7 +47,7 @@ def grpc_options(
     options = (
         ("grpc.max_send_message_length", send),
         ("grpc.max_receive_message_length", receive),
-        *_KEEPALIVE,
+        *KEEPALIVE,
     )
     if server:
         options += (("grpc.http2.min_ping_interval_without_data_ms", 10_000), ("grpc.so_reuseport", 0))
@@ -55,7 +62,12 @@ class TlsFiles:
     cert: Path
     key: Path
 
-    def _read(self) -> tuple[bytes, bytes, bytes]:
+    def check_key(self) -> None:
+        """Refuse missing files and a private key readable by others.
+
+        Raises:
+            InputError: says which file and the fix.
+        """
         for path in (self.ca, self.cert, self.key):
             if not path.is_file():
                 raise InputError(f"TLS file {path} does not exist; issue certificates with `capc cert issue`")
@@ -64,6 +76,9 @@ class TlsFiles:
             raise InputError(
                 f"private key {self.key} is readable by others (mode {mode:o}); run `chmod 600 {self.key}`"
             )
+
+    def _read(self) -> tuple[bytes, bytes, bytes]:
+        self.check_key()
         return self.ca.read_bytes(), self.cert.read_bytes(), self.key.read_bytes()
 
     def server_credentials(self) -> grpc.ServerCredentials:
@@ -109,6 +124,10 @@ def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
     the channel's connectivity, which runs a poller thread beside the channel, and a poller still looking at
     the channel when it is closed dies with "Channel closed!" (gRPC checks the state of a channel another
     thread has just closed).
+
+    Raises:
+        ProtocolError: the peer answered, but the channel's client interceptor refused it (another
+            federation config or revocation list, or a certificate it may not present).
     """
     try:
         health_pb2_grpc.HealthStub(channel).Check(
@@ -125,3 +144,16 @@ def channel_ready(channel: grpc.Channel, *, timeout: float) -> bool:
     except ValueError:  # grpc: "Cannot invoke RPC on closed channel!"
         return False
     return True
+
+
+def peer_problem(channel: grpc.Channel, *, timeout: float) -> str:
+    """Why the peer at the other end of ``channel`` is not usable ('' when it answers within ``timeout``
+    seconds under this party's federation config): for a readiness probe, which must say why and never
+    raise. A peer that answers but is refused — under another config hash (the federation changed and one
+    side has not restarted yet), another revocation list, a revoked certificate — is up but not usable: the
+    reason says which."""
+    try:
+        ready = channel_ready(channel, timeout=timeout)
+    except ProtocolError as exc:
+        return f"answers, but this party refuses it ({exc})"
+    return "" if ready else f"did not accept a TLS connection within {timeout:g} s"

@@ -1,10 +1,13 @@
 """Certificates across organisations: the party keeps its key, only a request and a certificate travel.
 
 ``request_certificate`` runs on the party's own machine: it writes the private key (mode 0600, never
-overwritten) and a certificate signing request (CSR) naming the party and its host names. The coordinator's
-``sign_request`` checks the request against ``federation.yaml`` — the requester's name is the one expected
-and a party of the federation, no SAN names another party — and signs it with the federation CA. Nothing
-secret crosses organisations; the coordinator never holds a party's key.
+overwritten) and a certificate signing request (CSR) naming the party and its host names, and prints the
+request's fingerprint, which the party reads out to the coordinator over a second channel (a call). The
+coordinator's ``sign_request`` takes the party from the request's subject, signs only a request whose
+fingerprint is the one read out (a file swapped on the way is refused, whoever's name it carries), checks
+it against ``federation.yaml`` — a party of the federation, no SAN naming another party — and signs it with
+the federation CA for at most :data:`~capc_services.tls.pki.MAX_DAYS` days. Nothing secret crosses
+organisations; the coordinator never holds a party's key.
 """
 
 from __future__ import annotations
@@ -60,6 +63,11 @@ class SignedCertificate:
 def fingerprint(request: x509.CertificateSigningRequest) -> str:
     """SHA-256 (hex) of the DER-encoded request."""
     return hashlib.sha256(request.public_bytes(serialization.Encoding.DER)).hexdigest()
+
+
+def _normalised(value: str) -> str:
+    """A fingerprint as read out: any case, colons and spaces between the hex digits."""
+    return "".join(value.split()).replace(":", "").lower()
 
 
 def request_certificate(
@@ -170,39 +178,47 @@ def sign_request(
     *,
     ca_dir: str | Path,
     federation: FederationConfig,
+    fingerprint_read_out: str,
     party: str | None = None,
     out: str | Path | None = None,
     days: int = 365,
 ) -> SignedCertificate:
-    """Check a party's request against ``federation.yaml`` and sign it with the federation CA.
+    """Check a party's request against what it read out and ``federation.yaml``, and sign it with the CA.
 
     Args:
         csr: the request file.
         ca_dir: the federation CA (``ca.crt``, ``ca.key``).
         federation: the federation the certificate is for.
-        party: who the coordinator received the request from (default: the file's name, ``PARTY.csr``);
-            the request must name exactly this party.
+        fingerprint_read_out: the request's SHA-256 as the party read it out over another channel (case,
+            colons and spaces do not matter); the request is signed only if it is this one.
+        party: who the coordinator received the request from, if it wants that checked too; the party is the
+            request's subject either way.
         out: the certificate file (default: ``PARTY.crt`` next to the request).
-        days: validity in days.
+        days: validity in days (1 to :data:`~capc_services.tls.pki.MAX_DAYS`).
 
     Raises:
-        InputError: the request is unreadable, badly signed or of an unsupported key; it names a party
-            other than the expected one or a stranger to the federation; a SAN names another party or is a
-            wildcard.
+        InputError: the fingerprint is not the request's; the request is unreadable, badly signed or of an
+            unsupported key; it names a party other than ``party`` or a stranger to the federation; a SAN
+            names another party or is a wildcard; ``days`` is out of range.
     """
     path = Path(csr)
     request = _load_request(path)
+    if _normalised(fingerprint_read_out) != fingerprint(request):
+        raise InputError(
+            f"{path} is not the request the party read out (its SHA-256 differs from "
+            f"{_normalised(fingerprint_read_out)[:16]}…): do not sign it; ask the party to read its "
+            "fingerprint out again (`capc cert request` printed it), and have the file sent again"
+        )
     _check_key(path, request)
     cn, dns, ips = _requested_names(path, request)
-    expected = party if party is not None else path.name.removesuffix(".csr")
     try:
         check_party_name(cn)
     except ValueError as exc:
         raise InputError(f"{path}: {exc}") from None
-    if cn != expected:
+    if party is not None and cn != party:
         raise InputError(
-            f"{path} asks for a certificate as {cn!r}, but it came from {expected!r}: a party may only "
-            "request its own name (pass --party if the file is simply named differently)"
+            f"{path} asks for a certificate as {cn!r}, but it came from {party!r}: a party may only "
+            "request its own name"
         )
     check_certificate_names(federation, cn, dns)
     dns_names, ip_addresses = party_sans(cn, tuple(dns), tuple(ips))

@@ -28,6 +28,9 @@ from capc_services.tls.names import check_certificate_names
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
+MAX_DAYS = 825
+"""The longest a party certificate is signed for (about 27 months): certificates are renewed within the CA's
+life, and a forgotten one does not stay valid for decades."""
 
 
 @dataclass(frozen=True)
@@ -151,10 +154,12 @@ def party_certificate(
     """A party certificate for ``public_key`` signed by the CA in ``ca_dir`` (client and server use).
 
     Raises:
-        InputError: ``days`` < 1 or no CA in ``ca_dir``.
+        InputError: ``days`` outside 1 to :data:`MAX_DAYS`, or no CA in ``ca_dir``.
     """
-    if days < 1:
-        raise InputError(f"certificate validity must be at least 1 day, got {days}")
+    if not 1 <= days <= MAX_DAYS:
+        raise InputError(
+            f"certificate validity must be 1 to {MAX_DAYS} days, got {days}; renew before it ends instead"
+        )
     ca_cert, ca_key = _load_ca(ca_dir)
     now = _now()
     not_after = min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc)
@@ -337,14 +342,26 @@ def bootstrap(
     name: str,
     parties: tuple[str, ...],
     dns_names: tuple[str, ...] = (),
-    admin_token: str | Path | None = None,
+    admin_tokens: tuple[str | Path, ...] = (),
 ) -> dict[str, object]:
-    """Create the CA if it is missing, then a certificate for every party without one (idempotent).
+    """Create the CA if it is missing, a certificate for every party without one, and a fresh admin token in
+    each of ``admin_tokens`` that does not exist yet (idempotent; one token file per role).
+
+    ``dns_names`` go on every party's certificate, so none may be a party's name.
 
     Returns:
-        What was created: ``{"ca": bool, "issued": [...], "kept": [...], "admin_token": bool}``.
+        What was created: ``{"ca": bool, "issued": [...], "kept": [...], "admin_tokens": [paths written]}``.
+
+    Raises:
+        InputError: a ``dns_names`` entry is one of ``parties``.
     """
     directory = Path(directory)
+    claimed = sorted({d for d in dns_names if d.lower().rstrip(".") in set(parties)})
+    if claimed:
+        raise InputError(
+            f"--dns {claimed} is the name of a party being certified: every other party's certificate would "
+            "carry it and could pass as that party to anyone who dials it; give host names only"
+        )
     created_ca = not (directory / CA_CERT).exists()
     if created_ca:
         init_ca(directory, name=name)
@@ -355,5 +372,5 @@ def bootstrap(
             continue
         issue_certificate(directory, party, out_dir=directory, dns_names=("localhost", *dns_names))
         issued.append(party)
-    wrote_token = write_admin_token(admin_token) if admin_token is not None else False
-    return {"ca": created_ca, "issued": issued, "kept": kept, "admin_token": wrote_token}
+    written = [str(path) for path in admin_tokens if write_admin_token(path)]
+    return {"ca": created_ca, "issued": issued, "kept": kept, "admin_tokens": written}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from capc_cli.output import emit, epsilon_text, file_option, format_option
+from capc_cli.output import ca_option, emit, epsilon_text, file_option, format_option
 
 if TYPE_CHECKING:
     from capc_common.privacy import BudgetLedger
@@ -299,6 +299,10 @@ def _verify_text(r: dict[str, Any]) -> str:
             f"{t['reserved_rdp']:.6g}, {t['batches']} batches, {t['queries']} queries, {t['answered']} "
             "answered"
         )
+    if "releases_planned" in t:
+        lines.append(
+            f"  releases: {t['releases']} of the plan's {t['releases_planned']}, each round charged once"
+        )
     said = {None: "authorisation not checked: give --admin-token-file", True: "authorised by the admin token",
             False: "NOT authorised by this admin token"}  # fmt: skip
     lines += [
@@ -355,7 +359,9 @@ def verify_command(ledger: Path, expect_head: str | None, admin_token_file: Path
 
 
 @command.command(name="watch")
-@click.option("--url", default=None, help="The guardian's admin API, e.g. http://127.0.0.1:8080.")
+@click.option(
+    "--url", default=None, help="The guardian's admin API: https://GUARDIAN:8080, or http:// on this machine."
+)
 @click.option(
     "--token-file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -371,6 +377,7 @@ def verify_command(ledger: Path, expect_head: str | None, admin_token_file: Path
 )
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True, help="Seconds.")
 @click.option("--count", type=click.IntRange(min=1), default=None, help="Stop after this many refreshes.")
+@ca_option()
 @format_option
 def watch_command(
     url: str | None,
@@ -378,6 +385,7 @@ def watch_command(
     local_dir: Path | None,
     interval: float,
     count: int | None,
+    ca: Path | None,
     fmt: str,
 ) -> None:
     """The dashboard's figures, live, in the terminal (for servers without a browser).
@@ -408,7 +416,7 @@ def watch_command(
         raise InputError(f"the federation in {local_dir} has no running guardian; `capc local up` it first")
     clear = fmt == "text" and sys.stdout.isatty()
     for tick in itertools.count(1):
-        snap = snapshot(url, secret)
+        snap = snapshot(url, secret, ca=ca)
         if fmt == "json":
             click.echo(json.dumps(snap))
         else:

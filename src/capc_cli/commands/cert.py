@@ -28,6 +28,13 @@ _DNS = click.option(
     "--dns", "dns_names", multiple=True, help="DNS name the party is reached at (repeatable)."
 )
 _IP = click.option("--ip", "ips", multiple=True, help="IP address the party is reached at (repeatable).")
+_DAYS = click.option(
+    "--days",
+    type=click.IntRange(min=1),
+    default=365,
+    show_default=True,
+    help="Validity in days (at most 825, about 27 months: renew instead).",
+)
 
 
 def _federation(path: Path | None) -> FederationConfig | None:
@@ -91,9 +98,15 @@ def request(party: str, out_dir: Path, dns_names: tuple[str, ...], ips: tuple[st
     help="The federation the certificate is for (party names are checked against it).",
 )
 @click.option(
+    "--fingerprint",
+    required=True,
+    help="The request's SHA-256 as the party read it out to you over another channel (a call), never "
+    "copied from the file you received; the request is signed only if it matches.",
+)
+@click.option(
     "--party",
     default=None,
-    help="Who sent the request [default: the file name, PARTY.csr]; the request must name this party.",
+    help="Who you received the request from, to check it too; the party is the request's subject.",
 )
 @click.option(
     "--out",
@@ -101,21 +114,35 @@ def request(party: str, out_dir: Path, dns_names: tuple[str, ...], ips: tuple[st
     default=None,
     help="Certificate file [default: PARTY.crt next to the request].",
 )
-@click.option("--days", type=click.IntRange(min=1), default=365, show_default=True, help="Validity in days.")
+@_DAYS
 @format_option
 def sign(
-    csr: Path, ca_dir: Path, federation: Path, party: str | None, out: Path | None, days: int, fmt: str
+    csr: Path,
+    ca_dir: Path,
+    federation: Path,
+    fingerprint: str,
+    party: str | None,
+    out: Path | None,
+    days: int,
+    fmt: str,
 ) -> None:
-    """At the coordinator: check a party's request against federation.yaml and sign it.
+    """At the coordinator: check a party's request against its fingerprint and federation.yaml, sign it.
 
-    Refused (exit 2): a request naming a party other than its sender or a stranger to the federation, a
-    SAN equal to another party's name, a wildcard, a bad signature. Record the printed serial: revoking
-    the certificate later means listing it under `revoked:` in federation.yaml."""
+    Refused (exit 2): a fingerprint other than the request's (the file was swapped on the way), a request
+    naming a stranger to the federation (or another party than --party), a SAN equal to another party's
+    name, a wildcard, a bad signature. Record the printed serial: revoking the certificate later means
+    listing it under `revoked:` in federation.yaml."""
     from capc_common.federation import FederationConfig
     from capc_services.tls import sign_request
 
     signed = sign_request(
-        csr, ca_dir=ca_dir, federation=FederationConfig.load(federation), party=party, out=out, days=days
+        csr,
+        ca_dir=ca_dir,
+        federation=FederationConfig.load(federation),
+        fingerprint_read_out=fingerprint,
+        party=party,
+        out=out,
+        days=days,
     )
     emit(
         {
@@ -148,7 +175,7 @@ def sign(
 )
 @click.option("--dns", "dns_names", multiple=True, help="Extra DNS SAN (repeatable); 'localhost' if none.")
 @click.option("--ip", "ips", multiple=True, help="IP SAN (repeatable); 127.0.0.1 if none.")
-@click.option("--days", type=click.IntRange(min=1), default=365, show_default=True, help="Validity in days.")
+@_DAYS
 @_FEDERATION
 @format_option
 def issue(
@@ -221,12 +248,15 @@ def show(cert: Path, fmt: str) -> None:
 )
 @click.option("--name", default="capc", show_default=True, help="Federation name (CA common name).")
 @click.option("--party", "parties", multiple=True, required=True, help="A party to certify (repeatable).")
-@click.option("--dns", "dns_names", multiple=True, help="Extra DNS SAN for every party (repeatable).")
+@click.option(
+    "--dns", "dns_names", multiple=True, help="Extra DNS SAN for every party (repeatable; no party's name)."
+)
 @click.option(
     "--admin-token",
+    "admin_tokens",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Also write a fresh admin bearer token here (mode 0600) if none exists.",
+    multiple=True,
+    help="Also write a fresh admin bearer token here (mode 0600) if none exists (repeatable: one per role).",
 )
 @format_option
 def bootstrap(
@@ -234,7 +264,7 @@ def bootstrap(
     name: str,
     parties: tuple[str, ...],
     dns_names: tuple[str, ...],
-    admin_token: Path | None,
+    admin_tokens: tuple[Path, ...],
     fmt: str,
 ) -> None:
     """Idempotent one-shot provisioning (e.g. a compose job): create the CA if missing, then a certificate
@@ -242,4 +272,5 @@ def bootstrap(
     verify each other by name."""
     from capc_services.tls import bootstrap as provision
 
-    emit(provision(directory, name=name, parties=parties, dns_names=dns_names, admin_token=admin_token), fmt)
+    made = provision(directory, name=name, parties=parties, dns_names=dns_names, admin_tokens=admin_tokens)
+    emit(made, fmt)

@@ -35,15 +35,19 @@ def _text(result: dict[str, Any]) -> str:
         f"per-example features)  {other['model_card']}",
     ]
     lines += [
-        f"    {party} alone{' ' * max(1, 12 - len(party))}{_percent(acc)}  (its own images, not private)"
-        for party, acc in result["local_only"].items()
+        "",
+        "  what each hospital keeps (chosen on its own holdout; alone: linear heads, no CNN from scratch):",
     ]
+    for party, figures in result["hospitals"].items():
+        row = "  ".join(f"{name} {_percent(figures[name])}" for name in ("alone", "shared", "personalised"))
+        lines.append(f"    {party:<12}{row}  -> keeps {figures['kept']}")
     plan = result["plan"]
+    low, high = (_percent(end) for end in plan["expected_interval"])
     lines += [
         "",
         f"  use {rec['mechanism']}: {rec['why']}.",
-        f"  `capc federation plan` for hospitals of these sizes recommends {plan['mechanism']} "
-        f"(expected {_percent(plan['expected_accuracy'])}; {plan['why']})",
+        f"  `capc federation plan` for hospitals of these sizes answers {plan['choice']} (student expected "
+        f"{_percent(plan['expected_accuracy'])}, {low}–{high}; {plan['why']})",
     ]
     return "\n".join(lines)
 

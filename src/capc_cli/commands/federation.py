@@ -152,16 +152,18 @@ _MIN_PARTIES = click.option(
 def _step_guardian(out: Path) -> str:
     return (
         "guardian operator: record the change on the running guardian's ledger: `capc guardian membership "
-        f"--url ADMIN_URL --token-file TOKEN --federation {out}` (one membership entry; the budget carries "
-        f"over; the guardian stops), then start the guardian with {out} as its federation.yaml"
+        f"--url https://GUARDIAN:8080 --ca ca.crt --token-file TOKEN --federation {out}` (one membership "
+        f"entry; the budget carries over; the guardian stops), then start the guardian with {out} as its "
+        "federation.yaml"
     )
 
 
 def _steps_added(party: str, out: Path) -> list[str]:
     return [
         f"{party}: make its key and request on its own machine (`capc cert request {party} --out-dir DIR`) "
-        f"and send the .csr; coordinator: `capc cert sign {party}.csr --ca-dir ca --federation {out}`, then "
-        f"send {party} its .crt, ca.crt, {out} and the student's and guardian's addresses",
+        f"and send the .csr, reading its fingerprint out over another channel; coordinator: `capc cert sign "
+        f"{party}.csr --ca-dir ca --federation {out} --fingerprint FINGERPRINT`, then send {party} its .crt, "
+        f"ca.crt, {out} and the student's and guardian's addresses",
         f"{party}: train its heads and create its cap record under the new file (`capc teacher train --site "
         "SITE`, `capc teacher init-cap --site SITE`)",
         _step_guardian(out),
@@ -176,7 +178,8 @@ def _steps_retired(party: str, serial: str, out: Path) -> list[str]:
     return [
         _step_guardian(out),
         f"student and every remaining teacher party: install {out} as federation.yaml and restart; "
-        f"certificate serial {serial} of {party} is revoked in it",
+        f"certificate serial {serial} of {party} is revoked in it (parties on different revocation lists "
+        "refuse each other until all have it)",
         f"{party}: stop its teacher; keep its cap record (its own account of the ε it released)",
     ]
 

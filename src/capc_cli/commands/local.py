@@ -30,14 +30,15 @@ def _up_text(result: dict[str, Any]) -> str:
         f"            budget {result['guardian']['budget']}",
         f"            ledger {result['guardian']['ledger']}",
         f"            in a terminal: capc budget show --ledger {result['guardian']['ledger']}",
-        f"            dashboard {result['guardian']['dashboard']}#token=<admin token>",
+        f"            dashboard {result['guardian']['dashboard']}#token=<guardian admin token>",
         f"            live: capc budget watch --local {result['state_dir']}",
         f"  student   grpc {result['student']['grpc']}  admin {result['student']['admin']}",
         f"            progress {result['student']['progress']}",
     ]
     lines += [f"  {name:<9} admin {t['admin']}" for name, t in result["teachers"].items()]
     lines += [
-        f'  admin token: {result["admin_token_file"]}  (curl -H "Authorization: Bearer $(cat FILE)" URL)',
+        *(f"  {role} admin token: {path}" for role, path in result["admin_tokens"].items()),
+        '  (one per role: curl -H "Authorization: Bearer $(cat FILE)" URL)',
         f"  logs: {result['logs']}",
         f"stop it with `capc local down --state-dir {result['state_dir']}`",
     ]
@@ -128,15 +129,16 @@ def _mechanism_params(pairs: tuple[str, ...]) -> dict[str, Any]:
     type=click.FloatRange(min=0, min_open=True),
     default=None,
     help="Each party's local ε cap [default: the worst case of every batch the federation's ε can admit, "
-    "so the cap never stops a party before the federation's own limit; see docs/operations.md].",
+    "so the cap never stops a party before the federation's own limit; a cap below it is refused without "
+    "--force; see docs/operations.md].",
 )
 @click.option(
     "--force",
     metavar="REASON",
     default=None,
     help="Run a federation that the checks before spending refuse as a judgement (e.g. a party whose heads "
-    "would all abstain), stating why; the guardian logs the reason with what it overrode. A certain refusal "
-    "(nothing can be learned whatever the data) cannot be forced.",
+    "would all abstain, or a --teacher-cap below the plan), stating why; the guardian logs the reason with "
+    "what it overrode. A certain refusal (nothing can be learned whatever the data) cannot be forced.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
@@ -184,7 +186,8 @@ def up(state_dir: Path, ready_timeout: float, fmt: str, **options: Any) -> None:
 def _status_text(result: dict[str, Any]) -> str:
     lines = [f"federation in {result['state_dir']}"]
     for name, party in result["parties"].items():
-        line = f"  {name:<12} {party['role']:<8} pid {party['pid']:<8} {party['state']}"
+        pid = party["pid"] if party["pid"] is not None else "-"
+        line = f"  {name:<12} {party['role']:<8} pid {pid:<8} {party['state']}"
         for check, detail in party.get("failing", {}).items():
             line += f"  [{check}: {detail}]"
         lines.append(line)
@@ -217,16 +220,129 @@ def status(state_dir: Path, fmt: str) -> None:
     emit(local_status(state_dir), fmt, _status_text)
 
 
+_READY = click.option(
+    "--ready-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=180.0,
+    show_default=True,
+    help="Seconds to wait for the parties' /readyz.",
+)
+
+
 @command.command("restart")
 @_STATE
 @click.argument("party")
+@_READY
 @format_option
-def restart(state_dir: Path, party: str, fmt: str) -> None:
-    """Start again a party whose process is gone (it crashed or was killed); the others carry on and the
-    restarted party resumes where its durable state left off."""
+def restart(state_dir: Path, party: str, ready_timeout: float, fmt: str) -> None:
+    """Start PARTY again (stopping it first if it still runs) and wait until it is ready; the others carry on
+    and it resumes where its durable state left off. A party that exits at once fails this command with the
+    reason from its log (exit 4)."""
     from capc_services.local.federation import restart as local_restart
 
-    emit(local_restart(state_dir, party).to_dict(), fmt)
+    emit(local_restart(state_dir, party, ready_timeout=ready_timeout).to_dict(), fmt)
+
+
+@command.command("stop")
+@_STATE
+@click.argument("party")
+@format_option
+def stop(state_dir: Path, party: str, fmt: str) -> None:
+    """Stop PARTY alone (SIGTERM, then SIGKILL after 15 s); the others carry on. `capc local restart PARTY`
+    starts it again."""
+    from capc_services.local.federation import stop as local_stop
+
+    emit(local_stop(state_dir, party), fmt)
+
+
+def _membership_text(result: dict[str, Any]) -> str:
+    state = "running" if result["running"] else "down (start it with `capc local up`)"
+    return "\n".join(
+        [
+            f"ledger entry {result['entry']}: {result['change']}; config "
+            f"{result['previous_config_hash'][:16]}… -> {result['config_hash'][:16]}…; the budget spent so "
+            "far carries over",
+            f"teacher parties {result['teachers']}, quorum {result['min_parties']}; the federation is "
+            + state,
+        ]
+    )
+
+
+@command.command("add-party")
+@_STATE
+@click.argument("name")
+@click.option(
+    "--heads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Its teacher heads [default: the votes the mechanism fixes per party, else its peers' heads].",
+)
+@click.option(
+    "--min-parties", type=click.IntRange(min=1), default=None, help="A new quorum (default: keep it)."
+)
+@click.option(
+    "--dataset",
+    default=None,
+    help="Its own data (a dataset name, npz:/path/site.npz, folder:/path) [default: a part of the "
+    "federation's dataset no other hospital of this directory holds, as large as theirs].",
+)
+@_READY
+@format_option
+def add_party(
+    state_dir: Path,
+    name: str,
+    heads: int | None,
+    min_parties: int | None,
+    dataset: str | None,
+    ready_timeout: float,
+    fmt: str,
+) -> None:
+    """Add teacher party NAME to the local federation, the whole documented flow: the new federation.yaml,
+    NAME's certificate, site file, cap record and heads, the guardian's membership entry (the budget spent
+    carries over), the new file in place and every party restarted under it (if the federation runs)."""
+    from capc_services.local.membership import add
+
+    result = add(
+        state_dir,
+        name=name,
+        heads=heads,
+        min_parties=min_parties,
+        dataset=dataset,
+        say=lambda line: click.echo(line, err=True),
+        ready_timeout=ready_timeout,
+    )
+    emit(result, fmt, _membership_text)
+
+
+@command.command("retire-party")
+@_STATE
+@click.argument("name")
+@click.option(
+    "--min-parties",
+    type=click.IntRange(min=1),
+    default=None,
+    help="A new quorum (needed when the current one exceeds the parties left).",
+)
+@click.option("--reason", default="", help="Kept with the revocation (default: '<party> retired').")
+@_READY
+@format_option
+def retire_party(
+    state_dir: Path, name: str, min_parties: int | None, reason: str, ready_timeout: float, fmt: str
+) -> None:
+    """Retire teacher party NAME: the new federation.yaml (NAME left out, its certificate revoked), the
+    guardian's membership entry, NAME stopped, the others restarted under the new file. NAME's cap record
+    stays (its own account of the ε it released)."""
+    from capc_services.local.membership import retire
+
+    result = retire(
+        state_dir,
+        name=name,
+        min_parties=min_parties,
+        reason=reason,
+        say=lambda line: click.echo(line, err=True),
+        ready_timeout=ready_timeout,
+    )
+    emit(result, fmt, _membership_text)
 
 
 @command.command("down")

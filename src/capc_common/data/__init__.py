@@ -13,13 +13,23 @@ from capc_common.data.dataset import Dataset
 from capc_common.data.files import load_image_folder, load_npz
 from capc_common.data.idx import load_idx, read_idx
 from capc_common.data.importer import import_images, write_npz
-from capc_common.data.partition import PARTITION_SCHEMES, holdout_part, partition, site_part, site_parts
+from capc_common.data.partition import (
+    HOLDOUT_FRACTION,
+    PARTITION_SCHEMES,
+    holdout_fraction,
+    holdout_part,
+    partition,
+    site_part,
+    site_parts,
+)
 
 __all__ = [
     "DATASET_NAMES",
     "FASHION_MNIST_CLASSES",
+    "HOLDOUT_FRACTION",
     "PARTITION_SCHEMES",
     "Dataset",
+    "holdout_fraction",
     "holdout_part",
     "import_images",
     "load_dataset",

@@ -1,4 +1,5 @@
-"""A hospital's own data: an ``.npz`` archive or a folder of PNG/JPEG images, one sub-folder per class.
+"""A hospital's own data: an ``.npz`` archive or a folder of PNG/JPEG/TIFF/DICOM images, one sub-folder per
+class.
 
 Both loaders check everything a site could get wrong (missing keys, wrong dtypes, ragged image sizes, empty
 class folders, unreadable images) and say which file and what was expected, because the person reading the
@@ -16,12 +17,10 @@ import numpy as np
 import numpy.typing as npt
 
 from capc_common.data.dataset import Dataset
+from capc_common.data.pixels import IMAGE_SUFFIXES, read_images
 from capc_common.errors import InputError
 
 __all__ = ["IMAGE_SUFFIXES", "decode_images", "image_folder_files", "load_image_folder", "load_npz"]
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-_GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
 
 
 def _as_uint8_images(array: npt.NDArray[Any], *, where: str) -> npt.NDArray[np.uint8]:
@@ -121,8 +120,8 @@ def _class_dirs(root: Path) -> list[Path]:
 
 
 def image_folder_files(root: str | Path, *, split: str = "train") -> tuple[list[tuple[Path, str]], Path]:
-    """The images of ``root/<class>/<image>.{png,jpg,jpeg}`` (or ``root/<split>/<class>/...``), each with
-    its class folder's name, in sorted order; and the folder the classes are in.
+    """The images of ``root/<class>/<image>`` (PNG, JPEG, TIFF or DICOM; or ``root/<split>/<class>/...``),
+    each with its class folder's name, in sorted order; and the folder the classes are in.
 
     Raises:
         InputError: missing folder, no class folders, or an empty class folder.
@@ -137,65 +136,39 @@ def image_folder_files(root: str | Path, *, split: str = "train") -> tuple[list[
     elif split != "train":
         raise InputError(f"image folder {root} has no {split!r} sub-folder (expected {root / split})")
     files: list[tuple[Path, str]] = []
+    empty: list[Path] = []
     for folder in _class_dirs(root):
         found = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-        if not found:
-            raise InputError(
-                f"class folder {folder} holds no images "
-                f"(expected files ending in {', '.join(IMAGE_SUFFIXES)})"
-            )
+        empty += [] if found else [folder]
         files.extend((p, folder.name) for p in found)
+    if empty:
+        named = f"class folder {empty[0]} holds" if len(empty) == 1 else f"class folders {empty} hold"
+        raise InputError(f"{named} no images (expected files ending in {', '.join(IMAGE_SUFFIXES)})")
     return files, root
 
 
 def decode_images(
     paths: Sequence[Path], *, size: tuple[int, int, int] | None = None
 ) -> npt.NDArray[np.uint8]:
-    """Decode image files into one uint8 ``(N, H, W, C)`` array.
+    """Decode image files into one uint8 ``(N, H, W, C)`` array, each file's depth and mode brought to 8
+    bits as :mod:`capc_common.data.pixels` says (16-bit grey scaled, never clipped; palette looked up; alpha
+    over black).
 
     Args:
-        paths: PNG or JPEG files.
-        size: ``(height, width, channels)`` to convert every image to (resized, then made grey or RGB);
+        paths: PNG, JPEG, TIFF or DICOM files.
+        size: ``(height, width, channels)`` to convert every image to (its aspect ratio kept by padding);
             None: keep their size, which must be the same for all, and make them RGB if any has colour
             (grey images are replicated), otherwise grey.
 
     Raises:
-        InputError: an unreadable image, or (without ``size``) images of different sizes.
+        InputError: every unreadable image, or (without ``size``) every image of another size.
     """
-    from PIL import Image, UnidentifiedImageError
-
-    opened: list[Image.Image] = []
-    for path in paths:
-        try:
-            with Image.open(path) as handle:
-                handle.load()
-                opened.append(handle.copy())
-        except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
-            raise InputError(f"image {path} cannot be decoded ({exc}); replace or remove the file") from exc
-    if size is not None:
-        height, width, channels = size
-        mode = "L" if channels == 1 else "RGB"
-        pixels = [
-            np.asarray(img.convert(mode).resize((width, height), Image.Resampling.LANCZOS), dtype=np.uint8)
-            for img in opened
-        ]
-        return np.stack(pixels).reshape(len(pixels), height, width, channels)
-    colour = any(img.mode not in _GREY_MODES for img in opened)
-    first = opened[0].size if opened else (0, 0)
-    arrays = []
-    for path, img in zip(paths, opened, strict=True):
-        if img.size != first:
-            raise InputError(
-                f"image {path} is {img.size[0]}x{img.size[1]} (WxH) but {paths[0]} is {first[0]}x{first[1]}; "
-                "all images must have the same size — resize them first (`capc data import --resize`)"
-            )
-        arr = np.asarray(img.convert("RGB" if colour else "L"), dtype=np.uint8)
-        arrays.append(arr if colour else arr[..., np.newaxis])
-    return np.stack(arrays)
+    images, _ = read_images(paths, size=size)
+    return images
 
 
 def load_image_folder(root: str | Path, *, split: str = "train") -> Dataset:
-    """Load ``root/<class>/<image>.{png,jpg,jpeg}`` (or ``root/<split>/<class>/...`` when present).
+    """Load ``root/<class>/<image>`` (PNG, JPEG, TIFF or DICOM; or ``root/<split>/<class>/...`` when present).
 
     Classes are the sub-folder names in sorted order. Every image must have the same height and width. If
     any image has colour the dataset is RGB (grey images are replicated to three channels), otherwise grey.

@@ -45,7 +45,18 @@ import numpy.typing as npt
 
 from capc_common.errors import InputError
 
-__all__ = ["NEIGHBOURING", "PARTITION_SCHEMES", "holdout_part", "partition", "site_part", "site_parts"]
+__all__ = [
+    "HOLDOUT_CEILING",
+    "HOLDOUT_FRACTION",
+    "HOLDOUT_MINIMUM",
+    "NEIGHBOURING",
+    "PARTITION_SCHEMES",
+    "holdout_fraction",
+    "holdout_part",
+    "partition",
+    "site_part",
+    "site_parts",
+]
 
 PARTITION_SCHEMES = ("hash", "iid", "imbalanced", "dirichlet")
 #: The neighbouring relation under which one example moves one shard, per scheme.
@@ -181,6 +192,25 @@ def holdout_part(
     hashes = np.asarray(_content_hashes(np.asarray(images), y, key=key), dtype=np.uint64)
     held = hashes < np.uint64(int(fraction * _HASH_RANGE))
     return np.flatnonzero(~held).astype(np.int64), np.flatnonzero(held).astype(np.int64)
+
+
+#: A site's holdout: this share of its examples, raised towards :data:`HOLDOUT_MINIMUM` examples for a
+#: small site, but never above :data:`HOLDOUT_CEILING` (the rest must still be worth federating).
+HOLDOUT_FRACTION = 0.1
+HOLDOUT_MINIMUM = 50
+HOLDOUT_CEILING = 0.25
+
+
+def holdout_fraction(planned_examples: int) -> float:
+    """The share of its examples a site holds out, from the number it *plans* to have (a public figure: the
+    site file's, a layout's nominal size) — never from the data itself, whose exact count would make which
+    examples are held out depend on the others (:func:`capc_common.data.holdout_part`).
+
+    10 % by default; enough for about 50 examples at a small site, at most a quarter.
+    """
+    if planned_examples < 1:
+        raise InputError(f"a site plans at least one example, got {planned_examples}")
+    return min(HOLDOUT_CEILING, max(HOLDOUT_FRACTION, HOLDOUT_MINIMUM / planned_examples))
 
 
 def _site_key(seed: int) -> bytes:

@@ -31,9 +31,10 @@ from capc_common.federation.costs import (
     selection_config,
     smallest_quorum_heads,
 )
-from capc_common.federation.cover import CapCover, cap_cover, plan_batches
+from capc_common.federation.cover import CapCover, cap_cover, cap_order
+from capc_common.federation.exposure import Exposure, exposure_of
 from capc_common.federation.membership import add_party, membership_change, retire_party
-from capc_common.federation.plan import BatchPlan, batch_plan, usable_queries
+from capc_common.federation.plan import BatchPlan, batch_plan, plan_batches, usable_queries
 from capc_common.federation.runtime import Runnable, check_runnable, load_shared_backbone, mpc_config
 from capc_common.federation.sizing import MECHANISM_RATIOS, propose, scaled_mechanism
 
@@ -46,6 +47,7 @@ __all__ = [
     "CapCover",
     "DPPLMechanism",
     "DPPLPublicMechanism",
+    "Exposure",
     "FederationConfig",
     "GNMaxMechanism",
     "Mechanism",
@@ -64,9 +66,11 @@ __all__ = [
     "batch_costs",
     "batch_plan",
     "cap_cover",
+    "cap_order",
     "check_batch_fits",
     "check_party_name",
     "check_runnable",
+    "exposure_of",
     "load_shared_backbone",
     "mechanism_of",
     "membership_change",

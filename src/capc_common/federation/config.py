@@ -82,13 +82,18 @@ class TeacherParty(_OmitsUnset):
             tell before the first charge whether the party's heads can vote at all — a head abstains when its
             shard is shorter than one BatchNorm chunk (:mod:`capc_common.federation.refusals`). Left out of
             the canonical form when unset.
+        cap: the local ε cap the party declared (its site file's ``cap.epsilon``, which its teacher refuses
+            to start below), or None when undeclared: with it, the guardian can tell before the first charge
+            whether enough parties' caps cover the plan (:func:`~capc_common.federation.refusals.
+            uncovered_caps`). Left out of the canonical form when unset.
     """
 
-    _omitted_when_unset: ClassVar[tuple[str, ...]] = ("examples",)
+    _omitted_when_unset: ClassVar[tuple[str, ...]] = ("examples", "cap")
 
     name: str
     heads: int = Field(ge=1, le=10_000)
     examples: int | None = Field(default=None, ge=0)
+    cap: float | None = Field(default=None, gt=0)
 
     _name = field_validator("name")(check_party_name)
 
@@ -494,7 +499,7 @@ class Quorum(_Frozen):
 
 
 class Revocation(_Frozen):
-    """One revoked party certificate: guardian and student refuse it at the TLS-authenticated call.
+    """One revoked party certificate: every party refuses it, as a caller and as a server it dials.
 
     Attributes:
         serial: the certificate's serial number in hex (``capc cert show`` prints it; colons, a ``0x``
@@ -560,16 +565,24 @@ def serial_hex(serial: int) -> str:
 class FederationConfig(_Frozen):
     """The parsed, validated ``federation.yaml``.
 
-    ``revoked`` lists certificates the guardian and the student refuse. It is *not* part of
-    :meth:`config_hash`: revoking a certificate changes who may connect, not what the federation computes,
-    so the ledger, the label store and every party's cap record carry on under the same hash. Nor is
+    ``revoked`` lists certificates every party refuses. It is *not* part of :meth:`config_hash`: revoking a
+    certificate changes who may connect, not what the federation computes, so the ledger, the label store and
+    every party's cap record carry on under the same hash. The list has its own hash
+    (:meth:`revocation_hash`), which the parties compare on every call like the config hash. Nor is
     ``history`` (the membership changes this config continues from, :class:`MembershipChange`): it says
     which earlier hashes the parties' own records may carry, not what the federation computes.
+
+    ``class_names`` (optional) names the classes in index order: ``capc data import --federation`` maps a
+    hospital's folder names and labels onto exactly these indices, and ``capc teacher train``/``preflight``
+    refuse a site file whose stored class names differ. When set it is part of the hash (what a label index
+    means is a parameter every party must share); when unset it is left out of the canonical form, so a
+    federation without it keeps the hash it had before the field existed.
     """
 
     version: Literal[1] = 1
     name: str = Field(min_length=1)
     classes: int = Field(ge=2, le=10_000)
+    class_names: tuple[str, ...] | None = None
     guardian: str = "guardian"
     student: str = "student"
     teachers: tuple[TeacherParty, ...] = Field(min_length=1)
@@ -584,8 +597,28 @@ class FederationConfig(_Frozen):
     _guardian = field_validator("guardian")(check_party_name)
     _student = field_validator("student")(check_party_name)
 
+    @field_validator("class_names")
+    @classmethod
+    def _class_names(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        blank = [i for i, name in enumerate(value) if not name.strip() or name != name.strip()]
+        if blank:
+            raise ValueError(
+                f"class names must be non-empty, without surrounding spaces; see indices {blank}"
+            )
+        repeated = sorted({n for n in value if value.count(n) > 1})
+        if repeated:
+            raise ValueError(f"class names must be unique; repeated: {repeated}")
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        if self.class_names is not None and len(self.class_names) != self.classes:
+            raise ValueError(
+                f"class_names lists {len(self.class_names)} names but classes is {self.classes}: name every "
+                "class once, in index order"
+            )
         names = [self.guardian, self.student, *(t.name for t in self.teachers)]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -656,10 +689,14 @@ class FederationConfig(_Frozen):
         """Config hashes this federation continues from (``history``), each with the change that left it."""
         return {change.previous: change for change in self.history}
 
+    def _unset(self) -> set[str]:
+        """Optional fields left out of the canonical form and the saved file while unset."""
+        return {"class_names"} if self.class_names is None else set()
+
     def parameters(self) -> dict[str, Any]:
-        """Every parameter the federation computes with (all fields but ``revoked`` and ``history``), as
-        JSON values."""
-        return self.model_dump(mode="json", exclude={"revoked", "history"})
+        """Every parameter the federation computes with (all fields but ``revoked`` and ``history``, and
+        ``class_names`` while unset), as JSON values."""
+        return self.model_dump(mode="json", exclude={"revoked", "history", *self._unset()})
 
     def canonical_json(self) -> str:
         """Deterministic JSON of :meth:`parameters`: sorted keys, no whitespace, plain ASCII."""
@@ -668,6 +705,11 @@ class FederationConfig(_Frozen):
     def config_hash(self) -> str:
         """SHA-256 (hex) of :meth:`canonical_json`: equal exactly when every parameter is equal."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def revocation_hash(self) -> str:
+        """SHA-256 (hex) of the revoked serials, sorted: equal exactly when two configs revoke the same
+        certificates (the reasons and party names beside them are for the reader and do not count)."""
+        return hashlib.sha256(json.dumps(sorted(self.revoked_serials)).encode()).hexdigest()
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "federation config") -> FederationConfig:
@@ -704,9 +746,10 @@ class FederationConfig(_Frozen):
         return cls.from_dict(data, source=f"federation config {path}")
 
     def save(self, path: str | Path) -> None:
-        """Write the config as YAML (atomic: a temporary file renamed into place)."""
+        """Write the config as YAML (atomic: a temporary file renamed into place), creating its folder."""
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        data = self.model_dump(mode="json", exclude=set() if self.history else {"history"})
+        data = self.model_dump(mode="json", exclude=self._unset() | (set() if self.history else {"history"}))
         tmp.write_text(yaml.safe_dump(data, sort_keys=False))
         tmp.replace(path)

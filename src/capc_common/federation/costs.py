@@ -132,11 +132,16 @@ def sampler_delta(config: FederationConfig) -> float:
     once. So the guarantee at ``budget.epsilon`` holds with δ + this
     (:func:`~capc_common.privacy.analysis.delta_with_sampler_distance`).
     """
+    draws, eta = sampler_draws(config)
+    return delta_with_sampler_distance(epsilon=config.budget.epsilon, draws=draws, distance=eta)
+
+
+def sampler_draws(config: FederationConfig) -> tuple[int, float]:
+    """The most noise values the federation's released outputs depend on, and each one's distance bound
+    (what :func:`sampler_delta` adds to δ at the federation's ε; a hospital's lifetime adds them up)."""
     from capc_common.federation.plan import usable_queries
     from capc_common.privacy.noise import discrete_gaussian_table
 
     sigmas = selection_config(config).noise_sigmas()
     eta = max(discrete_gaussian_table(sigma=s).distance_bound for s in sigmas)
-    return delta_with_sampler_distance(
-        epsilon=config.budget.epsilon, draws=usable_queries(config) * (config.classes + 2), distance=eta
-    )
+    return usable_queries(config) * (config.classes + 2), eta

@@ -4,13 +4,16 @@ measurements, its error measured by leaving each measured layout out.
 ``capc federation plan`` must not promise what nobody measured. The joining benchmark
 (``benchmarks/joining.py``) measures, on two real datasets and many party layouts, the federation's student
 (secure-aggregation DP-SGD), each party's strongest model alone and what each party keeps. From those
-measurements this module fits, for every quantity a consortium asks about — the student's accuracy, the
-median and the best party's accuracy alone, and the student's gain over each — a ridge regression on five
-public descriptors of the consortium:
+measurements this module fits, for the student's accuracy and the median and the best party's accuracy
+alone, a ridge regression of the accuracy's logit on public descriptors of the consortium:
 
 * log10 of its records, log10 of its median party's records, log10 of ε, log2 of its classes, and whether
   its parties' class mixes are skewed; plus the product of the log-records and log-ε terms (what DP noise
   depends on).
+
+The gains over the median and the best party are the differences of those forecasts. Logits keep every
+forecast an accuracy (a straight line in the descriptors crossed 100 % just outside the measured ranges) and
+measured smaller leave-one-layout-out errors on the gains (docs/results.md, "The plan's forecast").
 
 **The interval is measured, not assumed.** Every layout is left out in turn, the model refitted on the
 others and asked for the left-out layout's figures: the 90th percentile of those leave-one-layout-out errors
@@ -37,6 +40,10 @@ __all__ = ["TARGETS", "Consortium", "Forecast", "Forecaster", "Measured", "measu
 
 #: The quantities forecast (all accuracies as fractions; gains are differences of accuracies).
 TARGETS = ("federation", "alone_median", "alone_best", "gain_median", "gain_best")
+#: The accuracies fitted (in logit space); each gain is the difference of two of them.
+ACCURACIES = ("federation", "alone_median", "alone_best")
+#: Accuracies are clipped into [CLIP, 1 − CLIP] before their logit (a layout read at 100 % has no finite one).
+CLIP = 1e-3
 #: The mechanism the grid measures in every layout (the others only in a few).
 MECHANISM = "secagg-dpsgd"
 #: Quantile of the leave-one-layout-out errors used as the interval's half-width.
@@ -106,15 +113,18 @@ def measured_points(table: Mapping[str, Any]) -> list[Measured]:
 
     A layout's consortium is described by its measured party sizes (their mean over seeds: the median
     party is taken as the mean's party — the layouts' parties are of similar size within a layout, and
-    skewed layouts vary around it) and its nominal classes and skew.
+    skewed layouts vary around it), counted as the federation sees them: each party's training part, less
+    the holdout it keeps at home (the layout's ``holdout_fraction``; what federation.yaml's
+    ``teachers[].examples`` declares) — and its nominal classes and skew.
     """
     out = []
     for lay in table.get("layouts", []):
         alone = lay.get("alone")
         if not alone or lay["parties"] < 2:
             continue
-        size = max(1, round(lay["party_sizes"]["mean"]))
-        count = max(2, round(lay["records"] / size))
+        whole = max(1, round(lay["party_sizes"]["mean"]))
+        count = max(2, round(lay["records"] / whole))
+        size = max(1, round(whole * (1 - float(lay.get("holdout_fraction", 0.0)))))
         for m in lay["mechanisms"]:
             if m["name"] != MECHANISM:
                 continue
@@ -175,6 +185,31 @@ class _Ridge:
         return np.asarray(((x - self.mean) / self.scale) @ self.coef + self.intercept)
 
 
+def _logit(a: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    c = np.clip(a, CLIP, 1 - CLIP)
+    return np.asarray(np.log(c / (1 - c)))
+
+
+def _fit(points: Sequence[Measured], penalty: float) -> dict[str, _Ridge]:
+    """One ridge per accuracy of :data:`ACCURACIES`, on their logits."""
+    x = _design([p.consortium.descriptors() for p in points])
+    return {
+        name: _Ridge.fit(x, _logit(np.asarray([p.values[name] for p in points])), penalty)
+        for name in ACCURACIES
+    }
+
+
+def _forecast(models: Mapping[str, _Ridge], x: npt.NDArray[np.float64]) -> dict[str, npt.NDArray[np.float64]]:
+    """Every :data:`TARGETS` at the rows of ``x``: the accuracies from their logits, the gains their
+    differences."""
+    acc = {name: 1 / (1 + np.exp(-models[name].predict(x))) for name in ACCURACIES}
+    return {
+        **acc,
+        "gain_median": acc["federation"] - acc["alone_median"],
+        "gain_best": acc["federation"] - acc["alone_best"],
+    }
+
+
 @dataclass(frozen=True)
 class Forecast:
     """One quantity's forecast: the estimate and its interval (accuracy fractions)."""
@@ -196,7 +231,7 @@ class Forecaster:
     """
 
     points: list[Measured]
-    models: dict[str, _Ridge]
+    models: dict[str, _Ridge]  # by accuracy (ACCURACIES), on logits
     half_width: dict[str, float]
     errors: dict[str, dict[str, float]]
     ranges: dict[str, tuple[float, float]]
@@ -217,17 +252,15 @@ class Forecaster:
                 f"the joining table holds {len(layouts)} measured layouts; a forecast needs at least 3 "
                 "(run benchmarks/joining.py --export)"
             )
-        x = _design([p.consortium.descriptors() for p in points])
-        models, half, errors = {}, {}, {}
+        models = _fit(points, penalty)
+        half, errors = {}, {}
+        residuals = leave_one_out(points, penalty=penalty)
         for target in TARGETS:
-            y = np.asarray([p.values[target] for p in points])
-            models[target] = _Ridge.fit(x, y, penalty)
-            residuals = leave_one_out(points, target, penalty=penalty)
-            half[target] = float(np.quantile(np.abs(residuals), QUANTILE))
+            half[target] = float(np.quantile(np.abs(residuals[target]), QUANTILE))
             errors[target] = {
-                "mean_absolute": float(np.mean(np.abs(residuals))),
+                "mean_absolute": float(np.mean(np.abs(residuals[target]))),
                 "quantile_90": half[target],
-                "largest": float(np.max(np.abs(residuals))),
+                "largest": float(np.max(np.abs(residuals[target]))),
             }
         ranges = {
             "records": (min(p.consortium.records for p in points), max(p.consortium.records for p in points)),
@@ -271,12 +304,10 @@ class Forecaster:
         (the intervals are then :data:`EXTRAPOLATION_WIDENING` times wider)."""
         reasons = self.outside(consortium)
         widen = EXTRAPOLATION_WIDENING if reasons else 1.0
-        x = _design([consortium.descriptors()])
+        found = _forecast(self.models, _design([consortium.descriptors()]))
         out = {}
-        for target, model in self.models.items():
-            estimate = float(model.predict(x)[0])
-            if not target.startswith("gain"):
-                estimate = min(1.0, max(0.0, estimate))
+        for target in TARGETS:
+            estimate = float(found[target][0])
             half = widen * self.half_width[target]
             low, high = estimate - half, estimate + half
             if not target.startswith("gain"):
@@ -286,29 +317,29 @@ class Forecaster:
 
 
 def leave_one_out(
-    points: Sequence[Measured], target: str, *, penalty: float = RIDGE
-) -> npt.NDArray[np.float64]:
-    """Each point's error when its whole layout (every ε) is left out of the fit: prediction − measured."""
-    layouts = sorted({p.layout for p in points})
+    points: Sequence[Measured], *, penalty: float = RIDGE
+) -> dict[str, npt.NDArray[np.float64]]:
+    """Each point's error for every :data:`TARGETS` when its whole layout (every ε) is left out of the fit:
+    prediction − measured."""
     x = _design([p.consortium.descriptors() for p in points])
-    y = np.asarray([p.values[target] for p in points])
-    out = np.empty(len(points))
-    for layout in layouts:
+    measured = {target: np.asarray([p.values[target] for p in points]) for target in TARGETS}
+    out = {target: np.empty(len(points)) for target in TARGETS}
+    for layout in sorted({p.layout for p in points}):
         held = np.asarray([p.layout == layout for p in points])
-        model = _Ridge.fit(x[~held], y[~held], penalty)
-        out[held] = model.predict(x[held]) - y[held]
+        found = _forecast(_fit([p for p, h in zip(points, held, strict=True) if not h], penalty), x[held])
+        for target in TARGETS:
+            out[target][held] = found[target] - measured[target][held]
     return out
 
 
 def leave_one_dataset_out(
-    points: Sequence[Measured], target: str, *, train: str, penalty: float = RIDGE
-) -> npt.NDArray[np.float64]:
-    """Errors on every other dataset's points of a fit on dataset ``train``'s points alone: how far the
-    model carries to data it never saw."""
-    x = _design([p.consortium.descriptors() for p in points])
-    y = np.asarray([p.values[target] for p in points])
-    mine = np.asarray([p.dataset == train for p in points])
-    if mine.sum() < 3 or (~mine).sum() == 0:
+    points: Sequence[Measured], *, train: str, penalty: float = RIDGE
+) -> dict[str, npt.NDArray[np.float64]]:
+    """Errors for every :data:`TARGETS` on every other dataset's points of a fit on dataset ``train``'s
+    points alone: how far the model carries to data it never saw."""
+    mine = [p for p in points if p.dataset == train]
+    other = [p for p in points if p.dataset != train]
+    if len(mine) < 3 or not other:
         raise InputError(f"need at least 3 points of {train} and one of another dataset")
-    model = _Ridge.fit(x[mine], y[mine], penalty)
-    return np.asarray(model.predict(x[~mine]) - y[~mine])
+    found = _forecast(_fit(mine, penalty), _design([p.consortium.descriptors() for p in other]))
+    return {target: found[target] - np.asarray([p.values[target] for p in other]) for target in TARGETS}

@@ -99,8 +99,23 @@ def membership_change(old: FederationConfig, new: FederationConfig) -> Membershi
             f"the new federation.yaml's history says {recorded.describe()}, but its teachers say "
             f"{change.describe()}; make it with `capc federation add-party` or `retire-party`"
         )
+    _retired_are_revoked(old, new, retired)
     _same_costs(old, new)
     return change
+
+
+def _retired_are_revoked(old: FederationConfig, new: FederationConfig, retired: tuple[str, ...]) -> None:
+    """Refuse to retire a party unless the same change revokes a certificate of it: its name alone leaving
+    the federation would let the certificate back in the day the name is added again (a revocation of an
+    earlier certificate of the party does not count)."""
+    newly_revoked = {r.party for r in new.revoked if r.serial not in old.revoked_serials}
+    unrevoked = [name for name in retired if name not in newly_revoked]
+    if unrevoked:
+        raise InputError(
+            f"retiring {unrevoked} needs their certificates revoked in the same change (an entry under "
+            "revoked: naming each party and its serial); make the file with `capc federation retire-party "
+            "--party NAME --certificate NAME.crt`"
+        )
 
 
 def _same_costs(old: FederationConfig, new: FederationConfig) -> None:

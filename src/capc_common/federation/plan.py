@@ -48,6 +48,12 @@ def usable_queries(config: FederationConfig) -> int:
     return q.total - q.total % q.bn_batch
 
 
+def plan_batches(config: FederationConfig) -> list[int]:
+    """The sizes of the federation's batches, in stream order (every one full but perhaps the last)."""
+    total, size = usable_queries(config), config.queries.batch_size
+    return [min(size, total - first) for first in range(0, total, size)]
+
+
 def batch_plan(config: FederationConfig, *, first_index: int, count: int) -> BatchPlan:
     """The batch of ``count`` queries starting at ``first_index`` of the federation's stream.
 

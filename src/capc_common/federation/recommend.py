@@ -62,11 +62,26 @@ def _points(value: float) -> str:
     return f"{100 * value:+.1f}"
 
 
+def training_parts(examples: Sequence[int]) -> list[int]:
+    """What parties of ``examples`` labelled images each train on once each keeps its holdout at home
+    (:func:`capc_common.data.holdout_fraction` of its planned size): the units the forecast counts in."""
+    from capc_common.data import holdout_fraction
+
+    return [max(1, round(n * (1 - holdout_fraction(n)))) if n >= 1 else n for n in examples]
+
+
 def recommend(
-    examples: Sequence[int], *, classes: int, epsilon: float, skewed: bool = False
+    examples: Sequence[int],
+    *,
+    classes: int,
+    epsilon: float,
+    skewed: bool = False,
+    training: bool = False,
 ) -> dict[str, Any]:
     """The plan's answer for parties of ``examples`` labelled images each, ``classes`` classes, budget
-    ``epsilon``.
+    ``epsilon``. ``examples`` counts each party's whole labelled set (its holdout included), or with
+    ``training`` its training part (federation.yaml's ``teachers[].examples``): the forecast counts training
+    parts, as the federation sees them.
 
     Returns:
         ``{"choice"`` (one of :data:`CHOICES`), ``"mechanism"`` (federation.yaml's ``mechanism.name`` to run,
@@ -79,7 +94,9 @@ def recommend(
     Raises:
         InputError: no party, fewer than two classes, a non-positive ε, or an empty table.
     """
-    consortium = Consortium(tuple(examples), classes, epsilon, skewed)
+    consortium = Consortium(
+        tuple(examples if training else training_parts(examples)), classes, epsilon, skewed
+    )
     model = forecaster()
     table = _table()
     forecast, outside = model.predict(consortium)
@@ -147,11 +164,11 @@ def recommend(
 def refusal(examples: Sequence[int], *, classes: int, epsilon: float, skewed: bool = False) -> str:
     """Why a federation of these parties should not spend privacy ('' when it may): the plan forecasts its
     student below the median party alone (:func:`recommend`'s ``gain.median`` estimate is negative), or
-    there is no consortium. What ``capc local up`` and preflight refuse on, unless forced. Where the plan
-    cannot forecast at all (no measured table), it does not refuse: a refusal must come from what was
-    measured."""
+    there is no consortium. What ``capc local up`` and preflight refuse on, unless forced: ``examples`` are
+    each party's training part as federation.yaml declares it. Where the plan cannot forecast at all (no
+    measured table), it does not refuse: a refusal must come from what was measured."""
     try:
-        answer = recommend(examples, classes=classes, epsilon=epsilon, skewed=skewed)
+        answer = recommend(examples, classes=classes, epsilon=epsilon, skewed=skewed, training=True)
     except InputError:
         return ""
     gain = answer["expected_gain"]["median"]["estimate"]

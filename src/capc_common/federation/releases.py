@@ -15,16 +15,18 @@ publishes their result bit for bit (the differential test).
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from capc_common.errors import InputError
 from capc_common.federation.config import (
+    Budget,
     DPPLMechanism,
     DPPLPublicMechanism,
     FederationConfig,
@@ -42,6 +44,13 @@ from capc_common.mechanisms import (
 )
 from capc_common.mechanisms.central import PER_EXAMPLE_PASS
 from capc_common.mechanisms.training import DPSGDTrainer, Recipe
+from capc_common.privacy.claims import (
+    GUARDIAN_AND_TEACHER,
+    OUTSIDER,
+    STUDENT_AND_TEACHER,
+    Coalition,
+    coalition_epsilon,
+)
 
 if TYPE_CHECKING:
     from capc_common.models import Backbone
@@ -52,12 +61,14 @@ __all__ = [
     "MAX_RECORDS",
     "DPSGDProtocol",
     "Featuriser",
+    "LazyBackbone",
     "OneReleaseProtocol",
     "PrototypesProtocol",
     "PublicVotesProtocol",
     "ReleaseProtocol",
     "check_records",
     "federation_basis",
+    "planned_figures",
     "protocol_for",
     "prototype_head",
 ]
@@ -84,20 +95,47 @@ def check_records(config: FederationConfig, records: int) -> None:
         )
 
 
+class LazyBackbone:
+    """The shared backbone, loaded by ``load`` on first use, once (thread-safe).
+
+    A party that holds a release protocol but never featurises anything (the guardian of secure-aggregation
+    DP-SGD: its basis is computed by the parties that contribute and the student) never loads the model, so
+    never imports torch: 230 MB of its resident memory.
+    """
+
+    def __init__(self, load: Callable[[], Backbone]) -> None:
+        self._load: Callable[[], Backbone] | None = load
+        self._loaded: Backbone | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Backbone:
+        with self._lock:
+            if self._loaded is None:
+                assert self._load is not None
+                self._loaded, self._load = self._load(), None
+            return self._loaded
+
+
 @dataclass(frozen=True)
 class Featuriser:
     """How a party maps public images (a candidate pool, a public basis's images) to the per-example features
     its records use.
 
     Attributes:
-        backbone: the shared backbone (per example: BatchNorm running statistics).
+        source: the shared backbone (per example: BatchNorm running statistics), or how to load it when first
+            needed.
         shape: ``(height, width, channels)`` of the federation's images.
         cache: the party's shared cache of public images' features (parties on one machine compute once).
     """
 
-    backbone: Backbone
+    source: Backbone | LazyBackbone
     shape: tuple[int, int, int]
     cache: FeatureCache | None = None
+
+    @property
+    def backbone(self) -> Backbone:
+        """The shared backbone (loaded now if it was not)."""
+        return self.source() if isinstance(self.source, LazyBackbone) else self.source
 
     def __call__(self, images: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
         """Per-example features of ``images``."""
@@ -112,7 +150,7 @@ def protocol_for(
     config: FederationConfig,
     *,
     dim: int,
-    backbone: Backbone | None = None,
+    backbone: Backbone | LazyBackbone | None = None,
     cache: FeatureCache | None = None,
 ) -> ReleaseProtocol:
     """The federation's release protocol over ``dim``-dimensional features, refused unless every release
@@ -121,8 +159,9 @@ def protocol_for(
     Args:
         config: the federation.
         dim: the backbone's feature dimension.
-        backbone: the shared backbone, for a mechanism that featurises public images (DPPL-Public's pool,
-            secure-aggregation DP-SGD's basis); the others never use it.
+        backbone: the shared backbone (or how to load it), for a mechanism that featurises public images
+            (DPPL-Public's pool, at once; secure-aggregation DP-SGD's basis, when a party first needs it); the
+            others never use it.
         cache: the party's shared cache of public features, if it has one.
 
     Raises:
@@ -149,6 +188,29 @@ def protocol_for(
             f"δ={b.delta:g}); lower the rounds, add noise, or raise ε"
         )
     return protocol
+
+
+def planned_figures(protocol: ReleaseProtocol, budget: Budget) -> dict[str, Any]:
+    """What a release plan promises before any release, at the ledger's order and δ: its size, each release's
+    RDP, the guarantee ``epsilon`` (every planned release's charge: the plan is fixed before any data is
+    touched, and :func:`protocol_for` checked that it fits the budget) and ε per coalition
+    (:meth:`ReleaseProtocol.coalitions`). The guardian adds what its ledger holds (releases made, RDP spent,
+    its chain head); the model card publishes that."""
+    from capc_common.privacy.analysis import epsilon_at_order
+
+    rdp = protocol.release_rdp(budget.order)
+    planned = protocol.rounds * rdp
+    epsilon = max(0.0, float(epsilon_at_order(budget.order, planned, delta=budget.delta)))
+    return {
+        "releases_planned": protocol.rounds,
+        "rdp_per_release": rdp,
+        "rdp_planned": planned,
+        "epsilon": epsilon,
+        "epsilon_limit": budget.epsilon,
+        "delta": budget.delta,
+        "order": budget.order,
+        "coalitions": [c.to_dict() for c in protocol.coalitions(epsilon=epsilon, delta=budget.delta)],
+    }
 
 
 def prototype_head(
@@ -187,15 +249,47 @@ class ReleaseProtocol(ABC):
 
     def sampler_delta(self, *, epsilon: float) -> float:
         """What the noise tables' distance from the exact discrete Gaussian adds to δ: the released totals
-        depend on ``rounds × length`` noise values, each within its table's bound
+        depend on ``rounds × length`` noise values of each party's part, each within its table's bound
         (:func:`~capc_common.privacy.analysis.delta_with_sampler_distance`)."""
         from capc_common.privacy.analysis import delta_with_sampler_distance
+
+        draws, eta = self.sampler_draws()
+        return delta_with_sampler_distance(epsilon=epsilon, draws=draws, distance=eta)
+
+    def sampler_draws(self) -> tuple[int, float]:
+        """The noise values the released totals depend on (``rounds × length`` of each party's part of the
+        noise) and each one's distance bound."""
+        from capc_common.mechanisms.release import NOISE_PARTS
         from capc_common.privacy.noise import discrete_gaussian_table
 
         eta = max(
-            discrete_gaussian_table(sigma=float(s)).distance_bound for s in np.unique(self.mechanism.sigmas())
+            discrete_gaussian_table(sigma=float(s)).distance_bound
+            for s in np.unique(self.mechanism.part_sigmas())
         )
-        return delta_with_sampler_distance(epsilon=epsilon, draws=self.rounds * self.length, distance=eta)
+        return NOISE_PARTS * self.rounds * self.length, eta
+
+    def coalitions(self, *, epsilon: float, delta: float) -> list[Coalition]:
+        """ε per coalition of the plan (DESIGN §2). The outsider's is the plan's guarantee ``epsilon`` (the
+        sum of both parts of the noise is at least the planned ``N_Z(0, σ²)``); a coalition of the guardian
+        or the student with a teacher party knows one part and sees every round's total through the other
+        alone: ``rounds ×`` :meth:`~capc_common.mechanisms.release.ReleaseMechanism.coalition_rdp`, at its
+        best order and never below the outsider's."""
+        mechanism, rounds = self.mechanism, self.rounds
+        known = coalition_epsilon(lambda lam: rounds * mechanism.coalition_rdp(lam), delta=delta)
+        part = ", ".join(f"{s:.6g}" for s in np.unique(mechanism.part_sigmas()))
+        return [
+            Coalition(OUTSIDER, epsilon, "both parts of the noise: their sum is at least the planned noise"),
+            Coalition(
+                GUARDIAN_AND_TEACHER,
+                max(known, epsilon),
+                f"the student's part of the noise alone (N_Z(0, s²), s = {part})",
+            ),
+            Coalition(
+                STUDENT_AND_TEACHER,
+                max(known, epsilon),
+                f"the guardian's part of the noise alone (N_Z(0, s²), s = {part})",
+            ),
+        ]
 
     def prepare(self, features: npt.ArrayLike) -> npt.ArrayLike:
         """A party's per-example features as its contributions use them, computed once (default: as is)."""
@@ -409,7 +503,7 @@ class DPSGDProtocol(ReleaseProtocol):
         basis = None if p is None else (lambda: federation_basis(p, featuriser=featuriser))
         return cls(DPSGDTrainer(mechanism, recipe, basis=basis))
 
-    def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64] | npt.NDArray[np.float32]:
         """The party's records on the public basis (once; every round reuses them)."""
         return self.trainer.prepare(features)
 
@@ -430,7 +524,8 @@ class DPSGDProtocol(ReleaseProtocol):
     ) -> npt.NDArray[np.int64]:
         """The statistics or the clipped gradient sum at ``state`` over this release's Poisson sample of the
         records (``features`` as :meth:`prepare` returned them)."""
-        return self.trainer.contribute(state, np.asarray(features, dtype=np.float64), labels, source)
+        # As prepared (float32 on a basis): a float64 copy each round would defeat the trainer's caches.
+        return self.trainer.contribute(state, np.asarray(features), labels, source)
 
     def absorb(self, total: npt.NDArray[np.int64]) -> None:
         """The statistics, or one optimiser step on the noisy gradient sum."""

@@ -12,7 +12,7 @@ from capc_common.federation.costs import mechanism_of
 from capc_common.mpc import MpcConfig
 
 if TYPE_CHECKING:
-    from capc_common.federation.releases import ReleaseProtocol
+    from capc_common.federation.releases import LazyBackbone, ReleaseProtocol
     from capc_common.models import Backbone
 
 
@@ -32,23 +32,27 @@ class Runnable:
     instance: one party process, one consumer.
 
     Attributes:
-        loaded: the shared backbone, SHA-256 checked; None where only its file was checked (``model=False``).
+        loaded: the shared backbone, SHA-256 checked; how to load it on first use (a release mechanism checked
+            with ``model=False``: the protocol and the party share the one model); None where only its file
+            was checked (``model=False``).
         protocol: a release mechanism's protocol (None for mechanisms with query batches).
     """
 
-    loaded: Backbone | None
+    loaded: Backbone | LazyBackbone | None
     protocol: ReleaseProtocol | None = None
 
     @property
     def backbone(self) -> Backbone:
-        """The loaded shared backbone.
+        """The shared backbone (loaded now, if it is loaded on first use).
 
         Raises:
             InputError: the check ran with ``model=False`` (the party runs no model at start-up).
         """
         if self.loaded is None:
             raise InputError("this party checked the backbone's file only and loaded no model")
-        return self.loaded
+        from capc_common.federation.releases import LazyBackbone
+
+        return self.loaded() if isinstance(self.loaded, LazyBackbone) else self.loaded
 
     def release_protocol(self) -> ReleaseProtocol:
         """The release protocol; only release federations have one.
@@ -74,7 +78,9 @@ def check_runnable(config: FederationConfig, *, model: bool = True, cache: Path 
         config: the federation.
         model: load the backbone (a party that runs it now: a teacher). False checks its checkpoint file
             alone, without torch (:func:`~capc_common.models.verify_backbone`): the guardian never runs it and
-            the student loads it once, when it trains. A release mechanism's protocol is built either way.
+            the student loads it once, when it trains or (a release mechanism) first featurises. A release
+            mechanism's protocol is built either way, loading the model only if it featurises at once
+            (DPPL-Public's pool).
         cache: the party's shared cache of public images' features (``feature_cache`` in its site file),
             where a release protocol computes public arrays once per machine.
 
@@ -93,13 +99,21 @@ def check_runnable(config: FederationConfig, *, model: bool = True, cache: Path 
 
     q = config.queries
     if isinstance(config.mechanism, ReleaseMember):  # no query batches: the releases must fit instead
-        backbone = _shape_checked_backbone(config)
-        from capc_common.models.cache import FeatureCache
+        from capc_common.federation.releases import LazyBackbone
 
-        shared = None if cache is None else FeatureCache(cache)
-        return Runnable(
-            backbone, protocol_for(config, dim=backbone.feature_dim, backbone=backbone, cache=shared)
-        )
+        backbone: Backbone | LazyBackbone
+        if model:
+            backbone = _shape_checked_backbone(config)
+            dim = backbone.feature_dim
+        else:  # loaded only if the protocol or the party featurises something
+            dim = _shape_checked_file(config)
+            backbone = LazyBackbone(lambda: _shape_checked_backbone(config))
+        shared = None
+        if cache is not None:
+            from capc_common.models.cache import FeatureCache  # torch
+
+            shared = FeatureCache(cache)
+        return Runnable(backbone, protocol_for(config, dim=dim, backbone=backbone, cache=shared))
     check_batch_fits(config)
     if usable_queries(config) == 0:
         raise InputError(
@@ -125,15 +139,17 @@ def _shape_checked_backbone(config: FederationConfig) -> Backbone:
     return backbone
 
 
-def _shape_checked_file(config: FederationConfig) -> None:
-    """The same check from the backbone's checkpoint file alone (no torch, no model built)."""
+def _shape_checked_file(config: FederationConfig) -> int:
+    """The same check from the backbone's checkpoint file alone (no torch, no model built); returns its
+    feature dimension."""
     from capc_common.models import verify_backbone
 
     try:
-        shape = verify_backbone(config.backbone.name, sha256=config.backbone.sha256)
+        shape, dim = verify_backbone(config.backbone.name, sha256=config.backbone.sha256)
     except CapcError as exc:
         raise type(exc)(f"federation.yaml backbone: {exc}") from None
     _check_shape(config, shape)
+    return dim
 
 
 def _check_shape(config: FederationConfig, shape: tuple[int, int, int]) -> None:

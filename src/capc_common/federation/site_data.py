@@ -56,6 +56,28 @@ def label_problem(labels: npt.NDArray[np.integer[Any]], *, classes: int, name: s
     return f"{name} has labels up to {top}; the federation has {classes} classes" if top >= classes else ""
 
 
+def class_name_problem(names: Sequence[str], *, config: FederationConfig, name: str) -> str:
+    """Why data whose classes are ``names`` (in index order) does not fit the federation's ``class_names``
+    ('' when it does, when the federation names none, or when the data's names are its indices): two
+    hospitals whose files name their classes in other orders would otherwise train each index on another
+    class, silently."""
+    ours = config.class_names
+    if ours is None or tuple(names) == tuple(str(i) for i in range(len(names))):
+        return ""
+    if len(names) <= len(ours) and tuple(names) == ours[: len(names)]:
+        return ""
+    differ = [
+        f"{i}: {a!r} here, {b!r} there" for i, (a, b) in enumerate(zip(names, ours, strict=False)) if a != b
+    ]
+    if len(names) > len(ours):
+        differ.append(f"{len(names) - len(ours)} class(es) more than the federation's {len(ours)}")
+    return (
+        f"{name} names its classes {list(names)}, but the federation's class_names are {list(ours)} "
+        f"({'; '.join(differ[:5])}); import the site's images again with `capc data import SOURCE "
+        "--federation federation.yaml --out site.npz`: it maps each name onto the federation's index"
+    )
+
+
 def dataset_findings(
     images: npt.NDArray[np.uint8],
     labels: npt.NDArray[np.integer[Any]],
@@ -63,6 +85,7 @@ def dataset_findings(
     config: FederationConfig,
     name: str,
     heads: int | None = None,
+    missing_classes: Literal["warn", "fail"] = "warn",
 ) -> DataFinding:
     """Whether the examples have the federation's image shape and classes, enough examples for ``heads``
     teacher heads (None: not checked) and every class; the first failure is the finding.
@@ -73,6 +96,8 @@ def dataset_findings(
         config: the federation.
         name: how to name the data in messages (its file, its shard).
         heads: the party's teacher heads (each needs its own shard of examples).
+        missing_classes: what a class without examples is: ``warn`` (a hospital may see few of the
+            federation's classes) or ``fail`` (an import, where it more often means folders named wrong).
     """
     q = config.queries
     expected = (q.height, q.width, q.channels)
@@ -111,11 +136,17 @@ def dataset_findings(
     missing = [c for c, n in enumerate(counts) if n == 0]
     detail = f"{name}: {len(labels)} examples {shape_text(images.shape[1:])}, per class {counts}"
     if missing:
+        named = f" {[config.class_names[c] for c in missing]}" if config.class_names else ""
         return DataFinding(
             "dataset",
-            "warn",
-            f"{detail}; no example of class(es) {missing}",
-            fix="check the label mapping; heads trained without a class never vote for it",
+            missing_classes,
+            f"{detail}; no example of class(es) {missing}{named}",
+            fix="check the label mapping; heads trained without a class never vote for it"
+            + (
+                " (if the site has no examples of those classes, pass --allow-missing-classes)"
+                if missing_classes == "fail"
+                else ""
+            ),
             data=data,
         )
     return DataFinding("dataset", "ok", detail, data=data)

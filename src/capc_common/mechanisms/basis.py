@@ -80,27 +80,53 @@ def public_basis(
         ``(feature_dim, k)`` float32 with orthonormal columns (``k = min(dim, feature_dim)``), largest
         variance first, each column's largest-magnitude entry positive.
     """
-    from capc_common.synth import generate
-
-    height, width, channels = shape
-    blocks = []
-    for name in spec.generators:
-        images = generate(
-            name, seed=spec.seed, start=0, count=spec.images, height=height, width=width, channels=channels
-        )
-        blocks.append(np.asarray(featurize(images), dtype=np.float64))
-    x = np.concatenate(blocks)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    x = np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
-    x -= x.mean(axis=0)
+    x = _centred_rows(spec, featurize=featurize, shape=shape)
     k = min(spec.dim, x.shape[1])
-    top = _top_directions(x, k)
+    top = _top_directions([x], k)
     signs = np.sign(top[np.abs(top).argmax(axis=0), np.arange(k)])
     return np.ascontiguousarray(top * np.where(signs == 0, 1.0, signs), dtype=np.float32)
 
 
-def _top_directions(x: npt.NDArray[np.float64], k: int) -> npt.NDArray[np.float64]:
-    """The ``k`` leading right singular vectors of the centred ``x`` ``(n, d)``, largest first, as columns.
+def _centred_rows(
+    spec: BasisSpec,
+    *,
+    featurize: Callable[[npt.NDArray[np.uint8]], npt.NDArray[np.floating]],
+    shape: tuple[int, int, int],
+) -> npt.NDArray[np.float64]:
+    """The spec's images' features as float64 rows, each L2-normalised (a zero row stays zero), centred.
+
+    Built in one array, in place: each generator's features are written into their rows, then divided by
+    their norms (a block of rows at a time) and centred there: the same operations on the same values as on
+    copies, the same bits. The whole float64 matrix of 10,000 images of a 4,225-wide backbone is 338 MB; its
+    copies (the normalised rows, their squares for the norms) made the student's peak.
+    """
+    from capc_common.synth import generate
+
+    height, width, channels = shape
+    x: npt.NDArray[np.float64] | None = None
+    for i, name in enumerate(spec.generators):
+        images = generate(
+            name, seed=spec.seed, start=0, count=spec.images, height=height, width=width, channels=channels
+        )
+        for start, stop in _blocks(spec.images):
+            block = featurize(images[start:stop])
+            if x is None:
+                x = np.empty((spec.images * len(spec.generators), block.shape[1]), dtype=np.float64)
+            x[i * spec.images + start : i * spec.images + stop] = block
+    assert x is not None  # a spec has at least one generator
+    for start in range(0, len(x), _ROWS_AT_ONCE):  # a row's norm is its own: the same bits a block at a time
+        rows = x[start : start + _ROWS_AT_ONCE]
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)  # (its squares: a copy of the rows it is given)
+        np.divide(rows, norms, out=rows, where=norms > 0)
+        rows[~(norms[:, 0] > 0)] = 0.0
+    x -= x.mean(axis=0)
+    return x
+
+
+def _top_directions(held: list[npt.NDArray[np.float64]], k: int) -> npt.NDArray[np.float64]:
+    """The ``k`` leading right singular vectors of the centred ``x`` ``(n, d)``, largest first, as columns;
+    ``held`` is ``[x]``, emptied once ``x`` is no longer needed (its 338 MB are freed before the
+    decomposition, which then works on the scatter matrix in place).
 
     Only the top ``k`` of the ``d × d`` scatter matrix's eigenpairs are computed (LAPACK's ``syevr``): the
     full decomposition of a 4,225-wide backbone's scatter took 7.1 s on one core, the top 1,024 5.3 s. With
@@ -110,6 +136,7 @@ def _top_directions(x: npt.NDArray[np.float64], k: int) -> npt.NDArray[np.float6
     """
     from scipy.linalg import eigh
 
+    x = held[0]
     n, d = x.shape
     if k < n < d:
         gram = x @ x.T
@@ -119,8 +146,29 @@ def _top_directions(x: npt.NDArray[np.float64], k: int) -> npt.NDArray[np.float6
             top = x.T @ (vectors / np.sqrt(values))
             q, r = np.linalg.qr(top)  # the columns are orthonormal up to rounding amplified by √(λ₁/λₖ)
             return q * np.sign(np.diag(r))
-    _, vectors = eigh(x.T @ x, subset_by_index=[d - k, d - 1], driver="evr")
+        del gram, values, vectors
+    scatter = x.T @ x  # symmetric, both triangles (numpy computes xᵀx as such)
+    del x
+    held.clear()
+    # Its transpose is the same matrix in Fortran order: LAPACK works on it in place instead of on a copy.
+    _, vectors = eigh(scatter.T, subset_by_index=[d - k, d - 1], driver="evr", overwrite_a=True)
     return vectors[:, ::-1]
+
+
+#: Rows normalised together: 34 MB of float64 squares for a 4,225-wide backbone, not a copy of all of them.
+_ROWS_AT_ONCE = 1024
+#: Images featurised together: a multiple of the per-example pass (64), so the featuriser's passes are the
+#: ones it makes over all of a generator's images (the last one too: a short tail joins the block before).
+_IMAGES_AT_ONCE = 1024
+
+
+def _blocks(count: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` blocks of ``_IMAGES_AT_ONCE`` images covering ``count``; a last block shorter than
+    one per-example pass (64) is merged into the one before."""
+    starts = list(range(0, count, _IMAGES_AT_ONCE))
+    if len(starts) > 1 and count - starts[-1] < 64:
+        starts.pop()
+    return [(a, b) for a, b in zip(starts, [*starts[1:], count], strict=True)]
 
 
 #: Smallest eigenvalue kept on the Gram route, relative to the largest: below it a direction is rounding.

@@ -2,12 +2,13 @@
 
 Each runner plays every party exactly as the services do — a party computes its contribution on its own
 records, secret-shares it with a fresh seed (:func:`~capc_common.mechanisms.release.share_contribution`),
-the guardian adds its noise to the expanded seeds (:func:`~capc_common.mechanisms.release.masked_total`) and
+the student adds its part of the noise to its shares (:func:`~capc_common.mechanisms.release.student_half`),
+the guardian adds its part to the expanded seeds (:func:`~capc_common.mechanisms.release.masked_total`) and
 the student reveals the noisy total (:func:`~capc_common.mechanisms.release.reveal`) — so with seeded
 sources a federation must release the same totals, and the runners are the references of the differential
 tests. :func:`run_private_knn` plays Private-kNN's parties and both noise draws batch by batch, as the
 federation's teachers, guardian and student do (the 2PC equals the plaintext rule). The randomness of each
-party (its Poisson samples) and of the guardian (its noise) comes from its own
+party (its Poisson samples), of the guardian and of the student (their parts of the noise) comes from its own
 :class:`~capc_common.privacy.NoiseSource`: CSPRNGs unless seeded sources are injected for a test.
 """
 
@@ -27,7 +28,13 @@ from capc_common.mechanisms.knn import PrivateKNN
 from capc_common.mechanisms.prototypes import DPPrototypes, normalise
 from capc_common.mechanisms.public_prototypes import PublicPrototypes
 from capc_common.mechanisms.public_votes import PublicPrototypeVotes
-from capc_common.mechanisms.release import ReleaseMechanism, masked_total, reveal, share_contribution
+from capc_common.mechanisms.release import (
+    ReleaseMechanism,
+    masked_total,
+    reveal,
+    share_contribution,
+    student_half,
+)
 from capc_common.mechanisms.training import DPSGDTrainer
 from capc_common.privacy import NoiseSource, SystemNoise
 
@@ -202,9 +209,11 @@ def run_private_knn(
 
 
 def release_once(
-    mechanism: ReleaseMechanism, contributions: Sequence[npt.NDArray[np.int64]], *, guardian: NoiseSource
+    mechanism: ReleaseMechanism, contributions: Sequence[npt.NDArray[np.int64]], *, noise: MechanismNoise
 ) -> npt.NDArray[np.int64]:
-    """One release through real additive sharing: ``Σ contributions + guardian noise``.
+    """One release through real additive sharing: ``Σ contributions`` plus the guardian's and the student's
+    parts of the noise, each from its own source (the student's drawn first, as the federation's student
+    draws it before asking for the release; the sources are separate, so the order between them is moot).
 
     Raises:
         InputError: no contribution, or a total that could wrap around the ring.
@@ -212,13 +221,13 @@ def release_once(
     if not contributions:
         raise InputError("a release needs at least one party's contribution")
     shared = [share_contribution(c) for c in contributions]
-    noise = mechanism.guardian_noise(guardian)
-    masked = masked_total([seed for seed, _ in shared], noise=noise)
-    return reveal([share for _, share in shared], masked)
+    half = student_half([share for _, share in shared], noise=mechanism.noise_part(noise.student))
+    masked = masked_total([seed for seed, _ in shared], noise=mechanism.noise_part(noise.guardian))
+    return reveal([half], masked)
 
 
 def run_prototypes(
-    parties: Sequence[PartyData], *, mechanism: DPPrototypes, guardian: NoiseSource | None = None
+    parties: Sequence[PartyData], *, mechanism: DPPrototypes, noise: MechanismNoise | None = None
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Release the noisy per-class sums and counts of all parties' records (one release, cost ``ρ``).
 
@@ -229,7 +238,7 @@ def run_prototypes(
     total = release_once(
         mechanism,
         [mechanism.contribution(p.features, p.labels) for p in parties],
-        guardian=guardian or SystemNoise(),
+        noise=noise or mechanism_noise(),
     )
     return mechanism.prototypes(total)
 
@@ -262,7 +271,7 @@ def run_public_prototypes(
 
 
 def run_public_prototype_votes(
-    parties: Sequence[PartyData], *, mechanism: PublicPrototypeVotes, guardian: NoiseSource | None = None
+    parties: Sequence[PartyData], *, mechanism: PublicPrototypeVotes, noise: MechanismNoise | None = None
 ) -> npt.NDArray[np.int64]:
     """DPPL-Public as the federation runs it: one release of the parties' noisy nearest-candidate vote counts
     through real additive sharing (cost ``mechanism.release_rdp``).
@@ -278,7 +287,7 @@ def run_public_prototype_votes(
     return release_once(
         mechanism,
         [mechanism.contribution(p.features, p.labels) for p in parties],
-        guardian=guardian or SystemNoise(),
+        noise=noise or mechanism_noise(),
     )
 
 
@@ -310,7 +319,7 @@ def run_secure_dpsgd(
     parties: Sequence[PartyData],
     *,
     trainer: DPSGDTrainer,
-    guardian: NoiseSource | None = None,
+    noise: MechanismNoise | None = None,
     party_sources: SourceOf | None = None,
 ) -> DPSGDResult:
     """Train the head as the federation does: per release, every party's contribution at the student's
@@ -320,18 +329,18 @@ def run_secure_dpsgd(
         parties: the parties' records (raw per-example features; the trainer normalises and projects them).
         trainer: the mechanism and its recipe (:class:`~capc_common.mechanisms.training.DPSGDTrainer`); it
             holds the student's state, and the trained head afterwards.
-        guardian: the guardian's noise source (default: a CSPRNG).
+        noise: the guardian's and the student's noise sources (default: CSPRNGs).
         party_sources: each party's sampling source by name (default: a fresh CSPRNG each).
     """
     sources = _party_sources(parties, party_sources)
     trainer.mechanism.check_capacity(records=sum(len(p.labels) for p in parties))
     prepared = [trainer.prepare(p.features) for p in parties]
-    guardian = guardian or SystemNoise()
+    noise = noise or mechanism_noise()
     for _ in range(trainer.rounds):
         state = trainer.state()
         contributions = [
             trainer.contribute(state, x, p.labels, sources[p.name])
             for p, x in zip(parties, prepared, strict=True)
         ]
-        trainer.absorb(release_once(trainer.mechanism, contributions, guardian=guardian))
+        trainer.absorb(release_once(trainer.mechanism, contributions, noise=noise))
     return DPSGDResult(weights=trainer.head(), rounds=trainer.rounds)

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from capc_common.errors import InputError
 from capc_common.mechanisms._records import class_sums, labelled
 from capc_common.mechanisms.dpsgd import fixed_point_for
-from capc_common.mechanisms.release import FixedPoint, ReleaseMechanism
+from capc_common.mechanisms.release import FixedPoint, NoiseBlock, ReleaseMechanism
 from capc_common.privacy.analysis import as_orders, rdp_zcdp
 from capc_common.privacy.analysis._checks import count, positive
 
@@ -104,6 +104,10 @@ class DPPrototypes(ReleaseMechanism):
             )
         self.sigma_sum = self.sensitivity * per_unit
         self.sigma_count = 1.0 / math.sqrt(2 * self.rho * self.count_share)
+        self._blocks = (
+            NoiseBlock(self.classes * self.dim, self.sigma_sum, self.sensitivity),
+            NoiseBlock(self.classes, self.sigma_count, 1),
+        )
 
     def params(self) -> dict[str, Any]:
         """Public parameters of the release."""
@@ -117,6 +121,7 @@ class DPPrototypes(ReleaseMechanism):
             "sigma_sum": self.sigma_sum,
             "sigma_count": self.sigma_count,
             "noise": "discrete",
+            "noise_parts": {"sigma_sum": self.blocks()[0].part, "sigma_count": self.blocks()[1].part},
         }
 
     def release_rdp(self, orders: npt.ArrayLike) -> npt.NDArray[np.float64]:
@@ -128,11 +133,13 @@ class DPPrototypes(ReleaseMechanism):
         """``ρ`` recomputed from the noise actually drawn (equal to the budget up to rounding)."""
         return self.sensitivity**2 / (2 * self.sigma_sum**2) + 1 / (2 * self.sigma_count**2)
 
-    def sigmas(self) -> npt.NDArray[np.float64]:
-        """``σ_sum`` on the ``classes × dim`` sums, then ``σ_count`` on the counts."""
-        return np.concatenate(
-            [np.full(self.classes * self.dim, self.sigma_sum), np.full(self.classes, self.sigma_count)]
-        )
+    def blocks(self) -> tuple[NoiseBlock, ...]:
+        """``σ_sum`` on the ``classes × dim`` sums (Δ = ``2^bits``), then ``σ_count`` on the counts (Δ 1)."""
+        return self._blocks
+
+    def sensitivities(self) -> dict[str, float]:
+        """The sums' and the counts' L2 sensitivity (integer units), for the model card."""
+        return {"sums_l2": float(self.sensitivity), "counts_l2": 1.0}
 
     def max_abs_total(self, *, records: int) -> float:
         """Each record adds at most Δ to one coordinate of its class's sum."""

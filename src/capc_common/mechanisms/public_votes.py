@@ -37,7 +37,7 @@ from capc_common.errors import InputError
 from capc_common.mechanisms._records import labelled
 from capc_common.mechanisms.prototypes import normalise
 from capc_common.mechanisms.public_prototypes import candidate_pool
-from capc_common.mechanisms.release import ReleaseMechanism
+from capc_common.mechanisms.release import NoiseBlock, ReleaseMechanism
 from capc_common.privacy.analysis import as_orders, rdp_zcdp
 from capc_common.privacy.analysis._checks import count, positive
 
@@ -69,6 +69,7 @@ class PublicPrototypeVotes(ReleaseMechanism):
         self.rho = positive("rho", rho)
         self.per_class = count("per_class", per_class, minimum=1, maximum=len(self.candidates))
         self.sigma = 1.0 / math.sqrt(2.0 * self.rho)
+        self._blocks = (NoiseBlock(self.classes * self.pool, self.sigma, 1),)
 
     @property
     def dim(self) -> int:
@@ -92,6 +93,7 @@ class PublicPrototypeVotes(ReleaseMechanism):
             "selection": "noisy nearest-candidate votes, top-K per class (discrete Gaussian)",
             "neighbouring": "add/remove",
             "noise": "discrete",
+            "noise_parts": {"sigma": self.blocks()[0].part},
         }
 
     def release_rdp(self, orders: npt.ArrayLike) -> npt.NDArray[np.float64]:
@@ -103,9 +105,9 @@ class PublicPrototypeVotes(ReleaseMechanism):
         """``1/(2σ²)``, recomputed from the σ drawn (equal to ``rho`` up to rounding)."""
         return 1.0 / (2.0 * self.sigma**2)
 
-    def sigmas(self) -> npt.NDArray[np.float64]:
-        """σ on every one of the ``classes × M`` counts."""
-        return np.full(self.classes * self.pool, self.sigma)
+    def blocks(self) -> tuple[NoiseBlock, ...]:
+        """σ on every one of the ``classes × M`` counts (Δ = 1)."""
+        return self._blocks
 
     def max_abs_total(self, *, records: int) -> float:
         """A count holds at most every record."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -129,9 +129,14 @@ class FeatureMap:
         against 4.2 s) for a difference of a few float32 ulps per coordinate (up to 3e-7 where a coordinate
         is near 1).
         """
+        return np.asarray(self.projected(features), dtype=np.float64)
+
+    def projected(self, features: npt.ArrayLike) -> npt.NDArray[np.float64] | npt.NDArray[np.float32]:
+        """:meth:`project`'s values in the precision they were computed in: float32 on a basis (half the
+        memory of the float64 rows holding the same values), float64 without one."""
         if self.basis is None:
             return normalise(features)
-        return (normalise(features, dtype=np.float32) @ self.basis).astype(np.float64)
+        return normalise(features, dtype=np.float32) @ self.basis
 
     def standardise(self, projected: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """Centre and scale projected rows."""
@@ -183,8 +188,15 @@ def standardiser(
     return mean, sd * spread
 
 
+def _identity(mean: npt.NDArray[np.float64], scale: npt.NDArray[np.float64]) -> bool:
+    """Whether the map ``(mean, scale)`` changes nothing (no statistics release)."""
+    return not (mean.any() or (scale != 1).any())
+
+
 def _mapped(
-    x: npt.NDArray[np.float64], mean: npt.NDArray[np.float64], scale: npt.NDArray[np.float64]
+    x: npt.NDArray[np.float64] | npt.NDArray[np.float32],
+    mean: npt.NDArray[np.float64],
+    scale: npt.NDArray[np.float64],
 ) -> npt.NDArray[np.float64]:
     """Records centred by ``mean`` and divided by ``scale``, as a new array (``x`` stays as it is).
 
@@ -232,7 +244,7 @@ class DPSGDTrainer:
         self._v = np.zeros_like(self.weights)
         #: A party's full batch on the last map it was sent: (its prepared records, the map's bytes, them
         #: mapped). See :meth:`_on_map`.
-        self._mapped: tuple[npt.NDArray[np.float64], bytes, npt.NDArray[np.float64]] | None = None
+        self._mapped: tuple[npt.NDArray[Any], bytes, npt.NDArray[np.float64]] | None = None
         #: The last full batch's records and their squared norms. See :meth:`_squares`.
         self._squared: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
         #: The immutable arrays this trainer made and handed out, by id (weakly: gone with the array).
@@ -264,15 +276,17 @@ class DPSGDTrainer:
         return FeatureMap(self.basis, mean, scale)
 
     # ----------------------------------------------------------------------------------------- party side
-    def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64] | npt.NDArray[np.float32]:
         """A party's records on the basis, once (the projection is the costly step; rounds reuse it).
-        Immutable: every round reads the same records, and :meth:`_on_map` keys its cache by this object."""
-        return self._immutable(self._map(self.mean, self.scale).project(features))
+        Immutable: every round reads the same records, and :meth:`_on_map` keys its cache by this object.
+        Kept in float32 on a basis (:meth:`FeatureMap.projected`): every use widens them to the float64
+        values :meth:`FeatureMap.project` gives, exactly, and a party holds 4 bytes a coordinate, not 8."""
+        return self._immutable(self._map(self.mean, self.scale).projected(features))
 
     def contribute(
         self,
         state: npt.NDArray[np.float64],
-        prepared: npt.NDArray[np.float64],
+        prepared: npt.NDArray[np.float64] | npt.NDArray[np.float32],
         labels: npt.NDArray[np.int64],
         source: NoiseSource,
     ) -> npt.NDArray[np.int64]:
@@ -296,10 +310,15 @@ class DPSGDTrainer:
             raise InputError(f"a {m.name} state's phase must be 0 or 1, got {phase!r}")
         if not (np.isfinite(mean).all() and np.isfinite(scale).all() and (scale > 0).all()):
             raise InputError(f"a {m.name} state's mean must be finite and its scale finite and positive")
-        if mean.any() or (scale != 1).any():  # the identity map (no statistics release) copies nothing
-            x = self._on_map(prepared, mean, scale) if every else _mapped(x, mean, scale)
+        mapped: npt.NDArray[np.float64] = x  # type: ignore[assignment]  # float64 unless mapped below
+        if not _identity(mean, scale):  # the identity map (no statistics release) copies nothing
+            mapped = self._on_map(prepared, mean, scale) if every else _mapped(x, mean, scale)
+        elif x.dtype != np.float64:  # float32 records on the basis: widened, exactly, once for the records
+            # this trainer prepared (immutable), every round for a caller's own
+            own = every and self._made.get(id(prepared)) is prepared
+            mapped = self._on_map(prepared, mean, scale) if own else np.asarray(x, dtype=np.float64)
         weights = state[1 + 2 * k :].reshape(self.weights.shape)
-        return m.contribution(weights, x, y, squares=self._squares(x) if every else None)
+        return m.contribution(weights, mapped, y, squares=self._squares(mapped) if every else None)
 
     def _squares(self, records: npt.NDArray[np.float64]) -> npt.NDArray[np.float64] | None:
         """The full batch's squared norms (and finiteness check), once per batch rather than every round.
@@ -318,15 +337,22 @@ class DPSGDTrainer:
             self._squared = cached = (records, record_squares(records))
         return cached[1]
 
-    def _immutable(self, records: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        """A copy of ``records`` that nothing can change in place (its memory is a ``bytes`` object: numpy
-        refuses to make it writeable again), noted as this trainer's own for :meth:`_squares`."""
-        frozen = np.frombuffer(records.tobytes(), dtype=records.dtype).reshape(records.shape)
+    def _immutable(self, records: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """``records`` as an array that nothing can change in place (it reads them through a read-only
+        buffer: numpy refuses to write to it or make it writeable again; no copy, so a party's records are
+        held once, not twice at their peak), noted as this trainer's own for :meth:`_squares`. The caller
+        hands ``records`` over: it keeps no reference of its own."""
+        records = np.ascontiguousarray(records)
+        view = memoryview(records).toreadonly()  # type: ignore[arg-type]  # numpy arrays export buffers
+        frozen = np.frombuffer(view, dtype=records.dtype).reshape(records.shape)
         self._made[id(frozen)] = frozen
         return frozen
 
     def _on_map(
-        self, prepared: npt.NDArray[np.float64], mean: npt.NDArray[np.float64], scale: npt.NDArray[np.float64]
+        self,
+        prepared: npt.NDArray[np.float64] | npt.NDArray[np.float32],
+        mean: npt.NDArray[np.float64],
+        scale: npt.NDArray[np.float64],
     ) -> npt.NDArray[np.float64]:
         """The full batch on the map ``(mean, scale)``, computed once per map and records.
 
@@ -343,7 +369,12 @@ class DPSGDTrainer:
         if cached is None or cached[0] is not prepared or cached[1] != key:
             # one mapped batch held at a time (its norms too), also while the next is computed
             self._mapped = self._squared = None
-            mapped = self._immutable(_mapped(prepared, mean, scale))  # shared by every round
+            fresh = (
+                np.asarray(prepared, dtype=np.float64)
+                if _identity(mean, scale)
+                else _mapped(prepared, mean, scale)
+            )
+            mapped = self._immutable(fresh)  # shared by every round
             self._mapped = cached = (prepared, key, mapped)
         return cached[2]
 

@@ -168,8 +168,9 @@ def backbone_sha256(name_or_path: str | Path) -> str:
     return read_checkpoint(path).sha256
 
 
-def verify_backbone(name_or_path: str | Path, *, sha256: str | None) -> tuple[int, int, int]:
-    """Check a backbone against its pinned hash without building it; returns the ``(H, W, C)`` it takes.
+def verify_backbone(name_or_path: str | Path, *, sha256: str | None) -> tuple[tuple[int, int, int], int]:
+    """Check a backbone against its pinned hash without building it; returns the ``(H, W, C)`` it takes and
+    its feature dimension.
 
     From its file alone where it has one (no torch); a scattering backbone without a file is built to hash
     it (it has no weights: a few filters).
@@ -180,7 +181,8 @@ def verify_backbone(name_or_path: str | Path, *, sha256: str | None) -> tuple[in
     """
     path = backbone_file(name_or_path)
     if path is None:
-        return load_backbone(name_or_path, sha256=sha256).input_shape
+        backbone = load_backbone(name_or_path, sha256=sha256)
+        return backbone.input_shape, backbone.feature_dim
     checkpoint = read_checkpoint(path)
     check_pinned(name_or_path, actual=checkpoint.sha256, expected=sha256)
-    return checkpoint.input_shape
+    return checkpoint.input_shape, checkpoint.feature_dim

@@ -166,6 +166,11 @@ class CheckpointFile:
         """The ``(H, W, C)`` images the backbone takes."""
         return parse_shape(self.metadata["input_shape"])
 
+    @property
+    def feature_dim(self) -> int:
+        """The length of the features it computes per image."""
+        return int(self.metadata["feature_dim"])
+
 
 def _header(path: Path, data: bytes) -> tuple[dict[str, str], dict[str, Any], int]:
     """The metadata, the tensor entries and where the tensor bytes start, or an InputError."""

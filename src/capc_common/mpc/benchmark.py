@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from capc_common.errors import InputError, UnavailableError
+from capc_common.memory import keep_freed_memory
 from capc_common.mpc.channel import SocketChannel
 from capc_common.mpc.config import DEFAULT_TAILS, Mode, MpcConfig, noise_bound, ring_width
 from capc_common.mpc.evaluator import EvaluatorSession
@@ -69,6 +70,7 @@ def _warm_up() -> None:
 def _garbler_main(
     config: MpcConfig, batches: list[_GuardianBatch], path: str, ready: Any, results: Any
 ) -> None:
+    keep_freed_memory()  # as the guardian's process does (capc_common.memory)
     try:
         _warm_up()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -104,6 +106,7 @@ def _garbler_main(
 
 
 def _evaluator_main(config: MpcConfig, batches: list[_StudentBatch], path: str, results: Any) -> None:
+    keep_freed_memory()  # as the student's process does (capc_common.memory)
     try:
         _warm_up()
         channel = SocketChannel.connect_unix(path, timeout=_TIMEOUT_S)

@@ -140,9 +140,11 @@ class GarblerSession(Party):
         The guardian's share A = Σ_p AES-CTR(seed_p) is expanded here; A + z2 and A + z1 − T enter the
         circuit as the guardian's inputs. ``z1`` is only the guardian's part z1_g of the threshold noise: the
         student adds its own z1_s inside the circuit, so the pass bits the guardian decodes are noisy to it.
-        The evaluator's output labels of the pass wires tell the guardian which queries passed. Before the
-        first of them is read, ``before_decode()`` runs (the guardian makes its durable "this computation
-        may now decode" mark there; if it raises, nothing was decoded). ``commit(reveal)`` gets the pass bits
+        The evaluator's output labels of the pass wires tell the guardian which queries passed. They are all
+        received first — the last only after the evaluator's stash — and only then ``before_decode()`` runs
+        (the guardian makes its durable "this computation may now decode" mark there; if it raises, nothing
+        was decoded), so an evaluator that cannot stash (its disk is full, it crashed) leaves no mark and
+        the batch costs nothing. ``commit(reveal)`` gets the pass bits
         and the decoding bits about to be revealed; it must make the privacy charge durable (and may keep
         the reveal, to send the same bits again later) and return; only then are the decoding bits sent.
         If a hook raises, nothing is revealed, the session is closed and the exception propagates.
@@ -156,7 +158,7 @@ class GarblerSession(Party):
             threshold: the threshold T (Confident-GNMax; None for GNMax).
             commit: ledger hook called with the :class:`Reveal` (pass bits — all True for GNMax — and the
                 decoding bits of the passed queries) before anything is revealed.
-            before_decode: called once, before the first pass bit is decoded.
+            before_decode: called once, after every pass label arrived and before the first is decoded.
 
         Returns:
             ``(B,)`` bool pass bits.
@@ -252,6 +254,7 @@ class GarblerSession(Party):
         chunks = chunk_bounds(queries, self.config.queries_per_chunk)
         pass_bits = np.ones(queries, dtype=bool)
         decode = np.empty((queries, self.config.label_bits), dtype=bool)
+        returned: list[tuple[np.ndarray | None, bytes]] = []  # pass labels, not decoded yet
         for k, (start, stop) in enumerate(chunks):
             tables = StreamWriter(self._send, Tag.GARBLED)
             guardian = self._input_labels(addends[start:stop], tables)
@@ -268,21 +271,21 @@ class GarblerSession(Party):
             decode[start:stop] = (label[..., 0] & np.uint64(1)).astype(bool).T
             if k + 1 < len(chunks):
                 share = self._recv_ot(*chunks[k + 1])
-            if k == 0 and before_decode is not None:
-                before_decode()
-            pass_bits[start:stop] = self._decode_pass(passed, stop - start)
+            # In GNMax mode (no pass wires) the frame is empty: it only marks the point from which the garbler
+            # may commit (the evaluator has stashed its select bits by then).
+            size = 0 if passed is None else 16 * (stop - start)
+            returned.append((passed, bytes(self._recv_exact(Tag.PASS_LABELS, size))))
+        if before_decode is not None:
+            before_decode()
+        for (start, stop), (passed, frame) in zip(chunks, returned, strict=True):
+            pass_bits[start:stop] = self._decode_pass(passed, frame, stop - start)
         return pass_bits, decode
 
-    def _decode_pass(self, zero: np.ndarray | None, n: int) -> np.ndarray:
-        """Map the evaluator's pass-wire labels to bits; anything but one of the two labels is an error.
-
-        In GNMax mode (no pass wires) the evaluator's frame is empty: it only marks the point from which the
-        garbler may commit (the evaluator has stashed its select bits by then).
-        """
+    def _decode_pass(self, zero: np.ndarray | None, frame: bytes, n: int) -> np.ndarray:
+        """Map the evaluator's pass-wire labels to bits; anything but one of the two labels is an error."""
         if zero is None:
-            self._recv_exact(Tag.PASS_LABELS, 0)
             return np.ones(n, dtype=bool)
-        returned = np.frombuffer(self._recv_exact(Tag.PASS_LABELS, 16 * n), dtype=np.uint64).reshape(n, 2)
+        returned = np.frombuffer(frame, dtype=np.uint64).reshape(n, 2)
         is_zero = (returned == zero).all(axis=1)
         is_one = (returned == (zero ^ self._delta)).all(axis=1)
         if not (is_zero | is_one).all():

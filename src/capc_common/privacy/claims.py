@@ -11,21 +11,47 @@ charges is fixed before any data is touched (a release federation's rounds), the
 Every published ε (the student's model card and ``/api/v1/progress``, the central runner's report and card)
 is the guarantee, under ``epsilon``; the realised figure travels beside it as ``epsilon_spent``, each with
 one of the notes below.
+
+**Per coalition.** ``epsilon`` is what an outsider learns: someone who sees what is published and none of the
+noise. A federation's parties see more (a teacher party each round's state, the guardian and the student the
+part of the noise each drew), so a model card also lists ``coalitions``: for each group of parties DESIGN §2
+names — an outsider, the guardian with any one teacher party, the student with any one teacher party — the ε
+that still holds against their pooled view (:class:`Coalition`; ``epsilon`` null where nothing bounds it).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from capc_common.privacy.analysis import DEFAULT_ORDERS, epsilon_from_rdp
 
 __all__ = [
     "CURRENT_STATISTICS",
     "FILTER_GUARANTEE",
     "FILTER_ODOMETER",
+    "GUARDIAN_AND_TEACHER",
+    "OUTSIDER",
     "PLAN_GUARANTEE",
     "PLAN_ODOMETER",
+    "STUDENT_AND_TEACHER",
     "Accounted",
+    "Coalition",
     "accountant",
+    "coalition_epsilon",
 ]
+
+OUTSIDER = ("outsider",)
+"""Sees what is published (the model, its card) and nothing of any party's noise."""
+GUARDIAN_AND_TEACHER = ("guardian", "any one teacher party")
+"""The guardian's view (every mask seed, its own noise) pooled with one teacher party's (its records, each
+round's public state)."""
+STUDENT_AND_TEACHER = ("student", "any one teacher party")
+"""The student's view (every masked share, its own noise, what it decodes) pooled with one teacher party's."""
 
 FILTER_GUARANTEE = (
     "epsilon is the guarantee: the Rényi filter's limit, fixed before any data was touched; whatever the "
@@ -37,8 +63,8 @@ FILTER_ODOMETER = (
 )
 PLAN_GUARANTEE = (
     "epsilon is the guarantee: the charge of every release the federation planned (rounds x one release's "
-    "data-independent RDP), fixed before any data was touched; the ledger's filter caps it at epsilon_limit "
-    "even if a release were paid twice"
+    "data-independent RDP), fixed before any data was touched; the guardian's ledger charges each planned "
+    "round once and no more"
 )
 PLAN_ODOMETER = (
     "epsilon_spent is the charge of the releases made so far (data-independent; equal to epsilon once every "
@@ -71,3 +97,37 @@ def accountant(mechanism: Accounted) -> str:
         f"{mechanism.name}: {mechanism.accounting}; Rényi filter at one fixed order, improved RDP→(ε, δ) "
         "conversion (Canonne, Kamath & Steinke 2020; Balle et al. 2020)"
     )
+
+
+@dataclass(frozen=True)
+class Coalition:
+    """ε against one coalition's pooled view.
+
+    Attributes:
+        members: who pools their views (:data:`OUTSIDER`, :data:`GUARDIAN_AND_TEACHER`,
+            :data:`STUDENT_AND_TEACHER`).
+        epsilon: the guarantee against them at the card's δ, or None where nothing bounds what they learn.
+        note: which noise protects the data against them (or why nothing does).
+    """
+
+    members: tuple[str, ...]
+    epsilon: float | None
+    note: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The model card's form: ``{"members": [...], "epsilon": ε or null, "note": ...}``."""
+        return {"members": list(self.members), "epsilon": self.epsilon, "note": self.note}
+
+
+def coalition_epsilon(
+    curve: Callable[[npt.NDArray[np.float64]], npt.NDArray[np.float64]],
+    *,
+    delta: float,
+    orders: npt.ArrayLike = DEFAULT_ORDERS,
+) -> float:
+    """ε at ``delta`` of a fixed composition whose RDP at each order is ``curve(orders)``: the smallest over
+    the orders, by the improved conversion (Canonne, Kamath & Steinke 2020, Prop. 12; Balle et al. 2020,
+    Thm. 21). A plan fixed before any data is touched may be converted at its best order, unlike a filter.
+    """
+    lam = np.asarray(orders, dtype=np.float64)
+    return epsilon_from_rdp(lam, curve(lam), delta=delta)[0]

@@ -14,6 +14,12 @@ sharing one ledger cannot reveal one batch twice for one charge. ``settle`` may 
 in the same transaction (the guardian keeps there the label decoding bits it is about to send, so it can
 send the same bits again to a student that crashed before storing its labels).
 
+**Releases.** A release federation's guardian charges each release with :meth:`BudgetLedger.charge`: its
+reserve, compute and settle rows and its receipt in one transaction, all of them or none. A release's params
+name its round of the plan (``release: {round, planned}``); the chain's recomputation refuses a round outside
+the plan or charged twice, so no ledger holds more releases than planned (:meth:`BudgetLedger.release_plan`).
+:meth:`BudgetLedger.deposit` keeps, once, what the student revealed from a settled release.
+
 **Storage.** One SQLite file in WAL mode with ``synchronous=FULL`` (each commit is fsynced before it
 returns). Entries are append-only (triggers reject UPDATE and DELETE) and hash-chained: each row stores
 ``SHA-256(previous hash ‖ canonical JSON of the row)``, starting from the hash of the ledger's parameters, so
@@ -30,6 +36,16 @@ every :class:`BudgetLedger` recomputes the totals itself from the chained entrie
 opens, then each new row (from any process) as it appears. A write first checks the stored totals against
 the recomputed ones and refuses (``IntegrityError``, nothing charged) on any difference or broken link, so an
 edited ``state`` row can neither hide spent budget nor make the filter admit a batch the entries refuse.
+
+**A full or read-only volume is not damage.** SQLite rolls back a transaction it cannot write (SQLITE_FULL,
+SQLITE_READONLY, an I/O error), so the chain stays as it was; such a write raises
+:class:`~capc_common.errors.StorageError` (exit code 7) naming the volume and the space needed, never
+"restore a backup". Before the commit points that must not fail half-way — a reservation (whose batch will
+begin and settle), a computation's ``begin`` (whose batch must settle) and a release's ``charge`` (whose total
+the student then deposits) — the ledger checks that its volume has room for the rows still to come, so a
+nearly full volume refuses new work before anything is decoded. A
+ledger on a volume mounted read-only opens read-only (reads and ``verify`` go on) and writes again once the
+volume is read-write, without a restart.
 
 **Concurrency.** Every write is one ``BEGIN IMMEDIATE`` transaction that reads the totals, checks the
 filter and appends, so several processes (or threads) sharing the file serialise and can never overspend;
@@ -58,12 +74,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 from capc_common.durable import fsync_dir
-from capc_common.errors import BudgetExhaustedError, InputError, IntegrityError, UnavailableError
+from capc_common.errors import (
+    BudgetExhaustedError,
+    InputError,
+    IntegrityError,
+    StorageError,
+    UnavailableError,
+)
 from capc_common.privacy.accountant import ConfidentGNMaxAccountant
 from capc_common.privacy.analysis import rdp_budget_at_order
 from capc_common.privacy.analysis._checks import count, non_negative, positive, probability
 from capc_common.privacy.filter import RenyiFilter, refusal_message
 from capc_common.privacy.planning import plan
+from capc_common.storage import classify, read_only, require_space
 
 __all__ = ["MAX_SEQ", "BatchRecord", "BudgetLedger", "Entry", "VerificationReport"]
 
@@ -317,6 +340,11 @@ class _Chain:
         self.computing: dict[str, str] = {}  # batch -> nonce of the computation that began on it
         self.closed: set[str] = set()
         self.problems: list[str] = []
+        #: A release plan's size and each of its rounds' batch (reservations whose params carry
+        #: ``release: {round, planned}``), and how many of them settled.
+        self.releases_planned: int | None = None
+        self.release_rounds: dict[int, str] = {}
+        self.releases_settled = 0
 
     def apply(self, entry: Entry) -> None:
         """Account for the next row (appending a problem for each inconsistency it shows)."""
@@ -342,6 +370,7 @@ class _Chain:
             totals["open"] += 1
             if totals["spent_units"] + totals["reserved_units"] > self.budget_units:
                 problems.append(f"{where}: the reservation crossed the budget")
+            self._release_round(entry, where)
             return
         if entry.kind == "membership":
             self._membership(entry, where)
@@ -371,6 +400,7 @@ class _Chain:
             totals["spent_units"] += entry.units
             totals["answered"] += entry.answered
             totals["settled"] += 1
+            self.releases_settled += _release_of(opening) is not None
         else:
             if entry.units:
                 problems.append(f"{where}: a release must cost nothing")
@@ -378,6 +408,32 @@ class _Chain:
                 problems.append(f"{where}: released after its computation began (it must stay charged)")
             totals["queries"] -= opening.queries
             totals["released"] += 1
+            plan = _release_of(opening)
+            if plan is not None and self.release_rounds.get(plan[0]) == entry.batch_id:
+                del self.release_rounds[plan[0]]  # it revealed nothing: the round may be charged again
+
+    def _release_round(self, entry: Entry, where: str) -> None:
+        """A reservation of a planned release: its round lies in the plan, the plan is the ledger's one, and
+        no other live batch holds the round — so a ledger never charges more releases than planned, nor one
+        round twice."""
+        if "release" not in entry.params:
+            return
+        plan = _release_of(entry)
+        if plan is None:
+            self.problems.append(f"{where}: a release reservation without a valid round and plan")
+            return
+        round_, planned = plan
+        if self.releases_planned is not None and planned != self.releases_planned:
+            self.problems.append(
+                f"{where}: plans {planned} releases, the ledger's plan {self.releases_planned}"
+            )
+        if not 0 <= round_ < planned:
+            self.problems.append(f"{where}: release round {round_} is outside the plan's {planned} releases")
+        held = self.release_rounds.get(round_)
+        if held is not None:
+            self.problems.append(f"{where}: release round {round_} is charged twice (batch {held} holds it)")
+        self.releases_planned = planned if self.releases_planned is None else self.releases_planned
+        self.release_rounds[round_] = entry.batch_id
 
     def _membership(self, entry: Entry, where: str) -> None:
         """A membership entry: it costs nothing, continues the config in force, names the new one by its
@@ -438,6 +494,8 @@ class BudgetLedger:
     def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
         self.path = path
         self._db = connection
+        #: Opened on a read-only volume: reads only, until the volume is read-write again (see ``_write``).
+        self._read_only = read_only(path)
         self._lock = threading.RLock()
         row = self._db.execute(f"SELECT {', '.join(_META_KEYS)} FROM meta WHERE id = 1").fetchone()
         if row is None:
@@ -471,6 +529,19 @@ class BudgetLedger:
     # ------------------------------------------------------------------ construction
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
+        if read_only(path):
+            # SQLite cannot create a WAL index on a read-only volume. With no write-ahead log left the file is
+            # complete and cannot change while the volume stays read-only: ``immutable`` reads it without an
+            # index; a leftover log (a crash) is read through its index, which the crash left behind.
+            wal = Path(f"{path}-wal")
+            flags = "mode=ro" if wal.exists() and wal.stat().st_size else "mode=ro&immutable=1"
+            return sqlite3.connect(
+                f"{path.absolute().as_uri()}?{flags}",
+                uri=True,
+                isolation_level=None,
+                timeout=60.0,
+                check_same_thread=False,
+            )
         db = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
@@ -558,6 +629,8 @@ class BudgetLedger:
             except FileExistsError as exc:
                 raise InputError(f"{target} was created by someone else meanwhile; open it instead") from exc
             fsync_dir(target.parent)
+        except (sqlite3.Error, OSError) as exc:
+            raise classify(exc, path=target, what="ledger") from None
         finally:
             for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
                 leftover.unlink(missing_ok=True)
@@ -607,6 +680,10 @@ class BudgetLedger:
                 db.close()
             if isinstance(exc, IntegrityError):
                 raise
+            if isinstance(exc, sqlite3.Error) and isinstance(
+                problem := classify(exc, path=target, what="ledger"), StorageError | UnavailableError
+            ):
+                raise problem from None
             raise IntegrityError(
                 f"{target} is not a readable budget ledger ({exc}); the file is damaged or not a ledger: "
                 "restore it from a backup"
@@ -729,6 +806,7 @@ class BudgetLedger:
         totals and the stored ``state`` row is checked against them; any inconsistency refuses the write.
         """
         with self._lock, _readable(self.path):
+            self._writable()
             self._db.execute("BEGIN IMMEDIATE")
             seq: int | None = None
             try:
@@ -743,11 +821,37 @@ class BudgetLedger:
                 yield self._db
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:  # SQLite rolled back by itself a commit it could not write
+                    self._db.execute("ROLLBACK")
                 if seq is not None and self._chain.seq != seq:  # an appended row was rolled back: recompute
                     self._chain = self._new_chain()
                     self._catch_up(self._db)
                 raise
+
+    def _writable(self) -> None:
+        """Reopen for writing a ledger opened on a read-only volume, once the volume is read-write again.
+
+        Raises:
+            StorageError: the volume is still read-only (nothing is written).
+        """
+        if not self._read_only:
+            return
+        require_space(self.path, needed=0, what="ledger")  # still read-only: refused, nothing written
+        self._db.close()
+        self._db = self._connect(self.path)
+        self._read_only = False
+
+    def _room(self, commits: int, *, payload: int = 0) -> None:
+        """Refuse to begin what the ledger's volume could not finish: ``commits`` more transactions, carrying
+        ``payload`` bytes of receipts or deposits between them (beyond what a commit's pages hold: a release's
+        receipt and total are as long as its vector).
+
+        Raises:
+            StorageError: the volume has less room than those commits need (or is read-only).
+        """
+        (page,) = self._db.execute("PRAGMA page_size").fetchone()
+        pages = commits * _PAGES_PER_COMMIT + -(-payload // int(page))
+        require_space(self.path, needed=pages * (int(page) + _WAL_FRAME_HEADER), what="ledger")
 
     def _new_chain(self, *, watch: str | None = None) -> _Chain:
         """An empty recomputation of this ledger's chain, from its genesis."""
@@ -837,42 +941,58 @@ class BudgetLedger:
         names = tuple(_text("party", p) for p in parties)
         params_json = _json_object("params", params)
         rdp = non_negative("worst_case_rdp", worst_case_rdp)
-        units = _units(rdp)
+        with self._lock, _readable(self.path):
+            self._room(3)  # this reservation, the batch's begin and its settle
         with self._write() as db:
-            if self._chain.config_hash != self._bound:
-                why = self.superseded(self._bound) or f"the federation config changed{self._since()}"
-                raise UnavailableError(  # a guardian about to restart: the caller retries against the new one
-                    f"{why}; this ledger was opened for the earlier config, so it "
-                    "reserves nothing more: restart the guardian with the new federation.yaml"
+            return self._reserve(db, bid, n, names, mech, params_json, rdp, who)
+
+    def _reserve(
+        self,
+        db: sqlite3.Connection,
+        bid: str,
+        n: int,
+        names: tuple[str, ...],
+        mech: str,
+        params_json: str,
+        rdp: float,
+        who: str,
+    ) -> Entry:
+        """:meth:`reserve` inside the caller's write transaction."""
+        units = _units(rdp)
+        if self._chain.config_hash != self._bound:
+            why = self.superseded(self._bound) or f"the federation config changed{self._since()}"
+            raise UnavailableError(  # a guardian about to restart: the caller retries against the new one
+                f"{why}; this ledger was opened for the earlier config, so it "
+                "reserves nothing more: restart the guardian with the new federation.yaml"
+            )
+        opening, _, _ = self._rows(db, bid)
+        if opening is not None:
+            same = (opening.queries, opening.parties, opening.mechanism, _canonical(opening.params),
+                    opening.units) == (n, names, mech, params_json, units)  # fmt: skip
+            if not same:
+                raise IntegrityError(
+                    f"batch {bid} is already reserved with other parameters (queries {opening.queries}, "
+                    f"mechanism {opening.mechanism}, rdp {opening.rdp:.6g}); use a fresh batch id"
                 )
-            opening, _, _ = self._rows(db, bid)
-            if opening is not None:
-                same = (opening.queries, opening.parties, opening.mechanism, _canonical(opening.params),
-                        opening.units) == (n, names, mech, params_json, units)  # fmt: skip
-                if not same:
-                    raise IntegrityError(
-                        f"batch {bid} is already reserved with other parameters (queries {opening.queries}, "
-                        f"mechanism {opening.mechanism}, rdp {opening.rdp:.6g}); use a fresh batch id"
-                    )
-                return opening
-            totals = self._chain.totals
-            charged = totals["spent_units"] + totals["reserved_units"]
-            if charged + units > self.budget_units:
-                raise BudgetExhaustedError(
-                    refusal_message(
-                        what=f"batch {bid} ({n} queries, worst case)",
-                        requested=rdp,
-                        remaining=(self.budget_units - charged) / UNITS_PER_NAT,
-                        order=self.order,
-                        epsilon=self.epsilon_limit,
-                        delta=self.delta,
-                    )
+            return opening
+        totals = self._chain.totals
+        charged = totals["spent_units"] + totals["reserved_units"]
+        if charged + units > self.budget_units:
+            raise BudgetExhaustedError(
+                refusal_message(
+                    what=f"batch {bid} ({n} queries, worst case)",
+                    requested=rdp,
+                    remaining=(self.budget_units - charged) / UNITS_PER_NAT,
+                    order=self.order,
+                    epsilon=self.epsilon_limit,
+                    delta=self.delta,
                 )
-            return self._append(
-                db, now=time.time(), batch_id=bid, kind="reserve", queries=n, answered=0,
-                parties=names, mechanism=mech, params=json.loads(params_json), rdp=rdp, units=units,
-                detail="", actor=who,
-            )  # fmt: skip
+            )
+        return self._append(
+            db, now=time.time(), batch_id=bid, kind="reserve", queries=n, answered=0,
+            parties=names, mechanism=mech, params=json.loads(params_json), rdp=rdp, units=units,
+            detail="", actor=who,
+        )  # fmt: skip
 
     def begin(self, batch_id: str, *, computation: str, actor: str) -> Entry:
         """Record, durably, the one computation that may reveal a reserved batch — before it decodes anything.
@@ -892,24 +1012,30 @@ class BudgetLedger:
         bid = _text("batch_id", batch_id)
         nonce = _text("computation", computation, limit=128)
         who = _text("actor", actor)
+        with self._lock, _readable(self.path):
+            self._room(2)  # this row and the settle it commits the batch to: refused before any decode
         with self._write() as db:
-            opening, computing, closing = self._rows(db, bid)
-            if opening is None:
-                raise InputError(f"batch {bid} was never reserved; reserve it before computing it")
-            if closing is not None:
-                raise IntegrityError(
-                    f"batch {bid} was already {closing.kind}d; a finished batch is never computed again"
-                )
-            if computing is not None:
-                raise IntegrityError(
-                    f"batch {bid} is already being computed (computation {computing.detail}, by "
-                    f"{computing.actor}); a batch is computed at most once"
-                )
-            return self._append(
-                db, now=time.time(), batch_id=bid, kind="compute", queries=opening.queries, answered=0,
-                parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=0.0, units=0,
-                detail=nonce, actor=who,
-            )  # fmt: skip
+            return self._begin(db, bid, nonce, who)
+
+    def _begin(self, db: sqlite3.Connection, bid: str, nonce: str, who: str) -> Entry:
+        """:meth:`begin` inside the caller's write transaction."""
+        opening, computing, closing = self._rows(db, bid)
+        if opening is None:
+            raise InputError(f"batch {bid} was never reserved; reserve it before computing it")
+        if closing is not None:
+            raise IntegrityError(
+                f"batch {bid} was already {closing.kind}d; a finished batch is never computed again"
+            )
+        if computing is not None:
+            raise IntegrityError(
+                f"batch {bid} is already being computed (computation {computing.detail}, by "
+                f"{computing.actor}); a batch is computed at most once"
+            )
+        return self._append(
+            db, now=time.time(), batch_id=bid, kind="compute", queries=opening.queries, answered=0,
+            parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=0.0, units=0,
+            detail=nonce, actor=who,
+        )  # fmt: skip
 
     def settle(
         self,
@@ -941,41 +1067,143 @@ class BudgetLedger:
         who = _text("actor", actor)
         a = count("answered", answered)
         rdp = non_negative("actual_rdp", actual_rdp)
-        units = _units(rdp)
         nonce = None if computation is None else _text("computation", computation, limit=128)
         if receipt is not None and not isinstance(receipt, bytes | bytearray):
             raise InputError(f"receipt must be bytes, got {type(receipt).__name__}")
         with self._write() as db:
-            opening, computing, closing = self._rows(db, bid)
-            if opening is None:
-                raise InputError(f"batch {bid} was never reserved; reserve it before settling")
-            if closing is not None:
+            return self._settle(db, bid, a, rdp, who, nonce, receipt)
+
+    def _settle(
+        self,
+        db: sqlite3.Connection,
+        bid: str,
+        a: int,
+        rdp: float,
+        who: str,
+        nonce: str | None,
+        receipt: bytes | None,
+    ) -> Entry:
+        """:meth:`settle` inside the caller's write transaction."""
+        units = _units(rdp)
+        opening, computing, closing = self._rows(db, bid)
+        if opening is None:
+            raise InputError(f"batch {bid} was never reserved; reserve it before settling")
+        if closing is not None:
+            raise IntegrityError(
+                f"batch {bid} was already {closing.kind}d; refusing to settle it again (a batch is "
+                "settled at most once, by the computation that began on it)"
+            )
+        began = computing.detail if computing is not None else None
+        if nonce != began:
+            raise IntegrityError(
+                f"batch {bid}: settle names computation {nonce or '(none)'}, but "
+                + (f"computation {began} began on it" if began else "no computation began on it")
+                + "; only the computation that began may settle it"
+            )
+        if a > opening.queries:
+            raise InputError(f"batch {bid} has {opening.queries} queries; {a} cannot have been answered")
+        if units > opening.units:
+            raise InputError(
+                f"batch {bid}: actual rdp {rdp:.6g} exceeds its reserved worst case {opening.rdp:.6g}; "
+                "the reservation must cover every outcome (screening and GNMax for every query)"
+            )
+        entry = self._append(
+            db, now=time.time(), batch_id=bid, kind="settle", queries=opening.queries, answered=a,
+            parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=rdp,
+            units=units, detail=nonce or "", actor=who,
+        )  # fmt: skip
+        if receipt is not None:
+            db.execute("INSERT INTO receipts VALUES (?, ?, ?)", (bid, nonce or "", bytes(receipt)))
+        return entry
+
+    def charge(
+        self,
+        batch_id: str,
+        *,
+        parties: Sequence[str],
+        mechanism: str,
+        params: Mapping[str, Any],
+        rdp: float,
+        computation: str,
+        actor: str,
+        receipt: bytes,
+    ) -> Entry:
+        """Reserve, begin and settle a one-query batch in one transaction, with its receipt: a release, whose
+        output no party can decode before the guardian sends it and which has no outcome to wait for. Either
+        the whole charge and its receipt are durable when this returns, or nothing was written: no release is
+        ever left reserved or begun without its settle.
+
+        Raises:
+            InputError: invalid arguments.
+            IntegrityError: the batch is on the ledger already (a batch is charged once).
+            BudgetExhaustedError: the charge would cross the budget; nothing is written.
+            UnavailableError: a membership change replaced the config this instance was opened for.
+            StorageError: the volume is read-only, or has no room for the charge and the deposit that follows
+                it; nothing is written (and the caller sends nothing).
+
+        Returns:
+            The settle entry.
+        """
+        bid = _text("batch_id", batch_id)
+        who = _text("actor", actor)
+        mech = _text("mechanism", mechanism)
+        nonce = _text("computation", computation, limit=128)
+        names = tuple(_text("party", p) for p in parties)
+        params_json = _json_object("params", params)
+        cost = non_negative("rdp", rdp)
+        if not isinstance(receipt, bytes | bytearray):
+            raise InputError(f"receipt must be bytes, got {type(receipt).__name__}")
+        with self._lock, _readable(self.path):
+            # Before the commit point, like reserve and begin: the charge, and room for the deposit of what
+            # it pays for (a total as long as its receipt), so a charged release can also be kept.
+            self._room(4, payload=2 * len(receipt))
+        with self._write() as db:
+            opening, _, closing = self._rows(db, bid)
+            if opening is not None:
+                state = closing.kind + "d" if closing is not None else "open"
                 raise IntegrityError(
-                    f"batch {bid} was already {closing.kind}d; refusing to settle it again (a batch is "
-                    "settled at most once, by the computation that began on it)"
+                    f"batch {bid} is already on the ledger ({state}); a batch is charged once"
                 )
-            began = computing.detail if computing is not None else None
-            if nonce != began:
-                raise IntegrityError(
-                    f"batch {bid}: settle names computation {nonce or '(none)'}, but "
-                    + (f"computation {began} began on it" if began else "no computation began on it")
-                    + "; only the computation that began may settle it"
-                )
-            if a > opening.queries:
-                raise InputError(f"batch {bid} has {opening.queries} queries; {a} cannot have been answered")
-            if units > opening.units:
+            self._reserve(db, bid, 1, names, mech, params_json, cost, who)
+            self._begin(db, bid, nonce, who)
+            return self._settle(db, bid, 1, cost, who, nonce, receipt)
+
+    def deposit(self, batch_id: str, *, data: bytes, actor: str) -> bool:
+        """Keep, with a settled batch, what its recipient made of the output it was sent (a release's noisy
+        total), under ``<batch>#total`` in the receipts table: once per batch, the same bytes again accepted
+        (an idempotent retry). Durable when this returns.
+
+        Returns:
+            True when stored now, False when these very bytes were stored before.
+
+        Raises:
+            InputError: the batch is not settled, or other bytes are stored for it.
+            StorageError: the volume is read-only or has no room for it; nothing is written (on a full
+                volume, the same bytes deposited before are still acknowledged).
+        """
+        bid = _text("batch_id", batch_id)
+        who = _text("actor", actor)
+        if not isinstance(data, bytes | bytearray):
+            raise InputError(f"a deposit must be bytes, got {type(data).__name__}")
+        with self._write() as db:
+            _, _, closing = self._rows(db, bid)
+            if closing is None or closing.kind != "settle":
                 raise InputError(
-                    f"batch {bid}: actual rdp {rdp:.6g} exceeds its reserved worst case {opening.rdp:.6g}; "
-                    "the reservation must cover every outcome (screening and GNMax for every query)"
+                    f"batch {bid} is not settled; only a settled batch's output can be deposited"
                 )
-            entry = self._append(
-                db, now=time.time(), batch_id=bid, kind="settle", queries=opening.queries, answered=a,
-                parties=opening.parties, mechanism=opening.mechanism, params=opening.params, rdp=rdp,
-                units=units, detail=nonce or "", actor=who,
-            )  # fmt: skip
-            if receipt is not None:
-                db.execute("INSERT INTO receipts VALUES (?, ?, ?)", (bid, nonce or "", bytes(receipt)))
-            return entry
+            row = db.execute("SELECT data FROM receipts WHERE batch_id = ?", (_deposit_key(bid),)).fetchone()
+            if row is not None:
+                if bytes(row[0]) == bytes(data):
+                    return False
+                raise InputError(f"batch {bid} already holds another deposited output; it is kept once")
+            self._room(1, payload=len(data))
+            db.execute("INSERT INTO receipts VALUES (?, ?, ?)", (_deposit_key(bid), who, bytes(data)))
+            return True
+
+    def deposited(self, batch_id: str) -> bytes | None:
+        """What :meth:`deposit` kept for ``batch_id``, or None."""
+        found = self.receipt(_deposit_key(batch_id))
+        return None if found is None else found[1]
 
     def release(self, batch_id: str, *, reason: str, actor: str) -> Entry:
         """Cancel a reserved batch that revealed nothing: it costs nothing. Idempotent.
@@ -1169,6 +1397,14 @@ class BudgetLedger:
             computation=computing.detail if computing is not None else None,
         )
 
+    def release_plan(self) -> tuple[int | None, dict[int, str], int]:
+        """The release plan the ledger's entries record: how many releases it plans (None: no release was
+        charged yet), each charged round's batch, and how many of them settled."""
+        with self._lock, _readable(self.path):
+            self._catch_up(self._db)
+            chain = self._chain
+            return chain.releases_planned, dict(chain.release_rounds), chain.releases_settled
+
     def receipt(self, batch_id: str) -> tuple[str, bytes] | None:
         """``(computation, receipt)`` stored by the settle of ``batch_id``, or None if it stored none."""
         with self._lock:
@@ -1328,15 +1564,23 @@ class BudgetLedger:
                 "were removed from its end or the file was replaced by another ledger"
             )
         figures = self._figures(chain.totals)
+        totals = {k: figures[k] for k in _REPORTED}
+        if chain.releases_planned is not None:
+            totals |= {"releases": chain.releases_settled, "releases_planned": chain.releases_planned}
         return VerificationReport(
             ok=not chain.problems,
             entries=chain.seq,
             problems=chain.problems,
             head=chain.head,
-            totals={k: figures[k] for k in _REPORTED},
+            totals=totals,
             expected_head_at=chain.watched_at,
         )
 
+
+_PAGES_PER_COMMIT = 16
+"""Pages one ledger transaction may write (a row, its index entries, the totals, a receipt, a b-tree split):
+each becomes a WAL frame of a page plus its header."""
+_WAL_FRAME_HEADER = 24
 
 _REPORTED = ("spent_rdp", "reserved_rdp", "epsilon_spent", "epsilon_settled", "epsilon_reserved", "queries",
              "answered", "batches", "open_batches", "released_batches")  # fmt: skip
@@ -1344,15 +1588,36 @@ _REPORTED = ("spent_rdp", "reserved_rdp", "epsilon_spent", "epsilon_settled", "e
 
 @contextmanager
 def _readable(path: Path) -> Iterator[None]:
-    """Turn SQLite's errors into the library's: a busy file is unavailable, anything else is damage."""
+    """Turn SQLite's errors into the library's (:func:`~capc_common.storage.classify`): a busy file is
+    unavailable; a full, read-only or failing volume a :class:`StorageError`, the chain as it was; only what
+    SQLite finds damaged is an :class:`IntegrityError`, and then ``capc budget verify`` says what is left."""
     try:
         yield
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc) or "busy" in str(exc):
-            raise UnavailableError(f"ledger {path} is locked by another writer ({exc}); try again") from None
-        raise IntegrityError(f"ledger {path} could not be read ({exc}); restore it from a backup") from None
-    except sqlite3.DatabaseError as exc:
-        raise IntegrityError(f"ledger {path} is damaged ({exc}); restore it from a backup") from None
+    except sqlite3.Error as exc:
+        problem = classify(exc, path=path, what="ledger")
+        if isinstance(problem, IntegrityError):
+            problem = IntegrityError(
+                f"{problem}; run `capc budget verify --ledger {path}`, and restore the ledger from a backup "
+                "only if it fails"
+            )
+        raise problem from None
+
+
+def _release_of(entry: Entry) -> tuple[int, int] | None:
+    """``(round, planned)`` of a release reservation's ``params["release"]``, or None (not a release, or
+    malformed)."""
+    release = entry.params.get("release")
+    if not isinstance(release, dict):
+        return None
+    round_, planned = release.get("round"), release.get("planned")
+    if type(round_) is not int or type(planned) is not int:
+        return None
+    return round_, planned
+
+
+def _deposit_key(batch_id: str) -> str:
+    """Where a settled batch's deposited output is kept in the receipts table."""
+    return f"{batch_id}#total"
 
 
 def _entry_hash(entry: Entry) -> str:

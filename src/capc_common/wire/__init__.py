@@ -10,6 +10,8 @@ from capc_common.wire.serde import (
     ndarray_to_proto,
     query_from_proto,
     query_to_proto,
+    release_ledger_from_proto,
+    release_ledger_to_proto,
     spec_from_proto,
     spec_to_proto,
 )
@@ -21,6 +23,8 @@ __all__ = [
     "ndarray_to_proto",
     "query_from_proto",
     "query_to_proto",
+    "release_ledger_from_proto",
+    "release_ledger_to_proto",
     "spec_from_proto",
     "spec_to_proto",
 ]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +19,8 @@ from capc_common.wire.capc.v1.common_pb2 import NdArray as ProtoNdArray
 from capc_common.wire.capc.v1.common_pb2 import QuerySpec as ProtoQuerySpec
 from capc_common.wire.capc.v1.common_pb2 import RawImages as ProtoRawImages
 from capc_common.wire.capc.v1.common_pb2 import SyntheticSpec as ProtoSyntheticSpec
+from capc_common.wire.capc.v1.guardian_pb2 import Coalition as ProtoCoalition
+from capc_common.wire.capc.v1.guardian_pb2 import ReleaseLedger as ProtoReleaseLedger
 
 if TYPE_CHECKING:
     from capc_common.synth import SyntheticSpec
@@ -167,3 +170,60 @@ def query_from_proto(message: ProtoQuerySpec) -> SyntheticSpec | RawQuery:
             raise ProtocolError(f"raw query bn_batch {message.raw.bn_batch} is not in [1, {images.shape[0]}]")
         return RawQuery(images=images, bn_batch=message.raw.bn_batch)
     raise ProtocolError("peer sent a query with neither a synthetic spec nor raw images")
+
+
+#: The figures of a release plan on the guardian's ledger (:func:`release_ledger_to_proto`), in wire order.
+RELEASE_LEDGER_COUNTS = ("releases_planned", "releases", "entries")
+RELEASE_LEDGER_FIGURES = (
+    "rdp_per_release",
+    "rdp_planned",
+    "rdp_spent",
+    "epsilon",
+    "epsilon_spent",
+    "epsilon_limit",
+    "delta",
+    "order",
+)
+
+
+def release_ledger_to_proto(figures: Mapping[str, Any]) -> ProtoReleaseLedger:
+    """Encode a release plan's ledger figures: the counts, the RDP and ε figures, the chain ``head`` and the
+    ``coalitions`` (``{"members", "epsilon" (None: unbounded), "note"}`` each)."""
+    coalitions = [
+        ProtoCoalition(members=list(c["members"]), epsilon=c["epsilon"], note=c["note"])
+        if c["epsilon"] is not None
+        else ProtoCoalition(members=list(c["members"]), note=c["note"])
+        for c in figures["coalitions"]
+    ]
+    message = ProtoReleaseLedger(head=str(figures["head"]), coalitions=coalitions)
+    for key in RELEASE_LEDGER_COUNTS:
+        setattr(message, key, int(figures[key]))
+    for key in RELEASE_LEDGER_FIGURES:
+        setattr(message, key, float(figures[key]))
+    return message
+
+
+def release_ledger_from_proto(message: ProtoReleaseLedger) -> dict[str, Any]:
+    """Decode and check a release plan's ledger figures (the inverse of :func:`release_ledger_to_proto`).
+
+    Raises:
+        ProtocolError: a figure that is negative or not finite, more releases than planned, or a
+            coalition with no member.
+    """
+    figures: dict[str, Any] = {k: int(getattr(message, k)) for k in RELEASE_LEDGER_COUNTS}
+    for key in RELEASE_LEDGER_FIGURES:
+        value = float(getattr(message, key))
+        if not (math.isfinite(value) and value >= 0):
+            raise ProtocolError(f"the guardian sent {key} = {value!r}; a ledger figure is finite and >= 0")
+        figures[key] = value
+    if figures["releases"] > figures["releases_planned"]:
+        raise ProtocolError(
+            f"the guardian reports {figures['releases']} releases of a plan of {figures['releases_planned']}"
+        )
+    coalitions = []
+    for c in message.coalitions:
+        epsilon = float(c.epsilon) if c.HasField("epsilon") else None
+        if not c.members or (epsilon is not None and not (math.isfinite(epsilon) and epsilon >= 0)):
+            raise ProtocolError(f"the guardian sent a malformed coalition {list(c.members)} (ε {epsilon!r})")
+        coalitions.append({"members": list(c.members), "epsilon": epsilon, "note": c.note})
+    return {**figures, "head": message.head, "coalitions": coalitions}

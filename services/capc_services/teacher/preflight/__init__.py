@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from capc_common.errors import InputError
+from capc_common.errors import CapcError, InputError
+from capc_services.teacher.preflight.budget import cap_check, lifetime_check, site_exposure
 from capc_services.teacher.preflight.identity import admin_token_check, certificate_checks
 from capc_services.teacher.preflight.model import backbone_check, dataset_checks, heads_check
-from capc_services.teacher.preflight.peers import cap_check, peer_check
+from capc_services.teacher.preflight.peers import peer_check
 from capc_services.teacher.preflight.report import Check, PreflightReport
 from capc_services.teacher.preflight.spending import spending_check
 from capc_services.teacher.settings import TeacherSettings
@@ -21,13 +22,16 @@ from capc_services.teacher.settings import TeacherSettings
 __all__ = ["Check", "PreflightReport", "run_preflight"]
 
 
-def run_preflight(site: str | Path, *, out_dir: Path | None = None, timeout: float = 10.0) -> PreflightReport:
+def run_preflight(
+    site: str | Path, *, out_dir: Path | None = None, timeout: float = 10.0, force: str | None = None
+) -> PreflightReport:
     """Check a teacher party's site before it goes live.
 
     Args:
         site: the party's site file.
         out_dir: where the dataset grid PNG goes (default: ``preflight/`` next to the heads file).
         timeout: seconds to wait for each peer.
+        force: a cap that stops this party part-way is meant, for this reason (a warning, not a failure).
 
     Returns:
         The report (``report.ok`` is False when any check failed).
@@ -87,5 +91,17 @@ def run_preflight(site: str | Path, *, out_dir: Path | None = None, timeout: flo
             if tls_ok
             else Check.skip(name, "the certificate checks failed; the handshake would too")
         )
-    checks.append(cap_check(settings, config))
+    if model is None:
+        checks.append(Check.skip("local_cap", "no usable backbone"))
+        checks.append(Check.skip("lifetime", "no usable backbone"))
+        return report
+    try:
+        exposure = site_exposure(config, model)
+    except CapcError as exc:
+        checks.append(
+            Check.fail("local_cap", str(exc), fix="fix the federation's mechanism with its coordinator")
+        )
+        return report
+    checks.append(cap_check(settings, config, exposure, force=force))
+    checks.append(lifetime_check(settings, config, exposure))
     return report

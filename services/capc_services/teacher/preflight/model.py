@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.errors import CapcError, InputError
+from capc_common.errors import CapcError, InputError, IntegrityError
 from capc_common.federation import FederationConfig, batch_plan, load_shared_backbone
 from capc_common.federation.site_data import DataFinding, dataset_findings, image_findings
 from capc_services.teacher.preflight.report import Check
@@ -83,6 +83,15 @@ def dataset_checks(settings: TeacherSettings, config: FederationConfig, *, out_d
                 str(exc),
                 fix="point data.dataset in the site file at the site's labelled images (npz:/path, "
                 "folder:/path or idx:/dir; see docs/data.md)",
+            )
+        ]
+    except IntegrityError as exc:
+        return [
+            Check.fail(
+                "dataset",
+                str(exc),
+                fix="copy the data file again (docs/operations.md: Load a hospital's data), or write the new "
+                "file's `sha256sum` into data.sha256 if the site's data really changed",
             )
         ]
     found = dataset_findings(

@@ -1,4 +1,4 @@
-"""Preflight of the party's place in the federation: its peers over mutual TLS, and its own ε cap."""
+"""Preflight of the party's place in the federation: its peers over mutual TLS."""
 
 from __future__ import annotations
 
@@ -8,11 +8,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from capc_common.errors import CapcError
-from capc_common.federation import FederationConfig, batch_costs, cap_cover, plan_batches, usable_queries
-from capc_common.privacy import RenyiFilter
 from capc_services.common.interceptors import HASH_HEADER
 from capc_services.teacher.preflight.report import Check
-from capc_services.teacher.settings import TeacherSettings
 from capc_services.tls import TlsFiles
 
 
@@ -77,88 +74,4 @@ def peer_check(
         )
     return Check.ok(
         name, f"{peer} at {address}: mTLS, serving, same federation ({config_hash[:16]}…), {ms} ms", ms=ms
-    )
-
-
-def cap_check(settings: TeacherSettings, config: FederationConfig) -> Check:
-    """The local ε cap: what this party has spent, and what the federation may still cost it.
-
-    Measured against the same figure ``capc local up`` gives its hospitals by default
-    (:func:`~capc_common.federation.cap_cover`): the worst case of every batch of the plan that the
-    federation's own limit can admit — what the cap charges for each batch the party answers.
-    """
-    from capc_services.teacher.cap import LocalCap
-
-    cap_eps = settings.cap.epsilon
-    try:
-        limit = RenyiFilter.for_budget(epsilon=cap_eps, delta=config.budget.delta, order=config.budget.order)
-    except CapcError as exc:
-        return Check.fail(
-            "local_cap",
-            f"cap.epsilon {cap_eps:g}: {exc}",
-            fix="raise cap.epsilon (the federation's δ and Rényi order are fixed by federation.yaml)",
-        )
-    try:
-        # A read-only view: this check runs beside a serving teacher, which holds the record's lock.
-        cap = LocalCap(settings.cap.record, config=config, epsilon_cap=cap_eps, exclusive=False)
-    except CapcError as exc:
-        return Check.fail(
-            "local_cap",
-            str(exc),
-            fix="create the record once with `capc teacher init-cap` (a new site), restore it from backup, "
-            "or give this federation its own cap.record",
-        )
-    costs, cover = batch_costs(config), cap_cover(config)
-    batches = plan_batches(config)[: cover.admissible_batches]
-    spent, fits = cap.rdp, 0
-    for count in batches:
-        if spent + costs.worst_case(count) > limit.budget_rdp:
-            break
-        spent += costs.worst_case(count)
-        fits += 1
-    plan_eps = limit.epsilon_of(cap.rdp + cover.rdp)
-    federation_eps = config.budget.epsilon
-    data = {
-        "epsilon_cap": cap_eps,
-        "epsilon_spent": cap.epsilon,
-        "plan_batches": cover.plan_batches,
-        "plan_queries": usable_queries(config),
-        "admissible_batches": cover.admissible_batches,
-        "epsilon_covering": cover.cap,
-        "plan_epsilon_worst_case": plan_eps,
-        "batches_within_cap": fits,
-    }
-    plan = (
-        f"the federation's limit ε {federation_eps:g} admits at most {cover.admissible_batches} of its "
-        f"{cover.plan_batches} planned batches"
-        if cover.admissible_batches < cover.plan_batches
-        else f"the federation's {cover.plan_batches} planned batches all fit its limit ε {federation_eps:g}"
-    )
-    head = (
-        f"cap ε {cap_eps:g} (spent {cap.epsilon:.3g} on {cap.batches} batches); {plan}, and their worst case "
-        f"costs at most ε {plan_eps:.3g} against this cap"
-    )
-    why = f"covering this federation takes a cap of ε {cover.cap:g}" + (
-        f", above its limit ε {federation_eps:g}: this cap counts every query the party votes on as answered "
-        "(it never sees which were), the federation's ledger only the answered ones"
-        if cover.cap > federation_eps
-        else ""
-    )
-    if fits == len(batches):
-        return Check.ok("local_cap", f"{head}: fits", **data)
-    if fits == 0:
-        return Check.fail(
-            "local_cap",
-            f"{head}: not even one more batch fits, so this party would refuse every batch ({why})",
-            fix=f"raise cap.epsilon above {limit.epsilon_of(cap.rdp + costs.worst_case(batches[0])):.3g} if "
-            "your organisation accepts it, or agree a smaller plan with the coordinator",
-            **data,
-        )
-    return Check.warn(
-        "local_cap",
-        f"{head}: the cap stops this party after {fits} of those {len(batches)} batches (then it refuses; "
-        f"the federation goes on without it if its quorum allows); {why}",
-        fix=f"raise cap.epsilon to {plan_eps:.3g} to answer every batch the federation can run, if your "
-        "organisation accepts it",
-        **data,
     )

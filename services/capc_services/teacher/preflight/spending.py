@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from capc_common.federation import FederationConfig
 from capc_common.federation.refusals import FIELD_NAMES, SpendPlan, pre_spend_refusals
-from capc_services.local.flags import flag_names
+from capc_services.local.flags import flag_names, in_flag_units
 from capc_services.teacher.preflight.report import Check
 
 #: The parameters as a hospital changes them: the coordinator's federation.yaml, or the site's own data.
@@ -43,7 +43,7 @@ def spending_check(config: FederationConfig, *, party: str, examples: int | None
         "spending",
         "; ".join(f"[{r.check}] {r.reason}" for r in refusals),
         fix="; ".join(
-            f"{r.fix(_SITE_NAMES)} (in a federation made by `capc local up`: {r.fix(local)})"
+            f"{r.fix(_SITE_NAMES)} (in a federation made by `capc local up`: {in_flag_units(r).fix(local)})"
             for r in refusals
             if r.changes
         )

@@ -4,12 +4,14 @@ Every function here is pure and vectorised over an array of Rényi orders, cites
 state; accountants, the filter and the ledger build on them.
 """
 
+from capc_common.privacy.analysis.composition import lifetime_order, rdp_at_lower_order
 from capc_common.privacy.analysis.conversion import (
     delta_from_rdp,
     delta_with_sampler_distance,
     epsilon_at_order,
     epsilon_from_rdp,
     epsilon_from_zcdp,
+    epsilon_holding,
     rdp_budget_at_order,
     rdp_budget_curve,
 )
@@ -26,6 +28,12 @@ from capc_common.privacy.analysis.discrete_gaussian import (
     discrete_gaussian_log_sf_difference,
     discrete_gaussian_variance,
     gaussian_delta,
+)
+from capc_common.privacy.analysis.distributed import (
+    distributed_tau,
+    rdp_distributed_discrete_gaussian,
+    share_sigma,
+    zcdp_distributed,
 )
 from capc_common.privacy.analysis.orders import DEFAULT_ORDERS, as_orders
 from capc_common.privacy.analysis.pate import (
@@ -47,15 +55,20 @@ __all__ = [
     "discrete_gaussian_log_sf",
     "discrete_gaussian_log_sf_difference",
     "discrete_gaussian_variance",
+    "distributed_tau",
     "epsilon_at_order",
     "epsilon_from_rdp",
     "epsilon_from_zcdp",
+    "epsilon_holding",
     "gaussian_delta",
+    "lifetime_order",
     "log_pass_probability",
     "log_q_gnmax",
+    "rdp_at_lower_order",
     "rdp_bernoulli",
     "rdp_budget_at_order",
     "rdp_budget_curve",
+    "rdp_distributed_discrete_gaussian",
     "rdp_gaussian",
     "rdp_gnmax_data_dependent",
     "rdp_gnmax_data_independent",
@@ -68,4 +81,6 @@ __all__ = [
     "rdp_threshold_data_dependent",
     "rdp_threshold_gaussian",
     "rdp_zcdp",
+    "share_sigma",
+    "zcdp_distributed",
 ]

@@ -31,6 +31,7 @@ __all__ = [
     "epsilon_at_order",
     "epsilon_from_rdp",
     "epsilon_from_zcdp",
+    "epsilon_holding",
     "rdp_budget_at_order",
     "rdp_budget_curve",
 ]
@@ -132,6 +133,23 @@ def rdp_budget_at_order(*, epsilon: float, delta: float, order: float, method: s
             f"ε={eps - budget:.4g}; raise ε or δ, or pick a larger order"
         )
     return budget
+
+
+def epsilon_holding(rdp: float, *, delta: float, order: float, decimals: int = 2) -> float:
+    """The smallest ε, rounded up to ``decimals`` (a plain figure for a configuration file), whose budget at
+    ``order`` (:func:`rdp_budget_at_order`) holds ``rdp``: the limit or cap to set for a charge of ``rdp``.
+
+    Example:
+        >>> epsilon_holding(1.0, delta=1e-5, order=10.0)
+        1.92
+    """
+    value = non_negative("rdp", rdp)
+    step = 10.0**-decimals
+    exact = float(epsilon_at_order(order, value, delta=delta)) if value > 0 else 0.0
+    limit = max(step, math.ceil(exact / step) * step)
+    while rdp_budget_at_order(epsilon=limit, delta=delta, order=order) < value:  # a rounding hair
+        limit += step
+    return round(limit, decimals)
 
 
 def delta_from_rdp(

@@ -74,6 +74,16 @@ class GuardianServiceStub:
                 request_serializer=capc_dot_v1_dot_guardian__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_guardian__pb2.ReleaseReply.FromString,
                 _registered_method=True)
+        self.DepositRelease = channel.unary_unary(
+                '/capc.v1.GuardianService/DepositRelease',
+                request_serializer=capc_dot_v1_dot_guardian__pb2.DepositReleaseRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_guardian__pb2.ReleaseLedger.FromString,
+                _registered_method=True)
+        self.ReleaseRecord = channel.unary_unary(
+                '/capc.v1.GuardianService/ReleaseRecord',
+                request_serializer=capc_dot_v1_dot_guardian__pb2.ReleaseRecordRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_guardian__pb2.ReleaseRecordReply.FromString,
+                _registered_method=True)
 
 
 class GuardianServiceServicer:
@@ -128,17 +138,39 @@ class GuardianServiceServicer:
 
     def SubmitContribution(self, request, context):
         """Release mechanisms (DP prototypes, secure-aggregation DP-SGD). Teacher party: the 16-byte seed of its
-        mask for one release (its contribution minus AES-CTR(seed) goes to the student). Once per party per
-        release: a second seed, or a seed for a release already charged, is ALREADY_EXISTS.
+        mask for one release of one round (its contribution minus AES-CTR(seed) goes to the student). Once per
+        party per release: a second seed, or a seed naming another round than the attempt's (charged for one,
+        or other parties' seeds named one), is ALREADY_EXISTS; the same seed again is accepted.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Student: charge one release on the ledger (durably) and only then answer with the guardian's masked
-        noisy total. A release id is charged and answered once (ALREADY_EXISTS after); RESOURCE_EXHAUSTED when
-        its cost does not fit the budget (nothing charged, nothing revealed).
+        """Student: charge round `round` of the federation's plan on the ledger — reserve, compute and settle in one
+        durable transaction that keeps the reply as its receipt — and only then answer with the guardian's masked
+        part of the noisy total (the named parties' masks plus the guardian's part of the noise). Idempotent by
+        round: a round already charged is answered with the same reply and charged nothing (`replayed`), whatever
+        the request names. OUT_OF_RANGE for a round beyond the plan; RESOURCE_EXHAUSTED when the charge does not
+        fit the budget; FAILED_PRECONDITION before every named party's seed arrived (nothing charged);
+        ALREADY_EXISTS for an attempt that belongs to another round (charged for it, or its seeds sent for it),
+        even after a guardian restart: an attempt's seeds are released in their round only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DepositRelease(self, request, context):
+        """Student: keep the noisy total it revealed for a charged round with the ledger, so that a student
+        restarted without its journal resumes from the guardian's record. The same total again is accepted;
+        another one is ALREADY_EXISTS; a round not charged is FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseRecord(self, request, context):
+        """Student: where one round stands on the guardian's ledger, and the plan as the ledger records it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -186,6 +218,16 @@ def add_GuardianServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=capc_dot_v1_dot_guardian__pb2.ReleaseRequest.FromString,
                     response_serializer=capc_dot_v1_dot_guardian__pb2.ReleaseReply.SerializeToString,
+            ),
+            'DepositRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.DepositRelease,
+                    request_deserializer=capc_dot_v1_dot_guardian__pb2.DepositReleaseRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_guardian__pb2.ReleaseLedger.SerializeToString,
+            ),
+            'ReleaseRecord': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseRecord,
+                    request_deserializer=capc_dot_v1_dot_guardian__pb2.ReleaseRecordRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_guardian__pb2.ReleaseRecordReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -404,6 +446,60 @@ class GuardianService:
             '/capc.v1.GuardianService/Release',
             capc_dot_v1_dot_guardian__pb2.ReleaseRequest.SerializeToString,
             capc_dot_v1_dot_guardian__pb2.ReleaseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DepositRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.GuardianService/DepositRelease',
+            capc_dot_v1_dot_guardian__pb2.DepositReleaseRequest.SerializeToString,
+            capc_dot_v1_dot_guardian__pb2.ReleaseLedger.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseRecord(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.GuardianService/ReleaseRecord',
+            capc_dot_v1_dot_guardian__pb2.ReleaseRecordRequest.SerializeToString,
+            capc_dot_v1_dot_guardian__pb2.ReleaseRecordReply.FromString,
             options,
             channel_credentials,
             insecure,
