@@ -1,14 +1,19 @@
 """The baselines of ``benchmarks/mechanisms.py``: CaPC's accounting is the Confident-GNMax accountant's, CaPC
-improves a querying party with the other parties' labels, and every new method runs end to end on the
-digits proxy (the Flower one with a real server and real client processes) with a sensible accuracy."""
+improves a querying party with the other parties' labels, DP-FedAvg's statistics release reads back the
+clients' records and is charged as one more step, its in-process run (what a validation sweep runs) is the
+Flower run, and every new method runs end to end on the digits proxy (the Flower one with a real server and
+real client processes) with a sensible accuracy."""
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,9 +22,10 @@ from capc_common.aggregation import mechanism_noise
 from capc_common.data import load_dataset, site_parts
 from capc_common.errors import InputError
 from capc_common.learn.heads import HeadRecipe
-from capc_common.mechanisms import ConfidentGNMax, normalise
+from capc_common.mechanisms import ConfidentGNMax, calibrate, normalise
 from capc_common.mechanisms.capc import capc_epsilon, capc_mechanism, capc_teachers, run_capc
 from capc_common.mechanisms.central import PartyData
+from capc_common.mechanisms.training import standardiser
 from capc_common.privacy import ConfidentGNMaxAccountant
 from capc_common.privacy.analysis import epsilon_from_rdp
 
@@ -187,3 +193,96 @@ def test_dp_fedavg_runs_on_real_flower_processes(
     require(problem is None, f"Flower's environment could not be built here: {problem}")
     table = _run_benchmark(tmp_path, ["dp-fedavg"])
     assert table["dp-fedavg"]["released"] == 8
+
+
+@pytest.fixture(scope="module")
+def bench() -> Iterator[SimpleNamespace]:
+    """The benchmark modules DP-FedAvg is made of (``benchmarks/`` on the path while they are imported)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import _baselines
+        import _flower_app
+        from methods import common, fedavg
+
+        yield SimpleNamespace(baselines=_baselines, app=_flower_app, common=common, fedavg=fedavg)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+def test_the_statistics_release_reads_back_the_clients_records(
+    bench: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each client releases the sums of its records' ``(u, u², 1)·C/√3``, each clipped to ``C`` (one DP-SGD
+    step's sensitivity, so the release is charged as one more step), with ``zC`` noise on each; the server's
+    sum, decoded, is the federation's standardiser of the pooled records (no noise drawn)."""
+    h = bench.common.HYPER["fedavg"]
+    monkeypatch.setitem(h, "clip", 0.1)
+    monkeypatch.setitem(h, "unit_variance", True)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 16))
+    x *= rng.uniform(0.2, 1.0, size=(300, 1)) / np.linalg.norm(x, axis=1, keepdims=True)
+    plan = {"sampling_rate": 1.0, "clip": 0.1, "noise_multiplier": 0.0}
+    total = bench.app.noisy_statistics(x[:120], plan, rng) + bench.app.noisy_statistics(x[120:], plan, rng)
+    mean, scale = bench.fedavg.statistics_map(total, dim=16, noise_multiplier=0.0, clients=2)
+    want = standardiser(
+        x.sum(axis=0), (x * x).sum(axis=0), 300.0, floor=h["variance_floor"], noise=0.0, unit_variance=True
+    )
+    np.testing.assert_allclose(mean, want[0], rtol=1e-10)
+    np.testing.assert_allclose(scale, want[1], rtol=1e-10)
+    # A record of any norm moves its client's release by at most C.
+    assert np.linalg.norm(bench.app.noisy_statistics(np.full((1, 16), 5.0), plan, rng)) <= 0.1 * (1 + 1e-12)
+    # The noise is N(0, (zC)²) on every coordinate: 400 releases of no records at z 2.
+    empty = np.zeros((0, 16))
+    noise = np.stack(
+        [bench.app.noisy_statistics(empty, {**plan, "noise_multiplier": 2.0}, rng) for _ in range(400)]
+    )
+    assert noise.shape == (400, 33) and abs(noise.std() / 0.2 - 1) < 0.03
+
+
+def test_dp_fedavg_charges_the_statistics_release_as_one_more_step(
+    bench: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record is in one client, so its ε is that client's releases: ``rounds × local_steps`` steps and the
+    statistics release. Full batch, ``T`` Gaussian releases of multiplier ``z`` compose to one of ``z/√T``:
+    the noise must be ``√T`` times one release's at the same ε."""
+    parties, ex, ey = _digits_parties(3)
+    h = bench.common.HYPER["fedavg"]
+    fields = {"rounds": 3, "local_steps": 2, "sampling_rate": 1.0, "projection": 0, "statistics": True,
+              "unit_variance": True, "clip": 0.1, "learning_rate": 30.0, "step_noise": 0.0}  # fmt: skip
+    for key, value in fields.items():
+        monkeypatch.setitem(h, key, value)
+    orders, delta = bench.common.ORDERS, bench.common.DELTA
+    one = calibrate(lambda z: epsilon_from_rdp(orders, orders / (2 * z * z), delta=delta)[0], target=3.0)
+    run = functools.partial(bench.fedavg.dp_fedavg_flower, parties, ex, ey, epsilon=3.0, seed=0, basis=None)
+    out = run(python=None)
+    assert out["releases"] == 7 and out["released"] == 4  # the statistics phase and 3 rounds
+    assert out["noise_multiplier"] == pytest.approx(math.sqrt(7) * one, rel=3e-3)
+    assert 3.0 * 0.995 <= out["epsilon"] <= 3.0 * (1 + 1e-9) and out["accuracy"] > 0.5
+    monkeypatch.setitem(h, "statistics", False)
+    out = run(python=None)
+    assert out["releases"] == 6 and out["noise_multiplier"] == pytest.approx(math.sqrt(6) * one, rel=3e-3)
+
+
+@pytest.mark.slow
+def test_the_in_process_run_is_the_flower_run_when_no_noise_is_drawn(
+    bench: SimpleNamespace, require: Callable[[bool, str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a validation sweep runs (:func:`_flower_app.simulate`) computes what the Flower server and client
+    processes compute — both phases, FedAvgM's momentum included — so a setting chosen in process is the
+    setting Flower runs. Full batch and no noise: nothing random is drawn, so they agree to rounding."""
+    problem = _flower_problem()
+    require(problem is None, f"Flower's environment could not be built here: {problem}")
+    monkeypatch.setitem(bench.common.HYPER["fedavg"], "clip", 0.1)
+    monkeypatch.setitem(bench.common.HYPER["fedavg"], "unit_variance", True)
+    parties, _, _ = _digits_parties(3)
+    shards = [(p.features.astype(np.float32), p.labels) for p in parties]
+    plan = {"rounds": 3, "local_steps": 2, "sampling_rate": 1.0, "noise_multiplier": 0.0, "clip": 0.1,
+            "learning_rate": 30.0, "step_noise": 0.0, "server_momentum": 0.9}  # fmt: skip
+    standardise = functools.partial(bench.fedavg.statistics_map, dim=64, noise_multiplier=0.0, clients=3)
+    python = bench.baselines.flower_python(REPO / "runs" / "cache")
+    flower, ran = bench.baselines.dp_fedavg(shards, python=python, plan=plan, standardise=standardise)
+    here, simulated = bench.baselines.dp_fedavg(shards, python=None, plan=plan, standardise=standardise)
+    for a, b in zip(ran["map"], simulated["map"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert np.abs(here).max() > 0.1  # it learned something
+    np.testing.assert_allclose(flower, here, rtol=1e-9, atol=1e-12)
