@@ -30,7 +30,7 @@ operating system's CSPRNG whatever the seed, so two runs of one seed differ by t
   central DIET-PATE pipeline with each party's records dealt to the teachers the planner gives it) and
   ``pate-scratch`` (PATE without public data: pixel MLPs instead of the shared backbone), which run once at
   the largest ε and give every smaller ε from their replayed filter. The registry's mechanisms and the
-  pipelines assume Fashion-MNIST's ten classes; elsewhere they are recorded as not run, with why.
+  pipelines assume a dataset's ten classes; on a subset of classes they are recorded as not run, with why.
 
 ``gain_over_best_party`` is a mechanism's mean accuracy minus the mean (over seeds) of the best party's
 alone accuracy: what the best-placed member gains by joining; ``kept`` rows carry ``gain_over_alone`` (mean
@@ -511,9 +511,9 @@ def append(csv_path: Path, rows: list[dict[str, Any]]) -> None:
 def cannot_run(cell: Cell, method: str) -> str:
     """Why ``method`` cannot run on this layout ('' when it can): the limits the registry's runners have."""
     layout = cell.args.all_layouts[cell.layout]
-    ten = layout.classes is None and layout.dataset in ("fashion-mnist", "digits")
+    ten = layout.classes is None and layout.dataset in ("fashion-mnist", "digits", DIGITS)
     if method not in (*BASELINES, KEPT_OF) and not ten:
-        return f"{method} is measured on Fashion-MNIST's ten classes only"
+        return f"{method} is measured on all ten classes of a dataset only"
     smallest = min(len(p.rows) for p in cell.parties)
     if method == "dp-fedavg" and len(cell.parties) > FLOWER_MAX_CLIENTS:
         return f"{len(cell.parties)} Flower client processes (more than {FLOWER_MAX_CLIENTS} do not fit)"
