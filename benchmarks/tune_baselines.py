@@ -222,7 +222,9 @@ class Sweep:
         self.code = code_hash()
         self.rows = [r for r in _read(self.csv) if r["code"] == self.code]
         for r in self.rows:
-            r["epsilon"], r["draw"], r["accuracy"] = float(r["epsilon"]), int(r["draw"]), float(r["accuracy"])
+            r["draw"] = int(r["draw"])
+            for key in ("epsilon", "accuracy", "epsilon_spent", "seconds"):
+                r[key] = float(r[key])
 
     def run(self, method: str, epsilon: float, stage: str, settings: Settings, *, draw: int = 0,
             flower: bool = False) -> float:  # fmt: skip

@@ -308,6 +308,27 @@ def student_memory(tmp: Path) -> None:
     assert 50 < out["peak_rss_mb"] < 8000 and out["train_s"] > 0
 
 
+def tune_baselines(tmp: Path) -> None:
+    args = ("tune_baselines.py", "--smoke", "--epsilons", "3", "--out", str(tmp), "--format", "json")
+    out = run_json(*args)
+    setting = out["setting"]
+    assert setting["evaluate_on"] == "validation" and setting["evaluation"] == 288  # never the test set
+    assert {m["method"] for m in out["methods"]} == {"dp-fedavg", "central-dpsgd"}
+    for m in out["methods"]:
+        assert m["candidates"] >= 3 and m["stages"][0] == "before"
+        # The chosen setting is the best of what was drawn again, the before setting among the candidates.
+        assert _fraction(m["chosen"]["accuracy_mean"], 0.3) and _fraction(m["before"]["accuracy_mean"], 0.1)
+    rows = out["rows"]
+    assert rows and {r["code"] for r in rows} == {out["code"]}
+    assert all(abs(r["epsilon_spent"] - 3) < 0.05 for r in rows)
+    # Resumed from its CSV, the same code runs no candidate again and chooses the same.
+    again = run_json(*args)
+    assert again["rows"] == rows
+    assert [m["chosen"]["settings"] for m in again["methods"]] == [
+        m["chosen"]["settings"] for m in out["methods"]
+    ]
+
+
 def utility(tmp: Path) -> None:
     out = run_json(
         "utility.py", "--config", str(REPO / "configs" / "digits-quick.yaml"), "--teachers", "40",
@@ -359,6 +380,7 @@ SMOKE: dict[str, Callable[[Path], None]] = {
     "recipe_sweep.py": recipe_sweep,
     "startup.py": startup,
     "student_memory.py": student_memory,
+    "tune_baselines.py": tune_baselines,
     "utility.py": utility,
 }
 #: Smoke tests that take more than ~20 s on the 2-core machine.
