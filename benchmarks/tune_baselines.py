@@ -12,7 +12,7 @@ minutes on two cores, so a search of the federation's size (about 100 settings) 
 candidate is a full run of the method at the budget (its noise calibrated to ε by its own accountant), its
 ``HYPER`` group overridden by the candidate's settings.
 
-**The search** is a staged coordinate search (:data:`FEDAVG_STAGES`, :func:`central_stages`): every stage
+**The search** is a staged coordinate search (:data:`FEDAVG_STAGES`, :data:`CENTRAL_STAGES`): every stage
 proposes settings around the best so far (each stage's candidates are functions of it), the best by validation
 accuracy carries on, and the stages are gone through ``--passes`` times (a second pass starts from the first's
 best; a setting already tried is not run again), so each baseline gets about as many settings as the
@@ -165,34 +165,24 @@ CENTRAL_SAMPLING = ((1.0, 200), (1.0, 50), (0.5, 40), (0.25, 20), (0.25, 40), (0
                     (0.05, 10), (0.05, 20))  # fmt: skip
 
 
-def central_stages(records: int) -> list[Stage]:
-    """Central DP-SGD's stages for ``records`` pooled records: the federation's recipe is its start
-    (``before``: full batch, the step that follows the noise); then the sampling and length (a batch of each
-    share of the records; the step follows each batch's noise), the step, the clip, the momentum, the
-    length, the variance floor, the step again."""
-    batches = [
-        {"batch": 60_000 if share == 1.0 else max(32, round(share * records)), "epochs": epochs}
-        for share, epochs in CENTRAL_SAMPLING
-    ]
-    return [
-        ("sampling and length", True, lambda b: batches),
-        ("step", True, lambda b: _step(b, (0.5, 0.75, 1.5, 2.0))),
-        ("clip", False, lambda b: _clip(b, (0.3, 3.0))),
-        ("momentum", False, lambda b: _momentum(b, "momentum", (0.0, 0.8, 0.95))),
-        ("length", True, lambda b: _scaled(b, "epochs", (0.5, 1.5, 2.0))),
-        ("variance floor", False, lambda b: [{"variance_floor": f} for f in (0.3, 3.0)]),
-        ("step again", True, lambda b: _step(b, (0.7, 1.4))),
-    ]
-
+#: Central DP-SGD: the federation's recipe is its start (``before``: full batch, the step that follows the
+#: noise); then the sampling and length (the step follows each batch's noise), the step, the clip, the
+#: momentum, the length, the variance floor, the step again.
+CENTRAL_STAGES: list[Stage] = [
+    ("sampling and length", True, lambda b: [{"sampling_rate": q, "epochs": e} for q, e in CENTRAL_SAMPLING]),
+    ("step", True, lambda b: _step(b, (0.5, 0.75, 1.5, 2.0))),
+    ("clip", False, lambda b: _clip(b, (0.3, 3.0))),
+    ("momentum", False, lambda b: _momentum(b, "momentum", (0.0, 0.8, 0.95))),
+    ("length", True, lambda b: _scaled(b, "epochs", (0.5, 1.5, 2.0))),
+    ("variance floor", False, lambda b: [{"variance_floor": f} for f in (0.3, 3.0)]),
+    ("step again", True, lambda b: _step(b, (0.7, 1.4))),
+]
 
 #: method → (its HYPER group, its stages).
-METHODS: dict[str, tuple[str, Callable[[int], list[Stage]]]] = {
-    "dp-fedavg": ("fedavg", lambda records: FEDAVG_STAGES),
-    "central-dpsgd": ("dpsgd", central_stages),
-}
+METHODS = {"dp-fedavg": ("fedavg", FEDAVG_STAGES), "central-dpsgd": ("dpsgd", CENTRAL_STAGES)}
 #: ``--smoke``: two stages of each, short runs (the suite's check that the script works).
 SMOKE_STAGES = {"dp-fedavg": ["recipe pieces"], "central-dpsgd": ["step"]}
-SMOKE_HYPER = {"fedavg": {"rounds": 4, "sampling_rate": 1.0}, "dpsgd": {"epochs": 4}}
+SMOKE_HYPER = {"fedavg": {"rounds": 4, "sampling_rate": 1.0}, "dpsgd": {"epochs": 4, "sampling_rate": 1.0}}
 FIELDS = (
     "method",
     "epsilon",
@@ -344,8 +334,7 @@ def tune(sweep: Sweep, method: str, epsilon: float, *, start: Settings, first: b
     ε's choice), every stage at the first ε, the ``again`` stages at the others, then the finalists' draws;
     with ``--flower`` the before and chosen settings on real Flower processes."""
     args = sweep.args
-    group, stages_of = METHODS[method]
-    stages = stages_of(sum(len(p.labels) for p in sweep.cell.federation))
+    group, stages = METHODS[method]
     before = dict(HYPER[group])
     search = Search(sweep, method, epsilon)
     best = search.stage("before", [before, start])

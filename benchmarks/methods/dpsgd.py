@@ -23,9 +23,12 @@ from methods.common import DELTA, HYPER, ORDERS, Method, accuracy, gaussian_nois
 
 
 def dpsgd_plan(records: int, group: str = "dpsgd") -> tuple[float, int, float]:
-    """``(q, rounds, expected batch)`` of a DP-SGD recipe (``HYPER[group]``) for ``records`` records."""
+    """``(q, rounds, expected batch)`` of a DP-SGD recipe (``HYPER[group]``) for ``records`` records: the
+    Poisson rate is the group's ``sampling_rate`` (a share of the records, so a setting tuned on one
+    consortium means the same passes over the data on another) or its published ``batch`` over the
+    records."""
     h = HYPER[group]
-    q = min(1.0, h["batch"] / records)
+    q = min(1.0, h["sampling_rate"] if "sampling_rate" in h else h["batch"] / records)
     return q, max(1, round(h["epochs"] / q)), q * records
 
 
@@ -165,8 +168,8 @@ def central_dpsgd(
 ) -> dict[str, Any]:
     """Central DP-SGD on the pooled features with the federation's recipe pieces — the public basis, a
     statistics release, the step that follows the noise — tuned on its own (``HYPER["dpsgd"]``,
-    docs/mechanisms.md), with what only a trusted curator can do: Poisson sampling (batch
-    ``HYPER["dpsgd"]["batch"]``) of continuous Gaussian noise, accounted by Mironov et al.'s exact
+    docs/mechanisms.md), with what only a trusted curator can do: Poisson sampling (rate
+    ``HYPER["dpsgd"]["sampling_rate"]``) of continuous Gaussian noise, accounted by Mironov et al.'s exact
     subsampled-Gaussian RDP (every release, statistics included)."""
     import secrets
 

@@ -88,6 +88,6 @@ def one_code(rows: Iterable[Mapping[str, object]], *, what: str) -> str:
         listed = ", ".join(f"{n} rows of {c}" for c, n in sorted(counts.items(), key=lambda kv: -kv[1]))
         raise SystemExit(
             f"{what} would mix rows of different code ({listed}; this code is {code_hash()}): run the "
-            "figures again at one code (move the old CSV away, or --fresh), or select rows with --code"
+            "figures again at one code (move the old CSV away, or --fresh)"
         )
     return next(iter(counts), "")
