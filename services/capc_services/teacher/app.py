@@ -237,10 +237,14 @@ def serve(settings: TeacherSettings, *, stop: threading.Event, set_up: bool = Fa
             "labels would be reproducible and NOT private, so this party refuses to vote. Only for a test "
             "federation: set allow_insecure_noise: true in this party's site file"
         )
-    # contributions to noisy totals, no votes: the backbone runs in a featurising process, not this one
-    releases = isinstance(settings.federation_config.mechanism, ReleaseMember)
-    apply_threads(settings.torch_threads, torch=not releases)  # before the start-up check featurises anything
-    party = PartyRuntime(settings, role="teacher", model=not releases, public_cache=not releases)
+    # Contributions to noisy totals, no votes: the records are featurised by a process of their own
+    # (serve_releases), so this one loads the backbone only for a protocol that featurises public images as
+    # it is built, reading the shared cache of them (whose code imports torch) only then.
+    mechanism = settings.federation_config.mechanism
+    model = not isinstance(mechanism, ReleaseMember) or mechanism.featurises_when_built
+    apply_threads(settings.torch_threads, torch=model)  # before the start-up check featurises anything
+    party = PartyRuntime(settings, role="teacher", model=model, public_cache=model)
+    releases = isinstance(mechanism, ReleaseMember)
     config = party.config
     exposure = exposure_of(config, protocol=party.runnable.protocol)
     if set_up:
