@@ -3,10 +3,14 @@ it computed itself before, and the child's refusals as the same errors."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 from sites_harness import federation_dict, teacher_settings
 
@@ -79,3 +83,47 @@ def test_a_refusal_in_the_child_is_the_same_error_in_the_party(site: Path, tmp_p
     with pytest.raises(InputError) as apart:
         featurise_apart(settings, protocol)
     assert str(apart.value) == str(direct.value)
+
+
+def test_the_child_ends_with_its_party_and_leaves_nothing_behind(site: Path, tmp_path: Path) -> None:
+    """A party killed (SIGKILL: no clean-up of its own) while its child featurises: the child ends within
+    seconds instead of running its work to the end, and the directory it was writing to is gone."""
+    settings = _settings(site, site / "site.npz")
+    (tmp_path / "settings.json").write_text(settings.model_dump_json())
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path / "settings.json")], cwd=tmp_path, start_new_session=True
+    )
+    try:
+        child = None
+        deadline = time.monotonic() + 60
+        while child is None and time.monotonic() < deadline and parent.poll() is None:
+            found = [
+                c
+                for c in psutil.Process(parent.pid).children()
+                if "teacher.featurise" in " ".join(c.cmdline())
+            ]
+            child = found[0] if found else None
+            time.sleep(0.02)
+        assert child is not None, "the party never started its featurising process"
+        out = Path(child.cmdline()[-2])
+        assert out.is_dir()
+        parent.kill()
+        parent.wait()
+        gone, alive = psutil.wait_procs([child], timeout=10)
+        assert gone and not alive, "the featurising process outlived its party by 10 s"
+        assert not out.exists()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+#: A party that featurises its site apart (its settings file as argument).
+PARENT = """
+import sys
+from pathlib import Path
+from capc_common.federation import check_runnable
+from capc_services.teacher.featurise import featurise_apart
+from capc_services.teacher.settings import TeacherSettings
+settings = TeacherSettings.model_validate_json(Path(sys.argv[1]).read_text())
+featurise_apart(settings, check_runnable(settings.federation_config, model=False).release_protocol())
+"""

@@ -19,6 +19,8 @@ process checks the basis it is handed against ``federation.yaml``'s pin as if it
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,7 +50,7 @@ def featurise_apart(settings: TeacherSettings, protocol: ReleaseProtocol) -> npt
     """
     with tempfile.TemporaryDirectory(prefix="capc-featurise-") as out:
         child = subprocess.run(
-            [sys.executable, "-m", "capc_services.teacher.featurise", out],
+            [sys.executable, "-m", "capc_services.teacher.featurise", out, str(os.getpid())],
             input=settings.model_dump_json(),
             stdout=subprocess.PIPE,
             text=True,
@@ -105,11 +107,34 @@ def featurise(settings: TeacherSettings, out: Path) -> dict[str, Any]:
     return {"public": public, "features": str(path)}
 
 
+def end_with_parent(out: Path, parent: int) -> None:
+    """End this process, and remove ``out``, when the serving process that started it dies (a party killed
+    while its records are featurised): the kernel signals it (Linux's ``PR_SET_PDEATHSIG``), and a parent
+    already gone before that was asked for is seen by :func:`os.getppid`. Without it the child would run
+    its minute of work to the end and leave up to a few hundred MB of features in a directory nobody
+    removes. The signal ends it as an exception, so a cache file being written is removed, not left half
+    written."""
+    import ctypes
+    import shutil
+
+    def stop(signum: int, frame: object) -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if os.getppid() != parent:
+        stop(signal.SIGTERM, None)
+
+
 def main() -> None:
-    """``python -m capc_services.teacher.featurise OUT``: the site's settings (JSON) on standard input, the
-    result (JSON) as the last line of standard output."""
+    """``python -m capc_services.teacher.featurise OUT PARENT_PID``: the site's settings (JSON) on standard
+    input, the result (JSON) as the last line of standard output."""
     from capc_services.teacher.settings import TeacherSettings
 
+    end_with_parent(Path(sys.argv[1]), int(sys.argv[2]))
     try:
         settings = TeacherSettings.model_validate_json(sys.stdin.read())
         result: dict[str, Any] = featurise(settings, Path(sys.argv[1]))
