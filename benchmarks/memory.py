@@ -9,7 +9,10 @@ confident-gnmax] [--records 5000 --records 20000] [--parties 3] [--alone] [--smo
   ``--train-limit`` each party was given), ``peak_rss_mb`` (the largest ``VmHWM`` of the role's processes:
   the kernel's own high-water mark of each), ``steady_rss_mb`` (the largest of their median resident sizes
   over ``--settle`` seconds once the student has published: what a party holds while it idles between
-  federations), ``cpu_s`` (the most user and system CPU seconds one of them used) and ``processes``.
+  federations), ``with_children_peak_mb`` (the largest sampled sum of one process's resident size and its
+  child processes': a teacher featurises its records in a child process, and a container holds both),
+  ``torch`` (whether any of them had loaded torch: its library mapped when last sampled), ``cpu_s`` (the
+  most user and system CPU seconds one of them used) and ``processes``.
 * ``federations``: per mechanism and records, ``held`` (records each teacher party holds: the
   ``--train-limit`` selects by content hash, so about that many, at most its shard; release mechanisms only),
   ``up_s`` (``capc local up`` until every party is ready), ``work_s`` (ready until published) and ``round_s``
@@ -85,6 +88,8 @@ class _Process:
     role: str
     party: str
     peak_kb: int = 0
+    with_children_kb: int = 0
+    torch: bool = False
     cpu_s: float = 0.0
     rss_kb: list[tuple[float, int]] = field(default_factory=list)
 
@@ -121,6 +126,9 @@ class _Sampler:
             entry = self.seen.setdefault(pid, _Process(role=role, party=party))
             entry.peak_kb = max(entry.peak_kb, status.get("VmHWM", 0))
             entry.rss_kb.append((now, status.get("VmRSS", 0)))
+            children = sum((_status(child) or {}).get("VmRSS", 0) for child in _children(pid))
+            entry.with_children_kb = max(entry.with_children_kb, status.get("VmRSS", 0) + children)
+            entry.torch = _maps_torch(pid, entry.torch)
             entry.cpu_s = max(entry.cpu_s, _cpu_s(pid))
 
     def _parties(self) -> Iterator[tuple[int, str, str]]:
@@ -146,6 +154,23 @@ def _status(pid: int) -> dict[str, int] | None:
     return {
         k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in lines) if k in ("VmRSS", "VmHWM")
     }
+
+
+def _children(pid: int) -> list[int]:
+    """The process ids of a live process's children, grandchildren, ... (none once it is gone)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _maps_torch(pid: int, before: bool) -> bool:
+    """Whether a live process has torch's library mapped (``before`` once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libtorch" in f.read()
+    except OSError:
+        return before
 
 
 def _cpu_s(pid: int) -> float:
@@ -236,6 +261,8 @@ def measure(
             "records": records,
             "peak_rss_mb": round(max(p.peak_kb for p in of_role) / 1024, 1),
             "steady_rss_mb": round(max(steady) / 1024, 1) if steady else None,
+            "with_children_peak_mb": round(max(p.with_children_kb for p in of_role) / 1024, 1),
+            "torch": any(p.torch for p in of_role),
             "cpu_s": round(max(p.cpu_s for p in of_role), 1),
             "processes": len(of_role),
         })  # fmt: skip

@@ -3,6 +3,7 @@ back only for the same map and the same records."""
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -11,8 +12,9 @@ import numpy as np
 import pytest
 
 from capc_common.dietpate.cache import FeatureCache
+from capc_common.errors import InputError
 from capc_common.learn import BackboneFeaturizer
-from capc_common.mechanisms.central import extract_per_example
+from capc_common.mechanisms.central import extract_per_example, records_entry, write_per_example
 from capc_common.models import load_backbone
 from capc_common.synth import generate
 
@@ -82,3 +84,50 @@ def test_a_damaged_records_cache_file_is_featurised_again_and_replaced(
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no temporary file left
     np.testing.assert_array_equal(extract_per_example(featurizer, records, cache=cache), direct)
     assert featurizer.featurised == 2 * 70
+
+
+@pytest.fixture(scope="module")
+def hybrid() -> BackboneFeaturizer:
+    """The shipped learned backbone (convolutions: what a batch's size could change, if anything would)."""
+    return BackboneFeaturizer(load_backbone("hybrid-28x28x1"))
+
+
+@pytest.mark.parametrize("count", [286, 356])
+def test_records_written_a_block_at_a_time_are_the_features_of_one_call(
+    tmp_path: Path, hybrid: BackboneFeaturizer, count: int
+) -> None:
+    """A party's featurising process writes its records' features a block at a time (it never holds them
+    all): the same bits as one call, whether the last block is short of a pass (286 = 2 × 128 + 30: it joins
+    the block before) or a block of its own ending in an overlapping pass (356)."""
+    featurizer = hybrid
+    records = generate("dead_leaves", seed=3, start=0, count=count, height=28, width=28, channels=1)
+    cache = FeatureCache(tmp_path)
+    entry = records_entry(featurizer, records)
+    path = cache.store_with(entry, lambda handle: write_per_example(featurizer, records, handle, block=128))
+    assert path is not None and cache.stored(entry, shape=(count, featurizer.feature_dim), dtype=np.float32)
+    written = np.load(path)
+    direct = extract_per_example(featurizer, records)
+    assert written.dtype == np.float32 and written.tobytes() == direct.tobytes()  # bit for bit
+    # what extract_per_example reads back from the same cache entry
+    np.testing.assert_array_equal(extract_per_example(featurizer, records, cache=cache), direct)
+    with pytest.raises(InputError, match="whole passes"):
+        write_per_example(featurizer, records, io.BytesIO(), block=100)
+
+
+@pytest.mark.parametrize("damage", [_truncated, _one_row_short, _float64, _not_an_array])
+def test_a_stored_file_is_checked_from_its_header(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Callable[[Path, np.ndarray], None]
+) -> None:
+    """:meth:`FeatureCache.stored` names a stored file only if it holds the whole array described (read from
+    its header, its values not loaded), with the same warning as a damaged file read whole."""
+    features = np.arange(70 * 8, dtype=np.float32).reshape(70, 8)
+    cache, entry = FeatureCache(tmp_path), {"kind": "records", "content": "x"}
+    cache.store(entry, features)
+    (path,) = tmp_path.glob("records-*.npy")
+    assert cache.stored(entry, shape=(70, 8), dtype=np.float32) == path
+    assert FeatureCache(None).stored(entry, shape=(70, 8), dtype=np.float32) is None
+    damage(path, features)
+    with caplog.at_level(logging.WARNING, logger="capc_common.dietpate.cache"):
+        assert cache.stored(entry, shape=(70, 8), dtype=np.float32) is None
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert str(path) in warning and "computing it again" in warning, warning

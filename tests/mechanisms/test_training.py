@@ -430,3 +430,52 @@ def test_a_full_batchs_norms_are_computed_once_and_only_for_the_trainers_own_rec
     for _ in range(2):  # refused every round: a failed check is never kept
         with pytest.raises(InputError, match="inf or NaN"):
             trainer.contribute(state, bad, y, source)
+
+
+def test_features_handed_over_are_projected_in_place_to_the_same_bits(basis: np.ndarray) -> None:
+    """A party that hands its raw features over (``consume``) has them normalised in place, holding them
+    once: the prepared records are the bits of a party that kept its features; a party that does not hand
+    them over, or float64 or read-only features, keeps them unchanged."""
+    rng = np.random.default_rng(9)
+    raw = rng.standard_normal((300, 64)).astype(np.float32)
+    raw[7] = 0.0  # a zero row stays zero
+    kept = _trainer(basis).prepare(raw.copy())
+    handed = raw.copy()
+    prepared = _trainer(basis).prepare(handed, consume=True)
+    assert prepared.dtype == np.float32 and prepared.tobytes() == kept.tobytes()
+    assert not np.array_equal(handed, raw)  # overwritten: normalised in place
+    np.testing.assert_array_equal(handed, training.normalise(raw, dtype=np.float32))
+    for own in (raw.copy(), raw.astype(np.float64)):
+        before = own.copy()
+        assert _trainer(basis).prepare(own, consume=own.dtype == np.float64).tobytes() == kept.tobytes()
+        np.testing.assert_array_equal(own, before)
+    frozen = raw.copy()
+    frozen.flags.writeable = False
+    assert _trainer(basis).prepare(frozen, consume=True).tobytes() == kept.tobytes()
+    with pytest.raises(InputError, match="not into float64"):
+        training.normalise(raw, dtype=np.float32, out=np.empty(raw.shape))
+
+
+def test_a_basis_handed_over_is_used_and_checked_against_the_pin(basis: np.ndarray) -> None:
+    """A party's serving process adopts the basis its featurising process computed (it never computes it):
+    used as is when its digest is the pinned one, refused when it is not; a trainer without a basis, or one
+    of other columns, refuses any."""
+    from capc_common.errors import IntegrityError
+    from capc_common.federation.releases import DPSGDProtocol
+
+    def never() -> np.ndarray:
+        raise AssertionError("the serving process computed the basis")
+
+    m = SecureDPSGD(classes=10, dim=basis.shape[1], clip=1.0, noise_multiplier=1.0, sampling_rate=1.0)
+    pinned = DPSGDProtocol(DPSGDTrainer(m, Recipe(rounds=3), basis=never), pin=basis_digest(basis))
+    pinned.adopt({"basis": basis})
+    assert pinned.trainer.basis is basis and pinned.precomputed()["basis"] is basis
+    other = DPSGDProtocol(DPSGDTrainer(m, Recipe(rounds=3), basis=never), pin=basis_digest(basis))
+    with pytest.raises(IntegrityError, match=r"federation\.yaml pins"):
+        other.adopt({"basis": basis[:, ::-1].copy()})
+    with pytest.raises(InputError, match="columns"):
+        DPSGDProtocol(DPSGDTrainer(m, Recipe(rounds=3), basis=never)).adopt({"basis": basis[:, :-1].copy()})
+    with pytest.raises(InputError, match="no public basis"):
+        DPSGDProtocol(DPSGDTrainer(m, Recipe(rounds=3), basis=None)).adopt({"basis": basis})
+    with pytest.raises(InputError, match="derives no pool"):
+        pinned.adopt({"pool": basis})

@@ -26,15 +26,18 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 
-def apply_threads(threads: int | None) -> None:
+def apply_threads(threads: int | None, *, torch: bool = True) -> None:
     """Cap the CPU threads of torch and of numpy's BLAS (several parties on one machine must not
     oversubscribe its cores: their idle threads spin, measured at 7× the CPU time of one thread for the
-    features of 2,048 images with two threads each beside two busy processes on two cores)."""
+    features of 2,048 images with two threads each beside two busy processes on two cores). ``torch``:
+    False in a process that never runs the backbone (numpy's alone; torch is not imported)."""
     if threads is not None:
-        import torch
         from threadpoolctl import threadpool_limits
 
-        torch.set_num_threads(threads)
+        if torch:
+            import torch as torch_module
+
+            torch_module.set_num_threads(threads)
         threadpool_limits(limits=threads, user_api="blas")
 
 
@@ -46,6 +49,9 @@ class PartyRuntime:
         role: ``guardian``, ``student`` or ``teacher``.
         model: load the shared backbone now (a teacher votes with it); otherwise only its file is checked,
             without torch (:func:`check_runnable`), and the party loads it when it needs it, once.
+        public_cache: a release protocol reads and writes the site's shared cache of public features
+            (``feature_cache``); False for a party whose featurising process does that for it (the cache's
+            code imports torch).
 
     Raises:
         InputError: the certificate's CN is not the site's party, the admin token is unusable, or the
@@ -53,7 +59,9 @@ class PartyRuntime:
         IntegrityError: the backbone is not the one federation.yaml pins.
     """
 
-    def __init__(self, settings: SiteSettings, *, role: str, model: bool = False) -> None:
+    def __init__(
+        self, settings: SiteSettings, *, role: str, model: bool = False, public_cache: bool = True
+    ) -> None:
         self.settings = settings
         self.role = role
         self.config = settings.federation_config
@@ -61,7 +69,7 @@ class PartyRuntime:
         #: The shared backbone (and a release mechanism's protocol), verified with everything else
         #: federation.yaml pins (refused otherwise).
         self.runnable = check_runnable(
-            self.config, model=model, cache=getattr(settings, "feature_cache", None)
+            self.config, model=model, cache=getattr(settings, "feature_cache", None) if public_cache else None
         )
         self.tls = settings.tls.files()
         self.certificate = certificate_info(settings.tls.cert)

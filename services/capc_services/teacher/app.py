@@ -16,7 +16,6 @@ from capc_common.aggregation import sampling_noise
 from capc_common.errors import InputError
 from capc_common.federation import ReleaseMember, exposure_of, mechanism_of
 from capc_common.federation.releases import check_records
-from capc_common.learn.heads import HeadEnsemble
 from capc_common.mechanisms import Voter
 from capc_services.common.admin import RecentCheck, api_router
 from capc_services.common.party import PartyRuntime, apply_threads
@@ -28,6 +27,7 @@ from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.worker import TeacherWorker
 
 if TYPE_CHECKING:
+    from capc_common.learn.heads import HeadEnsemble
     from capc_common.models import Backbone
     from capc_common.models.cache import FeatureCache
     from capc_common.privacy import NoiseSource
@@ -41,6 +41,8 @@ def load_heads(settings: TeacherSettings) -> HeadEnsemble:
     Raises:
         InputError: the file is missing or does not match the federation.
     """
+    from capc_common.learn.heads import HeadEnsemble  # torch: only a voting party loads heads
+
     config = settings.federation_config
     heads = HeadEnsemble.load(settings.heads)
     expected = config.teacher(settings.party).heads
@@ -166,22 +168,21 @@ def vote_readiness(
 def serve_releases(
     settings: TeacherSettings, party: PartyRuntime, cap: LocalCap, *, stop: threading.Event
 ) -> None:
-    """Run a release federation's teacher party: featurise its own records once (per example), then
-    contribute to every release the student opens until ``stop`` is set."""
-    from capc_services.teacher.train import check_labels, party_examples, record_features
+    """Run a release federation's teacher party: featurise its own records once (per example), in a process
+    of its own (:func:`~capc_services.teacher.featurise.featurise_apart`: this one never loads the backbone),
+    then contribute to every release the student opens until ``stop`` is set."""
+    from capc_services.teacher.featurise import featurise_apart
+    from capc_services.teacher.train import check_labels, party_examples
 
     config = party.config
     protocol = party.runnable.release_protocol()
     images, labels, name = party_examples(settings)
+    del images  # the featurising process reads them itself
     check_labels(np.asarray(labels), classes=config.classes, name=name)
     check_records(config, len(labels))
-    if settings.feature_cache is None:
-        # Alone on its machine (a hospital's container) the party computes the public basis itself: before
-        # its records' features are held, not beside them (secure-aggregation DP-SGD: 1.4 GB peak against
-        # 1.1 GB, 20,000 records). Parties sharing a cache read it when they first need it.
-        protocol.precompute()
-    features = record_features(settings, party.backbone, images)
-    del images
+    features = featurise_apart(settings, protocol)
+    if len(features) != len(labels):
+        raise InputError(f"{len(features)} records were featurised, {len(labels)} are labelled ({name})")
     _log.info("features ready", extra={"records": len(labels), "data": name})
     contributor = ReleaseContributor(
         config=config,
@@ -195,9 +196,10 @@ def serve_releases(
         source=sampling_noise(settings.party, seed=config.mechanism.insecure_noise_seed),
         cap=cap,
         metrics=party.metrics,
+        consume=True,
     )
     # The contributor keeps the records on the public basis (a quarter of their raw features' memory, for
-    # secure-aggregation DP-SGD); the raw features are not used again.
+    # secure-aggregation DP-SGD); the raw features, overwritten by their projection, are not used again.
     del features
     api = api_router()
     api.get("/status", tags=["teacher"])(contributor.status)
@@ -235,10 +237,15 @@ def serve(settings: TeacherSettings, *, stop: threading.Event, set_up: bool = Fa
             "labels would be reproducible and NOT private, so this party refuses to vote. Only for a test "
             "federation: set allow_insecure_noise: true in this party's site file"
         )
-    apply_threads(settings.torch_threads)  # before the start-up check featurises anything
-    party = PartyRuntime(settings, role="teacher", model=True)
+    # Contributions to noisy totals, no votes: the records are featurised by a process of their own
+    # (serve_releases), so this one loads the backbone only for a protocol that featurises public images as
+    # it is built, reading the shared cache of them (whose code imports torch) only then.
+    mechanism = settings.federation_config.mechanism
+    model = not isinstance(mechanism, ReleaseMember) or mechanism.featurises_when_built
+    apply_threads(settings.torch_threads, torch=model)  # before the start-up check featurises anything
+    party = PartyRuntime(settings, role="teacher", model=model, public_cache=model)
+    releases = isinstance(mechanism, ReleaseMember)
     config = party.config
-    releases = isinstance(config.mechanism, ReleaseMember)  # contributions to noisy totals, no votes
     exposure = exposure_of(config, protocol=party.runnable.protocol)
     if set_up:
         for record, path in create_missing_records(settings, exposure).items():

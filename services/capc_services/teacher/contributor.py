@@ -78,6 +78,7 @@ class ReleaseContributor:
         source: the party's own sampling randomness (a CSPRNG outside tests).
         cap: the party's own ε cap record; each release is charged on it before anything leaves.
         metrics: where its round trips are counted (None: not counted).
+        consume: ``features`` are handed over: the protocol may overwrite them while it prepares them.
     """
 
     def __init__(
@@ -94,10 +95,12 @@ class ReleaseContributor:
         source: NoiseSource,
         cap: LocalCap,
         metrics: PartyMetrics | None = None,
+        consume: bool = False,
     ) -> None:
         self.config, self.party, self.protocol, self.cap = config, party, protocol, cap
         # The protocol's per-record map (secagg-dpsgd: the public basis) runs once, not every release.
-        self._features, self._labels, self._source = protocol.prepare(features), labels, source
+        self._features = protocol.prepare(features, consume=consume)
+        self._labels, self._source = labels, source
         message = protocol.length * 8 + HEADROOM
         self._student_channel = tls.channel(
             student_address,

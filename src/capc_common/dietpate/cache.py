@@ -18,7 +18,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -83,18 +83,46 @@ class FeatureCache:
 
     def store(self, description: dict[str, Any], features: npt.NDArray[Any]) -> None:
         """Store an array under ``description`` (atomically: temporary file, then rename)."""
+        self.store_with(description, lambda handle: np.save(handle, features, allow_pickle=False))
+
+    def store_with(self, description: dict[str, Any], write: Callable[[BinaryIO], None]) -> Path | None:
+        """Store the ``.npy`` file ``write`` writes under ``description`` (atomically: temporary file, then
+        rename), for an array written a block at a time rather than held; its path (None: no caching)."""
         path = self._path(description)
         if path is None:
-            return
+            return None
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as handle:
-                np.save(handle, features, allow_pickle=False)
+                write(handle)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        return path
+
+    def stored(
+        self, description: dict[str, Any], *, shape: tuple[int, ...], dtype: npt.DTypeLike
+    ) -> Path | None:
+        """The file stored for ``description`` if it holds a whole array of ``shape`` and ``dtype``, read from
+        its header alone (its values are not loaded); else None, with :meth:`load`'s warning for a file that
+        does not load or holds another array."""
+        path = self._path(description)
+        if path is None or not path.is_file():
+            return None
+        try:
+            mapped = np.load(path, mmap_mode="r", allow_pickle=False)  # checks the file holds every value
+        except (OSError, ValueError, EOFError) as exc:
+            reason = f"does not load ({type(exc).__name__}: {exc})"
+        else:
+            found = (mapped.shape, mapped.dtype)
+            del mapped
+            if found == (shape, np.dtype(dtype)):
+                return path
+            reason = f"holds a {found[1]} array of shape {found[0]}, not what its entry describes"
+        _log.warning("cache file %s %s: computing it again and replacing the file", path, reason)
+        return None
 
     def load_teachers(self, description: dict[str, Any]) -> TeacherEnsemble | None:
         """Teachers stored under ``description``, or ``None``."""

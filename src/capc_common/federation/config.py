@@ -264,6 +264,10 @@ class ReleaseMember(_MechanismConfig):
     _omitted_when_unset: ClassVar[tuple[str, ...]] = ("insecure_noise_seed", "fixed_point_bits")
     #: Whether contributions are fixed-point encodings (False: whole counts, with no fixed point to lower).
     fixed_point: ClassVar[bool] = True
+    #: Whether its protocol featurises public images as soon as it is built (DPPL-Public's pool: every party
+    #: holds their features, so the process that builds it loads the backbone, reading the machine's shared
+    #: cache of public features); False: only on first use (secure-aggregation DP-SGD's basis), if at all.
+    featurises_when_built: ClassVar[bool] = False
 
     fixed_point_bits: int | None = Field(default=None, ge=0, le=40)
 
@@ -299,6 +303,7 @@ class DPPLPublicMechanism(ReleaseMember):
 
     name: Literal["dppl-public"]
     fixed_point: ClassVar[bool] = False
+    featurises_when_built: ClassVar[bool] = True
     rho: float = Field(gt=0)
     per_class: int = Field(default=100, ge=1)
     pool_generator: str = Field(default="shaders", min_length=1)

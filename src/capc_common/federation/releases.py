@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.errors import InputError
+from capc_common.errors import InputError, IntegrityError
 from capc_common.federation.config import (
     Budget,
     DPPLMechanism,
@@ -291,8 +291,9 @@ class ReleaseProtocol(ABC):
             ),
         ]
 
-    def prepare(self, features: npt.ArrayLike) -> npt.ArrayLike:
-        """A party's per-example features as its contributions use them, computed once (default: as is)."""
+    def prepare(self, features: npt.ArrayLike, *, consume: bool = False) -> npt.ArrayLike:
+        """A party's per-example features as its contributions use them, computed once (default: as is).
+        ``consume``: the caller hands ``features`` over; they may be overwritten."""
         return features
 
     def precompute(self) -> None:
@@ -300,6 +301,23 @@ class ReleaseProtocol(ABC):
         (secure-aggregation DP-SGD's basis; default: nothing): the student does while the parties featurise
         their records, so a party sharing its cache finds it there instead of computing it after them."""
         return None
+
+    def precomputed(self) -> dict[str, npt.NDArray[Any]]:
+        """What :meth:`precompute` derived, by name (computed now if it was not), for :meth:`adopt` in
+        another process of the party: one that featurises with the backbone hands it to one that never loads
+        the backbone (default: nothing)."""
+        return {}
+
+    def adopt(self, arrays: dict[str, npt.NDArray[Any]]) -> None:
+        """Use what :meth:`precomputed` returned in another process of the same party, checked as when it is
+        computed here (default: nothing to use).
+
+        Raises:
+            InputError: names this protocol does not derive.
+            IntegrityError: a public array other than the one ``federation.yaml`` pins.
+        """
+        if arrays:
+            raise InputError(f"{self.mechanism.name} derives no {', '.join(sorted(arrays))}")
 
     @abstractmethod
     def state(self) -> npt.NDArray[np.float64]:
@@ -465,8 +483,8 @@ class DPSGDProtocol(ReleaseProtocol):
     statistics release, then per round the parties' clipped gradient sums at the current head; the student
     steps on the noisy mean gradient."""
 
-    def __init__(self, trainer: DPSGDTrainer) -> None:
-        self.trainer = trainer
+    def __init__(self, trainer: DPSGDTrainer, *, pin: str | None = None) -> None:
+        self.trainer, self.pin = trainer, pin
         self.mechanism = self.sgd = trainer.mechanism
         self.rounds = trainer.rounds
 
@@ -501,15 +519,42 @@ class DPSGDProtocol(ReleaseProtocol):
             unit_variance=bool(config.unit_variance),
         )
         basis = None if p is None else (lambda: federation_basis(p, featuriser=featuriser))
-        return cls(DPSGDTrainer(mechanism, recipe, basis=basis))
+        return cls(DPSGDTrainer(mechanism, recipe, basis=basis), pin=None if p is None else p.sha256)
 
-    def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64] | npt.NDArray[np.float32]:
+    def prepare(
+        self, features: npt.ArrayLike, *, consume: bool = False
+    ) -> npt.NDArray[np.float64] | npt.NDArray[np.float32]:
         """The party's records on the public basis (once; every round reuses them)."""
-        return self.trainer.prepare(features)
+        return self.trainer.prepare(features, consume=consume)
 
     def precompute(self) -> None:
         """The public basis."""
         self.trainer.basis  # noqa: B018 -- the property computes it on first use
+
+    def precomputed(self) -> dict[str, npt.NDArray[Any]]:
+        """The public basis, if the federation projects on one."""
+        basis = self.trainer.basis
+        return {} if basis is None else {"basis": basis}
+
+    def adopt(self, arrays: dict[str, npt.NDArray[Any]]) -> None:
+        """The public basis, checked against ``federation.yaml``'s pin as :func:`federation_basis` checks it.
+
+        Raises:
+            InputError: another name than ``basis``, or a basis of another shape.
+            IntegrityError: a basis whose digest is not the pinned one.
+        """
+        from capc_common.mechanisms.basis import basis_digest
+
+        if set(arrays) - {"basis"}:
+            super().adopt({k: v for k, v in arrays.items() if k != "basis"})
+        if "basis" in arrays:
+            basis = arrays["basis"]
+            if self.pin is not None and basis_digest(basis) != self.pin:
+                raise IntegrityError(
+                    f"the public basis handed over has SHA-256 {basis_digest(basis)}, federation.yaml pins "
+                    f"{self.pin}"
+                )
+            self.trainer.adopt_basis(basis)
 
     def state(self) -> npt.NDArray[np.float64]:
         """The next release's phase, the feature map and the current head."""
@@ -546,7 +591,6 @@ def federation_basis(
         InputError: no backbone to compute it with.
         IntegrityError: a basis whose digest differs from the one pinned in ``federation.yaml``.
     """
-    from capc_common.errors import IntegrityError
     from capc_common.mechanisms.basis import BASIS_VERSION, BasisSpec, basis_digest, is_basis, public_basis
     from capc_common.models.features import features_version
 

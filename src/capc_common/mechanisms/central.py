@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -48,12 +48,14 @@ __all__ = [
     "extract_per_example",
     "per_example_features",
     "predict_head",
+    "records_entry",
     "release_once",
     "run_private_knn",
     "run_prototypes",
     "run_public_prototype_votes",
     "run_public_prototypes",
     "run_secure_dpsgd",
+    "write_per_example",
 ]
 
 #: Images featurised (and cached) per chunk, so an interrupted extraction resumes where it stopped.
@@ -87,19 +89,59 @@ def extract_per_example(
 
     if cache is None:
         return extract()
-    content = hashlib.sha256(f"{images.dtype} {images.shape}".encode())
-    content.update(np.ascontiguousarray(images).tobytes())
+    shape = (len(images), featurizer.feature_dim)
+    return cache.get_or_compute(
+        records_entry(featurizer, images), extract, valid=lambda a: a.shape == shape and a.dtype == np.float32
+    )
+
+
+def records_entry(featurizer: Featurizer, images: npt.NDArray[np.uint8]) -> dict[str, str]:
+    """The records cache's entry for the per-example features of ``images`` under ``featurizer``: the map,
+    the code computing it, the records' content (:func:`extract_per_example`, :func:`write_per_example`)."""
     from capc_common.models.features import features_version
 
-    key = {
+    content = hashlib.sha256(f"{images.dtype} {images.shape}".encode())
+    content.update(np.ascontiguousarray(images).tobytes())
+    return {
         "kind": "records",
         "map": featurizer.sha256,
         "code": features_version(),
         "content": content.hexdigest(),
         "mode": "running",
     }
-    shape = (len(images), featurizer.feature_dim)
-    return cache.get_or_compute(key, extract, valid=lambda a: a.shape == shape and a.dtype == np.float32)
+
+
+#: Records featurised together by :func:`write_per_example`: whole passes, a few MB of features at a time.
+_BLOCK = 32 * PER_EXAMPLE_PASS
+
+
+def write_per_example(
+    featurizer: Featurizer, images: npt.NDArray[np.uint8], handle: BinaryIO, *, block: int = _BLOCK
+) -> None:
+    """Write :func:`extract_per_example`'s features of ``images`` (the same bits) to ``handle`` as a ``.npy``
+    file, a block of records at a time: a process that featurises a party's records holds a block of their
+    features, not all of them (17,941 records of 4,225 features: 289 MB).
+
+    The blocks are ``block`` records, whole passes of :data:`PER_EXAMPLE_PASS`, the last one taking the
+    remainder, so every pass is over the same images as in one call (the last overlapping the one before as
+    there).
+
+    Raises:
+        InputError: as :meth:`~capc_common.learn.Featurizer.extract` (fewer records than one pass).
+    """
+    if block % PER_EXAMPLE_PASS or block <= 0:
+        raise InputError(f"a block of {block} records is not whole passes of {PER_EXAMPLE_PASS}")
+    n, dim = len(images), featurizer.feature_dim
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False}
+    np.lib.format.write_array_header_1_0(handle, {**header, "shape": (n, dim)})
+    starts = list(range(0, max(n, 1), block))
+    if len(starts) > 1 and n - starts[-1] < PER_EXAMPLE_PASS:  # a short tail: part of the block before
+        starts.pop()
+    for start, end in zip(starts, [*starts[1:], n], strict=True):
+        rows = np.asarray(featurizer.extract(images[start:end], bn_batch=PER_EXAMPLE_PASS, mode="running"))
+        if rows.shape != (end - start, dim) or rows.dtype != np.float32:
+            raise InputError(f"the featurizer gave {rows.dtype} {rows.shape} for {end - start} records")
+        handle.write(np.ascontiguousarray(rows).tobytes())
 
 
 @dataclass(frozen=True)

@@ -131,12 +131,21 @@ class FeatureMap:
         """
         return np.asarray(self.projected(features), dtype=np.float64)
 
-    def projected(self, features: npt.ArrayLike) -> npt.NDArray[np.float64] | npt.NDArray[np.float32]:
+    def projected(
+        self, features: npt.ArrayLike, *, consume: bool = False
+    ) -> npt.NDArray[np.float64] | npt.NDArray[np.float32]:
         """:meth:`project`'s values in the precision they were computed in: float32 on a basis (half the
-        memory of the float64 rows holding the same values), float64 without one."""
+        memory of the float64 rows holding the same values), float64 without one.
+
+        ``consume``: the caller hands ``features`` over (a writeable float32 array it no longer reads): on a
+        basis they are normalised in place, the same bits, so the raw features are held once at the peak
+        rather than twice (a party of 17,941 records of 4,225 features: 289 MB less).
+        """
         if self.basis is None:
             return normalise(features)
-        return normalise(features, dtype=np.float32) @ self.basis
+        x = np.asarray(features)
+        writeable = consume and x.dtype == np.float32 and x.flags.writeable and x.flags.c_contiguous
+        return normalise(x, dtype=np.float32, out=x if writeable else None) @ self.basis
 
     def standardise(self, projected: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """Centre and scale projected rows."""
@@ -272,16 +281,33 @@ class DPSGDTrainer:
             raise InputError(f"the basis has {self._basis.shape[1]} columns, the head {self.mechanism.dim}")
         return self._basis
 
+    def adopt_basis(self, basis: npt.NDArray[np.float32]) -> None:
+        """Use ``basis``, computed elsewhere (a party's featurising process), instead of computing it here.
+
+        Raises:
+            InputError: the trainer projects on no basis, or ``basis`` has another number of columns.
+        """
+        if self._basis is None:
+            raise InputError("this trainer projects on no public basis")
+        if basis.ndim != 2 or basis.shape[1] != self.mechanism.dim:
+            raise InputError(
+                f"the basis handed over has shape {basis.shape}; the head has {self.mechanism.dim} columns"
+            )
+        self._basis = basis
+
     def _map(self, mean: npt.NDArray[np.float64], scale: npt.NDArray[np.float64]) -> FeatureMap:
         return FeatureMap(self.basis, mean, scale)
 
     # ----------------------------------------------------------------------------------------- party side
-    def prepare(self, features: npt.ArrayLike) -> npt.NDArray[np.float64] | npt.NDArray[np.float32]:
+    def prepare(
+        self, features: npt.ArrayLike, *, consume: bool = False
+    ) -> npt.NDArray[np.float64] | npt.NDArray[np.float32]:
         """A party's records on the basis, once (the projection is the costly step; rounds reuse it).
         Immutable: every round reads the same records, and :meth:`_on_map` keys its cache by this object.
         Kept in float32 on a basis (:meth:`FeatureMap.projected`): every use widens them to the float64
-        values :meth:`FeatureMap.project` gives, exactly, and a party holds 4 bytes a coordinate, not 8."""
-        return self._immutable(self._map(self.mean, self.scale).projected(features))
+        values :meth:`FeatureMap.project` gives, exactly, and a party holds 4 bytes a coordinate, not 8.
+        ``consume``: ``features`` are handed over and may be overwritten (:meth:`FeatureMap.projected`)."""
+        return self._immutable(self._map(self.mean, self.scale).projected(features, consume=consume))
 
     def contribute(
         self,
