@@ -107,6 +107,10 @@ def test_personalise_refuses_what_it_cannot_compare(tmp_path: Path) -> None:
         student=published,
         evaluate=wrong,
     )
+    # Too few images for a selection student: refused with the file's name before the candidates are trained.
+    few = tmp_path / "few.npz"
+    np.savez(few, images=np.zeros((15, 28, 28, 1), np.uint8), labels=np.zeros(15, np.int64))
+    _refused(site, r"few\.npz holds 15 images; .* supply at least 16", student=published, evaluate=few)
     empty = _site(tmp_path, fed, holdout={"fraction": 0.0})
     _refused(empty, r"hospital-a's holdout is empty .*holdout\.fraction 0", student=published)
 

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from capc_common.errors import InputError
-from capc_common.federation import FederationConfig
+from capc_common.federation import FederationConfig, ReleaseMember
 from capc_common.federation.site_data import dataset_findings, refuse
 from capc_common.mechanisms.central import PER_EXAMPLE_PASS
 from capc_services.teacher.published import (
@@ -125,16 +125,23 @@ def load_evaluation(
     path: Path, config: FederationConfig
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
     """The labelled images of ``--evaluate FILE.npz`` (keys ``test_images``/``test_labels``, else
-    ``images``/``labels``), refused unless they fit the federation.
+    ``images``/``labels``), refused unless they fit the federation — before anything is computed, not after
+    the candidates were trained.
 
     Raises:
-        InputError: an unreadable file, missing keys, another image shape or labels beyond the classes.
+        InputError: an unreadable file, missing keys, another image shape, labels beyond the classes, or
+            fewer images than a selection student reads at once.
     """
     from capc_common.data import load_npz
 
     dataset = load_npz(path, split="test" if "test_images.npy" in _members(path) else "train")
     if not len(dataset.labels):
         raise InputError(f"--evaluate {path} holds no images")
+    if not isinstance(config.mechanism, ReleaseMember) and len(dataset.labels) < MIN_BATCH:
+        raise InputError(
+            f"--evaluate {path} holds {len(dataset.labels)} images; a selection mechanism's student reads "
+            f"images with current statistics in batches of at least {MIN_BATCH}: supply at least {MIN_BATCH}"
+        )
     refuse(dataset_findings(dataset.images, dataset.labels, config=config, name=f"--evaluate {path}"))
     return dataset.images, np.asarray(dataset.labels, dtype=np.int64)
 
