@@ -514,6 +514,11 @@ def cannot_run(cell: Cell, method: str) -> str:
     ten = layout.classes is None and layout.dataset in ("fashion-mnist", "digits", DIGITS)
     if method not in (*BASELINES, KEPT_OF) and not ten:
         return f"{method} is measured on all ten classes of a dataset only"
+    if method in PIPELINES and cell.args.evaluate_on == "validation":
+        return (
+            f"{method}'s pipeline scores its student on its config's evaluation set (the test images), "
+            "not on this run's validation split"
+        )
     smallest = min(len(p.rows) for p in cell.parties)
     if method == "dp-fedavg" and len(cell.parties) > FLOWER_MAX_CLIENTS:
         return f"{len(cell.parties)} Flower client processes (more than {FLOWER_MAX_CLIENTS} do not fit)"
@@ -922,8 +927,12 @@ def plot(layouts: list[dict[str, Any]], path: Path, epsilon: float) -> None:
     for ax in axes[0]:
         handles.update(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
     axes[0][-1].legend(handles.values(), handles.keys(), fontsize="small", loc="lower right")
+    names = sorted(
+        {"Fashion-MNIST" if lay["dataset"] == "fashion-mnist" else lay["dataset"] for lay in layouts}
+    )
     fig.suptitle(
-        f"Worth joining? Fashion-MNIST, alone vs. the federation and what each party keeps (δ = {DELTA:g})"
+        f"Worth joining? {', '.join(names)}: alone vs. the federation and what each party keeps "
+        f"(δ = {DELTA:g})"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)

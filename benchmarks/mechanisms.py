@@ -70,7 +70,7 @@ import argparse
 import csv
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -351,6 +351,16 @@ def report(
     return result
 
 
+def _typed(current: Any, value: str, *, name: str, error: Callable[[str], Any]) -> Any:
+    """``--set``'s text as the type of the value it replaces; a boolean only from true or false
+    (``bool("False")`` is True)."""
+    if isinstance(current, bool):
+        if value.lower() not in ("true", "false"):
+            error(f"{name} is true or false, not {value!r}")
+        return value.lower() == "true"
+    return type(current)(value)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the grid (skipping rows already in the CSV) and write the outputs."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -389,7 +399,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         group, _, key = name.partition(".")
         if group not in HYPER or key not in HYPER[group]:
             parser.error(f"unknown hyper-parameter {name!r}; known: {sorted(HYPER)} with their keys")
-        HYPER[group][key] = type(HYPER[group][key])(value)
+        HYPER[group][key] = _typed(HYPER[group][key], value, name=name, error=parser.error)
 
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / f"{args.name}.csv"

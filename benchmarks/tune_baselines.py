@@ -5,12 +5,12 @@ with baselines of equal standing (docs/mechanisms.md, "Tuning the reference base
 The setting is a joining benchmark layout (``--layout``, default ``4x1000``) under ``--evaluate-on
 validation``: the last 10,000 Fashion-MNIST training images are the evaluation set, the layout's share of the
 first 50,000 is split into its parties by keyed hash and each party keeps its holdout at home, so every
-candidate trains on the very records ``benchmarks/joining.py``'s rows of that layout train on, and the test
-images are never read. ``4x1000`` is the default because it is where joining is in question (the README's
-first row) and because a candidate there runs in seconds: at ``10x6000-iid`` one candidate takes about three
-minutes on two cores, so a search of the federation's size (about 100 settings) would take five hours. Each
-candidate is a full run of the method at the budget (its noise calibrated to ε by its own accountant), its
-``HYPER`` group overridden by the candidate's settings.
+candidate trains on that layout's parties as ``benchmarks/joining.py`` builds them under validation (its share
+of the first 50,000 images), and no candidate is scored on the test images. ``4x1000`` is the default because
+it is where joining is in question (the README's first row) and because a candidate there runs in seconds: at
+``10x6000-iid`` one candidate takes about three minutes on two cores, so a search of the federation's size
+(about 100 settings) would take five hours. Each candidate is a full run of the method at the budget (its
+noise calibrated to ε by its own accountant), its ``HYPER`` group overridden by the candidate's settings.
 
 **The search** is a staged coordinate search (:data:`FEDAVG_STAGES`, :data:`CENTRAL_STAGES`): every stage
 proposes settings around the best so far (each stage's candidates are functions of it), the best by validation

@@ -132,8 +132,10 @@ TUNING: dict[str, dict[str, Any]] = {
         "candidates": 25,
         "over": "from the federation's recipe: Poisson rate × epochs (9), step, clip, momentum, length, "
         "variance floor, step again; twice through, 3 finalists × 3 draws; ε 3 (ε 1 recorded, not used)",
-        "chosen": "HYPER['dpsgd'] (validation 82.9 %, the federation's recipe 82.5 %)",
-        "where": "docs/mechanisms.md, 'Tuning the reference baselines'; benchmarks/results/tune_baselines.*",
+        "chosen": "HYPER['dpsgd'] (validation 82.9 %, the federation's recipe 82.5 %: within selection "
+        "noise)",
+        "where": "docs/mechanisms.md, 'Tuning the reference baselines'; benchmarks/results/tune_baselines.* "
+        "(run at code a383cccc3c1a: rates spelled as batches of the 3,010 records)",
     },
     "dp-fedavg": {
         "split": _BASELINES_SPLIT,

@@ -18,6 +18,12 @@ DP-SGD steps, given the recipe pieces the federation's secure-aggregation DP-SGD
 What it cannot have is the federation's secure sum: each client adds its own noise, so the server's average
 carries ``√clients`` times the noise of one sum (the price of no secure aggregation, which this baseline
 measures).
+
+**Assumed public: each client's record count.** The clients' step, their ``q·N`` normaliser, Flower's
+``num_examples`` and FedAvg's weights use the exact count, as Opacus and Flower do; under add/remove-one
+neighbours it is not public and no ε here covers it (the federation and central DP-SGD normalise by the noisy
+count their statistics release pays for). At the tuned full batch the count cancels from the step, so only
+the averaging weights read it.
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ def dp_fedavg_flower(
     head = FeatureMap(use, mean, scale).head(weights)
     where = "in process" if python is None else "Flower"
     return {
+        "head": head,
         "accuracy": accuracy(predict_head(head, ex), ey),
         "epsilon": spent,
         "released": h["rounds"] + int(h["statistics"]),

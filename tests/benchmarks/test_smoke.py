@@ -322,6 +322,13 @@ def tune_baselines(tmp: Path) -> None:
         assert _fraction(m["chosen"]["accuracy_mean"], 0.3) and _fraction(m["before"]["accuracy_mean"], 0.1)
     rows = out["rows"]
     assert rows and {r["code"] for r in rows} == {out["code"]}
+    for m in out["methods"]:  # one finalist at toy size: the chosen setting is the best first draw
+        first = [r for r in rows if r["method"] == m["method"] and r["draw"] == 0]
+        chosen = json.dumps(m["chosen"]["settings"], sort_keys=True)
+        assert len({r["accuracy"] for r in first}) > 1  # the candidates' settings were applied
+        assert max(r["accuracy"] for r in first) == next(
+            r["accuracy"] for r in first if r["settings"] == chosen
+        )
     assert all(abs(r["epsilon_spent"] - 3) < 0.05 for r in rows)
     # Resumed from its CSV, the same code runs no candidate again and chooses the same.
     again = run_json(*args)

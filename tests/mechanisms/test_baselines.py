@@ -263,6 +263,41 @@ def test_dp_fedavg_charges_the_statistics_release_as_one_more_step(
     assert out["releases"] == 6 and out["noise_multiplier"] == pytest.approx(math.sqrt(6) * one, rel=3e-3)
 
 
+def test_the_statistics_release_samples_each_record_at_the_rate_it_is_charged_at(
+    bench: SimpleNamespace,
+) -> None:
+    """Charged as a step at Poisson rate q, the release must sum a Poisson sample at rate q: its decoded count
+    (the third block, ``C/√3`` per record) averages ``q·n`` over draws, not n."""
+    rng = np.random.default_rng(1)
+    x = normalise(rng.normal(size=(300, 8)))
+    plan = {"sampling_rate": 0.3, "clip": 0.1, "noise_multiplier": 0.0}
+    counts = [bench.app.noisy_statistics(x, plan, rng)[-1] * math.sqrt(3) / 0.1 for _ in range(200)]
+    assert abs(np.mean(counts) - 90) < 3 and np.std(counts) > 3  # binomial(300, 0.3): 90 ± 7.9
+
+
+def test_the_clients_add_the_noise_calibrated_to_the_budget(
+    bench: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One client, one full-batch step from zero at a fixed step L: the head is ``−L(g + n)/N`` with ``n`` the
+    client's N(0, (zC)²) noise, so two runs differ by noise of σ ``√2·L·zC/N`` on each weight, with ``z`` the
+    multiplier calibrated to ε — a client that drew less noise than it is charged for fails here."""
+    parties, ex, ey = _digits_parties(1)
+    h = bench.common.HYPER["fedavg"]
+    fields = {"rounds": 1, "local_steps": 1, "sampling_rate": 1.0, "projection": 0, "statistics": False,
+              "unit_variance": False, "clip": 0.1, "learning_rate": 1.0, "step_noise": 0.0,
+              "server_momentum": 0.0}  # fmt: skip
+    for key, value in fields.items():
+        monkeypatch.setitem(h, key, value)
+    runs = [
+        bench.fedavg.dp_fedavg_flower(parties, ex, ey, epsilon=3.0, seed=0, basis=None, python=None)
+        for _ in range(2)
+    ]
+    z, n = runs[0]["noise_multiplier"], len(parties[0].labels)
+    assert z > 1  # one step at ε 3: z ≈ 1.6
+    spread = np.std(runs[0]["head"] - runs[1]["head"])
+    assert spread / (math.sqrt(2) * 1.0 * z * 0.1 / n) == pytest.approx(1.0, abs=0.1)
+
+
 @pytest.mark.slow
 def test_the_in_process_run_is_the_flower_run_when_no_noise_is_drawn(
     bench: SimpleNamespace, require: Callable[[bool, str], None], monkeypatch: pytest.MonkeyPatch
