@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -65,3 +66,15 @@ def test_the_share_is_keyed_apart_from_the_party_split(joining: Any) -> None:
         joining.Layout(parties=10, share=1 / 3, alpha=None), images, labels, seed=0
     )
     assert len(parties) == 10 and all(60 < len(p) < 140 for p in parties)  # ≈ 100 each
+
+
+def test_a_pipeline_is_not_run_where_it_would_read_the_test_set(joining: Any) -> None:
+    """The DIET-PATE pipelines score their student on their config's evaluation set (the test images): under
+    ``--evaluate-on validation`` (a tuning run) they are recorded as not run, with why, never scored there."""
+    for split, refused in (("validation", True), ("test", False)):
+        args = joining.parse(["--smoke", "--evaluate-on", split])
+        cell = SimpleNamespace(args=args, layout="3x480-iid", parties=[SimpleNamespace(rows=np.arange(480))])
+        for method in joining.PIPELINES:
+            why = joining.cannot_run(cell, method)
+            assert bool(why) is refused and (not refused or "test images" in why)
+        assert joining.cannot_run(cell, "secagg-dpsgd") == ""

@@ -59,6 +59,11 @@ def test_json_table_outputs_and_resume(tmp_path: Path) -> None:
         assert refused.returncode != 0 and "holds rows of another setting" in refused.stderr
     # A hyper-parameter of a method the CSV holds no row of does not matter to its rows.
     assert json.loads(_run(tmp_path, "--set", "knn.neighbours=7").stdout)["rows"] == len(rows)
+    # A boolean setting is read as written (bool("False") is True), anything else refused.
+    off = json.loads(_run(tmp_path, "--set", "fedavg.statistics=False").stdout)
+    assert off["rows"] == len(rows) and off["setting"]["hyper"]["fedavg"]["statistics"] is False
+    bad = _run(tmp_path, "--set", "fedavg.statistics=no", check=False)
+    assert bad.returncode == 2 and "fedavg.statistics is true or false, not 'no'" in bad.stderr
 
 
 def _merge(out: Path, *sources: Path, setting: list[str] = ()) -> subprocess.CompletedProcess[str]:
