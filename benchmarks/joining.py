@@ -801,13 +801,28 @@ def _tuned(method: str) -> str:
 
 
 def write_markdown(
-    layouts: list[dict[str, Any]], path: Path, epsilons: list[float], command: str, code: str
+    layouts: list[dict[str, Any]],
+    path: Path,
+    epsilons: list[float],
+    command: str,
+    code: str,
+    skipped: list[dict[str, Any]],
 ) -> None:
     """The summary at ε 3 (one row per layout), then one table per layout: mechanisms × ε, accuracy mean ±
-    std (%) and the gain over the best party (points); ``kept`` with its gain over alone."""
+    std (%) and the gain over the best party (points); ``kept`` with its gain over alone. A method that did
+    not run in a layout (refused before spending, or beyond a runner's limits) is a "not run" cell, its
+    reason listed under the summary."""
     headline = 3.0 if 3.0 in epsilons else max(epsilons)
     methods = [m for m in ROW_METHODS if m not in BASELINES]
-    present = [m for m in methods if any(x["name"] == m for lay in layouts for x in lay["mechanisms"])]
+    not_run: dict[tuple[str, str], str] = {}
+    for r in skipped:
+        not_run.setdefault((r["layout"], r["method"]), str(r["noise"]).removeprefix("not run: "))
+    present = [
+        m
+        for m in methods
+        if any(x["name"] == m for lay in layouts for x in lay["mechanisms"])
+        or any(method == m for _, method in not_run)
+    ]
     lines = [
         f"Test accuracy (%), mean ± std over seeds; ε at δ = {DELTA:g}, rigorous; neighbouring datasets: "
         f"{NEIGHBOURING}. Code {code}. Command: `{command}`",
@@ -835,11 +850,14 @@ def write_markdown(
         cells = []
         for m in present:
             hit = [x for x in lay["mechanisms"] if x["name"] == m and x["epsilon"] == headline]
-            cells.append("–" if not hit else cell(hit[0]))
+            cells.append(cell(hit[0]) if hit else "not run" if (lay["name"], m) in not_run else "–")
         lines.append(
             f"| {lay['name']} | {_pct(lo.get('min'))} / {_pct(lo.get('median'))} / {_pct(lo.get('max'))} | "
             f"{_pct(lay['pooled'], lay['pooled_std'])} | " + " | ".join(cells) + " |"
         )
+    if not_run:
+        lines += ["", "Not run (each seed's row records why; the first is quoted):", ""]
+        lines += [f"* {method} on {layout}: {why}" for (layout, method), why in sorted(not_run.items())]
     for lay in layouts:
         sizes = lay["party_sizes"]
         lines += [
@@ -1041,7 +1059,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     layouts = summarise(args, rows)
     command = " ".join(["python benchmarks/joining.py", *(sys.argv[1:] if argv is None else argv)])
     epsilons = sorted({float(r["epsilon_target"]) for r in rows} - {math.inf})
-    write_markdown(layouts, args.out / f"{args.name}.md", epsilons, command, code)
+    write_markdown(layouts, args.out / f"{args.name}.md", epsilons, command, code, skipped)
     plot(layouts, args.out / f"{args.name}.png", 3.0 if 3.0 in epsilons else max(epsilons, default=3.0))
     result = {
         "setting": {
