@@ -1,7 +1,8 @@
 """Peak and steady resident memory of every party's process, against the records per party and the mechanism.
 
 Usage: ``.venv/bin/python benchmarks/memory.py --format json [--mechanism secagg-dpsgd --mechanism
-confident-gnmax] [--records 5000 --records 20000] [--parties 3] [--alone] [--smoke]``. Prints one object:
+confident-gnmax] [--records 5000 --records 20000] [--parties 3] [--alone | --shipped-basis] [--smoke]``.
+Prints one object:
 
 * ``rows``: one per role, mechanism and records: ``role`` (``guardian``, ``student``, ``teacher``: the
   ``capc teacher serve`` process; ``teacher-train``: a PATE party's ``capc teacher train`` process, which a
@@ -12,20 +13,24 @@ confident-gnmax] [--records 5000 --records 20000] [--parties 3] [--alone] [--smo
   federations), ``with_children_peak_mb`` (the largest sampled sum of one process's resident size and its
   child processes': a teacher featurises its records in a child process, and a container holds both),
   ``torch`` (whether any of them had loaded torch: its library mapped when last sampled), ``cpu_s`` (the
-  most user and system CPU seconds one of them used) and ``processes``.
+  most user and system CPU seconds one of them used), ``processes`` and ``caches`` (``shared``, ``alone`` or
+  ``shipped-basis``: below).
 * ``federations``: per mechanism and records, ``held`` (records each teacher party holds: the
   ``--train-limit`` selects by content hash, so about that many, at most its shard; release mechanisms only),
   ``up_s`` (``capc local up`` until every party is ready), ``work_s`` (ready until published) and ``round_s``
   (the median time between two releases one teacher contributed to; release mechanisms only, else null).
 * ``growth``: per role and mechanism measured at two or more record counts, ``steady_kb_per_record`` (the
   slope of the steady size between the smallest and the largest count).
-* ``setup``: parties, settle and sampling seconds, ``smoke``, ``alone``.
+* ``setup``: parties, settle and sampling seconds, ``smoke``, ``caches``.
 
 Each federation is what a person starts with ``capc local up --state-dir DIR --mechanism M --parties P
 --train-limit R`` (``federations[].command``), in a fresh state directory: provisioned, then started by that
 command and run until the student publishes, then ``capc local down``. Its parties share one machine's
 caches (the public basis is computed once, by whichever party gets there first); ``--alone`` removes the
-caches from every site file, so each party computes everything itself as in its own container. One
+caches from every site file, so each party computes everything itself as in its own container;
+``--shipped-basis`` removes them too but gives each teacher and the student a feature cache of its own that
+holds only the public basis file ``capc federation basis`` wrote (what a coordinator ships to each hospital's
+container: a party reads the basis instead of computing it). One
 federation runs at a time; every process it starts is sampled (``/proc/PID/status``, ``/proc/PID/stat``)
 every ``--interval`` seconds from its start.
 """
@@ -37,6 +42,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -209,11 +215,12 @@ def measure(
     settle: float,
     interval: float,
     smoke: bool,
-    alone: bool,
+    caches: str,
     timeout: float,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Provision one federation in ``work`` (``alone``: without shared caches), start it with ``capc local
-    up``, sample it until the student published, stop it."""
+    """Provision one federation in ``work`` (``caches``: ``shared``, the machine's; ``alone``, none;
+    ``shipped-basis``, each party's own holding only the basis file), start it with ``capc local up``, sample
+    it until the student published, stop it."""
     root = work / f"{mechanism}-{records}"
     given = {
         "mechanism": mechanism,
@@ -223,10 +230,17 @@ def measure(
         "force": benchmark_force("party memory"),
     }
     layout, _ = ensure_provisioned(root, LocalOptions(**given))
-    if alone:
+    if caches != "shared":
+        shipped = _shipped_basis(root) if caches == "shipped-basis" else None
         for site in layout.sites.glob("*.yaml"):
-            document = yaml.safe_load(site.read_text())
-            site.write_text(yaml.safe_dump({k: v for k, v in document.items() if k not in _CACHES}))
+            given_site = yaml.safe_load(site.read_text())
+            document = {k: v for k, v in given_site.items() if k not in _CACHES}
+            if shipped is not None and "feature_cache" in given_site:  # the teachers and the student
+                own = root / "own-caches" / site.stem  # the party's own feature cache: the basis alone
+                own.mkdir(parents=True)
+                shutil.copyfile(shipped, own / shipped.name)
+                document["feature_cache"] = str(own)
+            site.write_text(yaml.safe_dump(document))
     command = [
         sys.executable, "-m", "capc_cli", "local", "up", "--state-dir", str(root), "--ready-timeout",
         str(timeout), "--format", "json",
@@ -265,6 +279,7 @@ def measure(
             "torch": any(p.torch for p in of_role),
             "cpu_s": round(max(p.cpu_s for p in of_role), 1),
             "processes": len(of_role),
+            "caches": caches,
         })  # fmt: skip
     first = root / "logs" / "hospital-1.log"
     federation = {
@@ -275,9 +290,28 @@ def measure(
         "work_s": round(done - ready, 1),
         "round_s": _round_s(first) if first.exists() else None,
         "command": _command_text(root, given)
-        + (" (every site file without " + " or ".join(_CACHES) + ")" if alone else ""),
+        + {
+            "shared": "",
+            "alone": " (every site file without " + " or ".join(_CACHES) + ")",
+            "shipped-basis": " (every site file without " + " or ".join(_CACHES) + "; each teacher's and the "
+            "student's feature_cache its own directory holding only `capc federation basis`'s file)",
+        }[caches],
     }
     return rows, federation
+
+
+def _shipped_basis(root: Path) -> Path:
+    """The public basis file, as a coordinator makes it for the hospitals: ``capc federation basis`` on the
+    federation's federation.yaml (provisioning computed the basis into the machine's shared cache, where the
+    command finds it and checks it against the pin)."""
+    command = [
+        sys.executable, "-m", "capc_cli", "federation", "basis", "--federation",
+        str(root / "federation.yaml"), "--out", str(root / "feature-cache"), "--format", "json",
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise click.ClickException(f"`capc federation basis` exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return Path(json.loads(proc.stdout)["file"])
 
 
 def _command_text(root: Path, given: dict[str, Any]) -> str:
@@ -338,6 +372,12 @@ def growth(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     "feature cache (each computes the public basis), no records cache.",
 )
 @click.option(
+    "--shipped-basis",
+    is_flag=True,
+    help="As --alone, but each teacher and the student has a feature cache of its own holding only the "
+    "public basis file `capc federation basis` writes (the coordinator ships it; no party computes it).",
+)
+@click.option(
     "--smoke", is_flag=True, help="Toy federations: 2 parties, 150 records, 2 releases or 4 batches."
 )
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -350,10 +390,16 @@ def main(
     timeout: float,
     work_dir: Path | None,
     alone: bool,
+    shipped_basis: bool,
     smoke: bool,
     fmt: str,
 ) -> None:
     """Measure every party's peak and steady resident memory in local federations, one at a time."""
+    if alone and shipped_basis:
+        raise click.UsageError(
+            "--alone and --shipped-basis are two ways to give the parties caches; give one"
+        )
+    caches = "shipped-basis" if shipped_basis else "alone" if alone else "shared"
     if smoke:
         parties, record_counts, settle = 2, (150,), 1.0
     with tempfile.TemporaryDirectory(prefix="capc-memory-") as tmp:
@@ -363,7 +409,7 @@ def main(
             for records in record_counts:
                 found, federation = measure(
                     work, mechanism=mechanism, records=records, parties=parties, settle=settle,
-                    interval=interval, smoke=smoke, alone=alone, timeout=timeout,
+                    interval=interval, smoke=smoke, caches=caches, timeout=timeout,
                 )  # fmt: skip
                 rows += found
                 federations.append(federation)
@@ -383,7 +429,7 @@ def main(
             "settle_s": settle,
             "interval_s": interval,
             "smoke": smoke,
-            "alone": alone,
+            "caches": caches,
         },
     }
     if fmt == "json":

@@ -286,13 +286,22 @@ def recipe_sweep(tmp: Path) -> None:
 
 def memory(tmp: Path) -> None:
     out = run_json(
-        "memory.py", "--smoke", "--mechanism", "secagg-dpsgd", "--format", "json", "--work-dir", str(tmp)
-    )
+        "memory.py", "--smoke", "--mechanism", "secagg-dpsgd", "--shipped-basis", "--format", "json",
+        "--work-dir", str(tmp),
+    )  # fmt: skip
     assert set(out) == {"rows", "federations", "growth", "setup"} and out["setup"]["smoke"] is True
+    assert out["setup"]["caches"] == "shipped-basis"
     rows = {r["role"]: r for r in out["rows"]}
     assert set(rows) == {"guardian", "student", "teacher"} and rows["teacher"]["processes"] == 2
     for row in rows.values():
-        assert row["mechanism"] == "secagg-dpsgd" and row["records"] == 150
+        assert (row["mechanism"], row["records"], row["caches"]) == ("secagg-dpsgd", 150, "shipped-basis")
+    # Each teacher's own feature cache held the basis file `capc federation basis` wrote, and nothing else
+    # afterwards: it read the basis there, never computed it.
+    (basis,) = (tmp / "secagg-dpsgd-150" / "feature-cache").glob("array-*.npy")
+    owns = sorted((tmp / "secagg-dpsgd-150" / "own-caches").iterdir())
+    assert [p.name for p in owns] == ["hospital-1", "hospital-2", "student"]
+    for own in owns[:2]:
+        assert sorted(p.name for p in own.iterdir() if not p.name.startswith(".")) == [basis.name]
         assert 30 < row["steady_rss_mb"] <= row["peak_rss_mb"] < 8000 and row["cpu_s"] > 0
         assert row["with_children_peak_mb"] >= row["steady_rss_mb"]
     # Neither the guardian nor a teacher's serving process loads torch: the guardian never featurises, a

@@ -620,7 +620,7 @@ def pin_basis(config: FederationConfig, cache: Path) -> FederationConfig:
     pins none; any other config as it is): the basis is computed here into the parties' shared feature
     ``cache``, where every party then reads it, and a party that computes another one refuses to train in
     other coordinates."""
-    from capc_common.federation import SecAggDPSGDMechanism, load_shared_backbone
+    from capc_common.federation import SecAggDPSGDMechanism
 
     mechanism = config.mechanism
     if not isinstance(mechanism, SecAggDPSGDMechanism) or mechanism.projection is None:
@@ -628,14 +628,9 @@ def pin_basis(config: FederationConfig, cache: Path) -> FederationConfig:
     if mechanism.projection.sha256 is not None:
         return config
     # only here torch: a federation with no basis to pin is provisioned without it
-    from capc_common.federation.releases import Featuriser, federation_basis
-    from capc_common.mechanisms.basis import basis_digest
-    from capc_common.models.cache import FeatureCache
+    from capc_services.common.basis import basis_file
 
-    q = config.queries
-    shape = (q.height, q.width, q.channels)
-    featuriser = Featuriser(load_shared_backbone(config), shape, FeatureCache(cache))
-    digest = basis_digest(federation_basis(mechanism.projection, featuriser=featuriser))
+    digest = basis_file(config, cache).pin
     data = config.model_dump(mode="json", exclude_unset=True)
     data["mechanism"]["projection"] = {**mechanism.projection.model_dump(mode="json"), "sha256": digest}
     return FederationConfig.from_dict(data, source="local federation options")

@@ -48,8 +48,10 @@ class StudentSettings(SiteSettings):
         connect_timeout_s: how long to wait for a quorum of teacher parties before giving up.
         exit_when_done: exit after publishing (a one-shot job) instead of serving the admin API on.
         torch_threads: CPU threads for torch and numpy's BLAS (None: their defaults).
-        feature_cache: a directory of query features shared with the teachers of the same machine
-            (:class:`~capc_common.models.cache.FeatureCache`; a local federation); unset otherwise.
+        feature_cache: a directory of *public* images' features and arrays
+            (:class:`~capc_common.models.cache.FeatureCache`): shared with the teachers of the same machine (a
+            local federation), or the student's own, seeded with the public basis file ``capc federation
+            basis`` wrote (read instead of computed, checked against ``federation.yaml``'s pin).
     """
 
     grpc: GrpcSettings = GrpcSettings(bind="0.0.0.0:50052")

@@ -1,9 +1,10 @@
 """A release party's backbone work in a process of its own, so the serving process never loads the model.
 
 Secure-aggregation DP-SGD's teacher runs the backbone once, at start-up: the public basis (read from the
-machine's shared cache, or computed) and its records' per-example features. Loading torch and the model costs
-a process about 250 MB that it never hands back, and the features were held beside their normalised copy
-while they were projected. So :func:`featurise_apart` runs that work in a child process
+site's ``feature_cache``, the machine's shared one or the party's own holding the file the coordinator
+shipped (:mod:`capc_services.common.basis`), or computed) and its records' per-example features. Loading
+torch and the model costs a process about 250 MB that it never hands back, and the features were held beside
+their normalised copy while they were projected. So :func:`featurise_apart` runs that work in a child process
 (``python -m capc_services.teacher.featurise``), which writes the features to the site's records cache (or a
 temporary file) a block at a time and exits before the serving process loads them (and normalises them in
 place): the party's processes never hold the model and the features at once. Measured

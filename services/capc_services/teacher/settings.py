@@ -130,9 +130,11 @@ class TeacherSettings(SiteSettings):
         torch_threads: CPU threads for inference, torch's and numpy's BLAS (None: their defaults).
         data: the site's labelled data (its training part and its holdout).
         holdout: the share of ``data`` kept out of the federation (:class:`HoldoutSettings`).
-        feature_cache: a directory of query features shared with the other parties of the same machine
-            (:class:`~capc_common.models.cache.FeatureCache`; a local federation, one operator); unset on a
-            hospital's own machine.
+        feature_cache: a directory of *public* images' features and arrays
+            (:class:`~capc_common.models.cache.FeatureCache`): shared with the other parties of the same
+            machine (a local federation, one operator), or the party's own, seeded with the public basis
+            file ``capc federation basis`` wrote (a secure-aggregation DP-SGD hospital then reads the basis
+            instead of computing it, checked against ``federation.yaml``'s pin).
         records_cache: a directory of the per-example features of the site's *own* records
             (:func:`~capc_common.mechanisms.central.extract_per_example`), beside its other private files
             and never shared: derived from its data. A release federation's party that starts again, or the

@@ -1,5 +1,6 @@
 """``capc federation plan``: size a federation from its data before writing federation.yaml;
-``add-party`` / ``retire-party``: the federation.yaml of a membership change, and each party's next steps."""
+``add-party`` / ``retire-party``: the federation.yaml of a membership change, and each party's next steps;
+``basis``: the public basis file the coordinator ships to every party of a secagg-dpsgd federation."""
 
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def _text(r: dict[str, Any]) -> str:
 
 @click.group(name="federation")
 def command() -> None:
-    """Plan a federation before it is created; add or retire a teacher party of a running one."""
+    """Plan a federation before it is created; add or retire a teacher party of a running one; ship its public
+    basis."""
 
 
 @command.command(name="plan")
@@ -280,3 +282,64 @@ def retire_party_command(
     old = FederationConfig.load(path)
     new = retire_party(old, name=party, serial=str(serial), reason=reason, min_parties=min_parties)
     _write_change(old, new, out, _steps_retired(party, new.revoked[-1].serial, out), fmt)
+
+
+def _basis_text(r: dict[str, Any]) -> str:
+    how = "computed here" if r["computed"] else "found there"
+    lines = [
+        f"{r['federation']}: public basis {r['file']} ({how})",
+        f"  sha256sum of the file: {r['file_sha256']}",
+        f"  basis digest: {r['pin']} "
+        + ("(federation.yaml pins it)" if r["pinned"] else "(federation.yaml pins none)"),
+        "next:",
+    ]
+    return "\n".join(lines + [f"  {i}. {step}" for i, step in enumerate(r["next"], start=1)])
+
+
+@command.command(name="basis")
+@_FEDERATION
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory to compute the basis into (created if missing); one that holds it already is read.",
+)
+@format_option
+def basis_command(path: Path, out: Path, fmt: str) -> None:
+    """The public basis of a secagg-dpsgd federation as the file a party's feature cache reads, checked
+    against federation.yaml's pin: ship it to every hospital and the student, who read it instead of
+    computing it (about 1 GB of memory and a minute each)."""
+    from capc_common.federation import FederationConfig
+    from capc_services.common.basis import basis_file
+
+    config = FederationConfig.load(path)
+    found = basis_file(config, out)
+    name = found.path.name
+    steps = [
+        f"every hospital and the student: copy {name} into the directory its site file's `feature_cache:` "
+        "names (its own, e.g. /var/lib/capc/feature-cache; created if missing, writable by the party), and "
+        f"check the copy: `sha256sum {name}` prints {found.file_sha256}",
+        "the party reads the basis there at start instead of computing it, and refuses one that is not the "
+        "pinned basis; it looks the file up by a name that depends on the software version, so run the "
+        "parties with the version that wrote it (another version computes the basis itself)",
+    ]
+    if not found.pinned:
+        steps.insert(
+            0,
+            f"pin it first: add `sha256: {found.pin}` to mechanism.projection in {path} and send the parties "
+            "that federation.yaml (without a pin nothing checks the basis a party reads or computes)",
+        )
+    emit(
+        {
+            "federation": config.name,
+            "file": str(found.path),
+            "file_sha256": found.file_sha256,
+            "pin": found.pin,
+            "pinned": found.pinned,
+            "computed": found.computed,
+            "next": steps,
+        },
+        fmt,
+        _basis_text,
+    )
