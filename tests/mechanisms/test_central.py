@@ -4,6 +4,8 @@ back only for the same map and the same records."""
 from __future__ import annotations
 
 import io
+import os
+import time
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -61,7 +63,15 @@ def _not_an_array(path: Path, features: np.ndarray) -> None:
     path.write_bytes(b"edited by hand")
 
 
-@pytest.mark.parametrize("damage", [_truncated, _one_row_short, _float64, _not_an_array])
+def _an_npz(path: Path, features: np.ndarray) -> None:
+    with path.open("wb") as handle:
+        np.savez(handle, features=features)
+
+
+DAMAGES = [_truncated, _one_row_short, _float64, _not_an_array, _an_npz]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_a_damaged_records_cache_file_is_featurised_again_and_replaced(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Callable[[Path, np.ndarray], None]
 ) -> None:
@@ -114,7 +124,7 @@ def test_records_written_a_block_at_a_time_are_the_features_of_one_call(
         write_per_example(featurizer, records, io.BytesIO(), block=100)
 
 
-@pytest.mark.parametrize("damage", [_truncated, _one_row_short, _float64, _not_an_array])
+@pytest.mark.parametrize("damage", DAMAGES)
 def test_a_stored_file_is_checked_from_its_header(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Callable[[Path, np.ndarray], None]
 ) -> None:
@@ -131,3 +141,16 @@ def test_a_stored_file_is_checked_from_its_header(
         assert cache.stored(entry, shape=(70, 8), dtype=np.float32) is None
     (warning,) = [r.getMessage() for r in caplog.records]
     assert str(path) in warning and "computing it again" in warning, warning
+
+
+def test_temporary_files_a_killed_writer_left_are_removed_when_the_cache_stores(tmp_path: Path) -> None:
+    """A writer killed outright (SIGKILL, out of memory) leaves its temporary file: the next store into the
+    directory removes those untouched for ten minutes, and leaves a live writer's (recent) one alone."""
+    stale, live = tmp_path / ".records-a.npy.x1.tmp", tmp_path / ".records-b.npy.x2.tmp"
+    for tmp in (stale, live):
+        tmp.write_bytes(b"half a file")
+    old = time.time() - 11 * 60
+    os.utime(stale, (old, old))
+    FeatureCache(tmp_path).store({"kind": "records", "content": "y"}, np.zeros((2, 3), np.float32))
+    assert not stale.exists() and live.exists()
+    assert len(list(tmp_path.glob("records-*.npy"))) == 1

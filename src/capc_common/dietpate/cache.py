@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
 __all__ = ["FeatureCache", "digest_indices"]
 
 _log = logging.getLogger(__name__)
+#: The warning for a stored file that is not what its entry describes (its path, why).
+_DAMAGED = "cache file %s %s: computing it again and replacing the file"
+#: A temporary file of :meth:`FeatureCache.store_with` this much older than its last write was left by a
+#: writer that died (killed, out of memory) and is removed: a live writer's file is written every few seconds.
+STALE_TMP_S = 600.0
 
 
 def digest_indices(index: npt.ArrayLike) -> str:
@@ -78,7 +84,7 @@ class FeatureCache:
                 return found
             else:
                 reason = f"holds a {found.dtype} array of shape {found.shape}, not what its entry describes"
-        _log.warning("cache file %s %s: computing it again and replacing the file", path, reason)
+        _log.warning(_DAMAGED, path, reason)
         return None
 
     def store(self, description: dict[str, Any], features: npt.NDArray[Any]) -> None:
@@ -92,6 +98,7 @@ class FeatureCache:
         if path is None:
             return None
         path.parent.mkdir(parents=True, exist_ok=True)
+        _sweep_stale(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as handle:
@@ -116,12 +123,16 @@ class FeatureCache:
         except (OSError, ValueError, EOFError) as exc:
             reason = f"does not load ({type(exc).__name__}: {exc})"
         else:
-            found = (mapped.shape, mapped.dtype)
-            del mapped
-            if found == (shape, np.dtype(dtype)):
-                return path
-            reason = f"holds a {found[1]} array of shape {found[0]}, not what its entry describes"
-        _log.warning("cache file %s %s: computing it again and replacing the file", path, reason)
+            if not isinstance(mapped, np.ndarray):  # an .npz archive (np.load ignores mmap_mode for one)
+                mapped.close()
+                reason = f"holds a {type(mapped).__name__}, not one array"
+            else:
+                found = (mapped.shape, mapped.dtype)
+                del mapped
+                if found == (shape, np.dtype(dtype)):
+                    return path
+                reason = f"holds a {found[1]} array of shape {found[0]}, not what its entry describes"
+        _log.warning(_DAMAGED, path, reason)
         return None
 
     def load_teachers(self, description: dict[str, Any]) -> TeacherEnsemble | None:
@@ -153,3 +164,17 @@ class FeatureCache:
         features = compute()
         self.store(description, features)
         return features
+
+
+def _sweep_stale(directory: Path) -> None:
+    """Remove the temporary files of :meth:`FeatureCache.store_with` that no writer has touched for
+    :data:`STALE_TMP_S`: a writer killed outright (SIGKILL, out of memory) cannot remove its own, and a
+    records cache would otherwise keep a few hundred MB of a party's features per such death."""
+    cutoff = time.time() - STALE_TMP_S
+    for tmp in directory.glob(".*.tmp"):
+        try:
+            if tmp.stat().st_mtime < cutoff:
+                tmp.unlink()
+                _log.info("removed a stale temporary cache file %s", tmp)
+        except FileNotFoundError:  # removed by another process meanwhile
+            continue
