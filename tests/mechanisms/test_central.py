@@ -124,6 +124,63 @@ def test_records_written_a_block_at_a_time_are_the_features_of_one_call(
         write_per_example(featurizer, records, io.BytesIO(), block=100)
 
 
+class _PassDependent:
+    """A featurizer whose every row depends on the pass that computed it (the mean of the pass's images, as
+    BatchNorm's batch statistics would): a block writer that featurised any record in another pass than one
+    call does writes other values. (The real backbone's running statistics make a row the same whatever its
+    pass, so it cannot tell.)"""
+
+    sha256 = "pass-dependent"
+    name = "pass-dependent"
+    feature_dim = 3
+
+    def extract(self, images: np.ndarray, *, bn_batch: int, mode: str) -> np.ndarray:
+        from capc_common.models.features import chunk_starts
+
+        if len(images) < bn_batch:
+            raise InputError(f"{len(images)} images are fewer than one BatchNorm batch of {bn_batch}")
+        own = images.reshape(len(images), -1).mean(axis=1)
+        out = np.empty((len(images), self.feature_dim), dtype=np.float32)
+        done = 0
+        for start in chunk_starts(len(images), bn_batch=bn_batch):
+            batch = own[start : start + bn_batch]
+            rows = np.stack([batch, np.full_like(batch, batch.mean()), np.full_like(batch, batch.std())], axis=1)
+            out[done : start + bn_batch] = rows[done - start :]
+            done = start + bn_batch
+        return out
+
+
+@pytest.mark.parametrize("count", [256, 158, 356])
+def test_records_written_a_block_at_a_time_are_featurised_in_the_passes_of_one_call(
+    tmp_path: Path, count: int
+) -> None:
+    """Every record is featurised in the same pass as by one call, whatever the records: a whole number of
+    blocks (256 = 2 × 128), a tail short of a pass joining the block before (158 = 128 + 30), a last block
+    ending in an overlapping pass (356 = 2 × 128 + 100)."""
+    featurizer = _PassDependent()
+    records = generate("dead_leaves", seed=5, start=0, count=count, height=28, width=28, channels=1)
+    cache = FeatureCache(tmp_path)
+    path = cache.store_with(
+        records_entry(featurizer, records),
+        lambda handle: write_per_example(featurizer, records, handle, block=128),
+    )
+    assert path is not None
+    assert np.load(path).tobytes() == extract_per_example(featurizer, records).tobytes()
+
+
+def test_fewer_records_than_a_pass_are_refused_and_nothing_is_stored(tmp_path: Path) -> None:
+    """Fewer records than one pass: refused as one call refuses them, and the cache holds nothing after."""
+    featurizer = _PassDependent()
+    records = generate("dead_leaves", seed=5, start=0, count=40, height=28, width=28, channels=1)
+    cache = FeatureCache(tmp_path)
+    with pytest.raises(InputError, match="fewer than one BatchNorm batch"):
+        cache.store_with(
+            records_entry(featurizer, records),
+            lambda handle: write_per_example(featurizer, records, handle, block=128),
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("damage", DAMAGES)
 def test_a_stored_file_is_checked_from_its_header(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Callable[[Path, np.ndarray], None]
