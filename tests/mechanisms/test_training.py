@@ -467,15 +467,43 @@ def test_a_basis_handed_over_is_used_and_checked_against_the_pin(basis: np.ndarr
         raise AssertionError("the serving process computed the basis")
 
     m = SecureDPSGD(classes=10, dim=basis.shape[1], clip=1.0, noise_multiplier=1.0, sampling_rate=1.0)
-    pinned = DPSGDProtocol(DPSGDTrainer(m, Recipe(rounds=3), basis=never), pin=basis_digest(basis))
+    pinned = DPSGDProtocol(
+        DPSGDTrainer(m, Recipe(rounds=3), basis=never), feature_dim=64, pin=basis_digest(basis)
+    )
     pinned.adopt({"basis": basis})
     assert pinned.trainer.basis is basis and pinned.precomputed()["basis"] is basis
-    other = DPSGDProtocol(DPSGDTrainer(m, Recipe(rounds=3), basis=never), pin=basis_digest(basis))
+    other = DPSGDProtocol(
+        DPSGDTrainer(m, Recipe(rounds=3), basis=never), feature_dim=64, pin=basis_digest(basis)
+    )
     with pytest.raises(IntegrityError, match=r"federation\.yaml pins"):
         other.adopt({"basis": basis[:, ::-1].copy()})
     with pytest.raises(InputError, match="columns"):
-        DPSGDProtocol(DPSGDTrainer(m, Recipe(rounds=3), basis=never)).adopt({"basis": basis[:, :-1].copy()})
+        unpinned = DPSGDProtocol(DPSGDTrainer(m, Recipe(rounds=3), basis=never), feature_dim=64)
+        unpinned.adopt({"basis": basis[:, :-1].copy()})
     with pytest.raises(InputError, match="no public basis"):
-        DPSGDProtocol(DPSGDTrainer(m, Recipe(rounds=3), basis=None)).adopt({"basis": basis})
+        DPSGDProtocol(DPSGDTrainer(m, Recipe(rounds=3), basis=None), feature_dim=64).adopt({"basis": basis})
     with pytest.raises(InputError, match="derives no pool"):
         pinned.adopt({"pool": basis})
+
+
+def test_a_basis_handed_over_must_be_a_basis_of_the_backbones_features(basis: np.ndarray) -> None:
+    """What a trainer adopts is checked as a cached basis is: float32, one row per feature of the backbone,
+    one column per head input, orthonormal and finite columns; anything else is refused by name, and the
+    trainer keeps computing its own."""
+    m = SecureDPSGD(classes=10, dim=basis.shape[1], clip=1.0, noise_multiplier=1.0, sampling_rate=1.0)
+    nan = basis.copy()
+    nan[3, 4] = np.nan
+    refused = {
+        "float64 of shape": basis.astype(np.float64),
+        "backbone's 65 features": basis,  # rows for a backbone of 64 features, this one has 65
+        "orthonormal": basis * 2,
+        "finite": nan,
+    }
+    for message, wrong in refused.items():
+        trainer = DPSGDTrainer(m, Recipe(rounds=3), basis=lambda: basis)
+        with pytest.raises(InputError, match=message):
+            trainer.adopt_basis(wrong, feature_dim=65 if "65" in message else 64)
+        assert trainer.basis is basis  # not adopted: computed as before
+    trainer = DPSGDTrainer(m, Recipe(rounds=3), basis=lambda: basis[::-1].copy())
+    trainer.adopt_basis(basis, feature_dim=64)
+    assert trainer.basis is basis

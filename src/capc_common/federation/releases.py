@@ -483,8 +483,8 @@ class DPSGDProtocol(ReleaseProtocol):
     statistics release, then per round the parties' clipped gradient sums at the current head; the student
     steps on the noisy mean gradient."""
 
-    def __init__(self, trainer: DPSGDTrainer, *, pin: str | None = None) -> None:
-        self.trainer, self.pin = trainer, pin
+    def __init__(self, trainer: DPSGDTrainer, *, feature_dim: int, pin: str | None = None) -> None:
+        self.trainer, self.feature_dim, self.pin = trainer, feature_dim, pin
         self.mechanism = self.sgd = trainer.mechanism
         self.rounds = trainer.rounds
 
@@ -519,7 +519,8 @@ class DPSGDProtocol(ReleaseProtocol):
             unit_variance=bool(config.unit_variance),
         )
         basis = None if p is None else (lambda: federation_basis(p, featuriser=featuriser))
-        return cls(DPSGDTrainer(mechanism, recipe, basis=basis), pin=None if p is None else p.sha256)
+        trainer = DPSGDTrainer(mechanism, recipe, basis=basis)
+        return cls(trainer, feature_dim=dim, pin=None if p is None else p.sha256)
 
     def prepare(
         self, features: npt.ArrayLike, *, consume: bool = False
@@ -554,7 +555,7 @@ class DPSGDProtocol(ReleaseProtocol):
                     f"the public basis handed over has SHA-256 {basis_digest(basis)}, federation.yaml pins "
                     f"{self.pin}"
                 )
-            self.trainer.adopt_basis(basis)
+            self.trainer.adopt_basis(basis, feature_dim=self.feature_dim)
 
     def state(self) -> npt.NDArray[np.float64]:
         """The next release's phase, the feature map and the current head."""

@@ -281,18 +281,29 @@ class DPSGDTrainer:
             raise InputError(f"the basis has {self._basis.shape[1]} columns, the head {self.mechanism.dim}")
         return self._basis
 
-    def adopt_basis(self, basis: npt.NDArray[np.float32]) -> None:
-        """Use ``basis``, computed elsewhere (a party's featurising process), instead of computing it here.
+    def adopt_basis(self, basis: npt.NDArray[np.float32], *, feature_dim: int) -> None:
+        """Use ``basis``, computed elsewhere (a party's featurising process), instead of computing it here:
+        checked as a cached basis is (:func:`~capc_common.mechanisms.basis.is_basis`), and against the
+        backbone's ``feature_dim`` (its rows) and the head (its columns), so a wrong one is refused here
+        rather than failing, or projecting wrongly, at the first release.
 
         Raises:
-            InputError: the trainer projects on no basis, or ``basis`` has another number of columns.
+            InputError: the trainer projects on no basis, or ``basis`` is not a float32 ``(feature_dim, k)``
+                array of orthonormal, finite columns for this head's ``k``.
         """
+        from capc_common.mechanisms.basis import is_basis
+
         if self._basis is None:
             raise InputError("this trainer projects on no public basis")
-        if basis.ndim != 2 or basis.shape[1] != self.mechanism.dim:
+        expected = (feature_dim, self.mechanism.dim)
+        if basis.dtype != np.float32 or basis.shape != expected:
             raise InputError(
-                f"the basis handed over has shape {basis.shape}; the head has {self.mechanism.dim} columns"
+                f"the basis handed over is {basis.dtype} of shape {basis.shape}; the backbone's "
+                f"{feature_dim} features and the head's {self.mechanism.dim} columns need float32 of shape "
+                f"{expected}"
             )
+        if not is_basis(basis, self.mechanism.dim):
+            raise InputError("the basis handed over does not have orthonormal, finite columns")
         self._basis = basis
 
     def _map(self, mean: npt.NDArray[np.float64], scale: npt.NDArray[np.float64]) -> FeatureMap:
