@@ -4,9 +4,9 @@ back only for the same map and the same records."""
 from __future__ import annotations
 
 import io
+import logging
 import os
 import time
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -144,7 +144,9 @@ class _PassDependent:
         done = 0
         for start in chunk_starts(len(images), bn_batch=bn_batch):
             batch = own[start : start + bn_batch]
-            rows = np.stack([batch, np.full_like(batch, batch.mean()), np.full_like(batch, batch.std())], axis=1)
+            rows = np.stack(
+                [batch, np.full_like(batch, batch.mean()), np.full_like(batch, batch.std())], axis=1
+            )
             out[done : start + bn_batch] = rows[done - start :]
             done = start + bn_batch
         return out

@@ -26,18 +26,18 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 
-def apply_threads(threads: int | None, *, torch: bool = True) -> None:
+def apply_threads(threads: int | None, *, backbone: bool = True) -> None:
     """Cap the CPU threads of torch and of numpy's BLAS (several parties on one machine must not
     oversubscribe its cores: their idle threads spin, measured at 7× the CPU time of one thread for the
-    features of 2,048 images with two threads each beside two busy processes on two cores). ``torch``:
-    False in a process that never runs the backbone (numpy's alone; torch is not imported)."""
+    features of 2,048 images with two threads each beside two busy processes on two cores). ``backbone``:
+    False in a process that never runs the backbone (numpy's threads alone; torch is not imported)."""
     if threads is not None:
         from threadpoolctl import threadpool_limits
 
-        if torch:
-            import torch as torch_module
+        if backbone:
+            import torch
 
-            torch_module.set_num_threads(threads)
+            torch.set_num_threads(threads)
         threadpool_limits(limits=threads, user_api="blas")
 
 

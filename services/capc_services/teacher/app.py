@@ -27,6 +27,7 @@ from capc_services.teacher.settings import TeacherSettings
 from capc_services.teacher.worker import TeacherWorker
 
 if TYPE_CHECKING:
+    from capc_common.federation import FederationConfig
     from capc_common.learn.heads import HeadEnsemble
     from capc_common.models import Backbone
     from capc_common.models.cache import FeatureCache
@@ -168,19 +169,34 @@ def vote_readiness(
 def serve_releases(
     settings: TeacherSettings, party: PartyRuntime, cap: LocalCap, *, stop: threading.Event
 ) -> None:
-    """Run a release federation's teacher party: featurise its own records once (per example), in a process
-    of its own (:func:`~capc_services.teacher.featurise.featurise_apart`: this one never loads the backbone),
-    then contribute to every release the student opens until ``stop`` is set."""
-    from capc_services.teacher.featurise import featurise_apart
-    from capc_services.teacher.train import check_labels, party_examples
+    """Run a release federation's teacher party: featurise its own records once (per example), then
+    contribute to every release the student opens until ``stop`` is set.
+
+    The records are featurised in a process of its own
+    (:func:`~capc_services.teacher.featurise.featurise_apart`: this one never loads the backbone), unless the
+    protocol featurised public images as it was built (DPPL-Public's pool): this process holds the backbone
+    then, and uses it. A stop while they are featurised ends the party without an error.
+    """
+    from capc_common.mechanisms.central import records_digest
+    from capc_services.teacher.featurise import Expected, featurise_apart
+    from capc_services.teacher.train import check_labels, party_examples, record_features
 
     config = party.config
     protocol = party.runnable.release_protocol()
     images, labels, name = party_examples(settings)
-    del images  # the featurising process reads them itself
     check_labels(np.asarray(labels), classes=config.classes, name=name)
     check_records(config, len(labels))
-    features = featurise_apart(settings, protocol)
+    if _featurises_when_built(config):
+        features = record_features(settings, party.backbone, images)
+        del images
+    else:
+        expected = Expected(config.config_hash(), records_digest(images), party.runnable.feature_dim)
+        del images  # the featurising process reads them itself
+        apart = featurise_apart(settings, protocol, expected=expected, stop=stop)
+        if apart is None:
+            _log.info("teacher stopped while its records were featurised")
+            return
+        features = apart
     if len(features) != len(labels):
         raise InputError(f"{len(features)} records were featurised, {len(labels)} are labelled ({name})")
     _log.info("features ready", extra={"records": len(labels), "data": name})
@@ -199,7 +215,7 @@ def serve_releases(
         consume=True,
     )
     # The contributor keeps the records on the public basis (a quarter of their raw features' memory, for
-    # secure-aggregation DP-SGD); the raw features, overwritten by their projection, are not used again.
+    # secure-aggregation DP-SGD); the raw features, overwritten by their normalised rows, are not used again.
     del features
     api = api_router()
     api.get("/status", tags=["teacher"])(contributor.status)
@@ -216,6 +232,13 @@ def serve_releases(
         contributor.close()
         party.stop_admin()
         _log.info("teacher stopped")
+
+
+def _featurises_when_built(config: FederationConfig) -> bool:
+    """Whether the federation's release protocol featurises public images as it is built (its party process
+    holds the backbone then, and featurises its records with it too)."""
+    mechanism = config.mechanism
+    return isinstance(mechanism, ReleaseMember) and mechanism.featurises_when_built
 
 
 def serve(settings: TeacherSettings, *, stop: threading.Event, set_up: bool = False) -> None:
@@ -240,11 +263,10 @@ def serve(settings: TeacherSettings, *, stop: threading.Event, set_up: bool = Fa
     # Contributions to noisy totals, no votes: the records are featurised by a process of their own
     # (serve_releases), so this one loads the backbone only for a protocol that featurises public images as
     # it is built, reading the shared cache of them (whose code imports torch) only then.
-    mechanism = settings.federation_config.mechanism
-    model = not isinstance(mechanism, ReleaseMember) or mechanism.featurises_when_built
-    apply_threads(settings.torch_threads, torch=model)  # before the start-up check featurises anything
+    releases = isinstance(settings.federation_config.mechanism, ReleaseMember)
+    model = not releases or _featurises_when_built(settings.federation_config)
+    apply_threads(settings.torch_threads, backbone=model)  # before the start-up check featurises anything
     party = PartyRuntime(settings, role="teacher", model=model, public_cache=model)
-    releases = isinstance(mechanism, ReleaseMember)
     config = party.config
     exposure = exposure_of(config, protocol=party.runnable.protocol)
     if set_up:

@@ -35,10 +35,13 @@ class Runnable:
         loaded: the shared backbone, SHA-256 checked; how to load it on first use (a release mechanism checked
             with ``model=False``: the protocol and the party share the one model); None where only its file
             was checked (``model=False``).
+        feature_dim: the length of the backbone's features (from its file where it was not loaded), what a
+            party's records are featurised to.
         protocol: a release mechanism's protocol (None for mechanisms with query batches).
     """
 
     loaded: Backbone | LazyBackbone | None
+    feature_dim: int
     protocol: ReleaseProtocol | None = None
 
     @property
@@ -113,7 +116,7 @@ def check_runnable(config: FederationConfig, *, model: bool = True, cache: Path 
             from capc_common.models.cache import FeatureCache  # torch
 
             shared = FeatureCache(cache)
-        return Runnable(backbone, protocol_for(config, dim=dim, backbone=backbone, cache=shared))
+        return Runnable(backbone, dim, protocol_for(config, dim=dim, backbone=backbone, cache=shared))
     check_batch_fits(config)
     if usable_queries(config) == 0:
         raise InputError(
@@ -124,9 +127,9 @@ def check_runnable(config: FederationConfig, *, model: bool = True, cache: Path 
     except InputError as exc:
         raise InputError(f"federation.yaml queries cannot make a batch: {exc}") from None
     if model:
-        return Runnable(_shape_checked_backbone(config))
-    _shape_checked_file(config)
-    return Runnable(None)
+        loaded = _shape_checked_backbone(config)
+        return Runnable(loaded, loaded.feature_dim)
+    return Runnable(None, _shape_checked_file(config))
 
 
 def _shape_checked_backbone(config: FederationConfig) -> Backbone:

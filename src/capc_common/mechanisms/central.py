@@ -48,6 +48,7 @@ __all__ = [
     "extract_per_example",
     "per_example_features",
     "predict_head",
+    "records_digest",
     "records_entry",
     "release_once",
     "run_private_knn",
@@ -100,15 +101,22 @@ def records_entry(featurizer: Featurizer, images: npt.NDArray[np.uint8]) -> dict
     the code computing it, the records' content (:func:`extract_per_example`, :func:`write_per_example`)."""
     from capc_common.models.features import features_version
 
-    content = hashlib.sha256(f"{images.dtype} {images.shape}".encode())
-    content.update(np.ascontiguousarray(images).tobytes())
     return {
         "kind": "records",
         "map": featurizer.sha256,
         "code": features_version(),
-        "content": content.hexdigest(),
+        "content": records_digest(images),
         "mode": "running",
     }
+
+
+def records_digest(images: npt.NDArray[np.uint8]) -> str:
+    """SHA-256 (hex) of the records' dtype, shape and bytes: :func:`records_entry`'s ``content``, and what a
+    party's serving process compares with what its featurising process read (the same data, not a file
+    replaced in between)."""
+    content = hashlib.sha256(f"{images.dtype} {images.shape}".encode())
+    content.update(np.ascontiguousarray(images).tobytes())
+    return content.hexdigest()
 
 
 #: Records featurised together by :func:`write_per_example`: whole passes, a few MB of features at a time.
