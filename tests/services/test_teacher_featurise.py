@@ -227,32 +227,41 @@ def test_how_the_child_ended_is_said_precisely(
     assert str(ended.value) == message if returncode else message in str(ended.value)
 
 
+def _party(site: Path, tmp_path: Path, script: str, **popen: Any) -> subprocess.Popen[Any]:
+    """A party process running ``script`` on the site (with a records cache), in a process group of its own,
+    its temporary files under ``tmp_path / "tmp"``."""
+    settings = _settings(site, site / "site.npz", records_cache=tmp_path / "records")
+    (tmp_path / "settings.json").write_text(settings.model_dump_json())
+    (tmp_path / "tmp").mkdir()
+    return subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "settings.json")],
+        cwd=tmp_path,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+        **popen,
+    )
+
+
+def _nothing_left(child: psutil.Process, tmp_path: Path) -> None:
+    """The featurising child ends within 10 s, leaving no temporary file and no half-written cache file."""
+    gone, alive = psutil.wait_procs([child], timeout=10)
+    assert gone and not alive, "the featurising process outlived its party by 10 s"
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert not list((tmp_path / "records").glob(".*.tmp"))
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_party_stopped_while_it_featurises_ends_quietly(site: Path, tmp_path: Path, signum: int) -> None:
     """SIGTERM or ^C to the party's process group (the terminal's, or a container's stop) while the child
     featurises: both end at once, without a traceback or an error, and leave no features on disk."""
-    settings = _settings(site, site / "site.npz", records_cache=tmp_path / "records")
-    (tmp_path / "settings.json").write_text(settings.model_dump_json())
-    (tmp_path / "tmp").mkdir()
-    party = subprocess.Popen(
-        [sys.executable, "-c", STOPPED, str(tmp_path / "settings.json")],
-        cwd=tmp_path,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
-    )
+    party = _party(site, tmp_path, STOPPED, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         child = _featurising_child(party.pid)
         os.killpg(party.pid, signum)
         out, err = party.communicate(timeout=60)
         assert party.returncode == 0 and out.strip() == "stopped", (out, err)
         assert "Traceback" not in err and "Error" not in err, err
-        gone, alive = psutil.wait_procs([child], timeout=10)
-        assert gone and not alive
-        assert list((tmp_path / "tmp").iterdir()) == []
-        assert list((tmp_path / "records").glob(".*.tmp")) == [] if (tmp_path / "records").exists() else True
+        _nothing_left(child, tmp_path)
     finally:
         if party.poll() is None:
             party.kill()
@@ -262,15 +271,7 @@ def test_the_child_ends_with_its_party_and_leaves_nothing_behind(site: Path, tmp
     """A party killed (SIGKILL: no clean-up of its own) while its child featurises: the child ends within
     seconds instead of running its work to the end, and no file of their features is left: the one the
     child writes has no name (deleted, or never named), and the records cache keeps no half-written one."""
-    settings = _settings(site, site / "site.npz", records_cache=tmp_path / "records")
-    (tmp_path / "settings.json").write_text(settings.model_dump_json())
-    (tmp_path / "tmp").mkdir()
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, str(tmp_path / "settings.json")],
-        cwd=tmp_path,
-        start_new_session=True,
-        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
-    )
+    parent = _party(site, tmp_path, PARENT)
     try:
         child = _featurising_child(parent.pid)
         fd = child.cmdline()[3]
@@ -278,10 +279,7 @@ def test_the_child_ends_with_its_party_and_leaves_nothing_behind(site: Path, tmp
         assert target.endswith("(deleted)") or "/#" in target, target  # no name on disk
         parent.kill()
         parent.wait()
-        gone, alive = psutil.wait_procs([child], timeout=10)
-        assert gone and not alive, "the featurising process outlived its party by 10 s"
-        assert not list((tmp_path / "tmp").glob("capc-featurise*"))
-        assert list((tmp_path / "records").glob(".*.tmp")) == [] if (tmp_path / "records").exists() else True
+        _nothing_left(child, tmp_path)
     finally:
         if parent.poll() is None:
             parent.kill()
