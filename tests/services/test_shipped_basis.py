@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import threading
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,11 @@ from capc_cli.main import main
 from capc_common.errors import IntegrityError
 from capc_common.federation import FederationConfig, check_runnable
 from capc_common.mechanisms.basis import basis_digest
+from capc_common.mechanisms.central import records_digest
 from capc_common.models import backbone_sha256
 from capc_common.synth import generate
-from capc_services.teacher.featurise import featurise_apart
+from capc_services.teacher.featurise import Expected, featurise_apart
+from capc_services.teacher.train import party_examples
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = 96
@@ -148,9 +151,14 @@ def test_a_teacher_with_only_the_shipped_file_reads_it(tmp_path: Path, shipped: 
         tmp_path, shipped["federation"], {"dataset": f"npz:{tmp_path / 'site.npz'}"}, torch_threads=1,
         feature_cache=own,
     )  # fmt: skip
-    serving = check_runnable(settings.federation_config, model=False).release_protocol()
-    features = featurise_apart(settings, serving)
-    assert 0 < len(features) <= RECORDS  # those of its records the holdout leaves to the federation
+    config = settings.federation_config
+    runnable = check_runnable(config, model=False)
+    serving = runnable.release_protocol()
+    at_start = Expected(
+        config.config_hash(), records_digest(party_examples(settings)[0]), runnable.feature_dim
+    )
+    features = featurise_apart(settings, serving, expected=at_start, stop=threading.Event())
+    assert features is not None and 0 < len(features) <= RECORDS  # those the holdout leaves to the federation
     assert basis_digest(serving.precomputed()["basis"]) == shipped["first"]["pin"]
     assert _stored(own) == [Path(shipped["first"]["file"]).name]
 
