@@ -12,8 +12,10 @@ side by side, one chunk each), and finally waits for those locks and reads what 
 
 The synthetic queries themselves are kept too (:meth:`FeatureCache.images`), by their recipe: each party would
 otherwise generate every batch again. Only public images belong here (synthetic queries, a public test set):
-a party's private data is never written to a cache, and a hospital on its own machine has no one to share one
-with. Writes are atomic (a temporary file, then a rename), so a reader sees a whole value or none.
+a party's private data is never written to a cache. A hospital on its own machine shares it with no one, but
+its own cache may hold what the coordinator computed once and shipped (``capc federation basis``: the public
+basis, checked against ``federation.yaml``'s pin when read). Writes are atomic (a temporary file, then a
+rename), so a reader sees a whole value or none.
 """
 
 from __future__ import annotations
