@@ -295,15 +295,17 @@ def memory(tmp: Path) -> None:
     assert set(rows) == {"guardian", "student", "teacher"} and rows["teacher"]["processes"] == 2
     for row in rows.values():
         assert (row["mechanism"], row["records"], row["caches"]) == ("secagg-dpsgd", 150, "shipped-basis")
+        assert 30 < row["steady_rss_mb"] <= row["peak_rss_mb"] < 8000 and row["cpu_s"] > 0
+        assert row["with_children_peak_mb"] >= row["steady_rss_mb"]
     # Each teacher's own feature cache held the basis file `capc federation basis` wrote, and nothing else
-    # afterwards: it read the basis there, never computed it.
+    # afterwards: it read the basis there, never computed it; the student's holds it too (beside the public
+    # evaluation images' features it computes).
     (basis,) = (tmp / "secagg-dpsgd-150" / "feature-cache").glob("array-*.npy")
     owns = sorted((tmp / "secagg-dpsgd-150" / "own-caches").iterdir())
     assert [p.name for p in owns] == ["hospital-1", "hospital-2", "student"]
     for own in owns[:2]:
         assert sorted(p.name for p in own.iterdir() if not p.name.startswith(".")) == [basis.name]
-        assert 30 < row["steady_rss_mb"] <= row["peak_rss_mb"] < 8000 and row["cpu_s"] > 0
-        assert row["with_children_peak_mb"] >= row["steady_rss_mb"]
+    assert (owns[2] / basis.name).read_bytes() == basis.read_bytes()
     # Neither the guardian nor a teacher's serving process loads torch: the guardian never featurises, a
     # teacher featurises in a child process of its own (the student does load it, for the public basis).
     assert not rows["guardian"]["torch"] and not rows["teacher"]["torch"] and rows["student"]["torch"]

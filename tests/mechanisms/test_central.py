@@ -3,6 +3,7 @@ back only for the same map and the same records."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import logging
 import os
@@ -204,12 +205,18 @@ def test_a_stored_file_is_checked_from_its_header(
 
 def test_temporary_files_a_killed_writer_left_are_removed_when_the_cache_stores(tmp_path: Path) -> None:
     """A writer killed outright (SIGKILL, out of memory) leaves its temporary file: the next store into the
-    directory removes those untouched for ten minutes, and leaves a live writer's (recent) one alone."""
+    directory removes those untouched for ten minutes that no writer holds, and leaves a live writer's
+    (recent, or locked) one and other programs' files alone."""
     stale, live = tmp_path / ".records-a.npy.x1.tmp", tmp_path / ".records-b.npy.x2.tmp"
-    for tmp in (stale, live):
+    slow, other = tmp_path / ".records-c.npy.x3.tmp", tmp_path / ".someone-else.tmp"
+    for tmp in (stale, live, slow, other):
         tmp.write_bytes(b"half a file")
     old = time.time() - 11 * 60
-    os.utime(stale, (old, old))
-    FeatureCache(tmp_path).store({"kind": "records", "content": "y"}, np.zeros((2, 3), np.float32))
-    assert not stale.exists() and live.exists()
+    for tmp in (stale, slow, other):
+        os.utime(tmp, (old, old))
+    # A writer slower than ten minutes still holds its file locked: it is not removed under it.
+    with slow.open("ab") as writer:
+        fcntl.flock(writer.fileno(), fcntl.LOCK_EX)
+        FeatureCache(tmp_path).store({"kind": "records", "content": "y"}, np.zeros((2, 3), np.float32))
+    assert not stale.exists() and live.exists() and slow.exists() and other.exists()
     assert len(list(tmp_path.glob("records-*.npy"))) == 1

@@ -131,6 +131,22 @@ def test_a_basis_not_the_pinned_one_is_refused_and_not_left(tmp_path: Path, ship
     assert _stored(shipped["out"]) == [Path(shipped["first"]["file"]).name]  # a file found is not removed
 
 
+def test_an_unusable_out_directory_is_refused_with_why(tmp_path: Path, shipped: dict[str, Any]) -> None:
+    """An --out below a file: exit 2 naming it, no traceback. A federation that pins nothing with an --out
+    that already holds array files: refused (exit 2), since the pin to add must come from a basis computed
+    here, not from a file found there."""
+    (tmp_path / "afile").write_text("x")
+    unpinned = _federation(tmp_path / "unpinned.yaml")
+    code, _, err = run_capc(
+        "federation", "basis", "--federation", str(unpinned), "--out", str(tmp_path / "afile" / "o")
+    )
+    assert code == 2 and "give a directory path" in err and "Traceback" not in err
+    code, _, err = run_capc(
+        "federation", "basis", "--federation", str(unpinned), "--out", str(shipped["out"])
+    )
+    assert code == 2 and "pins no basis" in err and "empty --out" in err and "Traceback" not in err
+
+
 def _own_cache(tmp_path: Path, shipped: dict[str, Any], name: str) -> Path:
     """A party's own feature cache seeded with the coordinator's file alone (as a hospital copies it)."""
     own = tmp_path / name

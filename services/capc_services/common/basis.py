@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from capc_common.errors import CapcError, InputError, IntegrityError
+from capc_common.errors import InputError, IntegrityError
 from capc_common.models.cache import FeatureCache  # torch: only where a basis is computed or read
 from capc_common.models.features import extract_features
 
@@ -82,6 +82,11 @@ def basis_file(config: FederationConfig, directory: Path) -> BasisFile:
             f"federation {config.name!r} sets no mechanism.projection: its parties train on the backbone's "
             "own features; there is no basis to ship"
         )
+    if mechanism.projection.sha256 is None and any(directory.glob("array-*.npy")):
+        raise InputError(
+            f"federation.yaml pins no basis, and {directory} already holds array files: the pin to add must "
+            "come from a basis computed here, not from a file found there; give an empty --out directory"
+        )
     cache = _BasisOnly(directory)
     q = config.queries
     featuriser = Featuriser(load_shared_backbone(config), (q.height, q.width, q.channels), cache)
@@ -124,7 +129,7 @@ def _holding(directory: Path, pin: str) -> Path:
         if basis_digest(stored) == pin:
             found.append(path)
     if len(found) != 1:
-        raise CapcError(
+        raise InputError(
             f"{directory} holds {len(found)} files of the basis {pin[:16]}… "
             f"({', '.join(p.name for p in found)}); give an empty --out directory"
         )

@@ -82,6 +82,8 @@ def featurise_apart(
     """
     # O_TMPFILE where the file system has it (no name ever), else a file unlinked as soon as it is created:
     # the child writes through the descriptor it inherits.
+    if stop.is_set():
+        return None
     with tempfile.TemporaryFile(prefix="capc-featurise-") as out:
         found = _run_child(settings, out.fileno(), stop=stop)
         if found is None:
@@ -96,9 +98,20 @@ def featurise_apart(
                 "the site's records changed while this party featurised them (their content is not what "
                 "it read at start): restart the party"
             )
+        if set(found["public"]) != set(protocol.precomputed_names()):
+            raise CapcError(
+                f"the featurising process handed over {sorted(found['public'])}; this protocol derives "
+                f"{sorted(protocol.precomputed_names())}"
+            )
         out.seek(0)
-        protocol.adopt({name: np.load(out, allow_pickle=False) for name in found["public"]})
-        features = np.load(out if found["features"] is None else found["features"], allow_pickle=False)
+        try:
+            protocol.adopt({name: np.load(out, allow_pickle=False) for name in found["public"]})
+            features = np.load(out if found["features"] is None else found["features"], allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise CapcError(
+                f"what the featurising process wrote does not load ({type(exc).__name__}: {exc}): restart "
+                "the party; if it recurs, check the disk holding its temporary files and records cache"
+            ) from None
     if features.dtype != np.float32 or features.ndim != 2 or features.shape[1] != expected.feature_dim:
         raise CapcError(
             f"the featurising process wrote {features.dtype} features of shape {features.shape}; the "
@@ -134,12 +147,14 @@ def _run_child(settings: TeacherSettings, fd: int, *, stop: threading.Event) -> 
             proc.stdin.write(settings.model_dump_json())
             proc.stdin.close()
         except BrokenPipeError:  # it ended before reading them: its exit status says why
-            pass
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
         while proc.poll() is None:
             if stop.wait(_POLL_S):
                 proc.terminate()
                 with contextlib.suppress(subprocess.TimeoutExpired):  # killed below
                     proc.wait(timeout=_STOP_GRACE_S)
+                break  # asked once, waited the grace: what still runs is killed below
     finally:
         if proc.poll() is None:  # this process failed, or the child ignored SIGTERM
             proc.kill()
@@ -273,8 +288,8 @@ def end_with_parent(parent: int) -> None:
             stopping.set()
             raise SystemExit(128 + signum)
 
+    signal.signal(signal.SIGINT, stop)  # first: a party that sees SIGTERM handled may send either
     signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)

@@ -310,11 +310,18 @@ def basis_command(path: Path, out: Path, fmt: str) -> None:
     """The public basis of a secagg-dpsgd federation as the file a party's feature cache reads, checked
     against federation.yaml's pin: ship it to every hospital and the student, who read it instead of
     computing it (about 1 GB of memory and a minute each)."""
+    from capc_common.errors import InputError
     from capc_common.federation import FederationConfig
+    from capc_common.storage import classify
     from capc_services.common.basis import basis_file
 
     config = FederationConfig.load(path)
-    found = basis_file(config, out)
+    try:
+        found = basis_file(config, out)
+    except (NotADirectoryError, FileExistsError) as exc:  # --out below a file
+        raise InputError(f"--out {out}: {exc.strerror}: give a directory path") from None
+    except OSError as exc:  # a read-only or full volume
+        raise classify(exc, path=out, what="the basis directory") from None
     name = found.path.name
     steps = [
         f"every hospital and the student: copy {name} into the directory its site file's `feature_cache:` "

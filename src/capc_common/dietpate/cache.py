@@ -11,6 +11,7 @@ histograms): keep it on the research machine, like the dataset itself.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -101,6 +102,7 @@ class FeatureCache:
         _sweep_stale(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held while it is written: no sweep removes a live writer's file
             with os.fdopen(fd, "wb") as handle:
                 write(handle)
             os.replace(tmp, path)
@@ -167,14 +169,28 @@ class FeatureCache:
 
 
 def _sweep_stale(directory: Path) -> None:
-    """Remove the temporary files of :meth:`FeatureCache.store_with` that no writer has touched for
-    :data:`STALE_TMP_S`: a writer killed outright (SIGKILL, out of memory) cannot remove its own, and a
-    records cache would otherwise keep a few hundred MB of a party's features per such death."""
+    """Remove the temporary files of :meth:`FeatureCache.store_with` that no writer holds: a writer killed
+    outright (SIGKILL, out of memory) cannot remove its own, and a records cache would otherwise keep a few
+    hundred MB of a party's features per such death. A writer holds its file locked (``flock``) while it
+    writes, so a live one is never removed however slow it is; a file is also left alone until it is
+    :data:`STALE_TMP_S` old (the moment between its creation and its lock). Only this class's files
+    (``.NAME.npy.XXXX.tmp``); a file that cannot be examined is logged and left."""
     cutoff = time.time() - STALE_TMP_S
-    for tmp in directory.glob(".*.tmp"):
+    for tmp in directory.glob(".*.npy.*.tmp"):
         try:
-            if tmp.stat().st_mtime < cutoff:
+            if tmp.stat().st_mtime >= cutoff:
+                continue
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # a writer holds it
+                continue
+            else:
                 tmp.unlink()
                 _log.info("removed a stale temporary cache file %s", tmp)
+            finally:
+                os.close(fd)
         except FileNotFoundError:  # removed by another process meanwhile
             continue
+        except OSError as exc:
+            _log.warning("could not examine the temporary cache file %s (%s): left as it is", tmp, exc)

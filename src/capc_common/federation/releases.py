@@ -308,6 +308,11 @@ class ReleaseProtocol(ABC):
         the backbone (default: nothing)."""
         return {}
 
+    def precomputed_names(self) -> frozenset[str]:
+        """The names :meth:`precomputed` returns, known without computing anything: what a party that adopts
+        them must be handed (default: none)."""
+        return frozenset()
+
     def adopt(self, arrays: dict[str, npt.NDArray[Any]]) -> None:
         """Use what :meth:`precomputed` returned in another process of the same party, checked as when it is
         computed here (default: nothing to use).
@@ -531,6 +536,10 @@ class DPSGDProtocol(ReleaseProtocol):
     def precompute(self) -> None:
         """The public basis."""
         self.trainer.basis  # noqa: B018 -- the property computes it on first use
+
+    def precomputed_names(self) -> frozenset[str]:
+        """``basis`` if the federation projects on one."""
+        return frozenset({"basis"}) if self.trainer.projects else frozenset()
 
     def precomputed(self) -> dict[str, npt.NDArray[Any]]:
         """The public basis, if the federation projects on one."""

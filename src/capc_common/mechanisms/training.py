@@ -281,6 +281,11 @@ class DPSGDTrainer:
             raise InputError(f"the basis has {self._basis.shape[1]} columns, the head {self.mechanism.dim}")
         return self._basis
 
+    @property
+    def projects(self) -> bool:
+        """Whether the records are projected on a public basis (computed on first use, or adopted)."""
+        return self._basis is not None
+
     def adopt_basis(self, basis: npt.NDArray[np.float32], *, feature_dim: int) -> None:
         """Use ``basis``, computed elsewhere (a party's featurising process), instead of computing it here:
         checked as a cached basis is (:func:`~capc_common.mechanisms.basis.is_basis`), and against the
