@@ -267,6 +267,27 @@ def test_a_party_stopped_while_it_featurises_ends_quietly(site: Path, tmp_path: 
             party.kill()
 
 
+def test_a_child_that_does_not_stop_is_killed_after_the_grace(site: Path, tmp_path: Path) -> None:
+    """A child that cannot act on SIGTERM (here: stopped, SIGSTOP) when the party stops: asked once, waited
+    the grace (1 s here), then killed — the party ends instead of asking again for ever."""
+    grace = "\nimport capc_services.teacher.featurise as f; f._STOP_GRACE_S = 1.0"
+    script = STOPPED.replace("STOP = stop_event_on_signals()", "STOP = stop_event_on_signals()" + grace)
+    party = _party(site, tmp_path, script, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        child = _featurising_child(party.pid)
+        child.suspend()
+        started = time.monotonic()
+        party.send_signal(signal.SIGTERM)  # the party alone: the child never sees it act
+        out, err = party.communicate(timeout=30)
+        assert party.returncode == 0 and out.strip() == "stopped", (out, err)
+        assert time.monotonic() - started < 15
+        gone, alive = psutil.wait_procs([child], timeout=5)
+        assert gone and not alive
+    finally:
+        if party.poll() is None:
+            party.kill()
+
+
 def test_the_child_ends_with_its_party_and_leaves_nothing_behind(site: Path, tmp_path: Path) -> None:
     """A party killed (SIGKILL: no clean-up of its own) while its child featurises: the child ends within
     seconds instead of running its work to the end, and no file of their features is left: the one the
